@@ -1,0 +1,3 @@
+from scalelab.cli import main
+
+main()

@@ -1,0 +1,191 @@
+"""Command line: parse flags, build a config, call one function. Errors in the input: one line, exit code 2.
+
+    scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1
+    scalelab train --config run.yaml --ranks 4
+    scalelab runs list | show RUN | compare RUN RUN...
+    scalelab slurm --config run.yaml --nodes 4 --gpus-per-node 8 > job.sbatch
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.config import TrainConfig, load_yaml
+from scalelab.errors import ScalelabError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
+runs_app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
+app.add_typer(runs_app, name="runs")
+console = Console()
+err_console = Console(stderr=True)
+
+STORE_HELP = "Directory holding runs and the catalog (env SCALELAB_STORE; default ./scalelab-runs)."
+StoreOpt = typer.Option(None, "--store", help=STORE_HELP)
+
+
+def open_store(path: Optional[Path]):
+    from scalelab.store import Store
+
+    return Store(Path(path or os.environ.get("SCALELAB_STORE", "scalelab-runs")))
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of config fields; flags override it."),
+    model: Optional[str] = typer.Option(None, help="mlp, cnn, resnet18, vgg11, vit_tiny, gpt_tiny, or module:function / file.py:function."),
+    dataset: Optional[str] = typer.Option(None, help="synthetic, synthetic_tokens, synthetic_jpeg, mnist1d, cifar10, mnist, imagefolder, or module:function."),
+    data_path: Optional[str] = typer.Option(None, help="Directory of an on-disk dataset."),
+    samples: Optional[int] = typer.Option(None, help="Training samples of a generated dataset."),
+    eval_samples: Optional[int] = typer.Option(None, help="Evaluation samples of a generated dataset."),
+    augment: Optional[bool] = typer.Option(None, "--augment/--no-augment", help="Random crop + flip per sample."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", "-b", help="Samples per step over all ranks."),
+    epochs: Optional[int] = typer.Option(None, help="Epochs to train."),
+    steps: Optional[int] = typer.Option(None, help="Stop after this many steps."),
+    optimizer: Optional[str] = typer.Option(None, help="sgd, adam or adamw."),
+    lr: Optional[float] = typer.Option(None, help="Learning rate."),
+    momentum: Optional[float] = typer.Option(None, help="SGD momentum."),
+    weight_decay: Optional[float] = typer.Option(None, help="Weight decay."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", "-n", help="Processes on this node."),
+    nnodes: Optional[int] = typer.Option(None, help="Nodes in the run (each runs this command)."),
+    node_rank: Optional[int] = typer.Option(None, help="This node's rank, 0..nnodes-1."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, help="host:port of node 0 (multi-node)."),
+    backend: Optional[str] = typer.Option(None, help="auto, gloo, nccl or mpi."),
+    strategy: Optional[str] = typer.Option(None, help="auto, single, dp (DataParallel) or ddp."),
+    device: Optional[str] = typer.Option(None, help="auto, cpu or cuda."),
+    precision: Optional[str] = typer.Option(None, help="fp32, bf16, or fp16 (CUDA, with GradScaler)."),
+    checkpoint_segments: Optional[int] = typer.Option(None, help="Activation checkpointing segments (0 = off)."),
+    num_workers: Optional[int] = typer.Option(None, help="DataLoader worker processes per rank."),
+    pin_memory: Optional[bool] = typer.Option(None, "--pin-memory/--no-pin-memory", help="Pinned host memory (CUDA)."),
+    prefetch_factor: Optional[int] = typer.Option(None, help="Batches prefetched per loader worker."),
+    drop_last: Optional[bool] = typer.Option(None, "--drop-last/--keep-last", help="Drop an incomplete last batch."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+    warmup_steps: Optional[int] = typer.Option(None, help="Steps excluded from timing."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N steps (0: each epoch's end)."),
+    threads: Optional[int] = typer.Option(None, help="Torch threads per rank (default: cores / ranks)."),
+    run_id: Optional[str] = typer.Option(None, help="Fixed run id (nodes of one multi-node run share it)."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """Train once, measuring every step's stages; store the run and print its summary."""
+    flags = {k: v for k, v in locals().items() if k not in ("config", "store") and v is not None}
+    from scalelab.runner import RunFailed, execute
+
+    data = load_yaml(config) if config else {}
+    data.update(flags)
+    cfg = TrainConfig.from_dict(data)
+    try:
+        outcome = execute(cfg, open_store(store), argv=sys.argv, say=console.print)
+    except RunFailed as err:
+        err_console.print(f"error: {err}", highlight=False)
+        raise typer.Exit(1)
+    print_summary(outcome.run_id, outcome.summary)
+
+
+def print_summary(run_id: str, summary: dict) -> None:
+    table = Table(title=f"run {run_id}", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    wanted = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", "time/step_median(ms)",
+              "stage/data(ms)", "stage/h2d(ms)", "stage/forward(ms)", "stage/backward(ms)", "stage/comm(ms)",
+              "stage/optimizer(ms)", "stage/eval(ms)", "stage/other(ms)", "memory/peak_rss(GiB)",
+              "memory/cuda_max_allocated(GiB)", "train/loss", "eval/loss", "eval/acc", "steps/timed"]
+    for key in wanted:
+        if key in summary:
+            value = summary[key]
+            table.add_row(key, f"{value:,.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Optional[str] = typer.Option(None, help="running, completed, failed or interrupted."),
+    kind: Optional[str] = typer.Option(None, help="Kind of run (train, ...)."),
+    model: Optional[str] = typer.Option(None, help="Only runs of this model."),
+    limit: int = typer.Option(50, help="At most this many runs, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """List stored runs, newest first."""
+    st = open_store(store)
+    st.mark_stale()
+    frame = st.list_runs(status=status, kind=kind, where={"model": model} if model else None, limit=limit)
+    cols = [c for c in ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch",
+                        "strategy", "precision", "reason") if c in frame]
+    if as_json:
+        print(frame[cols].to_json(orient="records"))
+        return
+    table = Table(show_header=True)
+    for c in cols:
+        table.add_column(c)
+    for row in frame[cols].itertuples(index=False):
+        table.add_row(*["" if v is None else str(v) for v in row])
+    console.print(table)
+
+
+@runs_app.command("show")
+def runs_show(run: str = typer.Argument(..., help="Run id or a unique prefix."), store: Optional[Path] = StoreOpt) -> None:
+    """Show one run: status, config and summary."""
+    row = open_store(store).get(run)
+    print(json.dumps(row, indent=2, default=str))
+
+
+@runs_app.command("compare")
+def runs_compare(
+    runs: list[str] = typer.Argument(..., help="Run ids or unique prefixes."),
+    metric: Optional[list[str]] = typer.Option(None, "--metric", "-m", help="Summary metrics to show (default: all)."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """Compare runs side by side: one row per run, one column per metric."""
+    frame = open_store(store).compare(runs, metric or None)
+    console.print(frame.T.to_string())
+
+
+@app.command()
+def slurm(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML run config every node reads."),
+    nodes: int = typer.Option(2, min=1, help="Nodes."),
+    gpus_per_node: int = typer.Option(1, min=0, help="GPUs (ranks) per node."),
+    time: str = typer.Option("01:00:00", help="Slurm time limit."),
+    partition: Optional[str] = typer.Option(None, help="Slurm partition."),
+    account: Optional[str] = typer.Option(None, help="Slurm account."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default stdout)."),
+) -> None:
+    """Write an sbatch script that runs `scalelab train` under torchrun on every node."""
+    from scalelab.launch import slurm_script
+
+    load_yaml(config)  # fail now, not on the cluster, if the file is missing or not YAML
+    script = slurm_script(str(config.resolve()), nodes=nodes, gpus_per_node=gpus_per_node, time=time,
+                          partition=partition, account=account)
+    if output:
+        output.write_text(script)
+        console.print(f"wrote {output}")
+    else:
+        print(script, end="")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one line and exit code 2 for bad input, 130 for Ctrl-C."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        ctx = f" (scalelab {e.ctx.command_path.split(' ', 1)[-1]} --help)" if e.ctx else ""
+        print(f"error: {e.format_message()}{ctx}", file=sys.stderr)
+        sys.exit(2)
+    except ScalelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,242 @@
+"""Typed run configuration, validated on construction.
+
+Every bad value raises ConfigError naming the field, the value and what is allowed; the CLI turns that into
+one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+import yaml
+
+from scalelab.errors import ConfigError
+
+Backend = Literal["auto", "gloo", "nccl", "mpi"]
+Strategy = Literal["auto", "single", "dp", "ddp"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Device = Literal["auto", "cpu", "cuda"]
+Optimizer = Literal["sgd", "adam", "adamw"]
+
+
+def cuda_device_count() -> int:
+    """Number of visible CUDA devices (0 without CUDA). A function so tests can monkeypatch it."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """One training run. Sizes are global unless the name says per-rank."""
+
+    model: str = "cnn"  # a built-in name or module:function / path/file.py:function
+    dataset: str = "synthetic"  # a built-in name or module:function / path/file.py:function
+    data_path: str | None = None  # directory for on-disk datasets (cifar10, mnist, imagefolder)
+    samples: int | None = None  # training samples of a generated dataset (None: the dataset's default)
+    eval_samples: int | None = None  # evaluation samples of a generated dataset
+    augment: bool = False  # per-sample random crop + flip for image datasets that decode per sample
+
+    global_batch: int = 64  # samples per optimizer step summed over all ranks
+    epochs: int = 1
+    steps: int | None = None  # stop after this many optimizer steps (overrides epochs when reached first)
+    optimizer: Optimizer = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+
+    ranks: int = 1  # processes per node
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # host:port of node 0 for multi-node runs
+    backend: Backend = "auto"  # auto: nccl on CUDA, gloo on CPU
+    strategy: Strategy = "auto"  # auto: ddp with several ranks, else single
+    device: Device = "auto"
+
+    precision: Precision = "fp32"
+    checkpoint_segments: int = 0  # activation checkpointing segments (0 = off)
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int | None = None  # batches prefetched per loader worker (needs num_workers > 0)
+    drop_last: bool = False
+
+    seed: int = 0
+    warmup_steps: int = 2  # first steps excluded from every timing
+    eval_every: int = 0  # evaluate every N steps; 0 = at the end of each epoch
+    threads: int | None = None  # torch intra-op threads per rank (None: cores / local ranks)
+    sample_interval_s: float = 0.5  # system sampler period
+    run_id: str | None = None  # fixed run id (multi-node runs share one)
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        _positive(self, "global_batch", "epochs", "ranks", "nnodes")
+        if self.steps is not None and self.steps < 1:
+            raise ConfigError("steps", self.steps, "allowed: an integer >= 1")
+        if self.lr <= 0:
+            raise ConfigError("lr", self.lr, "allowed: a number > 0")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError("momentum", self.momentum, "allowed: 0 <= momentum < 1")
+        for name in ("weight_decay", "warmup_steps", "eval_every", "num_workers", "checkpoint_segments", "seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, getattr(self, name), "allowed: an integer >= 0")
+        for name in ("samples", "eval_samples", "prefetch_factor", "threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, value, "allowed: an integer >= 1 (or leave unset)")
+        if self.prefetch_factor is not None and self.num_workers == 0:
+            raise ConfigError("prefetch_factor", self.prefetch_factor, "allowed only with num_workers > 0")
+        if self.sample_interval_s <= 0:
+            raise ConfigError("sample_interval_s", self.sample_interval_s, "allowed: a number > 0")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError("node_rank", self.node_rank, f"allowed: 0..{self.nnodes - 1} (nnodes={self.nnodes})")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ConfigError("rdzv_endpoint", self.rdzv_endpoint, "required with nnodes > 1: host:port of node 0")
+        if self.rdzv_endpoint is not None:
+            _check_endpoint(self.rdzv_endpoint)
+        if self.global_batch % self.world_size:
+            raise ConfigError(
+                "global_batch", self.global_batch,
+                f"must be divisible by the number of ranks ({self.world_size}); e.g. "
+                f"{max(self.world_size, self.global_batch // self.world_size * self.world_size)}",
+            )
+        self._check_hardware()
+
+    def _check_hardware(self) -> None:
+        gpus = cuda_device_count()
+        if self.device == "cuda" and gpus == 0:
+            raise ConfigError("device", "cuda", "no CUDA device is visible; allowed here: cpu or auto")
+        on_cuda = self.resolved_device == "cuda"
+        if self.backend == "nccl" and not on_cuda:
+            raise ConfigError("backend", "nccl", "nccl needs CUDA; allowed here: gloo or auto")
+        if self.precision == "fp16" and not on_cuda:
+            raise ConfigError("precision", "fp16", "fp16 with GradScaler needs CUDA; allowed here: fp32 or bf16")
+        strategy = self.resolved_strategy
+        if strategy == "dp" and gpus < 2:
+            raise ConfigError("strategy", "dp", f"DataParallel needs at least 2 GPUs (found {gpus}); use ddp")
+        if strategy in ("single", "dp") and self.world_size > 1:
+            raise ConfigError("strategy", strategy, f"runs one process; with {self.world_size} ranks use ddp")
+        if on_cuda and self.ranks > gpus and strategy == "ddp":
+            raise ConfigError("ranks", self.ranks, f"at most {gpus} per node on CUDA (one GPU per rank)")
+
+    @property
+    def world_size(self) -> int:
+        return self.ranks * self.nnodes
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.global_batch // self.world_size
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        return "cuda" if cuda_device_count() > 0 else "cpu"
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.resolved_device == "cuda" else "gloo"
+
+    @property
+    def resolved_strategy(self) -> str:
+        if self.strategy != "auto":
+            return self.strategy
+        return "ddp" if self.world_size > 1 else "single"
+
+    @property
+    def distributed(self) -> bool:
+        """True when the run needs a process group (and therefore torchrun)."""
+        return self.resolved_strategy == "ddp"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        if not isinstance(data, dict):
+            raise ConfigError("config", type(data).__name__, "a mapping of field: value is required")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError("config", key, f"unknown field; allowed: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+        data = load_yaml(path)
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.from_dict(data)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping safely (no object construction)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", str(path), "file not found; give the path of a YAML file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError("config", str(path), f"is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", str(path), "must hold a mapping of field: value")
+    return data
+
+
+def _check_types(cfg: TrainConfig) -> None:
+    hints = get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        allowed = _allowed(hints[f.name])
+        if not any(_is_instance(value, a) for a in allowed):
+            names = ", ".join(repr(a) if not isinstance(a, type) else a.__name__ for a in allowed)
+            raise ConfigError(f.name, value, f"allowed: {names}")
+
+
+def _allowed(hint: Any) -> list[Any]:
+    """Flatten a type hint into the concrete types and literal values it admits."""
+    args = get_args(hint)
+    if not args:
+        return [hint]
+    if getattr(hint, "__origin__", None) is Literal:
+        return list(args)
+    out: list[Any] = []
+    for a in args:
+        out.extend(_allowed(a))
+    return out
+
+
+def _is_instance(value: Any, allowed: Any) -> bool:
+    if allowed is type(None):
+        return value is None
+    if isinstance(allowed, type):
+        if allowed is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        if allowed is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, allowed)
+    return value == allowed and type(value) is type(allowed)
+
+
+def _positive(cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        if hasattr(cfg, name) and getattr(cfg, name) < 1:
+            raise ConfigError(name, getattr(cfg, name), "allowed: an integer >= 1")
+
+
+def _check_endpoint(endpoint: str) -> None:
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("rdzv_endpoint", endpoint, "allowed: host:port with port 1..65535")
+
+
+def default_threads(local_ranks: int) -> int:
+    """Intra-op threads per rank so that local ranks do not oversubscribe the cores."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))

@@ -1,0 +1,142 @@
+"""One training run from the parent's side: validate, record, launch the ranks, summarise, mark the outcome.
+
+Every run that got a directory ends marked: completed, failed (with the root-cause rank, exit code and
+traceback) or interrupted. Nothing here reads rank or device from the environment; launch.py does.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalelab.analysis.summary import summarize
+from scalelab.config import TrainConfig
+from scalelab.errors import ScalelabError, StoreError
+from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
+from scalelab.provenance import collect_provenance
+from scalelab.store import Store, read_json, read_jsonl
+
+
+class RunFailed(Exception):
+    """A run started and failed; the message is the root cause in one line."""
+
+    def __init__(self, run_id: str, reason: str):
+        self.run_id, self.reason = run_id, reason
+        super().__init__(f"run {run_id} failed: {reason}")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: str
+    run_dir: Path
+    summary: dict
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
+    from scalelab.train.setup import build_inputs
+
+    build_inputs(cfg)
+
+
+def collect_summary(run_dir: Path) -> dict:
+    """Summarise a run from its stored per-rank files alone."""
+    results = [read_json(p) for p in sorted(run_dir.glob("result.rank*.json"))]
+    if not results:
+        raise StoreError(f"run {run_dir.name}: no rank wrote a result file")
+    records = [r for p in sorted(run_dir.glob("steps.rank*.jsonl")) for r in read_jsonl(p)]
+    main = min(results, key=lambda r: r["rank"])
+    summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
+                        memory=[r["memory"] for r in results])
+    summary["ranks/reported"] = len(results)
+    return summary
+
+
+def failure_reason(err: BaseException) -> tuple[str, str]:
+    """(one-line reason, full traceback text) for a failed launch or an in-process exception."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(err, ChildFailedError):
+        rank, failure = err.get_first_failure()
+        if failure.exitcode < 0:
+            return f"rank {rank} killed by signal {failure.signal_name()}", str(err)
+        message = failure.message
+        if isinstance(message, dict):
+            text = message.get("message", "")
+            trace = message.get("extraInfo", {}).get("py_callstack", text)
+        else:
+            text, trace = str(message), str(message)
+        first = text.strip().splitlines()[-1] if text.strip() else "no error message"
+        return f"rank {rank} exited with code {failure.exitcode}: {first}", trace
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    return f"rank 0 raised {text[0] if text else type(err).__name__}", "".join(traceback.format_exception(err))
+
+
+def _launch(cfg: TrainConfig, run_dir: Path) -> None:
+    if not cfg.distributed:
+        from scalelab.worker import run_rank
+
+        import torch
+
+        device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
+        run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device))
+        return
+    saved = {k: os.environ.get(k) for k in worker_env(cfg)}
+    os.environ.update(worker_env(cfg))
+    try:
+        run_torchrun(torchrun_argv(cfg, run_dir))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _open_run(cfg: TrainConfig, store: Store, argv: list[str] | None, study: str | None) -> str:
+    provenance = collect_provenance(argv, seed=cfg.seed)
+    try:
+        return store.create_run(cfg.to_dict(), provenance, kind="train", study=study, run_id=cfg.run_id)
+    except StoreError:
+        # A later node of a multi-node run on a shared filesystem joins the directory node 0 made.
+        if cfg.node_rank > 0 and cfg.run_id and store.run_dir(cfg.run_id).is_dir():
+            return cfg.run_id
+        raise
+
+
+def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, study: str | None = None,
+            say: Callable[[str], None] = print) -> RunOutcome:
+    """Run one training job to completion and return its summary; raises RunFailed or KeyboardInterrupt."""
+    check_inputs(cfg)
+    run_id = _open_run(cfg, store, argv, study)
+    run_dir = store.run_dir(run_id)
+    say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
+        f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
+    try:
+        _launch(cfg, run_dir)
+        summary = collect_summary(run_dir)
+    except KeyboardInterrupt:
+        store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
+        raise
+    except BaseException as err:  # noqa: BLE001 - every failure must leave the run marked
+        if _is_interrupt(err):
+            store.finish_run(run_id, "interrupted", reason=f"interrupted by {err}")
+            raise KeyboardInterrupt from err
+        if isinstance(err, ScalelabError):
+            reason, trace = str(err), "".join(traceback.format_exception(err))
+        else:
+            reason, trace = failure_reason(err)
+        (run_dir / "error.txt").write_text(trace)
+        store.finish_run(run_id, "failed", reason=reason)
+        raise RunFailed(run_id, reason) from err
+    store.finish_run(run_id, "completed", summary=summary)
+    return RunOutcome(run_id, run_dir, summary)
+
+
+def _is_interrupt(err: BaseException) -> bool:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(err, SignalException) and err.sigval in (signal.SIGINT, signal.SIGTERM)

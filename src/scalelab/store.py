@@ -1,0 +1,453 @@
+"""Run directories and the sqlite catalog that lists them.
+
+Layout: ``<root>/runs/<run_id>/{config,provenance,status,summary}.json`` plus per-rank
+``steps.rank<r>.jsonl`` / ``system.rank<r>.jsonl`` written by the workers, and
+``<root>/catalog.sqlite`` with one row per run. Files are replaced atomically so a crash never
+leaves a half-written JSON file; the catalog uses WAL and a busy timeout so several processes
+can create and finish runs at the same time.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import sqlite3
+import tempfile
+import time
+from pathlib import Path, PurePath
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+from .errors import StoreError
+
+STATUSES = ("running", "completed", "failed", "interrupted")
+FINAL_STATUSES = ("completed", "failed", "interrupted")
+# Columns copied out of config.json so runs can be listed and filtered without parsing JSON.
+DENORM_COLUMNS = ("model", "dataset", "ranks", "global_batch", "strategy", "precision")
+LIST_COLUMNS = ("run_id", "created", "finished", "kind", "study", "status", "reason") + DENORM_COLUMNS
+COMPARE_ID_COLUMNS = ("run_id",) + DENORM_COLUMNS + ("status",)
+# Other spellings a config may use for the denormalised fields.
+_ALIASES = {
+    "ranks": ("ranks", "world_size", "nprocs"),
+    "global_batch": ("global_batch", "global_batch_size"),
+}
+_RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_BUSY_TIMEOUT_S = 10.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created TEXT NOT NULL,
+    finished TEXT,
+    kind TEXT NOT NULL,
+    study TEXT,
+    status TEXT NOT NULL,
+    reason TEXT,
+    model TEXT,
+    dataset TEXT,
+    ranks INTEGER,
+    global_batch INTEGER,
+    strategy TEXT,
+    precision TEXT,
+    summary_json TEXT,
+    config_json TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs(created);
+CREATE INDEX IF NOT EXISTS runs_study ON runs(study);
+"""
+
+
+# ---------------------------------------------------------------- atomic files
+
+def _json_default(obj: Any) -> Any:
+    """Serialise the non-JSON values that metrics code tends to produce (numpy, tensors, paths)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _dumps(obj: Any, indent: int | None = None) -> str:
+    return json.dumps(obj, indent=indent, default=_json_default)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp_name = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+        tmp_name = None
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot write ({e.strerror or e})") from e
+    finally:
+        if tmp_name is not None:  # the rename did not happen: leave no stray temp file behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` via temp file + fsync + rename."""
+    _write_text_atomic(path, _dumps(obj, indent=2) + "\n")
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
+    """Write one JSON object per line to ``path`` via temp file + fsync + rename."""
+    _write_text_atomic(path, "".join(_dumps(r) + "\n" for r in records))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: cannot read ({e})") from e
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON object; StoreError (one line, naming the file) if missing, corrupt or not an object."""
+    try:
+        obj = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: corrupt JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise StoreError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read one JSON object per line; blank lines are allowed, any other bad line is a StoreError naming file:line."""
+    out = []
+    for no, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{path}:{no}: corrupt JSON line ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise StoreError(f"{path}:{no}: expected a JSON object, found {type(rec).__name__}")
+        out.append(rec)
+    return out
+
+
+def new_run_id(prefix: str = "run") -> str:
+    """``<prefix>-YYYYmmdd-HHMMSS-<6 hex>`` in UTC: sorts by time, random suffix makes it unique across processes."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    rid = f"{stamp}-{secrets.token_hex(3)}"
+    return f"{prefix}-{rid}" if prefix else rid
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(_flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def _find_key(config: dict, names: tuple[str, ...]) -> Any:
+    """First value under one of ``names``, at top level or in nested sections (breadth first)."""
+    level = [config]
+    for _ in range(3):
+        for d in level:
+            for n in names:
+                if n in d and d[n] is not None:
+                    return d[n]
+        level = [v for d in level for v in d.values() if isinstance(v, dict)]
+    return None
+
+
+def _denormalise(config: dict) -> dict:
+    out = {}
+    for col in DENORM_COLUMNS:
+        v = _find_key(config, _ALIASES.get(col, (col,)))
+        if isinstance(v, dict):  # e.g. {"model": {"name": "resnet18", ...}}
+            v = v.get("name")
+        if col in ("ranks", "global_batch"):
+            v = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        elif v is not None:
+            v = str(v)
+        out[col] = v
+    return out
+
+
+def _pid_alive(pid: int, create_time: float | None) -> bool:
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        # A zombie has exited; a process that started at another time merely reused the pid.
+        return p.status() != psutil.STATUS_ZOMBIE and (
+            create_time is None or abs(p.create_time() - create_time) <= 1.0)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _own_create_time() -> float | None:
+    import psutil
+    try:
+        return psutil.Process(os.getpid()).create_time()
+    except psutil.Error:
+        return None
+
+
+# ---------------------------------------------------------------- store
+
+class Store:
+    """A directory of runs plus ``catalog.sqlite``. Safe to use from several processes at once."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.catalog_path = self.root / "catalog.sqlite"
+        try:
+            (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.root}: cannot create store directory ({e.strerror or e})") from e
+        with self._connect() as conn:
+            # journal_mode is persistent in the file; setting it again is a cheap no-op.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    @contextlib.contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        # A fresh connection per operation: nothing survives a fork, and locks are never held for long.
+        try:
+            conn = sqlite3.connect(self.catalog_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(f"{self.catalog_path}: cannot open catalog ({e})") from e
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
+            yield conn
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.catalog_path}: catalog unusable ({e}); move it aside to start a new one"
+                             if "not a database" in str(e) or "malformed" in str(e)
+                             else f"{self.catalog_path}: catalog error ({e})") from e
+        finally:
+            conn.close()
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def _resolve(self, run_id: str) -> str:
+        """Exact run_id or a unique prefix of one."""
+        with self._connect() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone():
+                return run_id
+            rows = conn.execute("SELECT run_id FROM runs WHERE substr(run_id, 1, ?)=? ORDER BY run_id",
+                                (len(run_id), run_id)).fetchall()
+        if not rows:
+            raise StoreError(f"run: {run_id!r} not found (see `scalelab runs list`)")
+        if len(rows) > 1:
+            shown = ", ".join(r[0] for r in rows[:3]) + (", ..." if len(rows) > 3 else "")
+            raise StoreError(f"run: {run_id!r} is ambiguous: matches {len(rows)} runs ({shown})")
+        return rows[0][0]
+
+    def create_run(self, config: dict, provenance: dict, *, kind: str = "train",
+                   study: str | None = None, run_id: str | None = None) -> str:
+        """Create the run directory and its catalog row (status "running"); returns the run_id."""
+        if run_id is not None and not _RUN_ID_RE.fullmatch(run_id):
+            raise StoreError(f"run_id: {run_id!r} is not allowed; use letters, digits, '.', '_', '-'")
+        (self.root / "runs").mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            rid = run_id or new_run_id()
+            try:
+                # mkdir is the atomic claim on the id across processes.
+                self.run_dir(rid).mkdir()
+                break
+            except FileExistsError:
+                if run_id is not None:
+                    raise StoreError(f"run: {run_id!r} already exists in {self.root}") from None
+            except OSError as e:
+                raise StoreError(f"{self.run_dir(rid)}: cannot create run directory ({e.strerror or e})") from e
+        else:
+            raise StoreError(f"{self.root}: could not find an unused run id")
+        d, created = self.run_dir(rid), _now_iso()
+        try:
+            write_json_atomic(d / "config.json", config)
+            write_json_atomic(d / "provenance.json", provenance)
+            write_json_atomic(d / "status.json", {
+                "run_id": rid, "status": "running", "reason": None, "kind": kind, "created": created,
+                "pid": os.getpid(), "pid_create_time": _own_create_time(), "host": socket.gethostname()})
+            den = _denormalise(config)
+            with self._connect() as conn:
+                try:
+                    conn.execute(
+                        "INSERT INTO runs (run_id, created, kind, study, status, config_json, "
+                        + ", ".join(DENORM_COLUMNS) + ") VALUES (?, ?, ?, ?, 'running', ?"
+                        + ", ?" * len(DENORM_COLUMNS) + ")",
+                        (rid, created, kind, study, _dumps(config), *(den[c] for c in DENORM_COLUMNS)))
+                except sqlite3.IntegrityError:
+                    raise StoreError(f"run: {rid!r} already exists in the catalog {self.catalog_path}") from None
+        except BaseException:
+            # The directory is ours (we just made it): do not leave a run without a catalog row.
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        return rid
+
+    def finish_run(self, run_id: str, status: str, *, reason: str | None = None,
+                   summary: dict | None = None) -> None:
+        """Write summary.json (if given) and status.json, then update the catalog row."""
+        if status not in FINAL_STATUSES:
+            raise StoreError(f"status: {status!r} is not allowed; one of {', '.join(FINAL_STATUSES)}")
+        rid = self._resolve(run_id)
+        d, finished = self.run_dir(rid), _now_iso()
+        # summary first: a "completed" status.json then always has its summary next to it.
+        if summary is not None:
+            write_json_atomic(d / "summary.json", summary)
+        self._write_status(rid, status, reason, finished)
+        sets, args = ["status=?", "reason=?", "finished=?"], [status, reason, finished]
+        if summary is not None:
+            sets.append("summary_json=?")
+            args.append(_dumps(summary))
+        with self._connect() as conn:
+            conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id=?", (*args, rid))
+
+    def _write_status(self, rid: str, status: str, reason: str | None, finished: str) -> None:
+        path = self.run_dir(rid) / "status.json"
+        try:
+            st = read_json(path)
+        except StoreError:
+            st = {"run_id": rid}  # keep going: the new status is what matters
+        st.update(status=status, reason=reason, finished=finished)
+        write_json_atomic(path, st)
+
+    def get(self, run_id: str) -> dict:
+        """The catalog row as a dict, with ``config`` and ``summary`` parsed and ``dir`` added."""
+        rid = self._resolve(run_id)
+        with self._connect() as conn:
+            row = dict(conn.execute("SELECT * FROM runs WHERE run_id=?", (rid,)).fetchone())
+        for key in ("config", "summary"):
+            text = row.pop(f"{key}_json")
+            try:
+                row[key] = json.loads(text) if text is not None else None
+            except json.JSONDecodeError:
+                raise StoreError(f"{self.catalog_path}: corrupt {key}_json for run {rid!r}") from None
+        row["dir"] = str(self.run_dir(rid))
+        return row
+
+    def list_runs(self, *, status: str | None = None, kind: str | None = None, study: str | None = None,
+                  where: dict | None = None, limit: int | None = None) -> pd.DataFrame:
+        """Runs newest first, as a DataFrame with LIST_COLUMNS; ``where`` filters denormalised columns by equality."""
+        bad = [c for c in (where or {}) if c not in DENORM_COLUMNS]
+        if bad:
+            raise StoreError(f"where: {bad[0]!r} is not allowed; one of {', '.join(DENORM_COLUMNS)}")
+        filters = {"status": status, "kind": kind, "study": study}
+        conds = [f"{c}=?" for c, v in filters.items() if v is not None]
+        args: list = [v for v in filters.values() if v is not None]
+        for col, val in (where or {}).items():
+            conds.append(f"{col} IS NULL" if val is None else f"{col}=?")
+            args += [] if val is None else [val]
+        sql = f"SELECT {', '.join(LIST_COLUMNS)} FROM runs"
+        if conds:
+            sql += " WHERE " + " AND ".join(conds)
+        sql += " ORDER BY created DESC, run_id DESC"
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(int(limit))
+        with self._connect() as conn:
+            rows = [tuple(r) for r in conn.execute(sql, args).fetchall()]
+        df = pd.DataFrame.from_records(rows, columns=list(LIST_COLUMNS))
+        return df.astype({"ranks": "Int64", "global_batch": "Int64"})
+
+    def compare(self, run_ids: list[str], metrics: list[str] | None = None) -> pd.DataFrame:
+        """One row per run: identifying columns then flattened summary metrics ('/'-joined keys)."""
+        records, seen = [], {}
+        for r in run_ids:
+            row = self.get(r)
+            flat = _flatten(row["summary"] or {})
+            for k in flat:
+                seen.setdefault(k, None)
+            records.append(({c: row[c] for c in COMPARE_ID_COLUMNS}, flat))
+        if metrics is None:
+            metrics = list(seen)
+        else:
+            missing = [m for m in metrics if m not in seen]
+            if missing:
+                avail = ", ".join(seen) or "none"
+                raise StoreError(f"metric: {missing[0]!r} is in no run's summary; available: {avail}")
+        # A metric named like an identifying column gets a prefix instead of overwriting it.
+        names = {m: (f"summary/{m}" if m in COMPARE_ID_COLUMNS else m) for m in metrics}
+        out = [{**ident, **{names[m]: flat.get(m) for m in metrics}} for ident, flat in records]
+        df = pd.DataFrame(out, columns=list(COMPARE_ID_COLUMNS) + list(names.values()))
+        return df.astype({"ranks": "Int64", "global_batch": "Int64"})
+
+    def mark_stale(self) -> int:
+        """Mark "running" runs whose process is gone from this host as "interrupted".
+
+        Also repairs rows whose status.json already holds a final status (a crash between the file
+        and the catalog update). Returns the number of catalog rows changed.
+        """
+        host, changed = socket.gethostname(), 0
+        with self._connect() as conn:
+            running = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE status='running'")]
+        for rid in running:
+            try:
+                st = read_json(self.run_dir(rid) / "status.json")
+            except StoreError:
+                continue  # cannot tell who owns it; leave it for a human
+            if st.get("status") in FINAL_STATUSES:
+                summary_path = self.run_dir(rid) / "summary.json"
+                summary = read_json(summary_path) if summary_path.exists() else None
+                changed += self._set_if_running(rid, st["status"], st.get("reason"),
+                                                st.get("finished") or _now_iso(), summary)
+                continue
+            pid = st.get("pid")
+            if st.get("host") != host or not isinstance(pid, int) or _pid_alive(pid, st.get("pid_create_time")):
+                continue
+            reason, finished = f"process {pid} no longer running", _now_iso()
+            if self._set_if_running(rid, "interrupted", reason, finished, None):
+                self._write_status(rid, "interrupted", reason, finished)
+                changed += 1
+        return changed
+
+    def _set_if_running(self, rid: str, status: str, reason: str | None, finished: str,
+                        summary: dict | None) -> int:
+        # Conditional so a run finished by its owner meanwhile is never overwritten.
+        with self._connect() as conn:
+            cur = conn.execute(
+                "UPDATE runs SET status=?, reason=?, finished=?, summary_json=COALESCE(?, summary_json) "
+                "WHERE run_id=? AND status='running'",
+                (status, reason, finished, _dumps(summary) if summary is not None else None, rid))
+            return cur.rowcount

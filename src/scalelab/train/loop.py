@@ -1,0 +1,184 @@
+"""The one training loop: every rank runs it; every step is timed stage by stage.
+
+Host syncs: on CUDA the StepTimer synchronises at span boundaries (that is what per-stage attribution costs);
+loss and accuracy stay on the device and are read (a CPU-GPU sync point) only when records are flushed or
+progress is printed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from scalelab.config import TrainConfig
+from scalelab.launch import DistContext
+from scalelab.measure.memory import peak_memory, reset_peak
+from scalelab.measure.timer import StepTimer
+from scalelab.store import write_jsonl_atomic
+from scalelab.train.sampler import ShardedBatchSampler
+from scalelab.train.setup import build_optimizer, wrap_model
+
+FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
+PROGRESS_EVERY_S = 2.0
+
+
+@dataclass
+class StepLog:
+    """Per-rank step records, flushed atomically to `path` so a crash never leaves a torn file."""
+
+    path: Path
+    records: list[dict] = field(default_factory=list)
+    pending: list[tuple[dict, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    last_flush: float = field(default_factory=time.monotonic)
+
+    def add(self, record: dict, loss: torch.Tensor, correct: torch.Tensor) -> None:
+        self.pending.append((record, loss, correct))
+
+    def flush(self) -> None:
+        for record, loss, correct in self.pending:  # .item(): a CPU-GPU sync point, once per flush
+            record["loss"] = float(loss.item())
+            record["acc"] = float(correct.item()) / max(1, record["targets"])
+        self.records.extend(r for r, _, _ in self.pending)
+        self.pending.clear()
+        write_jsonl_atomic(self.path, self.records)
+        self.last_flush = time.monotonic()
+
+    def maybe_flush(self) -> None:
+        if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
+            self.flush()
+
+
+def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy and the number of correct predictions (classes or next tokens)."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    target = y.reshape(-1)
+    loss = F.cross_entropy(flat.float(), target)
+    return loss, (flat.argmax(-1) == target).sum()
+
+
+def autocast_for(cfg: TrainConfig, device: torch.device):
+    if cfg.precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data: Dataset, cfg: TrainConfig, ctx: DistContext) -> dict[str, float]:
+    """Loss and accuracy on the whole eval set; ranks evaluate disjoint shards and sum their counts."""
+    was_training = model.training
+    model.eval()
+    idx = list(range(ctx.rank, len(data), ctx.world))
+    batch = max(1, cfg.per_rank_batch * 2)
+    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, targets
+    for start in range(0, len(idx), batch):
+        xs, ys = zip(*(data[i] for i in idx[start:start + batch]))
+        x, y = torch.stack(xs).to(ctx.device), torch.stack(ys).to(ctx.device)
+        with autocast_for(cfg, ctx.device):
+            logits = model(x)
+        loss, correct = loss_and_correct(logits, y)
+        totals += torch.tensor([loss.item() * y.numel(), correct.item(), y.numel()], dtype=torch.float64)
+    if ctx.world > 1 and dist.is_initialized():
+        dist.all_reduce(totals)  # one collective per evaluation, outside the timed training stages
+    model.train(was_training)
+    loss_sum, correct, n = totals.tolist()
+    return {"loss": loss_sum / max(1, n), "acc": correct / max(1, n), "targets": int(n)}
+
+
+def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[DataLoader, ShardedBatchSampler]:
+    sampler = ShardedBatchSampler(len(data), cfg.global_batch, rank=ctx.rank, world=ctx.world,
+                                  seed=cfg.seed, drop_last=cfg.drop_last)
+    extra = {}
+    if cfg.num_workers > 0:
+        extra = {"persistent_workers": True, "prefetch_factor": cfg.prefetch_factor or 2}
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=cfg.num_workers,
+                        pin_memory=cfg.pin_memory and ctx.device.type == "cuda", **extra)
+    return loader, sampler
+
+
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    return min(cfg.steps or math.inf, cfg.epochs * steps_per_epoch)
+
+
+def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
+          *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print) -> dict:
+    """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result."""
+    device = ctx.device
+    model = model.to(device)
+    net = wrap_model(model, cfg, ctx)
+    optimizer = build_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+    loader, sampler = make_loader(bundle.train, cfg, ctx)
+    steps_per_epoch = len(sampler)
+    n_steps = total_steps(cfg, steps_per_epoch)
+    epochs = math.ceil(n_steps / steps_per_epoch)
+    timer = StepTimer(clock, sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
+    log = StepLog(run_dir / f"steps.rank{ctx.rank}.jsonl")
+    evals: list[dict] = []
+    reset_peak(device)
+    step, t_start, last_progress = 0, time.monotonic(), time.monotonic()
+    net.train()
+    try:
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
+            batches = iter(loader)
+            for i in range(steps_per_epoch):
+                if step >= n_steps:
+                    break
+                timer.start_step()
+                with timer.span("data"):
+                    x, y = next(batches)
+                with timer.span("h2d"):
+                    x = x.to(device, non_blocking=cfg.pin_memory)
+                    y = y.to(device, non_blocking=cfg.pin_memory)
+                with timer.span("forward"):
+                    with autocast_for(cfg, device):
+                        logits = net(x)
+                    loss, correct = loss_and_correct(logits, y)
+                with timer.span("backward"):
+                    (scaler.scale(loss) if scaler else loss).backward()
+                with timer.span("optimizer"):
+                    if scaler:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                step += 1
+                last_of_epoch = i == steps_per_epoch - 1 or step == n_steps
+                due = (cfg.eval_every and step % cfg.eval_every == 0) or (
+                    last_of_epoch and (not cfg.eval_every or step == n_steps))
+                if due:
+                    with timer.span("eval"):
+                        result = evaluate(model, bundle.eval, cfg, ctx)
+                    evals.append({"step": step, "epoch": epoch, **result})
+                times = timer.end_step()
+                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps,
+                          "samples": int(x.shape[0]), "targets": int(y.numel()),
+                          **{f"{k}(s)": v for k, v in times.items()}}
+                log.add(record, loss.detach(), correct.detach())
+                log.maybe_flush()
+                if ctx.is_main and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    last_progress = time.monotonic()
+                    rate = step * cfg.global_batch / (last_progress - t_start)
+                    say(f"epoch {epoch + 1}/{epochs} step {step}/{n_steps} loss {loss.item():.4f} "
+                        f"{rate:,.0f} samples/s")
+    finally:
+        log.flush()
+    return {
+        "rank": ctx.rank,
+        "steps": step,
+        "steps_per_epoch": steps_per_epoch,
+        "epochs": epochs,
+        "evals": evals,
+        "memory": peak_memory(device),
+        "train_samples": len(bundle.train),
+    }

@@ -1,0 +1,44 @@
+"""Build what the loop needs from a config: the parallel wrapper and the optimizer."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from scalelab.config import TrainConfig
+from scalelab.launch import DistContext
+
+
+def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
+    """Apply the data-parallel strategy: none, DataParallel over the node's GPUs, or DDP across ranks."""
+    strategy = cfg.resolved_strategy
+    if strategy == "dp":
+        return nn.DataParallel(model)
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    return model
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def build_inputs(cfg: TrainConfig):
+    """The dataset bundle and the (unwrapped) model; the same on every rank for the same seed."""
+    from scalelab.zoo.data import build_data
+    from scalelab.zoo.models import build_model, set_checkpoint_segments
+
+    sizes = {k: v for k, v in (("samples", cfg.samples), ("eval_samples", cfg.eval_samples)) if v is not None}
+    bundle = build_data(cfg.dataset, path=cfg.data_path, seed=cfg.seed, augment=cfg.augment, **sizes)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = build_model(cfg.model, bundle.spec)
+    if cfg.checkpoint_segments:
+        set_checkpoint_segments(model, cfg.checkpoint_segments)
+    return bundle, model

@@ -1,0 +1,62 @@
+"""Entry point of one rank: `python -m scalelab.worker --run-dir DIR` (torchrun starts it; so can a test).
+
+The rank reads the run's config.json, trains, and writes its own files into the run directory:
+steps.rank<r>.jsonl, system.rank<r>.jsonl and result.rank<r>.json. The parent process summarises them.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from scalelab.config import TrainConfig, default_threads
+from scalelab.launch import DistContext, dist_context
+from scalelab.measure.system import SystemSampler
+from scalelab.store import read_json, write_json_atomic
+from scalelab.train.loop import train
+from scalelab.train.setup import build_inputs
+
+
+def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
+    """Set up this rank, train, and write its result file. Always closes the sampler and the process group."""
+    torch.set_num_threads(cfg.threads or default_threads(ctx.local_world))
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    sampler = SystemSampler(run_dir / f"system.rank{ctx.rank}.jsonl", cfg.sample_interval_s, rank=ctx.rank,
+                            gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start()
+    try:
+        if cfg.distributed and not dist.is_initialized():
+            dist.init_process_group(cfg.resolved_backend, rank=ctx.rank, world_size=ctx.world,
+                                    device_id=ctx.device if ctx.device.type == "cuda" else None)
+        bundle, model = build_inputs(cfg)
+        result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True))
+        write_json_atomic(run_dir / f"result.rank{ctx.rank}.json", result)
+        return result
+    finally:
+        sampler.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _exit_on_sigterm(signum, _frame):
+    # SystemExit unwinds through the finally blocks, so records and samples are flushed before the rank ends.
+    sys.exit(128 + signum)
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m scalelab.worker")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    cfg = TrainConfig.from_dict(read_json(args.run_dir / "config.json"))
+    run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""Tests for scalelab.store and scalelab.provenance."""
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalelab import store as store_mod
+from scalelab.errors import StoreError
+from scalelab.provenance import collect_provenance, git_state
+from scalelab.store import (Store, new_run_id, read_json, read_jsonl, write_json_atomic,
+                            write_jsonl_atomic)
+
+CFG = {"model": "resnet18", "dataset": "cifar10", "ranks": 4, "global_batch": 256,
+       "strategy": "ddp", "precision": "bf16", "lr": 0.1}
+
+
+def _one_line(err) -> str:
+    msg = str(err.value)
+    assert "\n" not in msg
+    return msg
+
+
+# ---------------------------------------------------------------- atomic files
+
+def test_json_roundtrip_and_numpy_values(tmp_path):
+    np = pytest.importorskip("numpy")
+    p = tmp_path / "a.json"
+    write_json_atomic(p, {"x": np.float32(1.5), "arr": np.arange(3), "path": tmp_path})
+    assert read_json(p) == {"x": 1.5, "arr": [0, 1, 2], "path": str(tmp_path)}
+    recs = [{"step": i, "loss": 1.0 / (i + 1)} for i in range(5)]
+    write_jsonl_atomic(tmp_path / "s.jsonl", recs)
+    assert read_jsonl(tmp_path / "s.jsonl") == recs
+    write_jsonl_atomic(tmp_path / "empty.jsonl", [])
+    assert read_jsonl(tmp_path / "empty.jsonl") == []
+
+
+@pytest.mark.parametrize("writer,payload", [(write_json_atomic, {"v": 2}),
+                                            (write_jsonl_atomic, [{"v": 2}])])
+def test_crash_before_rename_keeps_old_file(tmp_path, monkeypatch, writer, payload):
+    p = tmp_path / "f.json"
+    p.write_text('{"v": 1}\n')
+    fresh = tmp_path / "new.json"
+
+    def boom(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(StoreError) as e:
+        writer(p, payload)
+    assert str(p) in _one_line(e)
+    with pytest.raises(StoreError):
+        writer(fresh, payload)
+    monkeypatch.undo()
+    assert json.loads(p.read_text()) == {"v": 1}
+    assert not fresh.exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["f.json"]  # temp files cleaned up
+
+
+def test_unserialisable_value_leaves_nothing(tmp_path):
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "x.json", {"f": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_errors_are_one_line_and_name_the_file(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(StoreError) as e:
+        read_json(missing)
+    assert str(missing) in _one_line(e)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"a": 1,\n  oops}')
+    with pytest.raises(StoreError) as e:
+        read_json(bad)
+    assert str(bad) in _one_line(e) and "line 2" in str(e.value)
+
+    lst = tmp_path / "list.json"
+    lst.write_text("[1, 2]")
+    with pytest.raises(StoreError, match="expected a JSON object"):
+        read_json(lst)
+
+    jl = tmp_path / "steps.rank0.jsonl"
+    jl.write_text('{"step": 0}\n\n{"step": 1}\n{"step": 2, "lo\n')
+    with pytest.raises(StoreError) as e:
+        read_jsonl(jl)
+    assert f"{jl}:4:" in _one_line(e)
+
+    jl.write_text('{"step": 0}\n[1]\n')
+    with pytest.raises(StoreError, match=r":2: expected a JSON object"):
+        read_jsonl(jl)
+    with pytest.raises(StoreError) as e:
+        read_jsonl(tmp_path / "missing.jsonl")
+    assert "missing.jsonl" in _one_line(e)
+
+
+def test_new_run_id_format_and_uniqueness():
+    ids = {new_run_id() for _ in range(200)}
+    assert len(ids) == 200
+    rid = new_run_id()
+    assert rid.startswith("run-")
+    parts = rid.split("-")
+    assert len(parts) == 4 and len(parts[1]) == 8 and len(parts[2]) == 6 and len(parts[3]) == 6
+    assert new_run_id("").count("-") == 2
+    assert new_run_id("bench").startswith("bench-")
+
+
+# ---------------------------------------------------------------- store
+
+def test_create_finish_get_roundtrip(tmp_path):
+    st = Store(tmp_path / "store")
+    rid = st.create_run(CFG, {"seed": 1}, study="s1")
+    d = st.run_dir(rid)
+    assert d == tmp_path / "store" / "runs" / rid
+    assert read_json(d / "config.json") == CFG
+    assert read_json(d / "provenance.json") == {"seed": 1}
+    status = read_json(d / "status.json")
+    assert status["status"] == "running" and status["pid"] == os.getpid()
+    assert status["host"] == socket.gethostname()
+
+    row = st.get(rid)
+    assert row["status"] == "running" and row["kind"] == "train" and row["study"] == "s1"
+    assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["strategy"],
+            row["precision"]) == ("resnet18", "cifar10", 4, 256, "ddp", "bf16")
+    assert row["config"] == CFG and row["summary"] is None
+
+    summary = {"throughput": 1234.5, "time": {"epoch(s)": 12.0, "step(ms)": 80.1}, "note": "ok"}
+    st.finish_run(rid, "completed", summary=summary)
+    assert read_json(d / "summary.json") == summary
+    status = read_json(d / "status.json")
+    assert status["status"] == "completed" and status["pid"] == os.getpid()
+    row = st.get(rid)
+    assert row["status"] == "completed" and row["summary"] == summary and row["finished"]
+
+    st.finish_run(rid, "failed", reason="NaN loss at step 7")
+    row = st.get(rid)
+    assert (row["status"], row["reason"], row["summary"]) == ("failed", "NaN loss at step 7", summary)
+
+    with pytest.raises(StoreError, match="already exists"):
+        st.create_run(CFG, {}, run_id=rid)
+    with pytest.raises(StoreError, match="status"):
+        st.finish_run(rid, "done")
+    with pytest.raises(StoreError, match="not allowed"):
+        st.create_run(CFG, {}, run_id="../escape")
+    # A second Store on the same root sees the same catalog.
+    assert Store(tmp_path / "store").get(rid)["status"] == "failed"
+
+
+def test_nested_config_is_denormalised(tmp_path):
+    st = Store(tmp_path)
+    cfg = {"model": {"name": "gpt-tiny", "layers": 2}, "data": {"dataset": "tinyshakespeare"},
+           "dist": {"world_size": 2, "strategy": "fsdp"}, "train": {"global_batch_size": 64, "precision": "fp32"}}
+    row = st.get(st.create_run(cfg, {}))
+    assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["strategy"],
+            row["precision"]) == ("gpt-tiny", "tinyshakespeare", 2, 64, "fsdp", "fp32")
+    row = st.get(st.create_run({}, {}))
+    assert row["model"] is None and row["ranks"] is None
+
+
+def test_get_prefix_unknown_and_ambiguous(tmp_path):
+    st = Store(tmp_path)
+    st.create_run(CFG, {}, run_id="abc-111")
+    st.create_run(CFG, {}, run_id="abc-222")
+    st.create_run(CFG, {}, run_id="xyz-1")
+    assert st.get("abc-1")["run_id"] == "abc-111"
+    assert st.get("xyz")["run_id"] == "xyz-1"
+    with pytest.raises(StoreError) as e:
+        st.get("abc")
+    assert "matches 2 runs" in _one_line(e)
+    with pytest.raises(StoreError) as e:
+        st.get("nope")
+    assert _one_line(e) == "run: 'nope' not found (see `scalelab runs list`)"
+    # Prefix matching is literal: LIKE wildcards are not special.
+    with pytest.raises(StoreError, match="not found"):
+        st.get("a%")
+    st.finish_run("xyz", "completed")  # unique prefix also works for finish_run
+    assert st.get("xyz-1")["status"] == "completed"
+
+
+def test_list_runs_filters_and_order(tmp_path):
+    st = Store(tmp_path)
+    a = st.create_run({**CFG, "ranks": 1}, {}, study="scale")
+    b = st.create_run({**CFG, "ranks": 2}, {}, study="scale")
+    c = st.create_run({**CFG, "model": "mlp"}, {}, kind="bench")
+    st.finish_run(a, "completed", summary={"x": 1})
+    st.finish_run(c, "failed", reason="boom")
+
+    df = st.list_runs()
+    assert list(df["run_id"]) == [c, b, a]  # newest first
+    assert "config_json" not in df.columns and "summary_json" not in df.columns
+    assert list(st.list_runs(status="completed")["run_id"]) == [a]
+    assert list(st.list_runs(kind="bench")["run_id"]) == [c]
+    assert list(st.list_runs(study="scale")["run_id"]) == [b, a]
+    assert list(st.list_runs(where={"ranks": 2})["run_id"]) == [b]
+    assert list(st.list_runs(where={"model": "resnet18", "ranks": 4})["run_id"]) == []
+    assert list(st.list_runs(where={"model": "mlp"})["run_id"]) == [c]
+    assert list(st.list_runs(limit=2)["run_id"]) == [c, b]
+    assert st.list_runs(status="failed").iloc[0]["reason"] == "boom"
+    empty = st.list_runs(study="none")
+    assert len(empty) == 0 and "run_id" in empty.columns
+    with pytest.raises(StoreError, match="where"):
+        st.list_runs(where={"lr": 0.1})
+
+
+def test_compare(tmp_path):
+    st = Store(tmp_path)
+    a = st.create_run({**CFG, "ranks": 1}, {})
+    b = st.create_run({**CFG, "ranks": 2}, {})
+    c = st.create_run(CFG, {})
+    st.finish_run(a, "completed", summary={"throughput": 100.0, "time": {"epoch(s)": 10.0}})
+    st.finish_run(b, "completed", summary={"throughput": 190.0, "time": {"epoch(s)": 5.5, "comm(s)": 1.0},
+                                           "status": "weird"})
+    df = st.compare([a, b[:-1], c])
+    assert list(df["run_id"]) == [a, b, c]
+    assert list(df.columns[:8]) == ["run_id", "model", "dataset", "ranks", "global_batch",
+                                    "strategy", "precision", "status"]
+    assert {"throughput", "time/epoch(s)", "time/comm(s)", "summary/status"} <= set(df.columns)
+    assert list(df["ranks"]) == [1, 2, 4]
+    assert df.loc[1, "time/epoch(s)"] == 5.5 and df.loc[1, "status"] == "completed"
+    assert df.loc[1, "summary/status"] == "weird"
+    assert df.loc[0, "time/comm(s)"] is None or df["time/comm(s)"].isna()[0]
+    assert df.loc[2, "status"] == "running"
+
+    only = st.compare([a, b], metrics=["time/epoch(s)"])
+    assert list(only.columns[8:]) == ["time/epoch(s)"]
+    assert list(only["time/epoch(s)"]) == [10.0, 5.5]
+    with pytest.raises(StoreError, match="throughpt"):
+        st.compare([a], metrics=["throughpt"])
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_mark_stale(tmp_path):
+    st = Store(tmp_path)
+    dead, alive, other_host, done = (st.create_run(CFG, {}) for _ in range(4))
+    pid = _dead_pid()
+    for rid, host in ((dead, socket.gethostname()), (other_host, "some-other-host")):
+        s = read_json(st.run_dir(rid) / "status.json")
+        s.update(pid=pid, host=host)
+        write_json_atomic(st.run_dir(rid) / "status.json", s)
+    st.finish_run(done, "completed")
+
+    assert st.mark_stale() == 1
+    row = st.get(dead)
+    assert row["status"] == "interrupted" and row["reason"] == f"process {pid} no longer running"
+    assert read_json(st.run_dir(dead) / "status.json")["status"] == "interrupted"
+    assert st.get(alive)["status"] == "running"  # our own pid is alive
+    assert st.get(other_host)["status"] == "running"  # cannot check another host
+    assert st.get(done)["status"] == "completed"
+    assert st.mark_stale() == 0
+
+
+def test_mark_stale_detects_pid_reuse_and_repairs_catalog(tmp_path):
+    st = Store(tmp_path)
+    reused, crashed = st.create_run(CFG, {}), st.create_run(CFG, {})
+    s = read_json(st.run_dir(reused) / "status.json")
+    s["pid_create_time"] -= 3600  # our pid, but "started" an hour before this process did
+    write_json_atomic(st.run_dir(reused) / "status.json", s)
+    # Simulate a crash after status.json/summary.json were written but before the catalog update.
+    write_json_atomic(st.run_dir(crashed) / "summary.json", {"loss": 0.5})
+    s = read_json(st.run_dir(crashed) / "status.json")
+    s.update(status="completed")
+    write_json_atomic(st.run_dir(crashed) / "status.json", s)
+
+    assert st.mark_stale() == 2
+    assert st.get(reused)["status"] == "interrupted"
+    row = st.get(crashed)
+    assert row["status"] == "completed" and row["summary"] == {"loss": 0.5}
+
+
+def _create_many(root: str, n: int) -> None:
+    st = Store(Path(root))
+    for i in range(n):
+        rid = st.create_run({**CFG, "i": i}, {"pid": os.getpid()})
+        if i % 2:
+            st.finish_run(rid, "completed", summary={"i": i})
+
+
+def test_concurrent_writers(tmp_path):
+    root = tmp_path / "shared"  # does not exist yet: both processes also race to create the schema
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    procs = [ctx.Process(target=_create_many, args=(str(root), 20)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    st = Store(root)
+    df = st.list_runs()
+    assert len(df) == 40 and df["run_id"].is_unique
+    assert len([d for d in (root / "runs").iterdir() if d.is_dir()]) == 40
+    assert (df["status"] == "completed").sum() == 20
+    assert not list((root / "runs").glob("*/.*.tmp"))
+
+
+def test_garbage_catalog_is_one_line_error(tmp_path):
+    (tmp_path / "catalog.sqlite").write_bytes(b"this is not sqlite at all\n" * 100)
+    with pytest.raises(StoreError) as e:
+        Store(tmp_path)
+    assert "catalog.sqlite" in _one_line(e)
+
+
+def test_create_run_cleans_up_when_catalog_fails(tmp_path):
+    st = Store(tmp_path)
+    (tmp_path / "catalog.sqlite").write_bytes(b"garbage" * 1000)
+    for extra in ("catalog.sqlite-wal", "catalog.sqlite-shm"):
+        (tmp_path / extra).unlink(missing_ok=True)
+    with pytest.raises(StoreError):
+        st.create_run(CFG, {}, run_id="r1")
+    assert not st.run_dir("r1").exists()
+
+
+# ---------------------------------------------------------------- provenance
+
+def _git(cwd, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main",
+                    *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_provenance_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not a repository (tmp dirs are outside any checkout)
+    prov = collect_provenance(["scalelab", "train", "--seed", "3"], seed=3)
+    for key in ("time", "argv", "seed", "git_sha", "git_dirty", "scalelab_git_sha", "versions",
+                "host", "platform", "cpu_count", "memory_total_bytes", "cuda_devices"):
+        assert key in prov
+    assert prov["argv"] == ["scalelab", "train", "--seed", "3"] and prov["seed"] == 3
+    assert set(prov["versions"]) == {"python", "torch", "numpy", "scalelab"}
+    assert prov["versions"]["python"].count(".") == 2 and prov["versions"]["scalelab"]
+    assert prov["cpu_count"] >= 1 and prov["host"] == socket.gethostname()
+    assert isinstance(prov["cuda_devices"], list)
+    json.dumps(prov)  # must be storable as provenance.json
+    assert collect_provenance()["argv"] == sys.argv
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_provenance_git_fields(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    if git_state(tmp_path) != (None, None):
+        pytest.skip("tmp_path is inside a git repository")
+    _git(repo, "init", "-q")
+    (repo / "train.py").write_text("print(1)\n")
+    _git(repo, "add", "train.py")
+    _git(repo, "commit", "-q", "-m", "init")
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+
+    monkeypatch.chdir(repo)
+    prov = collect_provenance([])
+    assert prov["git_sha"] == sha and len(sha) == 40 and prov["git_dirty"] is False
+    (repo / "untracked.txt").write_text("x")  # untracked output files do not count as dirty
+    assert collect_provenance([])["git_dirty"] is False
+    (repo / "train.py").write_text("print(2)\n")
+    prov = collect_provenance([])
+    assert prov["git_sha"] == sha and prov["git_dirty"] is True
+
+    monkeypatch.chdir(tmp_path)
+    prov = collect_provenance([])
+    assert prov["git_sha"] is None and prov["git_dirty"] is None
+
+
+def test_provenance_without_git(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git executable to be found
+    monkeypatch.chdir(tmp_path)
+    prov = collect_provenance([])
+    assert prov["git_sha"] is None and prov["scalelab_git_sha"] is None
