@@ -158,6 +158,8 @@ def test_nested_config_is_denormalised(tmp_path):
     row = st.get(st.create_run(cfg, {}))
     assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["strategy"],
             row["precision"]) == ("gpt-tiny", "tinyshakespeare", 2, 64, "fsdp", "fp32")
+    row = st.get(st.create_run({**CFG, "ranks": 2, "nnodes": 3}, {}))
+    assert row["ranks"] == 6  # ranks per node x nodes
     row = st.get(st.create_run({}, {}))
     assert row["model"] is None and row["ranks"] is None
 

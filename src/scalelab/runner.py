@@ -5,6 +5,7 @@ traceback) or interrupted. Nothing here reads rank or device from the environmen
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import traceback
@@ -111,6 +112,9 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
             say: Callable[[str], None] = print) -> RunOutcome:
     """Run one training job to completion and return its summary; raises RunFailed or KeyboardInterrupt."""
     check_inputs(cfg)
+    # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
+    cfg = dataclasses.replace(cfg, device=cfg.resolved_device, backend=cfg.resolved_backend,
+                              strategy=cfg.resolved_strategy)
     run_id = _open_run(cfg, store, argv, study)
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "

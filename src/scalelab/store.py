@@ -34,7 +34,7 @@ LIST_COLUMNS = ("run_id", "created", "finished", "kind", "study", "status", "rea
 COMPARE_ID_COLUMNS = ("run_id",) + DENORM_COLUMNS + ("status",)
 # Other spellings a config may use for the denormalised fields.
 _ALIASES = {
-    "ranks": ("ranks", "world_size", "nprocs"),
+    "ranks": ("world_size", "ranks", "nprocs"),
     "global_batch": ("global_batch", "global_batch_size"),
 }
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -200,6 +200,9 @@ def _denormalise(config: dict) -> dict:
         v = _find_key(config, _ALIASES.get(col, (col,)))
         if isinstance(v, dict):  # e.g. {"model": {"name": "resnet18", ...}}
             v = v.get("name")
+        nnodes = _find_key(config, ("nnodes",))
+        if col == "ranks" and _find_key(config, ("world_size",)) is None and isinstance(nnodes, int):
+            v = v * nnodes if isinstance(v, int) else v  # TrainConfig's ranks are per node
         if col in ("ranks", "global_batch"):
             v = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         elif v is not None:
@@ -289,7 +292,6 @@ class Store:
         """Create the run directory and its catalog row (status "running"); returns the run_id."""
         if run_id is not None and not _RUN_ID_RE.fullmatch(run_id):
             raise StoreError(f"run_id: {run_id!r} is not allowed; use letters, digits, '.', '_', '-'")
-        (self.root / "runs").mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             rid = run_id or new_run_id()
             try:

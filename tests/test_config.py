@@ -1,0 +1,75 @@
+import pytest
+
+from scalelab import config as config_mod
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+
+
+@pytest.mark.parametrize("kwargs,field,fragment", [
+    ({"global_batch": 63, "ranks": 2}, "global_batch", "divisible by the number of ranks (2)"),
+    ({"ranks": 0}, "ranks", ">= 1"),
+    ({"epochs": 0}, "epochs", ">= 1"),
+    ({"lr": -1.0}, "lr", "> 0"),
+    ({"precision": "fp8"}, "precision", "'fp32'"),
+    ({"backend": "nccl"}, "backend", "nccl needs CUDA"),
+    ({"precision": "fp16"}, "precision", "needs CUDA"),
+    ({"strategy": "dp"}, "strategy", "at least 2 GPUs"),
+    ({"strategy": "single", "ranks": 2}, "strategy", "use ddp"),
+    ({"device": "cuda"}, "device", "no CUDA device"),
+    ({"nnodes": 2}, "rdzv_endpoint", "required"),
+    ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "node_rank", "0..1"),
+    ({"nnodes": 2, "rdzv_endpoint": "nohost"}, "rdzv_endpoint", "host:port"),
+    ({"prefetch_factor": 2}, "prefetch_factor", "num_workers > 0"),
+    ({"global_batch": "64"}, "global_batch", "int"),
+    ({"augment": 1}, "augment", "bool"),
+])
+def test_bad_values_name_the_field_the_value_and_what_is_allowed(kwargs, field, fragment, monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**kwargs)
+    assert info.value.field == field
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_defaults_resolve_for_cpu(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
+    cfg = TrainConfig(ranks=2, global_batch=64)
+    assert (cfg.resolved_device, cfg.resolved_backend, cfg.resolved_strategy) == ("cpu", "gloo", "ddp")
+    assert cfg.per_rank_batch == 32 and cfg.distributed
+    one = TrainConfig()
+    assert one.resolved_strategy == "single" and not one.distributed
+
+
+def test_cuda_resolution_when_gpus_are_visible(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 2)
+    cfg = TrainConfig(ranks=2, precision="fp16")
+    assert (cfg.resolved_device, cfg.resolved_backend) == ("cuda", "nccl")
+    with pytest.raises(ConfigError, match="at most 2 per node"):
+        TrainConfig(ranks=4, global_batch=64)
+
+
+def test_yaml_round_trip_flags_override_and_unknown_keys(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("model: mlp\nglobal_batch: 32\nepochs: 2\n")
+    cfg = TrainConfig.from_yaml(path, {"epochs": 3, "lr": None})
+    assert (cfg.model, cfg.global_batch, cfg.epochs) == ("mlp", 32, 3)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    path.write_text("modle: mlp\n")
+    with pytest.raises(ConfigError, match="unknown field"):
+        TrainConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("text,fragment", [("model: [unclosed\n", "not valid YAML at line"), ("- a\n- b\n", "mapping"),
+                                           ("!!python/object/apply:os.system ['true']\n", "not valid YAML")])
+def test_bad_yaml_is_one_line(tmp_path, text, fragment):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_yaml(path)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_yaml_file():
+    with pytest.raises(ConfigError, match="file not found"):
+        TrainConfig.from_yaml("/nonexistent/run.yaml")

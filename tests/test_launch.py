@@ -1,0 +1,41 @@
+import socket
+
+from scalelab.config import TrainConfig
+from scalelab.launch import free_port, slurm_script, torchrun_argv, worker_env
+
+
+def test_one_node_argv_is_a_static_loopback_rendezvous(tmp_path):
+    cfg = TrainConfig(ranks=2, global_batch=8)
+    argv = torchrun_argv(cfg, tmp_path, port=29999)
+    assert argv == ["--nnodes", "1", "--nproc-per-node", "2", "--node-rank", "0", "--rdzv-backend", "static",
+                    "--rdzv-endpoint", "127.0.0.1:29999", "--max-restarts", "0", "--monitor-interval", "0.2",
+                    "--module", "scalelab.worker", "--run-dir", str(tmp_path)]
+
+
+def test_multi_node_argv_passes_the_endpoint_and_node_rank_through(tmp_path):
+    cfg = TrainConfig(ranks=4, nnodes=3, node_rank=2, rdzv_endpoint="head:1234", global_batch=48)
+    argv = torchrun_argv(cfg, tmp_path)
+    assert argv[argv.index("--nnodes") + 1] == "3"
+    assert argv[argv.index("--node-rank") + 1] == "2"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "head:1234"
+    assert "GLOO_SOCKET_IFNAME" not in worker_env(cfg)
+
+
+def test_worker_env_keeps_one_node_on_loopback_and_splits_threads():
+    env = worker_env(TrainConfig(ranks=2, global_batch=8, threads=3))
+    assert env == {"OMP_NUM_THREADS": "3", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_slurm_script_runs_torchrun_per_node_with_the_job_id_as_run_id():
+    text = slurm_script("/abs/run.yaml", nodes=4, gpus_per_node=8, partition="gpu", account="lab")
+    assert text.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu", "#SBATCH --account=lab"):
+        assert line in text
+    assert "--nnodes 4 --ranks 8" in text and '--node-rank "$SLURM_NODEID"' in text
+    assert "--run-id scalelab-$SLURM_JOB_ID" in text and "/abs/run.yaml" in text
