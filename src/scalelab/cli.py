@@ -15,6 +15,12 @@ from typing import Optional
 
 import click
 import typer
+
+try:  # typer >= 0.24 vendors its own click; its errors are not click's classes
+    from typer._click.exceptions import UsageError as _TyperUsageError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    _TyperUsageError = click.UsageError
+USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 from rich.console import Console
 from rich.table import Table
 
@@ -177,15 +183,18 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
-    except click.exceptions.Exit as e:
+    except (click.exceptions.Exit, typer.Exit) as e:
         sys.exit(e.exit_code)
-    except click.UsageError as e:
-        ctx = f" (scalelab {e.ctx.command_path.split(' ', 1)[-1]} --help)" if e.ctx else ""
-        print(f"error: {e.format_message()}{ctx}", file=sys.stderr)
+    except USAGE_ERRORS as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `scalelab` / `scalelab runs`: show the help
+            print(e.format_message())
+            sys.exit(0)
+        hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
+        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
         sys.exit(2)
     except ScalelabError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
