@@ -31,9 +31,11 @@ USER_REF_HINT = "module:function or path/file.py:function"
 
 # synthetic images: per-pixel signal amplitude and noise std (calibrated so a small CNN reaches
 # roughly 70-95 % in a few hundred SGD steps, not 100 % at once)
-SYN_AMPLITUDE, SYN_NOISE = 0.1, 1.0
-# synthetic_jpeg stores u8 = 128 + JPEG_SCALE * x, so decoding inverts it with mean 128, std JPEG_SCALE
-JPEG_SCALE, JPEG_QUALITY = 40.0, 90
+SYN_AMPLITUDE, SYN_NOISE = 0.08, 1.0
+# synthetic_jpeg stores u8 = 128 + JPEG_SCALE * x, so decoding inverts it with mean 128, std JPEG_SCALE.
+# Images are stored at JPEG_UPSCALE x the training size and resized back after decoding, as real
+# pipelines decode larger photos: that makes a sample cost ~0.2-0.3 ms of CPU, so num_workers matter.
+JPEG_SCALE, JPEG_QUALITY, JPEG_UPSCALE = 40.0, 90, 3
 TOKEN_NOISE = 0.1  # probability that a token is random instead of following the rule
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -130,10 +132,10 @@ class EncodedImages(_Augmented):
     """Images decoded with Pillow on every access: JPEG/PNG bytes held in memory, or image files."""
 
     def __init__(self, sources: list, y, *, dataset: str, image_size: int, mean, std, augment=False, seed=0,
-                 offset: float = 0.0, scale: float = 255.0):
+                 offset: float = 0.0, scale: float = 255.0, resample: int = 2):
         super().__init__(len(sources), augment, seed)
         self.sources, self.y = sources, torch.as_tensor(y, dtype=torch.int64)
-        self.dataset, self.image_size = dataset, image_size
+        self.dataset, self.image_size, self.resample = dataset, image_size, resample  # Pillow filter id
         self.fill = int(offset)  # pad crops with the "zero" of the encoding (black for real images)
         self.a, self.b = _affine(mean, std, offset, scale)
 
@@ -146,7 +148,7 @@ class EncodedImages(_Augmented):
         what = src if isinstance(src, Path) else f"#{index}"
         img = formats.decode_image(src, self.dataset, what)
         if img.size != (self.image_size, self.image_size):
-            img = img.resize((self.image_size, self.image_size), resample=2)  # 2 = bilinear
+            img = img.resize((self.image_size, self.image_size), resample=self.resample)
         arr = np.asarray(img).transpose(2, 0, 1)  # HWC -> CHW
         if self.augment:
             arr = crop_flip(arr, self._rng(index), fill=self.fill)
@@ -181,9 +183,11 @@ def _synthetic_tokens(n: int, seed: int, split: int, seq_len: int, vocab: int) -
 
 
 def _encode_images(x: torch.Tensor) -> list[bytes]:
-    """Quantise normalised float images to uint8 and JPEG-encode each one."""
+    """Upscale normalised float images by JPEG_UPSCALE, quantise to uint8 and JPEG-encode each one."""
     from PIL import Image
 
+    # pixel replication, so the BOX downscale after decoding gives back the image up to JPEG loss
+    x = x.repeat_interleave(JPEG_UPSCALE, dim=2).repeat_interleave(JPEG_UPSCALE, dim=3)
     u8 = (128 + JPEG_SCALE * x).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
     out = []
     for img in u8:
@@ -252,7 +256,7 @@ def build_data(name: str, *, path: str | None = None, samples: int = 4096, eval_
                           DataSpec(kind="tokens", shape=(seq_len,), num_classes=vocab))
     if name == "synthetic_jpeg":
         norm = dict(dataset=name, image_size=image_size, mean=(0.0,) * 3, std=(1.0,) * 3, offset=128.0,
-                    scale=JPEG_SCALE, seed=seed)
+                    scale=JPEG_SCALE, seed=seed, resample=4)  # 4 = Image.BOX: 2x2 block mean
         (xtr, ytr), (xte, yte) = (_synthetic_images(n, seed, s, image_size) for n, s in ((samples, 1),
                                                                                           (eval_samples, 2)))
         return DataBundle(EncodedImages(_encode_images(xtr), ytr, augment=True, **norm),
@@ -274,7 +278,8 @@ def build_data(name: str, *, path: str | None = None, samples: int = 4096, eval_
     # imagefolder
     train, evals, classes = formats.scan_imagefolder(path, seed)
     formats.decode_image(train[0][0], name, train[0][0])  # fail now, not mid-epoch, if images are not images
-    common = dict(dataset=name, image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, seed=seed)
+    common = dict(dataset=name, image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, seed=seed,
+                  resample=2)  # 2 = Image.BILINEAR (antialiased when shrinking)
     return DataBundle(EncodedImages([p for p, _ in train], [y for _, y in train], augment=augment, **common),
                       EncodedImages([p for p, _ in evals], [y for _, y in evals], **common),
                       DataSpec(kind="image", shape=(3, image_size, image_size), num_classes=len(classes)))
