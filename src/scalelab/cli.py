@@ -55,7 +55,7 @@ def train(
     augment: Optional[bool] = typer.Option(None, "--augment/--no-augment", help="Random crop + flip per sample."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", "-b", help="Samples per step over all ranks."),
     epochs: Optional[int] = typer.Option(None, help="Epochs to train."),
-    steps: Optional[int] = typer.Option(None, help="Stop after this many steps."),
+    steps: Optional[int] = typer.Option(None, help="Train exactly this many steps (overrides --epochs)."),
     optimizer: Optional[str] = typer.Option(None, help="sgd, adam or adamw."),
     lr: Optional[float] = typer.Option(None, help="Learning rate."),
     momentum: Optional[float] = typer.Option(None, help="SGD momentum."),

@@ -42,7 +42,7 @@ class TrainConfig:
 
     global_batch: int = 64  # samples per optimizer step summed over all ranks
     epochs: int = 1
-    steps: int | None = None  # stop after this many optimizer steps (overrides epochs when reached first)
+    steps: int | None = None  # train exactly this many optimizer steps (epochs is then ignored)
     optimizer: Optimizer = "sgd"
     lr: float = 0.05
     momentum: float = 0.9

@@ -105,7 +105,8 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
 
 
 def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
-    return min(cfg.steps or math.inf, cfg.epochs * steps_per_epoch)
+    """`steps`, when given, wins over `epochs` (a run may then span a fraction of an epoch or several)."""
+    return cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
 
 
 def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
