@@ -98,7 +98,9 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
                                   seed=cfg.seed, drop_last=cfg.drop_last)
     extra = {}
     if cfg.num_workers > 0:
-        extra = {"persistent_workers": True, "prefetch_factor": cfg.prefetch_factor or 2}
+        # Workers are started anew each epoch (not persistent) so they see the dataset's epoch for augmentation;
+        # their start-up lands in the first step's data wait, as in a plain PyTorch loop.
+        extra = {"prefetch_factor": cfg.prefetch_factor or 2}
     loader = DataLoader(data, batch_sampler=sampler, num_workers=cfg.num_workers,
                         pin_memory=cfg.pin_memory and ctx.device.type == "cuda", **extra)
     return loader, sampler
@@ -130,6 +132,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     try:
         for epoch in range(epochs):
             sampler.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
+            if hasattr(bundle.train, "set_epoch"):  # per-epoch augmentation; reaches workers started below
+                bundle.train.set_epoch(epoch)
             batches = iter(loader)
             for i in range(steps_per_epoch):
                 if step >= n_steps:

@@ -34,8 +34,8 @@ USER_REF_HINT = "module:function or path/file.py:function"
 SYN_AMPLITUDE, SYN_NOISE = 0.08, 1.0
 # synthetic_jpeg stores u8 = 128 + JPEG_SCALE * x, so decoding inverts it with mean 128, std JPEG_SCALE.
 # Images are stored at JPEG_UPSCALE x the training size and resized back after decoding, as real
-# pipelines decode larger photos: that makes a sample cost ~0.2-0.3 ms of CPU, so num_workers matter.
-JPEG_SCALE, JPEG_QUALITY, JPEG_UPSCALE = 40.0, 90, 3
+# pipelines decode larger photos: a sample then costs ~0.2 ms of CPU, so num_workers matter.
+JPEG_SCALE, JPEG_QUALITY, JPEG_UPSCALE = 40.0, 90, 2
 TOKEN_NOISE = 0.1  # probability that a token is random instead of following the rule
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 MNIST_MEAN, MNIST_STD = (0.1307,), (0.3081,)
@@ -192,7 +192,7 @@ def _encode_images(x: torch.Tensor) -> list[bytes]:
     out = []
     for img in u8:
         buf = io.BytesIO()
-        Image.fromarray(img, "RGB").save(buf, format="JPEG", quality=JPEG_QUALITY)
+        Image.fromarray(img).save(buf, format="JPEG", quality=JPEG_QUALITY)
         out.append(buf.getvalue())
     return out
 

@@ -10,6 +10,7 @@ import io
 import os
 import pickle
 import random
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -132,7 +133,7 @@ def _read_idx(root: Path, name: str, ndim: int) -> tuple[np.ndarray, Path]:
                 raw = fh.read()
         else:
             raw = file.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # truncated/corrupt .gz raise all three
         raise DataError(f"mnist: cannot read {file}: {one_line(exc)}") from None
     magic = 0x800 | ndim  # 0x08 = unsigned byte data, last byte = number of dimensions
     header = 4 + 4 * ndim
@@ -170,6 +171,9 @@ def read_mnist(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 # ---------------------------------------------------------------- image folders
 
+Items = list[tuple[Path, int]]  # (image file, label)
+
+
 def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir()
                   if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS)
@@ -179,7 +183,7 @@ def _class_dirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _scan_split(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
+def _scan_split(folder: Path, classes: list[str]) -> Items:
     items = []
     for label, name in enumerate(classes):
         if (folder / name).is_dir():
@@ -190,7 +194,7 @@ def _scan_split(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
     return items
 
 
-def scan_imagefolder(path: str | os.PathLike, seed: int) -> tuple[list[tuple[Path, int]], list[tuple[Path, int]], list[str]]:
+def scan_imagefolder(path: str | os.PathLike, seed: int) -> tuple[Items, Items, list[str]]:
     """(train items, eval items, class names) for root/<class>/<images>.
 
     With root/train and root/val (or root/test) those are the splits; otherwise each class is
