@@ -152,6 +152,11 @@ class TrainConfig:
         """True when the run needs a process group (and therefore torchrun)."""
         return self.resolved_strategy == "ddp"
 
+    def resolved(self) -> "TrainConfig":
+        """The same config with "auto" replaced by what runs on this machine (device, backend, strategy)."""
+        return dataclasses.replace(self, device=self.resolved_device, backend=self.resolved_backend,
+                                   strategy=self.resolved_strategy)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

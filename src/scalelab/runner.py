@@ -5,7 +5,6 @@ traceback) or interrupted. Nothing here reads rank or device from the environmen
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import traceback
@@ -113,8 +112,7 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     """Run one training job to completion and return its summary; raises RunFailed or KeyboardInterrupt."""
     check_inputs(cfg)
     # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
-    cfg = dataclasses.replace(cfg, device=cfg.resolved_device, backend=cfg.resolved_backend,
-                              strategy=cfg.resolved_strategy)
+    cfg = cfg.resolved()
     run_id = _open_run(cfg, store, argv, study)
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "

@@ -30,13 +30,19 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def build_inputs(cfg: TrainConfig):
-    """The dataset bundle and the (unwrapped) model; the same on every rank for the same seed."""
+def build_bundle(cfg: TrainConfig):
+    """The dataset bundle a config names (generated datasets use their own sizes unless the config sets them)."""
     from scalelab.zoo.data import build_data
-    from scalelab.zoo.models import build_model, set_checkpoint_segments
 
     sizes = {k: v for k, v in (("samples", cfg.samples), ("eval_samples", cfg.eval_samples)) if v is not None}
-    bundle = build_data(cfg.dataset, path=cfg.data_path, seed=cfg.seed, augment=cfg.augment, **sizes)
+    return build_data(cfg.dataset, path=cfg.data_path, seed=cfg.seed, augment=cfg.augment, **sizes)
+
+
+def build_inputs(cfg: TrainConfig):
+    """The dataset bundle and the (unwrapped) model; the same on every rank for the same seed."""
+    from scalelab.zoo.models import build_model, set_checkpoint_segments
+
+    bundle = build_bundle(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     model = build_model(cfg.model, bundle.spec)
     if cfg.checkpoint_segments:

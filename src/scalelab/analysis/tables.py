@@ -1,0 +1,98 @@
+"""Pure functions from a study's stored runs ({run_id, config, summary}) to the tables the experiments show.
+
+Every table keeps the spread of its timings (min/median/max step time over the timed steps) and says its unit
+in the column name.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+SPREAD = ["time/step_min(ms)", "time/step_median(ms)", "time/step_max(ms)"]
+
+
+def runs_frame(runs: list[dict], config_keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """One row per run: the chosen config fields and summary metrics (missing metrics are NaN)."""
+    rows = []
+    for run in runs:
+        row = {"run_id": run["run_id"]}
+        row.update({k: run["config"].get(k) for k in config_keys})
+        row.update({m: (run["summary"] or {}).get(m) for m in metrics})
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=["run_id", *config_keys, *metrics])
+    return frame.sort_values(config_keys, kind="stable").reset_index(drop=True) if len(frame) else frame
+
+
+def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
+    """Per global batch size: epoch time with and without data loading, throughput, peak memory (seed 000 T1)."""
+    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", "memory/peak_rss(GiB)",
+               "memory/cuda_max_allocated(GiB)", *SPREAD, "steps/timed"]
+    frame = runs_frame(runs, ["global_batch", "ranks"], metrics)
+    return frame.dropna(axis=1, how="all")
+
+
+def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
+    """Mean time per step of each stage and its share of the step (seed 001 part 2b)."""
+    stages = ["data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other"]
+    rows = []
+    for run in runs:
+        summary = run["summary"] or {}
+        total = sum(summary.get(f"stage/{s}(ms)", 0.0) for s in stages)
+        for s in stages:
+            ms = summary.get(f"stage/{s}(ms)", 0.0)
+            rows.append({"run_id": run["run_id"], "stage": s, "time(ms)": ms,
+                         "share(%)": 100.0 * ms / total if total else 0.0})
+    return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", "share(%)"])
+
+
+def precision_table(runs: list[dict]) -> pd.DataFrame:
+    """fp32 vs bf16 vs fp16: final accuracy, loss, peak memory and time (seed 001 part 2c)."""
+    metrics = ["eval/acc", "eval/loss", "train/loss", "memory/peak_rss(GiB)", "memory/cuda_max_allocated(GiB)",
+               "time/epoch(s)", "throughput(samples/s)", *SPREAD]
+    frame = runs_frame(runs, ["precision", "device"], metrics).dropna(axis=1, how="all")
+    if len(frame) and "fp32" in set(frame["precision"]):
+        base = frame.loc[frame["precision"] == "fp32", "throughput(samples/s)"].iloc[0]
+        frame["speedup_vs_fp32"] = frame["throughput(samples/s)"] / base
+    return frame
+
+
+def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
+    """Activation checkpointing segments vs peak memory and step time (seed 001 part 1b)."""
+    metrics = ["memory/peak_rss(GiB)", "memory/cuda_max_allocated(GiB)", *SPREAD, "throughput(samples/s)"]
+    frame = runs_frame(runs, ["checkpoint_segments", "global_batch"], metrics).dropna(axis=1, how="all")
+    if len(frame):
+        base = frame[frame["checkpoint_segments"] == 0]
+        if len(base):
+            frame["step_time_vs_off"] = frame["time/step_median(ms)"] / base["time/step_median(ms)"].iloc[0]
+    return frame
+
+
+def loader_table(runs: list[dict]) -> pd.DataFrame:
+    """DataLoader settings vs data-wait share of training steps and throughput (seed 001 part 2a)."""
+    metrics = ["stage/data(ms)", "time/step_median(ms)", "time/epoch(s)", "throughput(samples/s)"]
+    frame = runs_frame(runs, ["num_workers", "pin_memory", "prefetch_factor"], metrics)
+    if len(frame):
+        shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}
+        frame["data_wait(%)"] = frame["run_id"].map(shares)
+    return frame
+
+
+def data_share(summary: dict) -> float:
+    """Data wait as a fraction of the mean step (the stage means sum to the mean step time)."""
+    stages = [v for k, v in summary.items() if k.startswith("stage/")]
+    total = sum(stages)
+    return summary.get("stage/data(ms)", 0.0) / total if total else 0.0
+
+
+def best_loader_setting(table: pd.DataFrame) -> dict:
+    """The fastest setting, preferring fewer workers when within 5 % of the best throughput."""
+    if not len(table):
+        return {}
+    best = table["throughput(samples/s)"].max()
+    near = table[table["throughput(samples/s)"] >= 0.95 * best].sort_values(["num_workers"], kind="stable")
+    row = near.iloc[0]
+    return {"num_workers": int(row["num_workers"]), "pin_memory": bool(row["pin_memory"]),
+            "prefetch_factor": None if pd.isna(row["prefetch_factor"]) else int(row["prefetch_factor"]),
+            "throughput(samples/s)": float(row["throughput(samples/s)"]),
+            "speedup_vs_0_workers": float(row["throughput(samples/s)"] /
+                                          table.loc[table["num_workers"] == 0, "throughput(samples/s)"].max())
+            if (table["num_workers"] == 0).any() else None}

@@ -1,0 +1,103 @@
+"""Run a grid of training configs as one study: resumable, with progress, every cell stored in the catalog.
+
+A cell is identified by its resolved config (what actually runs), so re-running a study skips every cell that
+already completed and runs only the missing or failed ones. A failed cell is recorded and the grid goes on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.config import TrainConfig
+from scalelab.store import Store, write_json_atomic
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str  # shown in progress lines, e.g. "batch 64"
+    config: TrainConfig
+
+
+@dataclass(frozen=True)
+class CellResult:
+    label: str
+    run_id: str | None
+    status: str  # completed | failed | skipped (already completed earlier)
+    reason: str | None = None
+
+
+def cell_key(cfg: TrainConfig) -> str:
+    """A stable identity for the run a config describes (the run id itself is not part of it)."""
+    data = cfg.resolved().to_dict()
+    data.pop("run_id", None)
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def completed_cells(store: Store, study: str) -> dict[str, str]:
+    """cell key -> run id of every completed run of the study."""
+    runs = store.list_runs(study=study, status="completed")
+    out: dict[str, str] = {}
+    for run_id in runs["run_id"]:
+        config = store.get(run_id)["config"]
+        try:
+            out[cell_key(TrainConfig.from_dict(config))] = run_id
+        except (ValueError, TypeError):  # a config from an older scalelab: treat the cell as missing
+            continue
+    return out
+
+
+def run_grid(study: str, cells: Iterable[Cell], store: Store, *, say: Callable[[str], None] = print,
+             execute: Callable | None = None) -> list[CellResult]:
+    """Run every cell not yet completed in this study; return one result per cell, in order."""
+    from scalelab.runner import RunFailed
+    from scalelab.runner import execute as default_execute
+
+    execute = execute or default_execute
+    cells = list(cells)
+    done = completed_cells(store, study)
+    results: list[CellResult] = []
+    for i, cell in enumerate(cells, 1):
+        key = cell_key(cell.config)
+        prefix = f"[{study} {i}/{len(cells)}] {cell.label}"
+        if key in done:
+            say(f"{prefix}: already done ({done[key]}), skipped")
+            results.append(CellResult(cell.label, done[key], "skipped"))
+            continue
+        say(f"{prefix}: running")
+        try:
+            outcome = execute(cell.config, store, study=study, say=lambda s: None)
+        except RunFailed as err:
+            say(f"{prefix}: failed: {err.reason}")
+            results.append(CellResult(cell.label, err.run_id, "failed", err.reason))
+            continue
+        done[key] = outcome.run_id
+        results.append(CellResult(cell.label, outcome.run_id, "completed"))
+    return results
+
+
+def study_runs(store: Store, study: str) -> list[dict]:
+    """Every completed run of a study as {run_id, config, summary}: the only input analyses get."""
+    runs = store.list_runs(study=study, status="completed")
+    return [{k: row[k] for k in ("run_id", "config", "summary")} for row in map(store.get, runs["run_id"])]
+
+
+def write_table(frame: pd.DataFrame, out_dir: Path, name: str) -> dict[str, Path]:
+    """A table as CSV and JSON (records), both written atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
+    tmp = csv_path.with_suffix(".csv.tmp")
+    frame.to_csv(tmp, index=False)
+    tmp.replace(csv_path)
+    write_json_atomic(json_path, json.loads(frame.to_json(orient="records")))
+    return {"csv": csv_path, "json": json_path}
+
+
+def with_fields(cfg: TrainConfig, **changes) -> TrainConfig:
+    """A copy of a config with some fields changed (validated again)."""
+    return dataclasses.replace(cfg, **changes)
