@@ -4,6 +4,7 @@
     scalelab train --config run.yaml --ranks 4
     scalelab runs list | show RUN | compare RUN RUN...
     scalelab slurm --config run.yaml --nodes 4 --gpus-per-node 8 > job.sbatch
+    scalelab bench comm --ops allreduce,allgather --begin 1K --end 64M --ranks 2
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli_experiments import app as experiments_app
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ScalelabError
 
@@ -31,6 +33,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
 runs_app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
 app.add_typer(runs_app, name="runs")
+app.add_typer(experiments_app)  # batch-sweep, profile, amp, checkpointing, loader-sweep
+bench_app = typer.Typer(no_args_is_help=True, help="Microbenchmarks.")
+app.add_typer(bench_app, name="bench")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -175,6 +180,37 @@ def slurm(
         console.print(f"wrote {output}")
     else:
         print(script, end="")
+
+
+@bench_app.command("comm")
+def bench_comm(
+    ops: str = typer.Option("all", help="Comma-separated: allreduce, allgather, reduce_scatter, broadcast (or all)."),
+    begin: str = typer.Option("1K", "--begin", "-b", help="Smallest message size S in bytes (K/M/G = 1024^1..3)."),
+    end: str = typer.Option("64M", "--end", "-e", help="Largest message size S in bytes."),
+    factor: int = typer.Option(2, "--factor", "-f", help="Each size is the previous one times this."),
+    warmup: int = typer.Option(5, help="Untimed iterations per size and op."),
+    iters: int = typer.Option(20, help="Timed iterations per size and op."),
+    ranks: int = typer.Option(2, "--ranks", "-n", help="Processes on this node."),
+    backend: str = typer.Option("auto", help="auto, gloo or nccl (nccl needs a CUDA GPU per rank)."),
+    dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
+    store: Optional[Path] = StoreOpt,
+) -> None:
+    """Time collectives over a size sweep (algbw, busbw as nccl-tests), check every result element, store the run."""
+    from scalelab.measure.commbench import CommBenchConfig, results_rich_table, run_commbench
+    from scalelab.runner import RunFailed
+
+    cfg = CommBenchConfig(ops=ops, begin=begin, end=end, factor=factor, warmup=warmup, iters=iters, ranks=ranks,
+                          backend=backend, dtype=dtype)
+    try:
+        out = run_commbench(cfg, open_store(store), argv=sys.argv, say=console.print)
+    except RunFailed as err:
+        err_console.print(f"error: {err}", highlight=False)
+        raise typer.Exit(1)
+    console.print(results_rich_table(out.table, title=f"run {out.run_id} (times: slowest rank, µs)"))
+    console.print(f"wrote {out.run_dir}/results.csv, results.json, busbw.png", highlight=False)
+    if out.reason:
+        err_console.print(f"error: run {out.run_id} failed: {out.reason}", highlight=False)
+        raise typer.Exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,6 +41,9 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     ax2.errorbar(table["global_batch"], table["time/step_median(ms)"], yerr=_spread(table), fmt="o-", capsize=3)
     ax2.set(xscale="log", xlabel="global batch (samples)", ylabel="step time (ms): median, bars min..max",
             title="Step time over timed steps")
+    for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
+        ax.set_xticks(list(table["global_batch"]), [str(b) for b in table["global_batch"]])
+        ax.minorticks_off()
     return _save(fig, path)
 
 
