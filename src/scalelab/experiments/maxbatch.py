@@ -1,0 +1,157 @@
+"""The largest batch that fits, found safely: every trial is a separate process (its own torchrun for several
+ranks), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
+that trial, never the search, and leaks nothing into the next trial.
+
+Search: a trial that fits reports how much memory training added on top of set-up; memory grows linearly in the
+batch (activations), so after two fitting trials the limit is predicted from that line and checked directly
+(b* must fit, b* + 1 must not). Where the prediction misses, the next guess is clamped inside the bracket
+[largest fit, smallest failure] and bisection takes over; without two measurements the batch doubles.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.experiments.grid import cell_key, with_fields
+from scalelab.store import Store, new_run_id
+
+OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot allocate memory", "signal sigkill",
+             "std::bad_alloc", "outofmemoryerror")
+
+
+@dataclass(frozen=True)
+class Trial:
+    batch: int
+    fits: bool
+    added_bytes: float | None = None  # memory training added on top of set-up (fitting trials)
+    run_id: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class SearchResult:
+    max_batch: int  # 0 when even the smallest batch does not fit
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.trials)
+
+
+def next_guess(trials: list[Trial], limit_bytes: float | None, step: int) -> int | None:
+    """The next batch to try, or None when the bracket is closed (largest fit + 1 == smallest failure)."""
+    fits = sorted((t for t in trials if t.fits), key=lambda t: t.batch)
+    fails = sorted((t.batch for t in trials if not t.fits))
+    lo = fits[-1].batch if fits else 0
+    hi = fails[0] if fails else None
+    if hi is not None and hi - lo <= step:
+        return None
+    guess = None
+    measured = [t for t in fits if t.added_bytes is not None]
+    # Predict only right after a fit: after a failed guess, bisection halves the bracket, so a curved memory
+    # profile costs O(log) trials instead of creeping down from a too-high prediction.
+    if limit_bytes and len(measured) >= 2 and trials[-1].fits:
+        (b1, m1), (b2, m2) = [(t.batch, t.added_bytes) for t in measured[-2:]]
+        slope = (m2 - m1) / (b2 - b1)
+        if slope > 0:
+            predicted = math.floor((limit_bytes - (m2 - slope * b2)) / slope / step) * step
+            guess = predicted if predicted > lo else lo + step  # at b* = lo, only lo + step is left to check
+    if guess is None:
+        guess = lo * 2 if hi is None else lo + max(step, (hi - lo) // (2 * step) * step)
+    if hi is not None:
+        guess = min(max(guess, lo + step), hi - step)
+    return max(guess, step)
+
+
+def search(trial: Callable[[int], Trial], *, start: int = 1, step: int = 1, limit_bytes: float | None = None,
+           max_trials: int = 40, say: Callable[[str], None] = print) -> SearchResult:
+    """Find the largest multiple of `step` for which `trial(batch).fits`."""
+    if start < step or start % step:
+        raise ConfigError("start", start, f"allowed: a positive multiple of the rank count ({step})")
+    result = SearchResult(0)
+    batch: int | None = start
+    while batch is not None and result.n_trials < max_trials:
+        t = trial(batch)
+        result.trials.append(t)
+        say(f"trial {result.n_trials}: batch {batch} {'fits' if t.fits else 'does not fit'}"
+            + (f" ({t.reason})" if t.reason and not t.fits else ""))
+        if not t.fits and batch == start:
+            break
+        batch = next_guess(result.trials, limit_bytes, step)
+    fits = [t.batch for t in result.trials if t.fits]
+    result.max_batch = max(fits) if fits else 0
+    return result
+
+
+def is_oom(reason: str | None) -> bool:
+    text = (reason or "").lower()
+    return any(mark in text for mark in OOM_MARKS)
+
+
+def run_trial(cfg: TrainConfig, store: Store, study: str, *, timeout_s: float = 600) -> Trial:
+    """One trial in a fresh `scalelab train` process; reuses a stored outcome of the same cell (resume)."""
+    key = cell_key(cfg)
+    for run_id in store.list_runs(study=study)["run_id"]:
+        row = store.get(run_id)
+        if row["status"] in ("completed", "failed") and _key_of(row["config"]) == key:
+            if row["status"] == "completed" or is_oom(row["reason"]):
+                return _trial_from_row(cfg.global_batch, row)
+    run_id = new_run_id()
+    cfg_path = store.root / "tmp" / f"{run_id}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(yaml.safe_dump(cfg.to_dict()))
+    cmd = [sys.executable, "-m", "scalelab", "train", "--config", str(cfg_path), "--store", str(store.root),
+           "--study", study, "--run-id", run_id]
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # fewer malloc arenas: less reserved address space per thread
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    finally:
+        cfg_path.unlink(missing_ok=True)
+    try:
+        row = store.get(run_id)
+    except Exception:  # the process died before recording the run (e.g. killed during set-up)
+        return Trial(cfg.global_batch, False, reason=f"trial process exited with {proc.returncode}")
+    if row["status"] == "running":  # the process was killed before it could mark the run
+        store.finish_run(run_id, "failed", reason=f"trial process killed (exit {proc.returncode}): out of memory")
+        row = store.get(run_id)
+    trial = _trial_from_row(cfg.global_batch, row)
+    if not trial.fits and not is_oom(trial.reason):
+        raise RuntimeError(f"trial at batch {cfg.global_batch} failed for a reason other than memory: {trial.reason}")
+    return trial
+
+
+def _key_of(config: dict) -> str | None:
+    try:
+        return cell_key(TrainConfig.from_dict(config))
+    except (ValueError, TypeError):
+        return None
+
+
+def _trial_from_row(batch: int, row: dict) -> Trial:
+    if row["status"] == "completed":
+        added = (row["summary"] or {}).get("memory/train_added(bytes)")
+        return Trial(batch, True, added, row["run_id"])
+    return Trial(batch, False, None, row["run_id"], row["reason"])
+
+
+def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int | None = None,
+              say: Callable[[str], None] = print, trial_steps: int = 2) -> SearchResult:
+    """The largest global batch of `base` that trains `trial_steps` steps under the memory limit."""
+    step = base.world_size
+    cap = memory_limit if memory_limit is not None else base.memory_limit
+
+    def trial(batch: int) -> Trial:
+        cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
+                          memory_limit=cap, samples=max(batch, base.samples or batch))
+        return run_trial(cfg, store, study)
+
+    return search(trial, start=step, step=step, limit_bytes=cap, say=say)
