@@ -71,6 +71,13 @@ def train(
     rdzv_endpoint: Optional[str] = typer.Option(None, help="host:port of node 0 (multi-node)."),
     backend: Optional[str] = typer.Option(None, help="auto, gloo, nccl or mpi."),
     strategy: Optional[str] = typer.Option(None, help="auto, single, dp (DataParallel) or ddp."),
+    sync: Optional[str] = typer.Option(None, help="Gradient sync: auto (=ddp), ddp, gather_scatter, allreduce, bucketed or noop."),
+    bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="Gradient bucket size in MiB (DDP and bucketed)."),
+    accumulate: Optional[int] = typer.Option(None, help="Gradient accumulation micro-steps per optimizer step."),
+    ddp_hook: Optional[str] = typer.Option(None, "--ddp-hook", help="DDP comm hook: none, fp16, bf16 or powersgd."),
+    powersgd_rank: Optional[int] = typer.Option(None, "--powersgd-rank", help="PowerSGD matrix approximation rank."),
+    net_latency_ms: Optional[float] = typer.Option(None, "--net-latency-ms", help="Emulated latency per collective (ms)."),
+    net_bandwidth_gbps: Optional[float] = typer.Option(None, "--net-bandwidth-gbps", help="Emulated bandwidth cap per collective (Gbit/s)."),
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda."),
     precision: Optional[str] = typer.Option(None, help="fp32, bf16, or fp16 (CUDA, with GradScaler)."),
     checkpoint_segments: Optional[int] = typer.Option(None, help="Activation checkpointing segments (0 = off)."),
@@ -206,7 +213,7 @@ def bench_comm(
     except RunFailed as err:
         err_console.print(f"error: {err}", highlight=False)
         raise typer.Exit(1)
-    console.print(results_rich_table(out.table, title=f"run {out.run_id} (times: slowest rank, µs)"))
+    console.print(results_rich_table(out.table, title=f"run {out.run_id}"))
     console.print(f"wrote {out.run_dir}/results.csv, results.json, busbw.png", highlight=False)
     if out.reason:
         err_console.print(f"error: run {out.run_id} failed: {out.reason}", highlight=False)

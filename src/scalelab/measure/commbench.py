@@ -1,0 +1,377 @@
+"""Communication microbenchmark (DESIGN F13): collectives over a size sweep, timed per iteration, checked.
+
+    scalelab bench comm                                   # 2 ranks, 1K..64M ×2, all four collectives
+    scalelab bench comm --ops allreduce --begin 1M --end 256M --iters 50 --ranks 4
+    python -m scalelab.measure.commbench_worker --run-dir DIR   # one rank (torchrun starts it)
+
+The parent records a run of kind "bench" in the Store, starts the ranks through torchrun's own machinery (static
+rendezvous on 127.0.0.1, a free port), and marks the run completed or failed. Rank 0 writes timings.json (every
+rank's per-iteration times), results.csv and results.json; the parent adds busbw.png and summary.json.
+
+Definitions (nccl-tests): S is the total buffer size in bytes (allreduce and broadcast: the buffer; allgather:
+the output; reduce_scatter: the input). An iteration's time is the slowest rank's, as a collective is done when
+its last rank is. algbw = S / t, busbw = algbw · factor with factor 2(n−1)/n for allreduce, (n−1)/n for allgather
+and reduce_scatter, 1 for broadcast; bandwidths in GB/s (1e9 bytes/s). Sizes with K/M/G are powers of 1024.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import statistics
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab import config as _config
+from scalelab.config import default_threads
+from scalelab.errors import ConfigError, ScalelabError, StoreError
+from scalelab.launch import LOOPBACK, free_port, run_torchrun
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+BACKENDS = ("auto", "gloo", "nccl")
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element
+WORKER_MODULE = "scalelab.measure.commbench_worker"
+# Columns of results.csv / results.json, in order; times are the slowest rank's per iteration.
+COLUMNS = ("op", "impl", "size(B)", "count", "dtype", "ranks", "iters", "time_min(us)", "time_median(us)",
+           "time_max(us)", "algbw(GB/s)", "busbw(GB/s)", "busbw_min(GB/s)", "busbw_max(GB/s)", "wrong",
+           "status", "reason")
+
+_SIZE_RE = re.compile(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+
+
+# ---------------------------------------------------------------- pure math
+
+def parse_size(text: str | int, field: str = "size") -> int:
+    """Bytes from '64M', '1K', '4096' or an int; K/M/G are powers of 1024 (as nccl-tests reads -b/-e)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _SIZE_RE.fullmatch(str(text))
+        if not match:
+            raise ConfigError(field, text, "allowed: a whole number of bytes with an optional K, M or G suffix, e.g. 64M")
+        value = int(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value < 1:
+        raise ConfigError(field, text, "allowed: a size of at least 1 byte, e.g. 1K")
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    """'64M' for 67108864, '1536' for 1536: the largest power-of-1024 unit that divides the size exactly."""
+    for unit in ("G", "M", "K"):
+        if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}"
+    return str(nbytes)
+
+
+def size_sweep(begin: int, end: int, factor: int) -> list[int]:
+    """begin, begin·factor, begin·factor², ... up to and including end."""
+    if factor < 2:
+        raise ConfigError("factor", factor, "allowed: an integer >= 2")
+    if end < begin:
+        raise ConfigError("end", format_size(end), f"allowed: a size >= begin ({format_size(begin)})")
+    sizes, size = [], begin
+    while size <= end:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def message_count(size: int, elem_bytes: int, ranks: int) -> int:
+    """Elements in a buffer of about `size` bytes, rounded down to a multiple of ranks (allgather/reduce_scatter
+    split it into equal chunks). 0 when the size holds less than one element per rank."""
+    return size // elem_bytes // ranks * ranks
+
+
+def parse_ops(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """'allreduce,broadcast' or a list → a tuple in the given order without repeats; 'all' is every op."""
+    items = [s.strip() for s in text.split(",")] if isinstance(text, str) else [str(s).strip() for s in text]
+    items = [s for s in items if s]
+    if items == ["all"]:
+        return OPS
+    bad = [s for s in items if s not in OPS]
+    if bad or not items:
+        raise ConfigError("ops", bad[0] if bad else text, f"allowed: a comma-separated list of {', '.join(OPS)} (or all)")
+    return tuple(dict.fromkeys(items))
+
+
+def busbw_factor(op: str, ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor: what each rank's link must carry relative to S."""
+    if op == "allreduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("allgather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    if op == "broadcast":
+        return 1.0
+    raise ConfigError("op", op, f"allowed: {', '.join(OPS)}")
+
+
+def algbw_gbps(size: int, seconds: float) -> float:
+    """Algorithm bandwidth S / t in GB/s (1e9 bytes per second)."""
+    return size / seconds / 1e9
+
+
+def busbw_gbps(op: str, size: int, seconds: float, ranks: int) -> float:
+    """Bus bandwidth in GB/s: algbw times the op's factor."""
+    return algbw_gbps(size, seconds) * busbw_factor(op, ranks)
+
+
+def iteration_times(per_rank: list[list[float]]) -> list[float]:
+    """Per iteration the slowest rank's time: the collective is done only when its last rank is."""
+    if len({len(t) for t in per_rank}) != 1:
+        raise ValueError(f"ranks timed different numbers of iterations: {[len(t) for t in per_rank]}")
+    return [max(ts) for ts in zip(*per_rank)]
+
+
+def build_table(records: list[dict], ranks: int, dtype: str) -> pd.DataFrame:
+    """One row per (op, size) from every rank's records, in sweep order.
+
+    A record is {"op", "size(B)", "count", "rank", "impl", "times(s)": [...], "wrong"} from a measured op, or
+    {"op", "size(B)", "count", "rank", "skipped": reason} from an op the backend refused.
+    """
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for rec in records:
+        groups.setdefault((rec["op"], rec["size(B)"]), []).append(rec)
+    rows = []
+    for (op, size), recs in groups.items():
+        if len({r["rank"] for r in recs}) != ranks:
+            raise ValueError(f"{op} at {size} B: records from {len(recs)} of {ranks} ranks")
+        row = {"op": op, "impl": None, "size(B)": size, "count": recs[0]["count"], "dtype": dtype, "ranks": ranks,
+               "iters": 0, "wrong": None, "status": "ok", "reason": None}
+        skipped = [r["skipped"] for r in recs if r.get("skipped")]
+        if skipped:
+            row.update(status="skipped", reason=skipped[0])
+        else:
+            times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
+            t_min, t_med, t_max = min(times), statistics.median(times), max(times)
+            row.update(impl=recs[0]["impl"], iters=len(times), wrong=sum(r["wrong"] for r in recs),
+                       **{"time_min(us)": t_min * 1e6, "time_median(us)": t_med * 1e6, "time_max(us)": t_max * 1e6,
+                          "algbw(GB/s)": algbw_gbps(size, t_med), "busbw(GB/s)": busbw_gbps(op, size, t_med, ranks),
+                          # the spread: the slowest iteration gives the lowest bandwidth
+                          "busbw_min(GB/s)": busbw_gbps(op, size, t_max, ranks),
+                          "busbw_max(GB/s)": busbw_gbps(op, size, t_min, ranks)})
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return frame.astype({"wrong": "Int64", "iters": "int64"})
+
+
+def summarize_table(table: pd.DataFrame) -> dict:
+    """Run summary: per op the peak median busbw and the size where it was reached; wrong elements; skips."""
+    summary: dict = {"rows": int(len(table)), "wrong": int(table["wrong"].fillna(0).sum())}
+    for op, rows in table.groupby("op", sort=False):
+        ok = rows[rows["status"] == "ok"]
+        if ok.empty:
+            summary[f"{op}/skipped"] = rows["reason"].iloc[0]
+            continue
+        best = ok.loc[ok["busbw(GB/s)"].idxmax()]
+        summary[f"{op}/busbw_peak(GB/s)"] = float(best["busbw(GB/s)"])
+        summary[f"{op}/busbw_peak_size(B)"] = int(best["size(B)"])
+        summary[f"{op}/wrong"] = int(ok["wrong"].sum())
+    return summary
+
+
+def wrong_reason(table: pd.DataFrame) -> str | None:
+    """One line naming each op whose results had wrong elements, or None when every check passed."""
+    bad = table[table["wrong"].fillna(0) > 0].groupby("op", sort=False)["wrong"].sum()
+    if bad.empty:
+        return None
+    return "correctness check failed: " + ", ".join(f"{op} has {int(n)} wrong element(s)" for op, n in bad.items())
+
+
+# ---------------------------------------------------------------- config
+
+@dataclass(kw_only=True)
+class CommBenchConfig:
+    """One benchmark run. Sizes accept '64M'-style strings and are stored as bytes."""
+
+    ops: tuple[str, ...] = OPS  # or a comma-separated string
+    begin: int = 1024  # smallest message size S in bytes
+    end: int = 64 * 1024**2  # largest message size S in bytes (included when on the sweep)
+    factor: int = 2  # each size is the previous one times this
+    warmup: int = 5  # untimed iterations per size and op
+    iters: int = 20  # timed iterations per size and op
+    ranks: int = 2  # processes on this node
+    backend: str = "auto"  # auto: nccl when CUDA has a GPU per rank, else gloo
+    dtype: str = "float32"
+    run_id: str | None = None
+    sizes: tuple[int, ...] = field(init=False)  # the sweep, derived
+
+    def __post_init__(self) -> None:
+        self.ops = parse_ops(self.ops)
+        self.begin, self.end = parse_size(self.begin, "begin"), parse_size(self.end, "end")
+        for name, low in (("factor", 2), ("warmup", 0), ("iters", 1), ("ranks", 2)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(name, value, f"allowed: an integer >= {low}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", self.dtype, f"allowed: {', '.join(DTYPES)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", self.backend, f"allowed: {', '.join(BACKENDS)}")
+        least = DTYPES[self.dtype] * self.ranks  # one element per rank in allgather / reduce_scatter
+        if self.begin < least:
+            raise ConfigError("begin", self.begin, f"allowed: >= {least} bytes ({self.dtype} × {self.ranks} ranks)")
+        self.sizes = tuple(size_sweep(self.begin, self.end, self.factor))
+        gpus = _config.cuda_device_count()
+        if self.backend == "nccl" and gpus < self.ranks:
+            raise ConfigError("backend", "nccl", f"needs a CUDA GPU per rank ({self.ranks}), found {gpus}; "
+                                                 "allowed here: gloo or auto")
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if _config.cuda_device_count() >= self.ranks else "gloo"
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.resolved_backend == "nccl" else "cpu"
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        out["ops"], out["sizes"], out["device"] = list(self.ops), list(self.sizes), self.device
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CommBenchConfig":
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(data) - known - {"sizes", "device"})
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], f"unknown field; allowed: {', '.join(sorted(known))}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# ---------------------------------------------------------------- launch and record
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    run_id: str
+    run_dir: Path
+    table: pd.DataFrame
+    summary: dict
+    status: str  # "completed", or "failed" when the correctness check found wrong elements
+    reason: str | None
+
+
+def commbench_argv(cfg: CommBenchConfig, run_dir: Path, *, port: int | None = None) -> list[str]:
+    """torchrun arguments for the benchmark's ranks: one node, static rendezvous on 127.0.0.1, a free port."""
+    return [
+        "--nnodes", "1",
+        "--nproc-per-node", str(cfg.ranks),
+        "--node-rank", "0",
+        "--rdzv-backend", "static",
+        "--rdzv-endpoint", f"{LOOPBACK}:{port or free_port()}",
+        "--max-restarts", "0",
+        "--monitor-interval", "0.2",
+        "--module", WORKER_MODULE,
+        "--run-dir", str(run_dir),
+    ]
+
+
+def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
+    """Threads split over the ranks; gloo kept on loopback (one node: collectives never leave the host)."""
+    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), "GLOO_SOCKET_IFNAME": "lo"}
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    # torchrun's agent hands its own environment to the ranks; restore ours afterwards.
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def read_results(run_dir: Path) -> pd.DataFrame:
+    """The results table rank 0 stored, as a DataFrame with COLUMNS."""
+    from scalelab.store import read_json
+
+    path = run_dir / "results.json"
+    if not path.exists():
+        raise StoreError(f"run {run_dir.name}: rank 0 wrote no results.json")
+    return pd.DataFrame(read_json(path)["rows"], columns=list(COLUMNS)).astype({"wrong": "Int64"})
+
+
+def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
+                  say: Callable[[str], None] = print) -> BenchOutcome:
+    """Record, launch and finish one benchmark run; raises runner.RunFailed when a rank fails."""
+    from scalelab.provenance import collect_provenance
+    from scalelab.report.plots import plot_busbw
+    from scalelab.runner import RunFailed, failure_reason
+
+    cfg = dataclasses.replace(cfg, backend=cfg.resolved_backend)  # store what actually runs
+    run_id = store.create_run(cfg.to_dict(), collect_provenance(argv), kind="bench", run_id=cfg.run_id)
+    run_dir = store.run_dir(run_id)
+    say(f"run {run_id}: bench comm {','.join(cfg.ops)}, {format_size(cfg.begin)}..{format_size(cfg.end)} "
+        f"×{cfg.factor}, {cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
+    try:
+        with _environ(commbench_env(cfg)):
+            run_torchrun(commbench_argv(cfg, run_dir))
+        table = read_results(run_dir)
+        plot_busbw(table, run_dir / "busbw.png",
+                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters} iterations per point")
+        summary = summarize_table(table)
+    except KeyboardInterrupt:
+        store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
+        raise
+    except BaseException as err:  # noqa: BLE001 - every failure must leave the run marked
+        if _is_interrupt(err):
+            store.finish_run(run_id, "interrupted", reason=f"interrupted by {err}")
+            raise KeyboardInterrupt from err
+        if isinstance(err, ScalelabError):
+            reason, trace = str(err), "".join(traceback.format_exception(err))
+        else:
+            reason, trace = failure_reason(err)
+        (run_dir / "error.txt").write_text(trace)
+        store.finish_run(run_id, "failed", reason=reason)
+        raise RunFailed(run_id, reason) from err
+    # A bandwidth measured on wrong results means nothing: the run is kept, with its table, but marked failed.
+    reason = wrong_reason(table)
+    status = "failed" if reason else "completed"
+    store.finish_run(run_id, status, reason=reason, summary=summary)
+    return BenchOutcome(run_id, run_dir, table, summary, status, reason)
+
+
+def _is_interrupt(err: BaseException) -> bool:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(err, SignalException) and err.sigval in (signal.SIGINT, signal.SIGTERM)
+
+
+def results_rich_table(table: pd.DataFrame, title: str | None = None):
+    """The results as a rich Table narrow enough for 80 columns (the CSV has every column)."""
+    from rich import box
+    from rich.table import Table
+
+    out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                caption="median/min/max: µs per iteration, slowest rank; algbw, busbw: GB/s at the median; "
+                        "wrong: result elements that failed the check")
+    # units go in the caption so that the table fits 80 columns
+    heads = ("op", "size", "median", "min", "max", "algbw", "busbw", "wrong")
+    for head in heads:
+        out.add_column(head, justify="left" if head == "op" else "right", no_wrap=True)
+    for row in table.to_dict("records"):
+        if row["status"] != "ok":
+            out.add_row(row["op"], format_size(row["size(B)"]), f"skipped: {row['reason']}", *[""] * 5)
+            continue
+        times = (f"{row[c]:,.0f}" if row[c] >= 100 else f"{row[c]:.1f}"
+                 for c in ("time_median(us)", "time_min(us)", "time_max(us)"))
+        bws = (_bandwidth(row[c]) for c in ("algbw(GB/s)", "busbw(GB/s)"))
+        out.add_row(row["op"], format_size(row["size(B)"]), *times, *bws, str(row["wrong"]))
+    return out
+
+
+def _bandwidth(gbps: float) -> str:
+    # at most 6 characters, so that the table fits 80 columns; results.csv keeps full precision
+    return f"{gbps:.0f}" if gbps >= 100 else f"{gbps:.2f}" if gbps >= 1 else f"{gbps:.4f}"

@@ -1,0 +1,290 @@
+"""Communication benchmark: exact math, the correctness check's truth, real 2-rank gloo runs, CLI errors."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from scalelab.cli import main
+from scalelab.errors import ConfigError
+from scalelab.measure import commbench_worker as cw
+from scalelab.measure.commbench import (
+    COLUMNS, OPS, CommBenchConfig, algbw_gbps, build_table, busbw_factor, busbw_gbps, commbench_argv, format_size,
+    iteration_times, message_count, parse_ops, parse_size, read_results, run_commbench, size_sweep,
+    summarize_table, wrong_reason)
+from scalelab.store import read_json
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---------------------------------------------------------------- pure math
+
+@pytest.mark.parametrize("ranks, factors", [
+    (2, {"allreduce": 1.0, "allgather": 0.5, "reduce_scatter": 0.5, "broadcast": 1.0}),
+    (4, {"allreduce": 1.5, "allgather": 0.75, "reduce_scatter": 0.75, "broadcast": 1.0}),
+    (8, {"allreduce": 1.75, "allgather": 0.875, "reduce_scatter": 0.875, "broadcast": 1.0}),
+])
+def test_busbw_factors_are_the_nccl_tests_ones(ranks, factors):
+    assert {op: busbw_factor(op, ranks) for op in OPS} == factors
+
+
+def test_algbw_and_busbw_are_exact_on_fixed_inputs():
+    assert algbw_gbps(10**9, 1.0) == 1.0
+    assert algbw_gbps(2**26, 0.5) == 2**27 / 1e9
+    assert busbw_gbps("allreduce", 2**20, 0.25, 4) == 2**22 / 1e9 * 1.5
+    assert busbw_gbps("allgather", 2**20, 0.25, 4) == 2**22 / 1e9 * 0.75
+    assert busbw_gbps("broadcast", 2**20, 0.25, 4) == 2**22 / 1e9
+    with pytest.raises(ConfigError, match="op: 'gather'"):
+        busbw_factor("gather", 2)
+
+
+@pytest.mark.parametrize("text, nbytes", [
+    ("1K", 1024), ("64M", 64 * 2**20), ("1G", 2**30), ("4096", 4096), ("2kb", 2048), ("8KiB", 8192),
+    (" 3M ", 3 * 2**20), (512, 512)])
+def test_sizes_parse_in_powers_of_1024(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "1X", "1.5K", "-1", "0", "1 T", "64MM"])
+def test_bad_sizes_are_one_line_config_errors_naming_the_field(text):
+    with pytest.raises(ConfigError) as info:
+        parse_size(text, "begin")
+    msg = str(info.value)
+    assert msg.startswith("begin: ") and "allowed" in msg and "\n" not in msg
+
+
+def test_format_size_is_the_inverse_for_whole_units():
+    assert [format_size(s) for s in (1024, 64 * 2**20, 2**30, 1536, 1000)] == ["1K", "64M", "1G", "1536", "1000"]
+
+
+def test_size_sweep_includes_both_ends_on_the_sweep():
+    assert size_sweep(1024, 65536, 2) == [1024 * 2**k for k in range(7)]
+    assert size_sweep(1024, 10 * 1024, 3) == [1024, 3072, 9216]
+    assert size_sweep(4096, 4096, 2) == [4096]
+    with pytest.raises(ConfigError, match=r"^end: '1K' is not allowed; allowed: a size >= begin \(1M\)$"):
+        size_sweep(2**20, 1024, 2)
+    with pytest.raises(ConfigError, match="^factor: 1 "):
+        size_sweep(1024, 2048, 1)
+
+
+def test_message_count_rounds_down_to_equal_chunks_per_rank():
+    assert message_count(1024, 4, 2) == 256
+    assert message_count(1024, 4, 3) == 255
+    assert message_count(1024, 2, 3) == 510
+    assert message_count(4, 4, 2) == 0
+
+
+def test_parse_ops_keeps_order_drops_repeats_and_names_a_bad_op():
+    assert parse_ops("all") == OPS
+    assert parse_ops("broadcast, allreduce,broadcast") == ("broadcast", "allreduce")
+    with pytest.raises(ConfigError, match="^ops: 'gather' is not allowed"):
+        parse_ops("allreduce,gather")
+    with pytest.raises(ConfigError, match="^ops: "):
+        parse_ops(" , ")
+
+
+def test_iteration_time_is_the_slowest_rank_per_iteration():
+    assert iteration_times([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    with pytest.raises(ValueError):
+        iteration_times([[1.0], [1.0, 2.0]])
+
+
+def _records():
+    mib = 2**20
+    recs = [{"op": "allreduce", "size(B)": mib, "count": mib // 4, "rank": 0, "impl": "all_reduce",
+             "times(s)": [1e-3, 2e-3, 4e-3], "wrong": 0},
+            {"op": "allreduce", "size(B)": mib, "count": mib // 4, "rank": 1, "impl": "all_reduce",
+             "times(s)": [2e-3, 1e-3, 3e-3], "wrong": 2},
+            {"op": "allgather", "size(B)": mib, "count": mib // 4, "rank": 1, "impl": "all_gather_single",
+             "times(s)": [0.5e-3, 0.25e-3], "wrong": 0},
+            {"op": "allgather", "size(B)": mib, "count": mib // 4, "rank": 0, "impl": "all_gather_single",
+             "times(s)": [0.25e-3, 0.5e-3], "wrong": 0}]
+    recs += [{"op": "reduce_scatter", "size(B)": mib, "count": mib // 4, "rank": r, "skipped": "no gloo support"}
+             for r in (0, 1)]
+    return recs
+
+
+def test_table_from_per_iteration_timings_is_exact():
+    table = build_table(_records(), ranks=2, dtype="float32")
+    assert list(table.columns) == list(COLUMNS)
+    ar, ag, rs = (table[table["op"] == op].iloc[0] for op in ("allreduce", "allgather", "reduce_scatter"))
+    # allreduce: per iteration max over ranks = [2, 2, 4] ms
+    assert (ar["time_min(us)"], ar["time_median(us)"], ar["time_max(us)"]) == pytest.approx((2000, 2000, 4000))
+    assert ar["algbw(GB/s)"] == 2**20 / 2e-3 / 1e9
+    assert ar["busbw(GB/s)"] == 2**20 / 2e-3 / 1e9 * 1.0
+    assert (ar["busbw_min(GB/s)"], ar["busbw_max(GB/s)"]) == (2**20 / 4e-3 / 1e9, 2**20 / 2e-3 / 1e9)
+    assert (ar["wrong"], ar["iters"], ar["status"]) == (2, 3, "ok")
+    # allgather: per iteration max = [0.5, 0.5] ms; busbw factor (n-1)/n = 1/2
+    assert ag["busbw(GB/s)"] == 2**20 / 0.5e-3 / 1e9 * 0.5
+    assert ag["impl"] == "all_gather_single"
+    assert (rs["status"], rs["reason"], pd.isna(rs["busbw(GB/s)"])) == ("skipped", "no gloo support", True)
+    summary = summarize_table(table)
+    assert summary["allreduce/busbw_peak(GB/s)"] == ar["busbw(GB/s)"]
+    assert summary["allreduce/busbw_peak_size(B)"] == 2**20
+    assert summary["reduce_scatter/skipped"] == "no gloo support"
+    assert summary["wrong"] == 2
+    assert wrong_reason(table) == "correctness check failed: allreduce has 2 wrong element(s)"
+    with pytest.raises(ValueError, match="1 of 2 ranks"):
+        build_table(_records()[:3], ranks=2, dtype="float32")
+
+
+# ---------------------------------------------------------------- the check's truth, without a process group
+
+def _simulate(op: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    """What a correct collective leaves on `rank`, computed by hand from every rank's input."""
+    world = len(inputs)
+    if op == "allreduce":
+        return sum(x.double() for x in inputs)
+    if op == "broadcast":
+        return inputs[0].double()
+    if op == "allgather":
+        return torch.cat([x.double() for x in inputs])
+    return sum(x.double() for x in inputs).chunk(world)[rank]  # reduce_scatter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", OPS)
+def test_check_accepts_a_correct_result_and_counts_a_wrong_element(op, dtype):
+    world, count = 8, 8 * 21  # bfloat16 sums over 8 ranks stay exact with the worker's pattern
+    bufs = [cw.make_buffers(op, count, r, world, dtype, torch.device("cpu")) for r in range(world)]
+    for b in bufs:
+        b.reset()
+    for rank in range(world):
+        result = _simulate(op, [b.inp for b in bufs], rank).to(dtype)
+        want = cw.expected(op, count, rank, world)
+        assert cw.count_wrong(result, want, world) == 0
+        result[3] = -7
+        assert cw.count_wrong(result, want, world) == 1
+        result[4] = float("nan")
+        assert cw.count_wrong(result, want, world) == 2
+
+
+def test_check_catches_chunks_from_the_wrong_rank():
+    world, count = 2, 64
+    bufs = [cw.make_buffers("allgather", count, r, world, torch.float32, torch.device("cpu")) for r in range(world)]
+    for b in bufs:
+        b.reset()
+    swapped = torch.cat([bufs[1].inp, bufs[0].inp]).double()
+    assert cw.count_wrong(swapped, cw.expected("allgather", count, 0, world), world) == count
+
+
+def test_an_api_the_backend_refuses_falls_through_and_all_refused_is_a_skip_with_reasons():
+    def refuse():
+        raise RuntimeError("ProcessGroupGloo does not support reduce_scatter\nmore detail")
+
+    assert cw.first_supported([("new", refuse), ("old", lambda: None)]) == ("old", None)
+    name, reason = cw.first_supported([("new", refuse), ("old", refuse)])
+    assert name is None
+    assert reason == ("new: ProcessGroupGloo does not support reduce_scatter; "
+                      "old: ProcessGroupGloo does not support reduce_scatter")
+
+
+def test_busbw_plot_draws_measured_ops_and_names_skipped_ones(tmp_path):
+    from scalelab.report.plots import plot_busbw
+
+    path = plot_busbw(build_table(_records(), ranks=2, dtype="float32"), tmp_path / "busbw.png", title="t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="missing column 'busbw_min"):
+        plot_busbw(pd.DataFrame({"op": [], "size(B)": [], "busbw(GB/s)": []}), tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------- config and launch
+
+def test_config_round_trips_and_nccl_needs_a_gpu_per_rank(monkeypatch):
+    cfg = CommBenchConfig(ops="allreduce", begin="1K", end="8K", iters=3)
+    assert cfg.sizes == (1024, 2048, 4096, 8192)
+    assert CommBenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 1)
+    assert CommBenchConfig().resolved_backend == "gloo"
+    with pytest.raises(ConfigError, match=r"^backend: 'nccl' .*GPU per rank \(2\), found 1"):
+        CommBenchConfig(backend="nccl")
+    monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 2)
+    assert (CommBenchConfig().resolved_backend, CommBenchConfig(backend="nccl").device) == ("nccl", "cuda")
+
+
+def test_argv_is_a_static_loopback_rendezvous_running_the_bench_worker(tmp_path):
+    argv = commbench_argv(CommBenchConfig(ranks=3), tmp_path, port=29999)
+    assert argv == ["--nnodes", "1", "--nproc-per-node", "3", "--node-rank", "0", "--rdzv-backend", "static",
+                    "--rdzv-endpoint", "127.0.0.1:29999", "--max-restarts", "0", "--monitor-interval", "0.2",
+                    "--module", "scalelab.measure.commbench_worker", "--run-dir", str(tmp_path)]
+
+
+# ---------------------------------------------------------------- real ranks
+
+@pytest.mark.dist
+def test_two_gloo_ranks_measure_and_check_every_op_over_a_sweep(store, capsys):
+    main(["bench", "comm", "--begin", "1K", "--end", "64K", "--warmup", "1", "--iters", "2",
+          "--store", str(store.root)])
+    out = capsys.readouterr().out
+    runs = store.list_runs(kind="bench")
+    assert list(runs["status"]) == ["completed"] and list(runs["ranks"]) == [2]
+    run_dir = store.run_dir(runs["run_id"][0])
+    table = read_results(run_dir)
+    sizes = [1024 * 2**k for k in range(7)]
+    assert list(zip(table["op"], table["size(B)"])) == [(op, s) for op in OPS for s in sizes]
+    # gloo in torch 2.13 runs all four; were one refused, its rows would say so instead of vanishing
+    ok = table[table["status"] == "ok"]
+    assert (table[table["status"] != "ok"]["reason"].str.len() > 0).all()
+    assert set(ok["op"]) == set(OPS)
+    assert (ok["wrong"] == 0).all() and (ok["busbw(GB/s)"] > 0).all() and (ok["iters"] == 2).all()
+    assert (ok["busbw_min(GB/s)"] <= ok["busbw(GB/s)"]).all() and (ok["busbw(GB/s)"] <= ok["busbw_max(GB/s)"]).all()
+    # the stored table is exactly what the stored raw per-rank timings give
+    timings = read_json(run_dir / "timings.json")
+    rebuilt = build_table(timings["records"], timings["ranks"], "float32")
+    pd.testing.assert_frame_equal(rebuilt.reset_index(drop=True), table, check_dtype=False)
+    assert pd.read_csv(run_dir / "results.csv").shape == table.shape
+    assert (run_dir / "busbw.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    row = store.get(runs["run_id"][0])
+    assert row["config"]["backend"] == "gloo" and row["config"]["sizes"] == sizes
+    assert row["summary"]["allreduce/busbw_peak(GB/s)"] == ok[ok["op"] == "allreduce"]["busbw(GB/s)"].max()
+    assert "allreduce" in out and "64K" in out and "busbw" in out
+
+
+@pytest.mark.dist
+def test_corruption_hook_makes_the_check_count_the_wrong_element(store, monkeypatch):
+    monkeypatch.setenv(cw.CORRUPT_ENV, "broadcast")
+    cfg = CommBenchConfig(ops="allreduce,broadcast", begin="1K", end="2K", warmup=0, iters=1)
+    outcome = run_commbench(cfg, store, say=lambda s: None)
+    wrong = dict(zip(zip(outcome.table["op"], outcome.table["size(B)"]), outcome.table["wrong"]))
+    assert wrong == {("allreduce", 1024): 0, ("allreduce", 2048): 0, ("broadcast", 1024): 1, ("broadcast", 2048): 1}
+    assert outcome.status == "failed"
+    row = store.get(outcome.run_id)
+    assert row["status"] == "failed" and row["reason"] == "correctness check failed: broadcast has 2 wrong element(s)"
+    assert row["summary"]["broadcast/wrong"] == 2 and row["summary"]["allreduce/wrong"] == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="an nccl benchmark needs 2 CUDA GPUs")
+def test_two_nccl_ranks_measure_and_check_every_op(store):
+    outcome = run_commbench(CommBenchConfig(begin="1K", end="1M", warmup=1, iters=2), store, say=lambda s: None)
+    assert outcome.status == "completed"
+    assert store.get(outcome.run_id)["config"]["backend"] == "nccl"
+    ok = outcome.table[outcome.table["status"] == "ok"]
+    assert set(ok["op"]) == set(OPS) and (ok["wrong"] == 0).all() and (ok["busbw(GB/s)"] > 0).all()
+
+
+# ---------------------------------------------------------------- CLI
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--begin", "1X"], "begin: '1X'"),
+    (["--end", "0"], "end: '0'"),
+    (["--begin", "1M", "--end", "1K"], "end: '1K'"),
+    (["--factor", "1"], "factor: 1"),
+    (["--factor", "two"], "--factor"),
+    (["--ops", "allreduce,gather"], "ops: 'gather'"),
+    (["--backend", "nccl"], "backend: 'nccl'"),
+    (["--backend", "mpi"], "backend: 'mpi'"),
+    (["--dtype", "int8"], "dtype: 'int8'"),
+    (["--ranks", "1"], "ranks: 1"),
+    (["--iters", "0"], "iters: 0"),
+])
+def test_bad_bench_input_is_one_line_and_exit_code_2(args, fragment, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 0)
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "comm", *args, "--store", str(tmp_path / "store")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+    assert not (tmp_path / "store").exists()  # rejected before anything was recorded
