@@ -1,0 +1,35 @@
+import pytest
+
+from scalelab.analysis.scaling import add_exposed_comm, scaling_table
+
+
+def run(rid, ranks, gb, epoch, thr, step, comm=None):
+    s = {"time/epoch(s)": epoch, "throughput(samples/s)": thr, "time/step_median(ms)": step,
+         "stage/forward(ms)": 1.0, "stage/backward(ms)": 2.0, "stage/optimizer(ms)": 0.5}
+    if comm is not None:
+        s["comm/time(ms)"] = comm
+    return {"run_id": rid, "config": {"ranks": ranks, "nnodes": 1, "global_batch": gb}, "summary": s}
+
+
+def test_strong_speedup_and_efficiency_are_exact():
+    runs = [run("a", 1, 64, 10.0, 100, 50), run("b", 2, 64, 6.0, 166, 30), run("c", 4, 64, 4.0, 250, 20)]
+    t = scaling_table(runs, "strong")
+    assert list(t["workers"]) == [1, 2, 4]
+    assert list(t["speedup"]) == pytest.approx([1.0, 10 / 6, 2.5])
+    assert list(t["efficiency"]) == pytest.approx([1.0, 10 / 12, 0.625])
+
+
+def test_weak_efficiency_compares_throughput():
+    runs = [run("a", 1, 32, 1, 100.0, 10), run("b", 2, 64, 1, 180.0, 11), run("c", 4, 128, 1, 300.0, 13)]
+    t = scaling_table(runs, "weak")
+    assert list(t["per_worker_batch"]) == [32, 32, 32]
+    assert list(t["efficiency"]) == pytest.approx([1.0, 0.9, 0.75])
+    assert list(t["speedup"]) == pytest.approx([1.0, 1.8, 3.0])
+
+
+def test_exposed_comm_by_ablation_and_overlap():
+    t = scaling_table([run("a", 1, 64, 1, 1, 50), run("b", 2, 64, 1, 1, 40.0, comm=20.0)], "strong")
+    t = add_exposed_comm(t, [run("n", 2, 64, 1, 1, 30.0)])
+    row = t[t["workers"] == 2].iloc[0]
+    assert row["exposed_comm(ms)"] == pytest.approx(10.0)
+    assert row["overlap"] == pytest.approx(0.5)
