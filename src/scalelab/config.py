@@ -20,6 +20,8 @@ Strategy = Literal["auto", "single", "dp", "ddp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
 Optimizer = Literal["sgd", "adam", "adamw"]
+Sync = Literal["auto", "ddp", "gather_scatter", "allreduce", "bucketed", "noop"]
+DDPHook = Literal["none", "fp16", "bf16", "powersgd"]
 
 
 def cuda_device_count() -> int:
@@ -56,6 +58,16 @@ class TrainConfig:
     strategy: Strategy = "auto"  # auto: ddp with several ranks, else single
     device: Device = "auto"
 
+    # Gradient sync across ranks (scalelab.sync). auto = ddp; any other value needs a process group, so it makes
+    # the run distributed even with one rank.
+    sync: Sync = "auto"
+    bucket_mb: float = 25.0  # MiB per gradient bucket: DDP's bucket_cap_mb and the bucketed strategy's size
+    accumulate: int = 1  # micro-steps per optimizer step (gradient accumulation); sync once per optimizer step
+    ddp_hook: DDPHook = "none"  # DDP comm hook: none (plain allreduce), fp16 / bf16 compression, powersgd
+    powersgd_rank: int = 1  # PowerSGD matrix approximation rank
+    net_latency_ms: float = 0.0  # emulated latency added to every collective (caller-side, see sync/meter.py)
+    net_bandwidth_gbps: float | None = None  # emulated bandwidth cap in Gbit/s for every collective
+
     precision: Precision = "fp32"
     checkpoint_segments: int = 0  # activation checkpointing segments (0 = off)
     num_workers: int = 0
@@ -72,7 +84,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _positive(self, "global_batch", "epochs", "ranks", "nnodes")
+        _positive(self, "global_batch", "epochs", "ranks", "nnodes", "accumulate", "powersgd_rank")
         if self.steps is not None and self.steps < 1:
             raise ConfigError("steps", self.steps, "allowed: an integer >= 1")
         if self.lr <= 0:
@@ -102,7 +114,29 @@ class TrainConfig:
                 f"must be divisible by the number of ranks ({self.world_size}); e.g. "
                 f"{max(self.world_size, self.global_batch // self.world_size * self.world_size)}",
             )
+        unit = self.world_size * self.accumulate
+        if self.global_batch % unit:
+            raise ConfigError("global_batch", self.global_batch, f"must be divisible by ranks x accumulate ({unit}); "
+                              f"e.g. {max(unit, self.global_batch // unit * unit)}")
+        self._check_sync()
         self._check_hardware()
+
+    def _check_sync(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ConfigError("bucket_mb", self.bucket_mb, "allowed: a number of MiB > 0")
+        if self.net_latency_ms < 0:
+            raise ConfigError("net_latency_ms", self.net_latency_ms, "allowed: a number of ms >= 0")
+        if self.net_bandwidth_gbps is not None and self.net_bandwidth_gbps <= 0:
+            raise ConfigError("net_bandwidth_gbps", self.net_bandwidth_gbps, "allowed: Gbit/s > 0 (or leave unset)")
+        if self.sync != "auto" and self.strategy in ("single", "dp"):
+            raise ConfigError("sync", self.sync, f"allowed with strategy {self.strategy}: auto only (no process group)")
+        if self.ddp_hook != "none" and self.resolved_sync != "ddp":
+            raise ConfigError("ddp_hook", self.ddp_hook, f"allowed only with sync ddp (sync is {self.sync}); or none")
+        emulated = self.net_latency_ms > 0 or self.net_bandwidth_gbps is not None
+        if emulated and not self.distributed:
+            raise ConfigError("net_latency_ms" if self.net_latency_ms > 0 else "net_bandwidth_gbps",
+                              self.net_latency_ms if self.net_latency_ms > 0 else self.net_bandwidth_gbps,
+                              "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
 
     def _check_hardware(self) -> None:
         gpus = cuda_device_count()
@@ -145,12 +179,19 @@ class TrainConfig:
     def resolved_strategy(self) -> str:
         if self.strategy != "auto":
             return self.strategy
-        return "ddp" if self.world_size > 1 else "single"
+        return "ddp" if self.world_size > 1 or self.sync != "auto" else "single"
 
     @property
     def distributed(self) -> bool:
-        """True when the run needs a process group (and therefore torchrun)."""
+        """True when the run needs a process group (and therefore torchrun): several ranks, or a sync strategy."""
         return self.resolved_strategy == "ddp"
+
+    @property
+    def resolved_sync(self) -> str:
+        """The gradient-sync strategy that runs: auto is ddp; "none" without a process group."""
+        if not self.distributed:
+            return "none"
+        return "ddp" if self.sync == "auto" else self.sync
 
     def resolved(self) -> "TrainConfig":
         """The same config with "auto" replaced by what runs on this machine (device, backend, strategy)."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.analysis.summary import summarize
+from scalelab.analysis.summary import loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
@@ -52,6 +52,12 @@ def collect_summary(run_dir: Path) -> dict:
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
                         memory=[r["memory"] for r in results])
     summary["ranks/reported"] = len(results)
+    system0 = run_dir / "system.rank0.jsonl"
+    if "comm/bytes_per_step" in summary and system0.exists():
+        # beside the metered bytes: what the host's loopback carried (gloo on one node runs over it)
+        loopback = loopback_bytes_per_step(read_jsonl(system0), records)
+        if loopback is not None:
+            summary["comm/loopback_bytes_per_step"] = loopback
     return summary
 
 

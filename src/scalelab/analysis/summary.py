@@ -8,6 +8,11 @@ Definitions (stated in every report):
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
   step's data wait.
 - Throughput = global samples of the timed steps / their summed step time.
+- Communication (runs with a process group): per rank and step, bytes and collective counts as the rank's
+  CommMeter recorded them (conventions in scalelab.sync.meter), averaged over ranks, then over timed steps.
+  comm/time = time inside collectives (may overlap compute); comm/blocking = the loop's "comm" span.
+  algbw = sum of buffer sizes S / sum of collective time over the timed steps of all ranks; busbw = the same with
+  each S weighted by its nccl-tests factor (2(n-1)/n allreduce, (n-1)/n gather/scatter, 1 broadcast).
 """
 from __future__ import annotations
 
@@ -77,8 +82,57 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
     if evals:
         out["eval/loss"] = float(evals[-1]["loss"])
         out["eval/acc"] = float(evals[-1]["acc"])
+    out.update(comm_summary(frame))
     for key in ("peak_rss(bytes)", "cuda_max_allocated(bytes)"):
         values = [m[key] for m in memory or [] if key in m]
         if values:
             out[f"memory/{key.split('(')[0]}(GiB)"] = max(values) / 2**30
     return out
+
+
+COMM_PER_STEP = {"comm/collectives_per_step": "collectives", "comm/bytes_per_step": "comm_bytes",
+                 "comm/bytes_forward_per_step": "comm_bytes_forward",
+                 "comm/bytes_backward_per_step": "comm_bytes_backward",
+                 "comm/bytes_optimizer_per_step": "comm_bytes_optimizer"}
+
+
+def comm_summary(frame: pd.DataFrame) -> dict:
+    """Communication metrics of the timed steps (empty for runs without a process group)."""
+    if "comm_bytes" not in frame:
+        return {}
+    timed = frame[~frame["warmup"].astype(bool)]
+    if not len(timed):
+        return {}
+    by_step = timed.groupby("step")
+    out = {key: float(by_step[col].mean().mean()) for key, col in COMM_PER_STEP.items()}
+    out["comm/time(ms)"] = 1e3 * float(by_step["comm_total(s)"].mean().mean())
+    out["comm/blocking(ms)"] = 1e3 * float(by_step["comm(s)"].mean().mean())
+    seconds = float(timed["comm_total(s)"].sum())
+    out["comm/algbw(GB/s)"] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
+    out["comm/busbw(GB/s)"] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
+    return out
+
+
+def loopback_bytes_per_step(samples: list[dict], records: list[dict]) -> float | None:
+    """Bytes sent on the loopback interface per timed step, from one host's system samples.
+
+    The window runs from the start of the first timed step to the end of the last one (rank 0's clock);
+    the counter (host-wide: all ranks on the host, and anything else using loopback) is interpolated linearly
+    between samples at both ends. None when the data is missing or the window is not covered by samples.
+    """
+    rows = sorted((s["time"], s["lo_sent(bytes)"]) for s in samples if "lo_sent(bytes)" in s and "time" in s)
+    rank0 = sorted((r for r in records if r.get("rank") == 0 and "t_end(unix_s)" in r), key=lambda r: r["step"])
+    timed = [r for r in rank0 if not r["warmup"]]
+    if len(rows) < 2 or not timed:
+        return None
+    begin, end = timed[0]["t_end(unix_s)"] - timed[0]["wall(s)"], timed[-1]["t_end(unix_s)"]
+    if not rows[0][0] <= begin < end <= rows[-1][0]:
+        return None
+    return (_interpolate(rows, end) - _interpolate(rows, begin)) / len(timed)
+
+
+def _interpolate(rows: list[tuple[float, float]], t: float) -> float:
+    for (t0, v0), (t1, v1) in zip(rows, rows[1:]):
+        if t0 <= t <= t1:
+            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+    raise ValueError(f"time {t} outside the samples")

@@ -106,6 +106,15 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
     return loader, sampler
 
 
+def micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """Split a rank's batch into up to `k` micro-batches with loss weights (share of the samples), so the
+    accumulated gradient is the batch mean even when the last batch of an epoch does not split evenly."""
+    if k == 1:
+        return [(x, y, 1.0)]
+    n = x.shape[0]
+    return [(xm, ym, xm.shape[0] / n) for xm, ym in zip(x.tensor_split(k), y.tensor_split(k)) if xm.shape[0]]
+
+
 def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     """`steps`, when given, wins over `epochs` (a run may then span a fraction of an epoch or several)."""
     return cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
@@ -116,7 +125,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result."""
     device = ctx.device
     model = model.to(device)
-    net = wrap_model(model, cfg, ctx)
+    net, sync = wrap_model(model, cfg, ctx)  # sync is None without a process group
     optimizer = build_optimizer(model, cfg)
     scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
     loader, sampler = make_loader(bundle.train, cfg, ctx)
@@ -144,12 +153,25 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 with timer.span("h2d"):
                     x = x.to(device, non_blocking=cfg.pin_memory)
                     y = y.to(device, non_blocking=cfg.pin_memory)
-                with timer.span("forward"):
-                    with autocast_for(cfg, device):
-                        logits = net(x)
-                    loss, correct = loss_and_correct(logits, y)
-                with timer.span("backward"):
-                    (scaler.scale(loss) if scaler else loss).backward()
+                micro = micro_batches(x, y, cfg.accumulate)
+                for j, (xm, ym, weight) in enumerate(micro):
+                    # no gradient sync on the first K-1 micro-steps: the forward must be inside for DDP's no_sync
+                    with sync.micro_step(last=j == len(micro) - 1) if sync else nullcontext():
+                        with timer.span("forward"):
+                            with autocast_for(cfg, device):
+                                logits = net(xm)
+                            loss_m, correct_m = loss_and_correct(logits, ym)
+                            if weight != 1.0:
+                                loss_m = loss_m * weight
+                        with timer.span("backward"):
+                            (scaler.scale(loss_m) if scaler else loss_m).backward()
+                    if j == 0:
+                        loss, correct = loss_m.detach(), correct_m
+                    else:
+                        loss, correct = loss + loss_m.detach(), correct + correct_m
+                if sync:
+                    with timer.span("comm"):
+                        sync.after_backward()
                 with timer.span("optimizer"):
                     if scaler:
                         scaler.step(optimizer)
@@ -168,7 +190,9 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 times = timer.end_step()
                 record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
-                          **{f"{k}(s)": v for k, v in times.items()}}
+                          **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time()}
+                if sync:
+                    record.update(sync.meter.take_step())
                 log.add(record, loss.detach(), correct.detach())
                 log.maybe_flush()
                 if ctx.is_main and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
@@ -178,6 +202,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         f"{rate:,.0f} samples/s")
     finally:
         log.flush()
+        if sync:
+            sync.close()
     return {
         "rank": ctx.rank,
         "steps": step,

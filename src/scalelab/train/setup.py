@@ -8,17 +8,23 @@ from scalelab.config import TrainConfig
 from scalelab.launch import DistContext
 
 
-def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
-    """Apply the data-parallel strategy: none, DataParallel over the node's GPUs, or DDP across ranks."""
+def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
+    """Apply the data-parallel strategy: none, DataParallel over the node's GPUs, or across ranks with the
+    gradient-sync strategy `cfg.sync` (scalelab.sync; DDP by default).
+
+    Returns (module to call, GradSync or None); None means no process group, and then nothing of the sync layer
+    runs in the step.
+    """
     strategy = cfg.resolved_strategy
     if strategy == "dp":
-        return nn.DataParallel(model)
+        return nn.DataParallel(model), None
     if strategy == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from scalelab.sync.meter import CommMeter
+        from scalelab.sync.strategies import build_sync
 
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DDP(model, device_ids=ids)
-    return model
+        sync = build_sync(cfg, model, ctx, CommMeter.from_config(cfg, ctx.world, ctx.device))
+        return sync.wrap(), sync
+    return model, None
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

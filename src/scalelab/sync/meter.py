@@ -1,0 +1,170 @@
+"""Communication accounting: every collective a sync strategy issues is recorded here, one CommMeter per rank.
+
+A record holds the op, the phase of the step it serves ("forward": DDP's buffer broadcast; "backward": gradient
+sync; "optimizer": reserved for optimizer-side collectives), payload bytes and the seconds inside the collective
+as the caller sees it:
+- synchronous collectives: from the call to its return (`collective`);
+- asynchronous ones: from launch to the moment the caller's future completes (`track`); these may overlap
+  compute and each other, so their sum can exceed the blocking `comm` span of the step.
+
+Byte conventions (S = bytes of the tensor this rank hands to the collective):
+- allreduce, broadcast: `nbytes` = S (the buffer every rank contributes and receives).
+- gather / scatter (rank-0 gather/scatter): `nbytes` = what this rank puts on or takes off the wire: S sent
+  (gather) or received (scatter) on a non-root rank, (n-1)*S received or sent on the root (its own slice
+  stays local).
+- bandwidth uses the nccl-tests buffer size instead (`alg_bytes`): S for allreduce / broadcast, n*S (the
+  gathered / scattered total) for gather / scatter / allgather / reduce_scatter.
+algbw = alg_bytes / t; busbw = algbw * factor(op, n) with factor 2(n-1)/n for allreduce, (n-1)/n for
+allgather / reduce_scatter / gather / scatter, 1 for broadcast. A step's (or a run's) algbw and busbw are
+aggregated as total (factor-weighted) bytes over total collective time.
+
+Network emulation (`latency_s`, `bandwidth_Bps`) is done on the caller's side: after the real collective
+completes, the meter waits until at least count*latency + nbytes/bandwidth has passed since launch, so a
+collective never looks faster than the emulated link. For async collectives the wait happens on a timer thread
+before the caller's future is completed, so gloo's own threads are never blocked. It emulates a slower network
+as the caller experiences it; it does not slow the bytes on the wire.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests busbw / algbw ratio for `op` on `world` ranks."""
+    n = max(1, world)
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "gather", "scatter"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str
+    phase: str
+    nbytes: int  # payload bytes as defined in the module docstring
+    seconds: float  # inside the collective as the caller sees it
+    alg_bytes: int  # nccl-tests buffer size S used for algbw
+    count: int = 1  # collectives this record stands for (e.g. PowerSGD's three allreduces per bucket)
+
+
+class CommMeter:
+    """Records collectives of one rank; `take_step` returns the step's totals and starts the next step."""
+
+    def __init__(self, world: int, *, latency_s: float = 0.0, bandwidth_Bps: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter, sleep: Callable[[float], None] = time.sleep,
+                 devices: list[torch.device] | None = None):
+        self.world = world
+        self.latency_s = latency_s
+        self.bandwidth_Bps = bandwidth_Bps
+        self._clock = clock
+        self._sleep = sleep
+        self._devices = devices  # for futures the meter creates on CUDA
+        self._lock = threading.Lock()  # async completions arrive on gloo / timer threads
+        self._records: list[Collective] = []
+
+    @classmethod
+    def from_config(cls, cfg, world: int, device: torch.device | None = None) -> "CommMeter":
+        bandwidth = cfg.net_bandwidth_gbps * 1e9 / 8 if cfg.net_bandwidth_gbps else None  # Gbit/s -> bytes/s
+        devices = [device] if device is not None and device.type == "cuda" else None
+        return cls(world, latency_s=cfg.net_latency_ms / 1e3, bandwidth_Bps=bandwidth, devices=devices)
+
+    @property
+    def emulating(self) -> bool:
+        return self.latency_s > 0 or self.bandwidth_Bps is not None
+
+    def floor_s(self, nbytes: int, count: int = 1) -> float:
+        """The least time a collective of `nbytes` may take on the emulated link (0 without emulation)."""
+        out = self.latency_s * count
+        if self.bandwidth_Bps:
+            out += nbytes / self.bandwidth_Bps
+        return out
+
+    def now(self) -> float:
+        return self._clock()
+
+    def record(self, op: str, nbytes: int, seconds: float, *, phase: str, alg_bytes: int | None = None,
+               count: int = 1) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"phase {phase!r}; allowed: {', '.join(PHASES)}")
+        bus_factor(op, self.world)  # unknown ops fail here, not later in the summary
+        rec = Collective(op, phase, int(nbytes), float(seconds), int(nbytes if alg_bytes is None else alg_bytes),
+                         count)
+        with self._lock:
+            self._records.append(rec)
+
+    @contextmanager
+    def collective(self, op: str, nbytes: int, *, phase: str, alg_bytes: int | None = None,
+                   count: int = 1) -> Iterator[None]:
+        """Time a synchronous collective run in the body (plus the emulated remainder) and record it."""
+        start = self._clock()
+        yield
+        if self.emulating:
+            remaining = self.floor_s(nbytes, count) - (self._clock() - start)
+            if remaining > 0:
+                self._sleep(remaining)
+        self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count)
+
+    def track(self, fut: torch.futures.Future, op: str, nbytes: int, *, phase: str, start: float | None = None,
+              alg_bytes: int | None = None, count: int = 1) -> torch.futures.Future:
+        """Record an async collective when `fut` completes; returns the future the caller must wait on.
+
+        Without emulation this is `fut.then(...)` (the completion time is taken in its callback). With emulation
+        a new future is completed by a timer thread once the emulated floor has passed since `start`.
+        """
+        start = self._clock() if start is None else start
+
+        def finish(value):
+            self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count)
+            return value
+
+        if not self.emulating:
+            return fut.then(lambda f: finish(f.value()))
+        out: torch.futures.Future = torch.futures.Future(devices=self._devices)
+
+        def done(f: torch.futures.Future) -> None:
+            try:
+                value = f.value()
+            except Exception as err:  # noqa: BLE001 - hand the collective's failure to the waiter
+                out.set_exception(err)
+                return
+            remaining = self.floor_s(nbytes, count) - (self._clock() - start)
+            if remaining <= 0:
+                out.set_result(finish(value))
+                return
+            timer = threading.Timer(remaining, lambda: out.set_result(finish(value)))
+            timer.daemon = True
+            timer.start()
+
+        fut.add_done_callback(done)
+        return out
+
+    def take_step(self) -> dict:
+        """This step's totals (the per-step record fields) since the previous call; clears the records."""
+        with self._lock:
+            records, self._records = self._records, []
+        return step_totals(records, self.world)
+
+
+def step_totals(records: list[Collective], world: int) -> dict:
+    """Per-step record fields: comm_total(s), collectives, bytes (all and per phase), algbw/busbw inputs."""
+    out = {
+        "comm_total(s)": sum(r.seconds for r in records),
+        "collectives": sum(r.count for r in records),
+        "comm_bytes": sum(r.nbytes for r in records),
+        **{f"comm_bytes_{p}": sum(r.nbytes for r in records if r.phase == p) for p in PHASES},
+        "comm_alg_bytes": sum(r.alg_bytes for r in records),
+        "comm_bus_bytes": sum(r.alg_bytes * bus_factor(r.op, world) for r in records),
+    }
+    return out
