@@ -99,3 +99,33 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=45)
     return _save(fig, path)
+
+
+def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
+    """Measured speedup per batch size vs workers, with the ideal (linear) line."""
+    key = "global_batch" if mode == "strong" else "per_worker_batch"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    top = int(table["workers"].max())
+    ax.plot([1, top], [1, top], "k:", label="ideal")
+    for value, group in table.groupby(key):
+        ax.plot(group["workers"], group["speedup"], "o-", label=f"{key.replace('_', ' ')} {value}")
+    ax.set(xlabel="workers (ranks)", ylabel="speedup (x, median step times)", title=f"{mode.title()} scaling")
+    ax.set_xticks(sorted(table["workers"].unique()))
+    ax.legend()
+    return _save(fig, path)
+
+
+def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
+    """Per cell: step time split into compute (the no-sync step) and exposed communication (stacked bars)."""
+    labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
+    compute = table["step_no_sync(ms)"].fillna(table["step(ms)"])
+    exposed = table["exposed_comm(ms)"].fillna(0)
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
+    ax.bar(labels, compute, label="compute (step with no sync)")
+    ax.bar(labels, exposed, bottom=compute, label="exposed communication")
+    if "comm/time(ms)" in table:
+        ax.plot(labels, table["comm/time(ms)"], "kD", label="time inside collectives")
+    ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend()
+    return _save(fig, path)

@@ -1,0 +1,106 @@
+"""Interpretation sentences computed from result tables: numbers and comparisons, never boilerplate.
+
+Each function takes the table its experiment produced and returns sentences (and, where it has one, a
+recommendation). They change when the data changes; tests feed two fixed result sets that rank differently.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+
+def _fmt(x: float, unit: str = "", digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:,.{digits}g}{unit}"
+
+
+def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table):
+        return [], None
+    t = table.sort_values("global_batch")
+    lo, hi = t.iloc[0], t.iloc[-1]
+    best = t.loc[t["throughput(samples/s)"].idxmax()]
+    gain = hi["throughput(samples/s)"] / lo["throughput(samples/s)"]
+    out = [f"Going from batch {int(lo.global_batch)} to {int(hi.global_batch)} changes throughput "
+           f"{gain:.2f}x ({_fmt(lo['throughput(samples/s)'])} to {_fmt(hi['throughput(samples/s)'])} samples/s) "
+           f"and the epoch from {_fmt(lo['time/epoch(s)'])} s to {_fmt(hi['time/epoch(s)'])} s.",
+           f"The highest throughput is at batch {int(best.global_batch)}: "
+           f"{_fmt(best['throughput(samples/s)'])} samples/s."]
+    share = 1 - t["time/epoch_no_data(s)"] / t["time/epoch(s)"]
+    out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
+    return out, f"Use batch {int(best.global_batch)} for throughput ({_fmt(best['throughput(samples/s)'])} samples/s)."
+
+
+def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    """`table`: one row per strategy with step(ms), comm(ms), exposed_comm(ms), bytes/step."""
+    real = table[table["strategy"] != "noop"].sort_values("step(ms)")
+    if not len(real):
+        return [], None
+    best, worst = real.iloc[0], real.iloc[-1]
+    out = [f"{best.strategy} has the shortest step ({_fmt(best['step(ms)'], ' ms')}); {worst.strategy} the longest "
+           f"({_fmt(worst['step(ms)'], ' ms')}, {worst['step(ms)'] / best['step(ms)']:.2f}x)."]
+    if "overlap" in real:
+        hidden = real.dropna(subset=["overlap"])
+        if len(hidden):
+            top = hidden.loc[hidden["overlap"].idxmax()]
+            out.append(f"{top.strategy} hides the most communication behind compute: overlap "
+                       f"{100 * top['overlap']:.0f} % of {_fmt(top['comm(ms)'], ' ms')} inside collectives.")
+    return out, f"Use the {best.strategy} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
+
+
+def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table) or "fp32" not in set(table["precision"]):
+        return [], None
+    base = table[table["precision"] == "fp32"].iloc[0]
+    out = []
+    for row in table[table["precision"] != "fp32"].itertuples():
+        d = row._asdict()
+        speed = d["throughput(samples/s)"] / base["throughput(samples/s)"]
+        out.append(f"{row.precision} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
+                   f"{100 * d['eval/acc']:.1f} % vs {100 * base['eval/acc']:.1f} % (fp32).")
+    best = table.loc[table["throughput(samples/s)"].idxmax()]
+    ok = best["eval/acc"] >= base["eval/acc"] - 0.01
+    rec = (f"Train in {best.precision}: {best['throughput(samples/s)'] / base['throughput(samples/s)']:.2f}x fp32 "
+           f"with accuracy within 1 point." if ok and best.precision != "fp32"
+           else "Keep fp32: no lower precision was both faster and as accurate here.")
+    return out, rec
+
+
+def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table):
+        return [], None
+    t = table.sort_values("time(ms)", ascending=False)
+    top = t.iloc[0]
+    out = [f"{top.stage} takes the largest share of a step: {top['share(%)']:.1f} % ({_fmt(top['time(ms)'], ' ms')})."]
+    fb = t.set_index("stage")
+    if {"forward", "backward"} <= set(fb.index) and fb.at["forward", "time(ms)"] > 0:
+        out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
+    return out, None
+
+
+def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
+    if not len(table) or not best:
+        return [], None
+    zero = table[table["num_workers"] == 0]
+    out = []
+    if len(zero):
+        out.append(f"With no loader workers, steps wait for data {zero['data_wait(%)'].iloc[0]:.1f} % of the time.")
+    out.append(f"num_workers={best['num_workers']} reaches {_fmt(best['throughput(samples/s)'])} samples/s"
+               + (f" ({best['speedup_vs_0_workers']:.2f}x no workers)." if best.get("speedup_vs_0_workers") else "."))
+    prefetch = "" if best["prefetch_factor"] is None else f", prefetch_factor={best['prefetch_factor']}"
+    return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
+
+
+def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    mem = "memory/cuda_max_allocated(GiB)" if "memory/cuda_max_allocated(GiB)" in table else "memory/peak_rss(GiB)"
+    if not len(table) or 0 not in set(table["checkpoint_segments"]):
+        return [], None
+    off = table[table["checkpoint_segments"] == 0].iloc[0]
+    out = []
+    for row in table[table["checkpoint_segments"] > 0].itertuples():
+        d = row._asdict()
+        out.append(f"{row.checkpoint_segments} segments: peak memory {d[mem] / off[mem]:.2f}x and step time "
+                   f"{d['time/step_median(ms)'] / off['time/step_median(ms)']:.2f}x of no checkpointing.")
+    return out, None
