@@ -22,6 +22,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Optimizer = Literal["sgd", "adam", "adamw"]
 Sync = Literal["auto", "ddp", "gather_scatter", "allreduce", "bucketed", "noop"]
 DDPHook = Literal["none", "fp16", "bf16", "powersgd"]
+LRRule = Literal["none", "linear", "sqrt", "linear_warmup", "lars"]
 
 
 def cuda_device_count() -> int:
@@ -75,6 +76,11 @@ class TrainConfig:
     prefetch_factor: int | None = None  # batches prefetched per loader worker (needs num_workers > 0)
     drop_last: bool = False
 
+    lr_rule: LRRule = "none"  # large-batch rule: lr is tuned at base_batch and scaled to global_batch
+    base_batch: int | None = None  # the batch `lr` was tuned for (None: global_batch, i.e. no scaling)
+    lr_warmup_steps: int = 0  # linear warm-up from lr to the scaled lr (linear_warmup and lars)
+    memory_limit: int | None = None  # bytes a rank may add to its set-up footprint (CPU: address-space cap)
+
     seed: int = 0
     warmup_steps: int = 2  # first steps excluded from every timing
     eval_every: int = 0  # evaluate every N steps; 0 = at the end of each epoch
@@ -91,13 +97,16 @@ class TrainConfig:
             raise ConfigError("lr", self.lr, "allowed: a number > 0")
         if not 0 <= self.momentum < 1:
             raise ConfigError("momentum", self.momentum, "allowed: 0 <= momentum < 1")
-        for name in ("weight_decay", "warmup_steps", "eval_every", "num_workers", "checkpoint_segments", "seed"):
+        for name in ("weight_decay", "warmup_steps", "eval_every", "num_workers", "checkpoint_segments", "seed",
+                     "lr_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "allowed: an integer >= 0")
-        for name in ("samples", "eval_samples", "prefetch_factor", "threads"):
+        for name in ("samples", "eval_samples", "prefetch_factor", "threads", "base_batch", "memory_limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(name, value, "allowed: an integer >= 1 (or leave unset)")
+        if self.lr_rule == "lars" and self.optimizer != "sgd":
+            raise ConfigError("lr_rule", "lars", f"LARS replaces SGD; use optimizer sgd (got {self.optimizer})")
         if self.prefetch_factor is not None and self.num_workers == 0:
             raise ConfigError("prefetch_factor", self.prefetch_factor, "allowed only with num_workers > 0")
         if self.sample_interval_s <= 0:
@@ -194,9 +203,10 @@ class TrainConfig:
         return "ddp" if self.sync == "auto" else self.sync
 
     def resolved(self) -> "TrainConfig":
-        """The same config with "auto" replaced by what runs on this machine (device, backend, strategy)."""
+        """The same config with "auto" replaced by what runs on this machine (device, backend, strategy, sync)."""
+        sync = self.resolved_sync if self.distributed else "auto"
         return dataclasses.replace(self, device=self.resolved_device, backend=self.resolved_backend,
-                                   strategy=self.resolved_strategy)
+                                   strategy=self.resolved_strategy, sync=sync)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -76,6 +76,10 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks))}
     if cfg.nnodes == 1:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # one node: collectives never leave the host
+    if cfg.memory_limit:
+        # Under a cap on address space: few malloc arenas (each reserves address space), and a fixed mmap
+        # threshold so freed large blocks go back to the OS instead of lingering in the heap.
+        env.update({"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"})
     return env
 
 

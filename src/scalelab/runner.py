@@ -81,8 +81,10 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
     return f"rank 0 raised {text[0] if text else type(err).__name__}", "".join(traceback.format_exception(err))
 
 
-def _launch(cfg: TrainConfig, run_dir: Path) -> None:
-    if not cfg.distributed:
+def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool) -> None:
+    # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
+    # max-batch trial whose out-of-memory must not touch the caller): then torchrun starts it as one rank.
+    if not cfg.distributed and not cfg.memory_limit and not isolate:
         from scalelab.worker import run_rank
 
         import torch
@@ -114,7 +116,7 @@ def _open_run(cfg: TrainConfig, store: Store, argv: list[str] | None, study: str
 
 
 def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, study: str | None = None,
-            say: Callable[[str], None] = print) -> RunOutcome:
+            say: Callable[[str], None] = print, isolate: bool = False) -> RunOutcome:
     """Run one training job to completion and return its summary; raises RunFailed or KeyboardInterrupt."""
     check_inputs(cfg)
     # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
@@ -124,7 +126,7 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
         f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
     try:
-        _launch(cfg, run_dir)
+        _launch(cfg, run_dir, isolate)
         summary = collect_summary(run_dir)
     except KeyboardInterrupt:
         store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")

@@ -16,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
 from scalelab.launch import DistContext, dist_context
+from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
 from scalelab.store import read_json, write_json_atomic
 from scalelab.train.loop import train
@@ -34,13 +35,38 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
             dist.init_process_group(cfg.resolved_backend, rank=ctx.rank, world_size=ctx.world,
                                     device_id=ctx.device if ctx.device.type == "cuda" else None)
         bundle, model = build_inputs(cfg)
+        if cfg.memory_limit and ctx.device.type == "cpu":
+            warm_up(model, bundle.train, ctx.device, cfg)
+            baseline = training_baseline()
+            cap_address_space(baseline, cfg.memory_limit)
+        else:
+            baseline = training_baseline()
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True))
+        result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
         write_json_atomic(run_dir / f"result.rank{ctx.rank}.json", result)
         return result
     finally:
         sampler.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def warm_up(model: torch.nn.Module, data, device: torch.device, cfg: TrainConfig) -> None:
+    """One forward/backward on two samples and one optimizer step on a scratch parameter, so that what any step
+    allocates whatever its batch (thread pools, autograd's engine, the optimizer's lazy imports: ~70 MB) is part
+    of the baseline a memory cap is measured from."""
+    from scalelab.train.loop import loss_and_correct
+    from scalelab.train.setup import build_optimizer
+
+    scratch = torch.nn.Linear(1, 1)
+    scratch(torch.ones(1, 1)).sum().backward()
+    build_optimizer(scratch, cfg).step()
+
+    xs, ys = zip(*(data[i] for i in range(min(2, len(data)))))
+    model.to(device).train()
+    loss, _ = loss_and_correct(model(torch.stack(xs).to(device)), torch.stack(ys).to(device))
+    loss.backward()
+    model.zero_grad(set_to_none=True)
 
 
 def _exit_on_sigterm(signum, _frame):

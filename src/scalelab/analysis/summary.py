@@ -83,6 +83,9 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         out["eval/loss"] = float(evals[-1]["loss"])
         out["eval/acc"] = float(evals[-1]["acc"])
     out.update(comm_summary(frame))
+    added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
+    if added:
+        out["memory/train_added(bytes)"] = max(added)  # what training adds on top of set-up (max over ranks)
     for key in ("peak_rss(bytes)", "cuda_max_allocated(bytes)"):
         values = [m[key] for m in memory or [] if key in m]
         if values:

@@ -1,5 +1,5 @@
-"""The largest batch that fits, found safely: every trial is a separate process (its own torchrun for several
-ranks), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
+"""The largest batch that fits, found safely: every trial runs in processes of its own (torchrun, also for one
+rank), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
 that trial, never the search, and leaks nothing into the next trial.
 
 Search: a trial that fits reports how much memory training added on top of set-up; memory grows linearly in the
@@ -10,19 +10,14 @@ batch (activations), so after two fitting trials the limit is predicted from tha
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.grid import cell_key, with_fields
-from scalelab.store import Store, new_run_id
+from scalelab.store import Store
 
 OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot allocate memory", "signal sigkill",
              "std::bad_alloc", "outofmemoryerror")
@@ -97,36 +92,22 @@ def is_oom(reason: str | None) -> bool:
     return any(mark in text for mark in OOM_MARKS)
 
 
-def run_trial(cfg: TrainConfig, store: Store, study: str, *, timeout_s: float = 600) -> Trial:
-    """One trial in a fresh `scalelab train` process; reuses a stored outcome of the same cell (resume)."""
+def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
+    """One trial in processes of its own (torchrun); reuses a stored outcome of the same cell (resume)."""
+    from scalelab.runner import RunFailed, execute
+
     key = cell_key(cfg)
     for run_id in store.list_runs(study=study)["run_id"]:
         row = store.get(run_id)
-        if row["status"] in ("completed", "failed") and _key_of(row["config"]) == key:
-            if row["status"] == "completed" or is_oom(row["reason"]):
-                return _trial_from_row(cfg.global_batch, row)
-    run_id = new_run_id()
-    cfg_path = store.root / "tmp" / f"{run_id}.yaml"
-    cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(yaml.safe_dump(cfg.to_dict()))
-    cmd = [sys.executable, "-m", "scalelab", "train", "--config", str(cfg_path), "--store", str(store.root),
-           "--study", study, "--run-id", run_id]
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}  # fewer malloc arenas: less reserved address space per thread
+        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"])):
+            return _trial_from_row(cfg.global_batch, row)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-    finally:
-        cfg_path.unlink(missing_ok=True)
-    try:
-        row = store.get(run_id)
-    except Exception:  # the process died before recording the run (e.g. killed during set-up)
-        return Trial(cfg.global_batch, False, reason=f"trial process exited with {proc.returncode}")
-    if row["status"] == "running":  # the process was killed before it could mark the run
-        store.finish_run(run_id, "failed", reason=f"trial process killed (exit {proc.returncode}): out of memory")
-        row = store.get(run_id)
-    trial = _trial_from_row(cfg.global_batch, row)
-    if not trial.fits and not is_oom(trial.reason):
-        raise RuntimeError(f"trial at batch {cfg.global_batch} failed for a reason other than memory: {trial.reason}")
-    return trial
+        outcome = execute(cfg, store, study=study, say=lambda s: None, isolate=True)
+    except RunFailed as err:
+        if not is_oom(err.reason):
+            raise
+        return Trial(cfg.global_batch, False, None, err.run_id, err.reason)
+    return Trial(cfg.global_batch, True, outcome.summary.get("memory/train_added(bytes)"), outcome.run_id)
 
 
 def _key_of(config: dict) -> str | None:
@@ -155,3 +136,27 @@ def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int 
         return run_trial(cfg, store, study)
 
     return search(trial, start=step, step=step, limit_bytes=cap, say=say)
+
+
+def max_batch_table(base: TrainConfig, store: Store, study: str, out_dir, *, memory_limit: int | None = None,
+                    segments: int = 2, say: Callable[[str], None] = print):
+    """The max batch of the base config, with mixed precision, and with activation checkpointing, side by side."""
+    import pandas as pd
+
+    from scalelab.experiments.basic import ExperimentResult
+    from scalelab.experiments.grid import write_table
+
+    amp = "fp16" if base.resolved_device == "cuda" else "bf16"
+    variants = {"as configured": base, amp: with_fields(base, precision=amp),
+                f"checkpointing ({segments} segments)": with_fields(base, checkpoint_segments=segments)}
+    rows = []
+    for label, cfg in variants.items():
+        say(f"[max batch] {label}")
+        res = max_batch(cfg, store, f"{study}/max_batch/{label.split(' ')[0]}", memory_limit=memory_limit, say=say)
+        cap = memory_limit if memory_limit is not None else cfg.memory_limit
+        rows.append({"variant": label, "max_batch": res.max_batch, "trials": res.n_trials,
+                     "memory_limit(bytes)": cap, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
+                                                                   for t in res.trials)})
+    table = pd.DataFrame(rows)
+    paths = write_table(table, out_dir, "max_batch")
+    return ExperimentResult("max_batch", {"max_batch": table}, [paths["csv"], paths["json"]])

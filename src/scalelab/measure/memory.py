@@ -20,3 +20,44 @@ def peak_memory(device: torch.device) -> dict[str, float]:
         out["cuda_max_allocated(bytes)"] = float(torch.cuda.max_memory_allocated(device))
         out["cuda_max_reserved(bytes)"] = float(torch.cuda.max_memory_reserved(device))
     return out
+
+
+def _status_kib(field: str) -> int | None:
+    """A `VmXxx:` field of /proc/self/status in KiB (None off Linux)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def training_baseline() -> dict[str, int]:
+    """Reset the kernel's peak-RSS mark and return the current footprint, so that what training adds on top of
+    set-up (model, data) can be read later with `added_since`."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # 5 = reset the peak resident set size (VmHWM) to the current RSS
+    except OSError:
+        pass
+    return {"rss": (_status_kib("VmRSS") or 0) * 1024, "vms": (_status_kib("VmSize") or 0) * 1024}
+
+
+def added_since(baseline: dict[str, int], device: torch.device) -> float:
+    """Peak memory added since `baseline`: CUDA max allocated on GPU, else peak RSS minus the baseline RSS."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device))
+    hwm = _status_kib("VmHWM")
+    return float(max(0, hwm * 1024 - baseline["rss"])) if hwm is not None else float("nan")
+
+
+def cap_address_space(baseline: dict[str, int], limit: int) -> None:
+    """Let this process grow its address space by at most `limit` bytes beyond the baseline: an allocation past
+    it fails with an out-of-memory error inside this process instead of the kernel killing something."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = baseline["vms"] + limit
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))

@@ -23,6 +23,7 @@ from scalelab.launch import DistContext
 from scalelab.measure.memory import peak_memory, reset_peak
 from scalelab.measure.timer import StepTimer
 from scalelab.store import write_jsonl_atomic
+from scalelab.train.lr import lr_at, set_lr
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
 
@@ -173,6 +174,9 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                     with timer.span("comm"):
                         sync.after_backward()
                 with timer.span("optimizer"):
+                    lr = lr_at(step, rule=cfg.lr_rule, base_lr=cfg.lr, base_batch=cfg.base_batch or cfg.global_batch,
+                               batch=cfg.global_batch, warmup=cfg.lr_warmup_steps)
+                    set_lr(optimizer, lr)
                     if scaler:
                         scaler.step(optimizer)
                         scaler.update()
@@ -188,7 +192,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         result = evaluate(model, bundle.eval, cfg, ctx)
                     evals.append({"step": step, "epoch": epoch, **result})
                 times = timer.end_step()
-                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps,
+                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps, "lr": lr,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
                           **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time()}
                 if sync:

@@ -29,6 +29,10 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.lr_rule == "lars":
+        from scalelab.train.lr import LARS
+
+        return LARS(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":

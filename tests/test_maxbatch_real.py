@@ -1,0 +1,79 @@
+"""Max-batch search on real trial processes: a test model with a known memory per sample, under a set cap."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scalelab.config import TrainConfig
+from scalelab.experiments.maxbatch import max_batch
+
+pytestmark = pytest.mark.timeout(240)
+PER_SAMPLE = 8 * 2**20
+
+HUNGRY = """
+import os, signal
+import torch
+from torch import nn
+
+class Hungry(nn.Module):
+    '''Allocates {per} bytes per training sample in forward{extra}.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
+
+    def forward(self, x):
+        out = self.fc(x.flatten(1))
+        if self.training:
+            {kill}
+            if {rank_only} is None or os.environ.get("RANK") == str({rank_only}):
+                buf = torch.ones(x.shape[0], {per} // 4)
+                out = out + buf.mean(1, keepdim=True) * 0
+        return out
+
+def make(spec):
+    return Hungry(spec)
+"""
+
+
+def model_file(tmp_path, kill_above=None, rank_only=None) -> str:
+    kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
+    path = tmp_path / "hungry.py"
+    path.write_text(HUNGRY.format(per=PER_SAMPLE, extra="", kill=kill, rank_only=rank_only))
+    return f"{path}:make"
+
+
+def test_finds_the_exact_limit_within_log2_plus_3_trials(store, tmp_path):
+    limit = 12
+    cap = int((limit + 0.5) * PER_SAMPLE)
+    cfg = TrainConfig(model=model_file(tmp_path), samples=64, eval_samples=8)
+    res = max_batch(cfg, store, "mb", memory_limit=cap, say=lambda s: None)
+    assert res.max_batch == limit
+    assert res.n_trials <= math.ceil(math.log2(limit)) + 3
+    failed = [t for t in res.trials if not t.fits]
+    assert failed and all("memory" in t.reason for t in failed)
+    again = max_batch(cfg, store, "mb", memory_limit=cap, say=lambda s: None)  # resumed from stored trials
+    assert again.max_batch == limit and len(store.list_runs(study="mb")) == res.n_trials
+
+
+def test_a_trial_killed_by_the_kernel_counts_as_not_fitting(store, tmp_path):
+    cfg = TrainConfig(model=model_file(tmp_path, kill_above=5), samples=64, eval_samples=8)
+    res = max_batch(cfg, store, "kill", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
+    assert res.max_batch == 5
+    assert any("SIGKILL" in (t.reason or "") for t in res.trials)
+
+
+def test_two_ranks_agree_when_only_one_runs_out(store, tmp_path):
+    """Only rank 1 allocates, so only rank 1 can run out: every trial still has one verdict for both ranks,
+    the failing ones name rank 1, and no run is left hanging or unmarked."""
+    cap = int(3.5 * PER_SAMPLE)
+    cfg = TrainConfig(model=model_file(tmp_path, rank_only=1), samples=64, eval_samples=8, ranks=2, global_batch=2)
+    res = max_batch(cfg, store, "two", memory_limit=cap, say=lambda s: None)
+    assert res.max_batch >= 2 and all(t.batch % 2 == 0 for t in res.trials)
+    fails = [t for t in res.trials if not t.fits]
+    assert fails and all(t.reason.startswith("rank 1 ") for t in fails)
+    assert min(t.batch for t in fails) == res.max_batch + 2  # the bracket closed on adjacent batches
+    runs = store.list_runs(study="two")
+    assert set(runs["status"]) == {"completed", "failed"}  # every trial marked, none left running
+    best = store.get(next(t.run_id for t in res.trials if t.batch == res.max_batch))
+    assert best["summary"]["ranks/reported"] == 2
