@@ -25,7 +25,9 @@ USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 from rich.console import Console
 from rich.table import Table
 
+from scalelab.cli_compare import app as compare_app
 from scalelab.cli_experiments import app as experiments_app
+from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ScalelabError
 
@@ -36,6 +38,8 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(experiments_app)  # batch-sweep, profile, amp, checkpointing, loader-sweep
 bench_app = typer.Typer(no_args_is_help=True, help="Microbenchmarks.")
 app.add_typer(bench_app, name="bench")
+app.add_typer(compare_app, name="compare")  # strategies, backends
+app.add_typer(predict_app)  # predict
 console = Console()
 err_console = Console(stderr=True)
 
@@ -89,18 +93,26 @@ def train(
     warmup_steps: Optional[int] = typer.Option(None, help="Steps excluded from timing."),
     eval_every: Optional[int] = typer.Option(None, help="Evaluate every N steps (0: each epoch's end)."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per rank (default: cores / ranks)."),
+    lr_rule: Optional[str] = typer.Option(None, help="none, linear, sqrt, linear_warmup or lars (lr tuned at --base-batch)."),
+    base_batch: Optional[int] = typer.Option(None, help="Global batch the --lr was tuned for (LR rules scale from it)."),
+    lr_warmup_steps: Optional[int] = typer.Option(None, help="Linear warm-up steps (linear_warmup, lars)."),
+    memory_limit: Optional[str] = typer.Option(None, help="Memory a CPU rank may add beyond set-up, e.g. 4GiB."),
     run_id: Optional[str] = typer.Option(None, help="Fixed run id (nodes of one multi-node run share it)."),
+    study: Optional[str] = typer.Option(None, help="Group the run under a study name."),
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """Train once, measuring every step's stages; store the run and print its summary."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "store") and v is not None}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "store", "study") and v is not None}
+    from scalelab.cli_experiments import parse_bytes
     from scalelab.runner import RunFailed, execute
 
+    if "memory_limit" in flags:
+        flags["memory_limit"] = parse_bytes(flags["memory_limit"], "memory_limit")
     data = load_yaml(config) if config else {}
     data.update(flags)
     cfg = TrainConfig.from_dict(data)
     try:
-        outcome = execute(cfg, open_store(store), argv=sys.argv, say=console.print)
+        outcome = execute(cfg, open_store(store), argv=sys.argv, study=study, say=console.print)
     except RunFailed as err:
         err_console.print(f"error: {err}", highlight=False)
         raise typer.Exit(1)
@@ -113,7 +125,8 @@ def print_summary(run_id: str, summary: dict) -> None:
     table.add_column("value", justify="right")
     wanted = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", "time/step_median(ms)",
               "stage/data(ms)", "stage/h2d(ms)", "stage/forward(ms)", "stage/backward(ms)", "stage/comm(ms)",
-              "stage/optimizer(ms)", "stage/eval(ms)", "stage/other(ms)", "memory/peak_rss(GiB)",
+              "stage/optimizer(ms)", "stage/eval(ms)", "stage/other(ms)", "comm/time(ms)", "comm/bytes_per_step",
+              "comm/busbw(GB/s)", "memory/peak_rss(GiB)",
               "memory/cuda_max_allocated(GiB)", "train/loss", "eval/loss", "eval/acc", "steps/timed"]
     for key in wanted:
         if key in summary:

@@ -45,8 +45,10 @@ def parse_sets(sets: list[str] | None) -> dict:
     return out
 
 
-def base_config(config: Path | None, sets: list[str] | None, **flags) -> TrainConfig:
-    data = load_yaml(config) if config else {}
+def base_config(config: Path | None, sets: list[str] | None, defaults: dict | None = None, **flags) -> TrainConfig:
+    """defaults < YAML file < --set FIELD=VALUE < named flags."""
+    data = dict(defaults or {})
+    data.update(load_yaml(config) if config else {})
     data.update(parse_sets(sets))
     data.update({k: v for k, v in flags.items() if v is not None})
     return TrainConfig.from_dict(data)
@@ -154,3 +156,81 @@ def loader_sweep_cmd(workers: Optional[str] = typer.Option(None, help="num_worke
     st, out_dir = _store_and_out(store, study, out)
     show(basic.loader_sweep(base, counts, st, study, out_dir, pin_memory=[False, True] if pin_memory else [False],
                             prefetch=int_list(prefetch, "prefetch"), say=console.print))
+
+
+def parse_bytes(text: str | None, field: str) -> int | None:
+    """'4GiB', '512M', '1.5G', '1000000' -> bytes (K/M/G are powers of 1024)."""
+    if text is None:
+        return None
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        value = float(num) * units[unit]
+    except ValueError:
+        raise ConfigError(field, text, "allowed: a size like 4GiB, 512MiB or a number of bytes") from None
+    if value < 1:
+        raise ConfigError(field, text, "allowed: a size > 0, like 4GiB")
+    return int(value)
+
+
+@app.command("max-batch")
+def max_batch_cmd(memory_limit: Optional[str] = typer.Option(None, help="CPU memory a trial may add, e.g. 4GiB "
+                                                                        "(default: none on CPU; the GPU on CUDA)."),
+                  segments: int = typer.Option(2, help="Checkpoint segments for the checkpointing variant."),
+                  config: Optional[Path] = ConfigOpt, model: Optional[str] = ModelOpt,
+                  dataset: Optional[str] = DatasetOpt, ranks: Optional[int] = RanksOpt,
+                  set_: Optional[list[str]] = SetOpt, study: str = StudyOpt, out: Optional[Path] = OutOpt,
+                  store: Optional[Path] = StoreOpt) -> None:
+    """The largest batch that fits (each trial its own process), plain, with AMP and with checkpointing."""
+    from scalelab.experiments.maxbatch import max_batch_table
+
+    base = base_config(config, set_, model=model, dataset=dataset, ranks=ranks)
+    limit = parse_bytes(memory_limit, "memory_limit")
+    if limit is None and base.memory_limit is None and base.resolved_device == "cpu":
+        raise ConfigError("memory_limit", None, "required on CPU (the search would otherwise fill the machine), "
+                                                "e.g. --memory-limit 2GiB")
+    st, out_dir = _store_and_out(store, study, out)
+    show(max_batch_table(base, st, study, out_dir, memory_limit=limit, segments=segments, say=console.print))
+
+
+@app.command("scale")
+def scale_cmd(workers: str = typer.Option("1,2", help="Worker counts (ranks)."),
+              batches: str = typer.Option("64,256", help="Global batches (strong) / per-worker batches (weak)."),
+              mode: str = typer.Option("both", help="strong, weak or both."),
+              config: Optional[Path] = ConfigOpt, model: Optional[str] = ModelOpt,
+              dataset: Optional[str] = DatasetOpt, steps: Optional[int] = StepsOpt,
+              set_: Optional[list[str]] = SetOpt, study: str = StudyOpt, out: Optional[Path] = OutOpt,
+              store: Optional[Path] = StoreOpt) -> None:
+    """Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell."""
+    from scalelab.experiments.scaling import scale
+
+    if mode not in ("strong", "weak", "both"):
+        raise ConfigError("mode", mode, "allowed: strong, weak, both")
+    base = base_config(config, set_, model=model, dataset=dataset, steps=steps)
+    st, out_dir = _store_and_out(store, study, out)
+    modes = ("strong", "weak") if mode == "both" else (mode,)
+    show(scale(base, int_list(workers, "workers"), int_list(batches, "batches"), st, study, out_dir, modes=modes,
+               say=console.print))
+
+
+@app.command("lr-scaling")
+def lr_scaling_cmd(batches: str = typer.Option("32,256,1024", help="Global batches; the base config's batch is the "
+                                                                   "one its lr is tuned for."),
+                   rules: str = typer.Option("none,linear,sqrt,linear_warmup,lars", help="LR rules."),
+                   workers: str = typer.Option("1", help="Worker counts."),
+                   target: float = typer.Option(0.9, help="Target test accuracy for time-to-accuracy."),
+                   config: Optional[Path] = ConfigOpt, model: Optional[str] = typer.Option("cnn", help="Model."),
+                   dataset: Optional[str] = typer.Option("mnist1d", help="Dataset."),
+                   epochs: Optional[int] = typer.Option(40, help="Epochs per cell."),
+                   set_: Optional[list[str]] = SetOpt, study: str = StudyOpt, out: Optional[Path] = OutOpt,
+                   store: Optional[Path] = StoreOpt) -> None:
+    """Batch sizes x LR rules x workers on MNIST-1D: final accuracy, time to target accuracy, curves."""
+    from scalelab.experiments.lrscaling import lr_scaling
+
+    base = base_config(config, set_, {"global_batch": 32, "lr": 0.03}, model=model, dataset=dataset, epochs=epochs)
+    if not 0 < target <= 1:
+        raise ConfigError("target", target, "allowed: an accuracy in (0, 1]")
+    st, out_dir = _store_and_out(store, study, out)
+    show(lr_scaling(base, int_list(batches, "batches"), [r.strip() for r in rules.split(",") if r.strip()],
+                    int_list(workers, "workers"), st, study, out_dir, target=target, say=console.print))

@@ -154,7 +154,7 @@ def exposed_after_overlap(ready_s: Sequence[float], comm_s: Sequence[float], bac
 
 def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: Hardware, backward_s: float,
               bucket_bytes: float = 25 * MIB, compression: str = "none",
-              algorithm: str | None = None) -> SyncCost:
+              algorithm: str | None = None, emulation: "Emulation | None" = None) -> SyncCost:
     """Communication of one optimizer step, in s. S_p = bytes of parameter p's gradient × compression factor.
 
     noop            0 (the ablation baseline).
@@ -168,6 +168,7 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     compression     fp16 / bf16 halve the bytes (fp32 gradients assumed); any strategy, as a what-if.
     With accumulation, sync happens once per optimizer step and overlaps only the last micro-step's backward:
     pass that micro-step's backward as `backward_s`. n = 1 costs 0.
+    emulation       scalelab's network emulation (`Emulation`): see `emulated_sync_cost`.
     """
     if strategy not in STRATEGIES:
         raise ConfigError("strategy", strategy, f"allowed: {', '.join(STRATEGIES)}")
@@ -177,6 +178,10 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     sizes = [b * factor for b in param_bytes]
     if strategy == "noop" or n == 1:
         return SyncCost(0.0, 0.0, 0)
+    if emulation is not None and emulation.active:
+        return emulated_sync_cost(strategy, sizes=sizes, param_bytes=param_bytes, factor=factor, n=n,
+                                  hardware=hardware, backward_s=backward_s, bucket_bytes=bucket_bytes,
+                                  algorithm=algorithm, emulation=emulation)
     if strategy == "allreduce":
         comm = sum(collective_time("allreduce", s, n, hardware, algorithm) for s in sizes)
         return SyncCost(comm, comm, len(sizes))
@@ -190,6 +195,76 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     total = sum(buckets)
     ready = backward_s * np.cumsum(buckets) / total if total else np.zeros(len(buckets))
     return SyncCost(sum(comms), exposed_after_overlap(ready, comms, backward_s), len(buckets))
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """scalelab's network emulation (`TrainConfig.net_latency_ms`, `net_bandwidth_gbps`; sync/meter.py): the caller
+    sees a collective of S bytes (S as the meter counts them) take at least latency + S / bandwidth after its
+    launch; the real collective runs at the same time, so it takes max(real, floor)."""
+
+    latency_s: float = 0.0
+    bandwidth_Bps: float | None = None  # bytes per second; None: no cap
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.latency_s) or self.latency_s < 0:
+            raise ConfigError("net_latency_ms", self.latency_s * 1e3, "allowed: a number of ms >= 0")
+        if self.bandwidth_Bps is not None and not self.bandwidth_Bps > 0:
+            raise ConfigError("net_bandwidth_gbps", self.bandwidth_Bps * 8 / 1e9, "allowed: Gbit/s > 0 (or unset)")
+
+    @classmethod
+    def from_config(cls, net_latency_ms: float = 0.0, net_bandwidth_gbps: float | None = None) -> "Emulation":
+        """From the config's units: ms and Gbit/s (1e9 bits per second)."""
+        return cls(net_latency_ms / 1e3, net_bandwidth_gbps * 1e9 / 8 if net_bandwidth_gbps else None)
+
+    @property
+    def active(self) -> bool:
+        return self.latency_s > 0 or self.bandwidth_Bps is not None
+
+    def floor_s(self, nbytes: float) -> float:
+        """L + S/bw in s: the least time the caller sees for one collective of `nbytes`."""
+        return self.latency_s + (nbytes / self.bandwidth_Bps if self.bandwidth_Bps else 0.0)
+
+
+def completion_with_floors(ready_s: Sequence[float], comm_s: Sequence[float],
+                           floor_s: Sequence[float]) -> list[float]:
+    """When each overlapped collective completes for the caller under emulation: the real collectives are served
+    one at a time (real_end_i = max(ready_i, real_end_{i−1}) + comm_i) while each floor runs from its own launch
+    on its own timer, so completion_i = max(real_end_i, ready_i + floor_i). With zero floors the last completion
+    is `exposed_after_overlap`'s end."""
+    out, end = [], 0.0
+    for ready, comm, floor in zip(ready_s, comm_s, floor_s):
+        end = max(end, ready) + comm
+        out.append(max(end, ready + floor))
+    return out
+
+
+def emulated_sync_cost(strategy: str, *, sizes: Sequence[float], param_bytes: Sequence[float], factor: float,
+                       n: int, hardware: Hardware, backward_s: float, bucket_bytes: float,
+                       algorithm: str | None, emulation: Emulation) -> SyncCost:
+    """`sync_cost` under emulation; `sizes` are the per-parameter bytes on the wire (compression applied).
+
+    allreduce       Σ_p max(T_allreduce(S_p), L + S_p/bw): blocking, one after another.
+    gather_scatter  Σ_p Σ_{gather, scatter} max(T_op(n·S_p), L + (n−1)·S_p/bw): the root's wire bytes are the
+                    largest and every rank waits for it.
+    bucketed / ddp  `completion_with_floors` on the buckets; comm = Σ (completion_i − ready_i) (the meter's
+                    record), exposed = max(0, last completion − backward).
+    """
+    if strategy == "allreduce":
+        comm = sum(max(collective_time("allreduce", s, n, hardware, algorithm), emulation.floor_s(s)) for s in sizes)
+        return SyncCost(comm, comm, len(sizes))
+    if strategy == "gather_scatter":
+        comm = sum(max(collective_time(op, n * s, n, hardware), emulation.floor_s((n - 1) * s))
+                   for s in sizes for op in ("gather", "scatter"))
+        return SyncCost(comm, comm, 2 * len(sizes))
+    first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
+    buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
+    comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
+    total = sum(buckets)
+    ready = list(backward_s * np.cumsum(buckets) / total) if total else [0.0] * len(buckets)
+    done = completion_with_floors(ready, comms, [emulation.floor_s(s) for s in buckets])
+    comm = sum(d - r for d, r in zip(done, ready))
+    return SyncCost(comm, max(0.0, max(done, default=0.0) - backward_s), len(buckets))
 
 
 def param_list(param_bytes: int | float | Sequence[float], n_params: int | None = None) -> list[float]:
@@ -208,12 +283,14 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
             param_bytes: int | float | Sequence[float], n_params: int | None = None,
             per_rank_batch: float | None = None, global_batch: float | None = None, mode: str = "strong",
             strategy: str = "ddp", bucket_bytes: float = 25 * MIB, compression: str = "none",
-            accumulate: int = 1, algorithm: str | None = None) -> pd.DataFrame:
+            accumulate: int = 1, algorithm: str | None = None,
+            emulation: Emulation | None = None) -> pd.DataFrame:
     """Predicted step time, throughput, speedup and efficiency per worker count (columns `COLUMNS`).
 
     mode "strong" keeps `global_batch` (per-rank batch = global / n, may be fractional; every rank needs at
     least one sample per micro-step); "weak" keeps `per_rank_batch`. The n = 1 baseline is computed even when 1
-    is not in `workers`. Formulas: module docstring, `sync_cost`, `scalelab.analysis.hardware`.
+    is not in `workers`. Formulas: module docstring, `sync_cost`, `scalelab.analysis.hardware`. `emulation`
+    pads every collective as scalelab's network emulation does (`Emulation`, `emulated_sync_cost`).
     """
     if mode not in ("strong", "weak"):
         raise ConfigError("mode", mode, "allowed: strong, weak")
@@ -235,7 +312,7 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
         compute = model.step_ms(b, accumulate)
         cost = sync_cost(strategy, param_bytes=params, n=n, hardware=hardware,
                          backward_s=model.backward(b / accumulate) / 1e3, bucket_bytes=bucket_bytes,
-                         compression=compression, algorithm=algorithm)
+                         compression=compression, algorithm=algorithm, emulation=emulation)
         step = compute + 1e3 * cost.exposed_s
         return {"workers": n, "nodes": placement(n, hardware.gpus_per_node)[0], "per_rank_batch": b,
                 "compute(ms)": compute, "comm(ms)": 1e3 * cost.comm_s, "exposed_comm(ms)": 1e3 * cost.exposed_s,

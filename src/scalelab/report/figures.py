@@ -129,3 +129,121 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
     return _save(fig, path)
+
+
+def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
+    """Final test accuracy vs global batch, one line per learning-rate rule."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for rule, g in table.groupby("lr_rule"):
+        g = g.groupby("global_batch")["final_acc"].mean()
+        ax.plot(g.index, 100 * g.values, "o-", label=rule)
+    ax.set(xscale="log", xlabel="global batch (samples)", ylabel="final test accuracy (%)",
+           title="Accuracy vs batch size per LR rule (same epochs)")
+    ax.set_xticks(sorted(table["global_batch"].unique()), [str(b) for b in sorted(table["global_batch"].unique())])
+    ax.minorticks_off()
+    ax.legend()
+    return _save(fig, path)
+
+
+def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
+    """Test accuracy per epoch, one panel per batch size, one line per rule (first worker count)."""
+    batches = sorted(curves["global_batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), squeeze=False, sharey=True)
+    for ax, b in zip(axes[0], batches):
+        sub = curves[(curves["global_batch"] == b) & (curves["workers"] == curves["workers"].min())]
+        for rule, g in sub.groupby("lr_rule"):
+            ax.plot(g["epoch"], 100 * g["eval/acc"], label=rule)
+        ax.set(title=f"batch {b}", xlabel="epoch")
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][-1].legend()
+    return _save(fig, path)
+
+
+def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
+    """Per strategy / backend (column `label`): compute (the noop step) + exposed communication, stacked; the
+    median step with its min..max spread, and the time inside collectives marked."""
+    labels = [str(v) for v in table[label]]
+    compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"].astype(float))
+    exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
+    step = table["step(ms)"].astype(float)
+    spread = [step - table["step_min(ms)"].astype(float), table["step_max(ms)"].astype(float) - step]
+    reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4.5))
+    ax.bar(labels, compute, label="compute (median step with noop sync)")
+    ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - noop step)")
+    ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
+                label="median step, bars min..max")
+    ax.plot(labels, table["comm(ms)"].astype(float), "kD", label="time inside collectives")
+    reps_text = f", {'/'.join(map(str, reps))} timed steps" if reps else ""
+    ax.set(ylabel="time per step (ms)", title=f"Compute vs communication per {label}{reps_text}")
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
+    """Per strategy / backend: payload bytes per step (stacked by phase, as the CommMeter counts them) beside
+    the bytes the loopback interface carried per step (all ranks, system sampler)."""
+    labels = [str(v) for v in table[label]]
+    x = list(range(len(labels)))
+    width = 0.4
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4.5))
+    bottom = pd.Series(0.0, index=table.index)
+    for phase in ("forward", "backward", "optimizer"):
+        values = table[f"bytes_{phase}_per_step"].astype(float).fillna(0) / 1e6
+        if values.any():
+            ax.bar([i - width / 2 for i in x], values, width, bottom=bottom, label=f"payload, {phase} (mean of ranks)")
+            bottom = bottom + values
+    if not bottom.any():  # no collectives at all (e.g. noop only): still show the zero
+        ax.bar([i - width / 2 for i in x], bottom, width, label="payload (mean of ranks)")
+    loop = table["loopback_bytes_per_step"].astype(float) / 1e6
+    ax.bar([i + width / 2 for i in x], loop.fillna(0), width, color="tab:gray", label="loopback interface (host)")
+    ax.set_xticks(x, labels)
+    ax.set(ylabel="MB per step (10^6 bytes)", title=f"Bytes per optimizer step per {label}")
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str) -> Path:
+    """Predicted speedup and efficiency vs workers (log x), one line per hardware, with measured points overlaid
+    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    top = int(table["workers"].max())
+    ax1.plot([1, top], [1, top], "k:", label="ideal")
+    for hw, g in table.groupby("hardware", sort=False):
+        ax1.plot(g["workers"], g["speedup"], "o-", ms=3, label=hw)
+        ax2.plot(g["workers"], 100 * g["efficiency"], "o-", ms=3, label=hw)
+    if len(measured):
+        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label="measured (this machine)")
+        ax2.plot(measured["workers"], 100 * measured["measured_efficiency"], "k*", ms=11,
+                 label="measured (this machine)")
+    ax2.axhline(50, color="gray", lw=0.8, ls="--")
+    what = "global batch" if mode == "strong" else "per-rank batch"
+    batch = table["per_rank_batch"].iloc[0] * (table["workers"].iloc[0] if mode == "strong" else 1)
+    ax1.set(xscale="log", yscale="log", xlabel="workers (ranks)", ylabel="speedup (x, predicted step times)",
+            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}")
+    ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
+            title="Efficiency (dashed: 50 %)")
+    ax1.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
+    """Predicted vs measured median step time per run (log-log) with the y = x line; colour = sync strategy,
+    filled = no network emulation, open = emulated latency / bandwidth."""
+    fig, ax = plt.subplots(figsize=(6, 5))
+    emulated = (validation["net_latency_ms"].astype(float) > 0) | validation["net_bandwidth_gbps"].notna()
+    for i, (sync, g) in enumerate(validation.groupby("sync", sort=False)):
+        color = f"C{i}"
+        for emu, h in g.groupby(emulated[g.index]):
+            ax.plot(h["measured"], h["predicted"], "o", color=color, mfc="none" if emu else color,
+                    label=f"{sync}{', emulated net' if emu else ''}")
+    lo = float(min(validation["measured"].min(), validation["predicted"].min())) * 0.8
+    hi = float(max(validation["measured"].max(), validation["predicted"].max())) * 1.25
+    ax.plot([lo, hi], [lo, hi], "k:", label="y = x")
+    err = validation.attrs.get("median_abs_error(%)", validation["error(%)"].abs().median())
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (ms, median of timed steps)",
+           ylabel="predicted step (ms)", title=f"Predicted vs measured: median |error| {err:.1f} %")
+    ax.legend(fontsize="small")
+    return _save(fig, path)

@@ -1,0 +1,175 @@
+"""`scalelab predict`: calibrate the performance model on this machine, predict step time, speedup and efficiency
+on more workers and other hardware, and check the model against measured runs.
+
+    scalelab predict --model cnn                                   # measured, 10gbe, ib_hdr, nvlink3; weak
+    scalelab predict --model resnet18 --hardware 100gbe --hardware nvlink3 --per-rank-batch 64
+    scalelab predict --mode strong --global-batch 8192 --workers 1,2,4,8,16,32,64,128,256,512,1024
+    scalelab predict --hardware-file cluster.yaml --strategy allreduce --target-efficiency 0.7
+    scalelab predict --set net_latency_ms=5 --set net_bandwidth_gbps=1 --strategy bucketed   # validate on an
+                                                                                            # emulated network
+The calibration (runs without sync at several per-rank batches + a `bench comm` allreduce sweep) is stored in
+the study and reused; `--no-validate` skips the measured runs of the chosen strategy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from scalelab.cli_experiments import int_list, parse_sets
+from scalelab.config import TrainConfig, load_yaml
+from scalelab.errors import ConfigError
+
+app = typer.Typer()
+console = Console()
+err_console = Console(stderr=True)
+
+DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
+DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
+SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "exposed_comm(ms)", "step(ms)",
+         "speedup", "efficiency"]
+
+
+def predict_base(config: Optional[Path], sets: Optional[list[str]], **flags) -> TrainConfig:
+    """Base config: 2 ranks and 20 steps per calibration run unless the file, --set or a flag says otherwise."""
+    data = {"ranks": 2, "steps": 20}
+    data.update(load_yaml(config) if config else {})
+    data.update(parse_sets(sets))
+    data.update({k: v for k, v in flags.items() if v is not None})
+    return TrainConfig.from_dict(data)
+
+
+def check_choice(field: str, value: str, allowed) -> str:
+    if value not in allowed:
+        raise ConfigError(field, value, f"allowed: {', '.join(allowed)}")
+    return value
+
+
+def default_calibration_batches(per_rank: int, accumulate: int) -> list[int]:
+    """b/4, b/2, b, 2b (rounded to multiples of accumulate, at least two different values)."""
+    out = sorted({max(accumulate, int(per_rank * f) // accumulate * accumulate) for f in (0.25, 0.5, 1, 2)})
+    return out if len(out) > 1 else [accumulate, 2 * accumulate, 4 * accumulate]
+
+
+def shown_rows(table, limit: int = 8):
+    """At most `limit` worker counts per hardware, spread over the list (first and last always)."""
+    counts = sorted(table["workers"].unique())
+    step = max(1, -(-len(counts) // limit))
+    keep = set(counts[::step]) | {counts[-1]}
+    return table[table["workers"].isin(keep)]
+
+
+@app.command("predict")
+def predict_cmd(
+    workers: Optional[str] = typer.Option(None, help="Worker counts to predict (default 1,2,4,...,4096)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="Ranks per node for every hardware "
+                                                "(default: the preset's; 1 for measured)."),
+    hardware: Optional[list[str]] = typer.Option(None, "--hardware", help="Hardware preset (repeatable): measured "
+                                                 "(this machine's fit), 10gbe, 25gbe, 100gbe, ib_hdr, nvlink3, "
+                                                 "pcie4_x16. Default: measured, 10gbe, ib_hdr, nvlink3."),
+    hardware_file: Optional[Path] = typer.Option(None, "--hardware-file", help="YAML hardware: preset, intra/inter "
+                                                 "links, latency_*(us), bandwidth_*(GB/s), gpus_per_node."),
+    mode: str = typer.Option("weak", help="strong (global batch fixed) or weak (per-rank batch fixed)."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Strong mode: the global batch "
+                                               "(default: the config's)."),
+    per_rank_batch: Optional[int] = typer.Option(None, "--per-rank-batch", help="Weak mode: the per-rank batch "
+                                                 "(default: the config's)."),
+    strategy: str = typer.Option("ddp", help="Gradient sync: ddp, bucketed, allreduce or gather_scatter."),
+    bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="Bucket size in MiB (default: the config's)."),
+    compression: str = typer.Option("none", help="Gradient compression on the wire: none, fp16 or bf16."),
+    target_efficiency: float = typer.Option(0.5, "--target-efficiency", help="Efficiency the options must keep."),
+    calibration_batches: Optional[str] = typer.Option(None, "--calibration-batches", help="Per-rank batches of the "
+                                                      "compute runs (default b/4, b/2, b, 2b)."),
+    validate: bool = typer.Option(True, "--validate/--no-validate", help="Measure the strategy at the calibration "
+                                  "batches on this machine and compare with the prediction."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML base config; flags override it."),
+    model: Optional[str] = typer.Option(None, help="Model (see `scalelab train --help`)."),
+    dataset: Optional[str] = typer.Option(None, help="Dataset (see `scalelab train --help`)."),
+    ranks: Optional[int] = typer.Option(None, "--ranks", "-n", help="Ranks of the measured runs (default 2)."),
+    steps: Optional[int] = typer.Option(None, help="Steps per measured run (default 20)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="FIELD=VALUE for any config field (repeatable)."),
+    study: str = typer.Option("predict", help="Study name: the calibration and measured runs are reused."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for tables and plots "
+                                       "(default STORE/studies/STUDY)."),
+    store: Optional[Path] = typer.Option(None, "--store", help="Run store (env SCALELAB_STORE; default "
+                                         "./scalelab-runs)."),
+) -> None:
+    """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
+    from scalelab.analysis.hardware import PRESETS, hardware_from_dict
+    from scalelab.analysis.perfmodel import COMPRESSION
+    from scalelab.cli_experiments import _store_and_out
+    from scalelab.experiments.prediction import MEASURED, run_prediction
+    from scalelab.runner import RunFailed
+
+    # every input is checked before anything runs
+    base = predict_base(config, set_, model=model, dataset=dataset, ranks=ranks, steps=steps)
+    check_choice("mode", mode, ("strong", "weak"))
+    check_choice("strategy", strategy, ("ddp", "bucketed", "allreduce", "gather_scatter"))
+    check_choice("compression", compression, tuple(COMPRESSION))
+    if not 0 < target_efficiency <= 1:
+        raise ConfigError("target_efficiency", target_efficiency, "allowed: a number in (0, 1]")
+    names = hardware if hardware else ([] if hardware_file else DEFAULT_HARDWARE)
+    for name in names:
+        check_choice("hardware", name, (MEASURED, *PRESETS))
+    hw_file = load_yaml(hardware_file) if hardware_file else None
+    if hw_file is not None:
+        hardware_from_dict(hw_file)
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise ConfigError("gpus_per_node", gpus_per_node, "allowed: an integer >= 1")
+    if bucket_mb is not None and bucket_mb <= 0:
+        raise ConfigError("bucket_mb", bucket_mb, "allowed: a number of MiB > 0")
+    counts = int_list(workers, "workers") if workers else list(DEFAULT_WORKERS)
+    if min(counts) < 1:
+        raise ConfigError("workers", workers, "allowed: worker counts >= 1, e.g. 1,2,4,8")
+    if mode == "strong":
+        if per_rank_batch is not None:
+            raise ConfigError("per_rank_batch", per_rank_batch, "allowed only with --mode weak (use --global-batch)")
+        batch = global_batch if global_batch is not None else base.global_batch
+        most = batch // base.accumulate
+        if workers is None:  # the default list stops where a rank would get less than one sample
+            counts = [n for n in counts if n <= most]
+        elif max(counts) > most:
+            raise ConfigError("workers", max(counts), f"strong scaling with global batch {batch} allows at most "
+                                                      f"{most} workers")
+    else:
+        if global_batch is not None:
+            raise ConfigError("global_batch", global_batch, "allowed only with --mode strong (use --per-rank-batch)")
+        batch = per_rank_batch if per_rank_batch is not None else base.per_rank_batch
+    if batch < 1:
+        raise ConfigError("per_rank_batch" if mode == "weak" else "global_batch", batch, "allowed: an integer >= 1")
+    cal_batches = (int_list(calibration_batches, "calibration_batches") if calibration_batches
+                   else default_calibration_batches(base.per_rank_batch, base.accumulate))
+    st, out_dir = _store_and_out(store, study, out)
+    try:
+        result = run_prediction(base, st, study, out_dir, hardware=names, hardware_file=hw_file,
+                                gpus_per_node=gpus_per_node, workers=counts, mode=mode, batch=batch,
+                                strategy=strategy, bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
+                                compression=compression, target=target_efficiency,
+                                calibration_batches=cal_batches, validate=validate, say=console.print)
+    except RunFailed as err:
+        err_console.print(f"error: {err}", highlight=False)
+        raise typer.Exit(1)
+    show(result)
+
+
+def show(result) -> None:
+    fmt = "{:,.4g}".format
+    pred = result.tables["prediction"]
+    console.rule(f"prediction ({pred['mode'].iloc[0]} scaling, {pred['strategy'].iloc[0]}, "
+                 f"compression {pred['compression'].iloc[0]}; every row in prediction.csv)")
+    print(shown_rows(pred)[SHOWN].to_string(index=False, float_format=fmt))
+    if "validation" in result.tables:
+        console.rule("validation: predicted vs measured median step (ms) on this machine")
+        cols = ["sync", "per_rank_batch", "net_latency_ms", "net_bandwidth_gbps", "compute(ms)",
+                "exposed_comm(ms)", "predicted", "measured", "error(%)"]
+        print(result.tables["validation"][cols].to_string(index=False, float_format=fmt))
+    for key, value in result.notes.items():
+        if isinstance(value, dict):
+            console.print(f"{key}:", highlight=False)
+            for hw, text in value.items():
+                console.print(f"  {hw}: {text}", highlight=False)
+        else:
+            console.print(f"{key}: {value}", highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in result.files), highlight=False)
