@@ -54,7 +54,9 @@ def test_a_synchronous_collective_is_timed_and_padded_to_the_emulated_link():
     step = meter.take_step()
     assert step == {"comm_total(s)": pytest.approx(0.020 + 0.050), "collectives": 2, "comm_bytes": 1_250_040,
                     "comm_bytes_forward": 40, "comm_bytes_backward": 1_250_000, "comm_bytes_optimizer": 0,
-                    "comm_alg_bytes": 1_250_040, "comm_bus_bytes": pytest.approx(1_250_000 * 1.0 + 40)}
+                    "comm_alg_bytes": 1_250_040, "comm_bus_bytes": pytest.approx(1_250_000 * 1.0 + 40),
+                    "comm_events": [["allreduce", "backward", pytest.approx(100.0), pytest.approx(0.020), 1_250_000],
+                                    ["broadcast", "forward", pytest.approx(100.020), pytest.approx(0.050), 40]]}
     assert meter.take_step()["collectives"] == 0  # the next step starts empty
 
 
@@ -141,7 +143,7 @@ def test_meter_from_config_converts_units(monkeypatch):
 def test_step_totals_of_nothing_are_zero():
     assert step_totals([], 2) == {"comm_total(s)": 0, "collectives": 0, "comm_bytes": 0, "comm_bytes_forward": 0,
                                   "comm_bytes_backward": 0, "comm_bytes_optimizer": 0, "comm_alg_bytes": 0,
-                                  "comm_bus_bytes": 0}
+                                  "comm_bus_bytes": 0, "comm_events": []}
 
 
 # ---------------------------------------------------------------- buckets and micro-batches

@@ -32,6 +32,11 @@ def compare_base(config: Path | None, sets: list[str] | None, **flags) -> TrainC
     return TrainConfig.from_dict(data)
 
 
+def say(line: str) -> None:
+    """A progress line as it is: "[study/compare 1/9] ..." is not rich markup."""
+    console.print(line, markup=False, highlight=False)
+
+
 def name_list(text: str | None) -> list[str] | None:
     return None if text is None else [v.strip() for v in text.split(",") if v.strip()]
 
@@ -52,7 +57,7 @@ def strategies_cmd(strategies: Optional[str] = typer.Option(
     base = compare_base(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
     show(compare.strategies(base, st, study, out_dir, names=name_list(strategies), accumulate=accumulate,
-                            say=console.print))
+                            say=say))
 
 
 @app.command("backends")
@@ -68,4 +73,4 @@ def backends_cmd(backends: Optional[str] = typer.Option(None, help="Comma-separa
 
     base = compare_base(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
-    show(compare.backends(base, st, study, out_dir, names=name_list(backends), say=console.print))
+    show(compare.backends(base, st, study, out_dir, names=name_list(backends), say=say))

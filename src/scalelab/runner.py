@@ -17,6 +17,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
 from scalelab.provenance import collect_provenance
+from scalelab.report.trace import write_trace
 from scalelab.store import Store, read_json, read_jsonl
 
 
@@ -140,10 +141,20 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
         else:
             reason, trace = failure_reason(err)
         (run_dir / "error.txt").write_text(trace)
+        _try_trace(run_dir)
         store.finish_run(run_id, "failed", reason=reason)
         raise RunFailed(run_id, reason) from err
+    write_trace(run_dir)
     store.finish_run(run_id, "completed", summary=summary)
     return RunOutcome(run_id, run_dir, summary)
+
+
+def _try_trace(run_dir: Path) -> None:
+    """The trace of whatever a failed run recorded; a failure to write it must not hide the run's own."""
+    try:
+        write_trace(run_dir)
+    except Exception:  # noqa: BLE001 - best effort on an already failed run
+        pass
 
 
 def _is_interrupt(err: BaseException) -> bool:

@@ -44,8 +44,9 @@ STRATEGY_COLUMNS = ["strategy", "status", "reason", "sync", "ddp_hook", "accumul
                     "loopback/payload", "train_loss", "run_id", "noop_run_id"]
 BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(ms)", "step_min(ms)",
                    "step_max(ms)", "compute(ms)", "comm(ms)", "comm_blocking(ms)", "exposed_comm(ms)", "overlap",
-                   "busbw(GB/s)", "algbw(GB/s)", "bytes_per_step", "loopback_bytes_per_step", "train_loss",
-                   "run_id", "noop_run_id"]
+                   "busbw(GB/s)", "algbw(GB/s)", "collectives_per_step", "bytes_per_step", "bytes_forward_per_step",
+                   "bytes_backward_per_step", "bytes_optimizer_per_step", "loopback_bytes_per_step",
+                   "loopback/payload", "train_loss", "run_id", "noop_run_id"]
 
 
 def strategy_of(config: dict) -> str:

@@ -176,8 +176,10 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     ax.plot(labels, table["comm(ms)"].astype(float), "kD", label="time inside collectives")
     reps_text = f", {'/'.join(map(str, reps))} timed steps" if reps else ""
     ax.set(ylabel="time per step (ms)", title=f"Compute vs communication per {label}{reps_text}")
+    top = max(float((compute + exposed).max()), float(table["step_max(ms)"].astype(float).max()))
+    ax.set_ylim(0, 1.45 * top)  # room for the legend above the bars
     ax.tick_params(axis="x", rotation=45)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", ncols=2)
     return _save(fig, path)
 
 
@@ -196,6 +198,8 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
             bottom = bottom + values
     if not bottom.any():  # no collectives at all (e.g. noop only): still show the zero
         ax.bar([i - width / 2 for i in x], bottom, width, label="payload (mean of ranks)")
+    for i, total in zip(x, bottom):  # small payloads (PowerSGD) are invisible next to big ones: print them
+        ax.text(i - width / 2, total, f"{total:.3g}", ha="center", va="bottom", fontsize="x-small")
     loop = table["loopback_bytes_per_step"].astype(float) / 1e6
     ax.bar([i + width / 2 for i in x], loop.fillna(0), width, color="tab:gray", label="loopback interface (host)")
     ax.set_xticks(x, labels)

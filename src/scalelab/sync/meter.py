@@ -57,6 +57,7 @@ class Collective:
     seconds: float  # inside the collective as the caller sees it
     alg_bytes: int  # nccl-tests buffer size S used for algbw
     count: int = 1  # collectives this record stands for (e.g. PowerSGD's three allreduces per bucket)
+    end: float = 0.0  # meter clock (perf_counter) when the caller saw it complete: places it on a trace
 
 
 class CommMeter:
@@ -100,7 +101,7 @@ class CommMeter:
             raise ValueError(f"phase {phase!r}; allowed: {', '.join(PHASES)}")
         bus_factor(op, self.world)  # unknown ops fail here, not later in the summary
         rec = Collective(op, phase, int(nbytes), float(seconds), int(nbytes if alg_bytes is None else alg_bytes),
-                         count)
+                         count, self._clock())
         with self._lock:
             self._records.append(rec)
 
@@ -166,5 +167,7 @@ def step_totals(records: list[Collective], world: int) -> dict:
         **{f"comm_bytes_{p}": sum(r.nbytes for r in records if r.phase == p) for p in PHASES},
         "comm_alg_bytes": sum(r.alg_bytes for r in records),
         "comm_bus_bytes": sum(r.alg_bytes * bus_factor(r.op, world) for r in records),
+        # [op, phase, start, seconds, bytes] per collective, start on the meter clock: the run's trace reads it
+        "comm_events": [[r.op, r.phase, r.end - r.seconds, r.seconds, r.nbytes] for r in records],
     }
     return out

@@ -194,7 +194,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 times = timer.end_step()
                 record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps, "lr": lr,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
-                          **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time()}
+                          **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
+                          "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
                 if sync:
                     record.update(sync.meter.take_step())
                 log.add(record, loss.detach(), correct.detach())

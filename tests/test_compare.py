@@ -1,0 +1,224 @@
+"""`compare strategies` / `compare backends`: pure table arithmetic on fixed inputs, and real 2-rank gloo runs.
+
+The real runs share one store (module fixture): backends first (gloo + its noop: 2 runs), then every strategy
+(ddp and noop are the same cells as gloo's, so 8 new runs), then the same strategies again through the CLI
+(nothing new runs). Model: Flatten -> Linear(3072, 16) -> Linear(16, 16) -> Linear(16, 10), no biases, no
+buffers: gradient bytes per step (fp32) = (3072*16 + 16*16 + 16*10) * 4 = 198272, one DDP bucket.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from scalelab.analysis.compare import (BACKENDS, STRATEGIES, backends_table, exposed_comm, overlap, strategies_table,
+                                       strategy_of)
+from scalelab.cli import main
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.experiments import compare
+
+TINY_MLP = """
+from torch import nn
+
+def make(spec):
+    n_in = 1
+    for d in spec.shape:
+        n_in *= d
+    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False),
+                         nn.ReLU(), nn.Linear(16, spec.num_classes, bias=False))
+"""
+GRAD_BYTES = (3072 * 16 + 16 * 16 + 16 * 10) * 4
+
+
+# ---------------------------------------------------------------- pure functions on fixed inputs
+def _run(run_id, step, comm=0.0, **config):
+    cfg = {"sync": "ddp", "ddp_hook": "none", "accumulate": 1, "global_batch": 16, "ranks": 2, "nnodes": 1,
+           "backend": "gloo", **config}
+    summary = {"time/step_median(ms)": step, "time/step_min(ms)": step - 1, "time/step_max(ms)": step + 1,
+               "comm/time(ms)": comm, "comm/bytes_per_step": 1000.0, "comm/loopback_bytes_per_step": 2500.0}
+    return {"run_id": run_id, "config": cfg, "summary": summary, "status": "completed"}
+
+
+def test_exposed_and_overlap_follow_the_definitions():
+    assert exposed_comm(10.0, 4.0) == 6.0
+    assert exposed_comm(3.0, 4.0) == 0.0  # noise between two runs is not negative communication
+    assert exposed_comm(None, 4.0) is None and exposed_comm(5.0, float("nan")) is None
+    assert overlap(6.0, 8.0) == 0.25
+    assert overlap(12.0, 8.0) == -0.5  # the sync costs more than its collectives
+    assert overlap(0.0, 0.0) is None and overlap(1.0, None) is None
+
+
+def test_strategy_of_names_every_strategy():
+    configs = [compare.strategy_fields(s, 3) for s in STRATEGIES]
+    assert [strategy_of(c) for c in configs] == list(STRATEGIES)
+    assert strategy_of({"sync": "auto"}) == "ddp"
+
+
+def test_strategies_table_takes_compute_from_the_noop_run_of_the_same_accumulation():
+    noop1, noop2 = _run("n1", 40.0, sync="noop"), _run("n2", 50.0, sync="noop", accumulate=2)
+    runs = [_run("acc", 80.0, 20.0, accumulate=2), _run("ddp", 70.0, 40.0), noop1]
+    table = strategies_table(runs, [noop1, noop2])
+    assert list(table["strategy"]) == ["ddp", "ddp+accumulate", "noop"]  # STRATEGIES order
+    ddp, acc, noop = (table.iloc[i] for i in range(3))
+    assert (ddp["compute(ms)"], ddp["exposed_comm(ms)"], ddp["overlap"]) == (40.0, 30.0, 0.25)
+    assert (acc["compute(ms)"], acc["exposed_comm(ms)"], acc["overlap"], acc["noop_run_id"]) == (50.0, 30.0, -0.5, "n2")
+    assert (acc["micro_batch_per_rank"], ddp["micro_batch_per_rank"]) == (4, 8)
+    assert noop["exposed_comm(ms)"] == 0.0 and pd.isna(noop["overlap"])
+    assert ddp["loopback/payload"] == 2.5
+
+
+def test_backends_table_keeps_skipped_backends_with_their_reason():
+    gloo, noop = _run("g", 30.0, 10.0), _run("gn", 25.0, sync="noop")
+    entries = [{"backend": "mpi", "status": "skipped", "reason": "no mpi"}, gloo,
+               {"backend": "nccl", "status": "skipped", "reason": "no gpu"}]
+    table = backends_table(entries, [noop])
+    assert list(table["backend"]) == list(BACKENDS)
+    assert list(table["status"]) == ["completed", "skipped", "skipped"]
+    assert list(table["reason"])[1:] == ["no gpu", "no mpi"]
+    assert (table.at[0, "exposed_comm(ms)"], table.at[0, "overlap"]) == (5.0, 0.5)
+
+
+def test_backend_skip_reasons_say_what_is_missing():
+    base = TrainConfig(ranks=2, global_batch=16)
+    none = {"gpus": 0, "gloo": True, "nccl": False, "mpi": False}
+    assert compare.backend_skip_reason("gloo", base, none) is None
+    assert compare.backend_skip_reason("nccl", base, {**none, "gpus": 1}) == "needs CUDA with >= 2 GPUs (found 1)"
+    assert compare.backend_skip_reason("nccl", base, {**none, "gpus": 2}) == \
+        "torch.distributed.is_nccl_available() is False"
+    assert compare.backend_skip_reason("mpi", base, none) == "torch.distributed.is_mpi_available() is False"
+    assert compare.backend_skip_reason("mpi", base, {**none, "mpi": True}) is None
+
+
+@pytest.mark.parametrize("kwargs, field", [({"names": ["ddp", "allgather"]}, "strategies"),
+                                           ({"accumulate": 1}, "accumulate"), ({"names": []}, "strategies")])
+def test_bad_strategy_input_fails_before_anything_runs(store, tmp_path, kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        compare.strategies(TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, say=lambda s: None,
+                           **kwargs)
+    assert err.value.field == field
+    assert len(store.list_runs()) == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["compare", "strategies", "--strategies", "ddp,bogus"], "strategies: 'bogus' is not allowed"),
+    (["compare", "strategies", "--accumulate", "1"], "accumulate: 1 is not allowed"),
+    (["compare", "backends", "--backends", "gloo,ucc"], "backends: 'ucc' is not allowed"),
+    (["compare", "strategies", "--set", "global_batch=15"], "global_batch: 15 is not allowed"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--store", str(tmp_path / "st")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- real 2-rank gloo runs
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    from scalelab.store import Store
+
+    root = tmp_path_factory.mktemp("compare")
+    (root / "tiny.py").write_text(TINY_MLP)
+    fields = dict(model=f"{root / 'tiny.py'}:make", dataset="synthetic", samples=64, eval_samples=16,
+                  global_batch=16, steps=4, warmup_steps=1, ranks=2, sample_interval_s=0.1)
+    (root / "tiny.yaml").write_text(yaml.safe_dump(fields))
+    base = TrainConfig(**fields)
+    store, out = Store(root / "store"), root / "out"
+    quiet = {"say": lambda s: None}
+    backends = compare.backends(base, store, "s", out, **quiet)
+    after_backends = len(store.list_runs())
+    strategies = compare.strategies(base, store, "s", out, accumulate=2, **quiet)
+    return {"root": root, "store": store, "out": out, "backends": backends, "strategies": strategies,
+            "after_backends": after_backends}
+
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_strategy_table_bytes_follow_the_meter_conventions(measured):
+    table = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    assert list(table.index) == list(STRATEGIES)
+    assert (table["status"] == "completed").all()
+    b = table["bytes_per_step"]
+    assert b["ddp"] == b["allreduce"] == b["bucketed"] == b["ddp+accumulate"] == GRAD_BYTES
+    assert b["ddp+fp16"] == b["ddp+bf16"] == GRAD_BYTES / 2
+    assert b["gather_scatter"] == 2 * b["allreduce"]  # S gathered + S scattered per rank (n = 2)
+    assert 0 < b["ddp+powersgd"] < b["ddp"]
+    assert b["noop"] == 0 and table.at["noop", "collectives_per_step"] == 0
+    assert (table["bytes_forward_per_step"] == 0).all() and (table["bytes_optimizer_per_step"] == 0).all()
+    assert (table["bytes_backward_per_step"] == b).all()
+    assert table.at["allreduce", "collectives_per_step"] == 3  # one per parameter
+    assert table.at["ddp", "collectives_per_step"] == 1  # one bucket
+    assert (table.drop(index="noop")["busbw(GB/s)"] > 0).all()
+    assert table["train_loss"].notna().all()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_strategy_table_exposed_comm_is_step_minus_the_noop_step(measured):
+    table = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    noop_step = table.at["noop", "step(ms)"]
+    for name in STRATEGIES:
+        if name == "ddp+accumulate":
+            continue
+        row = table.loc[name]
+        assert row["compute(ms)"] == noop_step
+        assert row["exposed_comm(ms)"] == max(0.0, row["step(ms)"] - noop_step)
+        if row["comm(ms)"] > 0:
+            assert row["overlap"] == pytest.approx(1 - row["exposed_comm(ms)"] / row["comm(ms)"])
+    acc = table.loc["ddp+accumulate"]
+    # its own baseline: a noop run with 2 micro-steps of 4 samples per rank (the global batch is kept)
+    assert (acc["accumulate"], acc["micro_batch_per_rank"], acc["global_batch"]) == (2, 4, 16)
+    assert acc["noop_run_id"] != table.at["noop", "run_id"]
+    baseline = measured["store"].get(acc["noop_run_id"])
+    assert (baseline["config"]["sync"], baseline["config"]["accumulate"]) == ("noop", 2)
+    assert acc["compute(ms)"] == baseline["summary"]["time/step_median(ms)"]
+    assert "keeps the global batch 16" in measured["strategies"].notes["accumulate"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
+    table = measured["backends"].tables["compare_backends"].set_index("backend")
+    facts = compare.runtime_facts()
+    assert list(table.index) == list(BACKENDS)
+    assert table.at["gloo", "status"] == "completed"
+    assert table.at["gloo", "bytes_per_step"] == GRAD_BYTES and table.at["gloo", "busbw(GB/s)"] > 0
+    assert table.at["gloo", "compute(ms)"] > 0 and not math.isnan(table.at["gloo", "exposed_comm(ms)"])
+    if facts["gpus"] < 2:
+        assert table.at["nccl", "status"] == "skipped"
+        assert table.at["nccl", "reason"] == f"needs CUDA with >= 2 GPUs (found {facts['gpus']})"
+    if not facts["mpi"]:
+        assert table.at["mpi", "status"] == "skipped"
+        assert table.at["mpi", "reason"] == "torch.distributed.is_mpi_available() is False"
+    assert measured["after_backends"] == 2  # gloo and its noop
+    # the strategies reused gloo's cells (same config): ddp is gloo's run, noop its noop
+    strat = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    assert strat.at["ddp", "run_id"] == table.at["gloo", "run_id"]
+    assert strat.at["noop", "run_id"] == table.at["gloo", "noop_run_id"]
+    assert len(measured["store"].list_runs()) == 2 + 8
+    names = {p.name for p in measured["backends"].files + measured["strategies"].files}
+    assert {"compare_backends.csv", "compare_backends.json", "compare_backends.png", "compare_strategies.csv",
+            "compare_strategies.json", "compare_strategies.png", "compare_strategies_bytes.png"} <= names
+    assert all(p.exists() for p in measured["strategies"].files)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
+    store, root = measured["store"], measured["root"]
+    before = len(store.list_runs())
+    main(["compare", "strategies", "--config", str(root / "tiny.yaml"), "--accumulate", "2", "--study", "s",
+          "--store", str(store.root), "--out", str(root / "again")])
+    out = capsys.readouterr().out
+    assert len(store.list_runs()) == before
+    assert out.count("already done") == len(STRATEGIES) + 1  # every strategy and the accumulate baseline
+    assert "[s/compare 1/10] gather_scatter: already done" in out
+    again = pd.read_csv(root / "again" / "compare_strategies.csv")
+    first = measured["strategies"].tables["compare_strategies"]
+    assert list(again["run_id"]) == list(first["run_id"])
+    assert list(again["bytes_per_step"]) == list(first["bytes_per_step"])

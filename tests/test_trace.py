@@ -1,0 +1,19 @@
+import pytest
+
+from scalelab.report.trace import trace_events
+
+
+def test_stage_spans_are_laid_end_to_end_and_collectives_placed_on_the_wall_clock():
+    rec = {"rank": 1, "step": 3, "t_end(unix_s)": 1000.0, "t_end(perf_s)": 50.0, "wall(s)": 0.1,
+           "data(s)": 0.01, "h2d(s)": 0.0, "forward(s)": 0.03, "backward(s)": 0.04, "comm(s)": 0.005,
+           "optimizer(s)": 0.01, "eval(s)": 0.0, "comm_events": [["allreduce", "backward", 49.95, 0.02, 4096]]}
+    ev = trace_events([rec])
+    stages = [e for e in ev if e.get("tid") == "stages"]
+    assert [e["name"] for e in stages] == ["data", "forward", "backward", "comm", "optimizer"]
+    assert stages[0]["ts"] == pytest.approx(999.9e6)
+    assert stages[1]["ts"] == pytest.approx(999.91e6)  # forward starts when data ends
+    assert stages[2]["ts"] == pytest.approx(999.94e6) and stages[2]["dur"] == pytest.approx(0.04e6)
+    coll = [e for e in ev if e.get("tid") == "collectives"]
+    assert coll[0]["ts"] == pytest.approx(999.95e6) and coll[0]["dur"] == pytest.approx(0.02e6)
+    assert coll[0]["args"]["bytes"] == 4096
+    assert any(e["ph"] == "M" and e["args"]["name"] == "rank 1" for e in ev)
