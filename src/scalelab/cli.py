@@ -27,6 +27,7 @@ from rich.table import Table
 
 from scalelab.cli_compare import app as compare_app
 from scalelab.cli_experiments import app as experiments_app
+from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ScalelabError
@@ -35,7 +36,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
 runs_app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
 app.add_typer(runs_app, name="runs")
-app.add_typer(experiments_app)  # batch-sweep, profile, amp, checkpointing, loader-sweep
+app.add_typer(experiments_app)  # batch-sweep, profile, amp, checkpointing, loader-sweep, scale, max-batch, ...
+app.add_typer(study_app)  # study, report
 bench_app = typer.Typer(no_args_is_help=True, help="Microbenchmarks.")
 app.add_typer(bench_app, name="bench")
 app.add_typer(compare_app, name="compare")  # strategies, backends

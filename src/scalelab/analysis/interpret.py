@@ -55,10 +55,9 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
         return [], None
     base = table[table["precision"] == "fp32"].iloc[0]
     out = []
-    for row in table[table["precision"] != "fp32"].itertuples():
-        d = row._asdict()
+    for d in table[table["precision"] != "fp32"].to_dict("records"):
         speed = d["throughput(samples/s)"] / base["throughput(samples/s)"]
-        out.append(f"{row.precision} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
+        out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
                    f"{100 * d['eval/acc']:.1f} % vs {100 * base['eval/acc']:.1f} % (fp32).")
     best = table.loc[table["throughput(samples/s)"].idxmax()]
     ok = best["eval/acc"] >= base["eval/acc"] - 0.01
@@ -99,8 +98,70 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
         return [], None
     off = table[table["checkpoint_segments"] == 0].iloc[0]
     out = []
-    for row in table[table["checkpoint_segments"] > 0].itertuples():
-        d = row._asdict()
-        out.append(f"{row.checkpoint_segments} segments: peak memory {d[mem] / off[mem]:.2f}x and step time "
+    for d in table[table["checkpoint_segments"] > 0].to_dict("records"):
+        out.append(f"{d['checkpoint_segments']} segments: peak memory {d[mem] / off[mem]:.2f}x and step time "
                    f"{d['time/step_median(ms)'] / off['time/step_median(ms)']:.2f}x of no checkpointing.")
     return out, None
+
+
+def scale_result(result) -> tuple[list[str], str | None]:
+    out, rec = [], None
+    for mode in ("strong", "weak"):
+        t = result.tables.get(f"scale_{mode}")
+        if t is None or not len(t) or t["workers"].max() < 2:
+            continue
+        top = t[t["workers"] == t["workers"].max()]
+        for d in top.to_dict("records"):
+            batch = d["global_batch"] if mode == "strong" else d["per_worker_batch"]
+            part = (f"{mode} scaling to {d['workers']} workers at {'global' if mode == 'strong' else 'per-worker'} "
+                    f"batch {batch}: speedup {_fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %")
+            if d.get("exposed_comm(ms)") is not None and d.get("step(ms)"):
+                part += (f"; exposed communication {_fmt(d['exposed_comm(ms)'], ' ms')} of a "
+                         f"{_fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
+            out.append(part + ".")
+        best = top.loc[top["efficiency"].idxmax()]
+        if mode == "strong":
+            rec = (f"At {int(best.workers)} workers keep the global batch at {int(best.global_batch)} or more "
+                   f"(strong-scaling efficiency {100 * best.efficiency:.0f} %).")
+    return out, rec
+
+
+def max_batch_result(result) -> tuple[list[str], str | None]:
+    t = result.tables["max_batch"]
+    if not len(t):
+        return [], None
+    base = t.iloc[0]
+    out = [f"As configured, the largest batch under the limit is {int(base.max_batch)} "
+           f"(found in {int(base.trials)} trials)."]
+    for row in t.iloc[1:].itertuples():
+        gain = row.max_batch / base.max_batch if base.max_batch else float("nan")
+        out.append(f"With {row.variant}: {int(row.max_batch)} ({_fmt(gain)}x).")
+    best = t.loc[t["max_batch"].idxmax()]
+    return out, f"For the largest batch, use {best.variant}: {int(best.max_batch)} samples fit."
+
+
+def lr_scaling_result(result) -> tuple[list[str], str | None]:
+    t = result.tables["lr_scaling"]
+    if not len(t):
+        return [], None
+    base_batch = result.notes.get("base_batch", int(t["global_batch"].min()))
+    out = []
+    base = t[t["global_batch"] == base_batch]
+    if len(base):
+        out.append(f"At the base batch {base_batch} the model reaches {100 * base['final_acc'].max():.1f} % test "
+                   f"accuracy.")
+    rec = None
+    for b in sorted(t["global_batch"].unique()):
+        if b == base_batch:
+            continue
+        g = t[t["global_batch"] == b].sort_values("final_acc", ascending=False)
+        best, worst = g.iloc[0], g.iloc[-1]
+        out.append(f"At batch {b} ({b // base_batch}x): best {best.lr_rule} {100 * best.final_acc:.1f} %, worst "
+                   f"{worst.lr_rule} {100 * worst.final_acc:.1f} %; "
+                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} %" for r in g.itertuples()) + ".")
+        rec = f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} % vs {worst.lr_rule} " \
+              f"{100 * worst.final_acc:.1f} %)."
+    return out, rec
+
+
+BY_EXPERIMENT = {"scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result}

@@ -125,6 +125,10 @@ def loader_epoch_time(cfg: TrainConfig, store: Store, study: str, say: Callable[
         row = store.get(run_id)
         if row["summary"].get("cell") == key:
             return row["summary"]["time/epoch_iteration(s)"]
+    from scalelab.experiments.grid import REPLAY
+
+    if REPLAY.get():
+        return float("nan")  # not measured: the table shows it missing rather than measuring during a rebuild
     say(f"[{study}] loader alone: workers {cfg.num_workers} pin {cfg.pin_memory} prefetch {cfg.prefetch_factor}")
     run_id = store.create_run(cfg.to_dict(), collect_provenance(seed=cfg.seed), kind="loader", study=study)
     try:

@@ -64,8 +64,8 @@ def strategies(base: TrainConfig, store: Store, study: str, out_dir: Path, *, na
     k_values = sorted({c.config.accumulate for c in cells} - {1})
     baselines = [Cell(f"noop, accumulate {k} (baseline of ddp+accumulate)",
                       with_fields(base, **{**strategy_fields("noop", 1), "accumulate": k})) for k in k_values]
-    results = run_grid(f"{study}/{GRID}", [*cells, *baselines], store, say=say)
-    runs = _stored(store, results)
+    grid_cells = [*cells, *baselines]
+    runs = _stored(store, grid_cells, run_grid(f"{study}/{GRID}", grid_cells, store, say=say))
     noop_runs = [r for r in runs if r["config"].get("sync") == "noop"]
     table = strategies_table(runs[:len(cells)], noop_runs)
     name = "compare_strategies"
@@ -123,18 +123,22 @@ def backends(base: TrainConfig, store: Store, study: str, out_dir: Path, *, name
             skipped[backend] = reason
             continue
         cells += [Cell(backend, cfg), Cell(f"{backend} noop", noop)]
-    results = run_grid(grid, cells, store, say=say)
-    runs = _stored(store, results)
+    runs = _stored(store, cells, run_grid(grid, cells, store, say=say))
     entries = [r for r in runs if r["config"].get("sync") != "noop"]
     entries += [{"backend": b, "status": "skipped", "reason": why} for b, why in skipped.items()]
     table = backends_table(entries, [r for r in runs if r["config"].get("sync") == "noop"])
     return _finish("compare_backends", table, out_dir, "backend", {"exposed": EXPOSED_NOTE, "skipped": skipped})
 
 
-def _stored(store: Store, results: list[CellResult]) -> list[dict]:
-    """The stored run of each cell, in cell order: {run_id, config, summary, status, reason}."""
+def _stored(store: Store, cells: list[Cell], results: list[CellResult]) -> list[dict]:
+    """The stored run of each cell, in cell order: {run_id, config, summary, status, reason}. A cell without a run
+    (a grid that only replays what is stored) keeps its config, with the grid's status and reason."""
     out = []
-    for res in results:
+    for cell, res in zip(cells, results):
+        if res.run_id is None:
+            out.append({"run_id": None, "config": cell.config.resolved().to_dict(), "summary": None,
+                        "status": res.status, "reason": res.reason})
+            continue
         row = store.get(res.run_id)
         out.append({"run_id": row["run_id"], "config": row["config"], "summary": row["summary"],
                     "status": row["status"], "reason": row.get("reason") or res.reason})
@@ -144,8 +148,7 @@ def _stored(store: Store, results: list[CellResult]) -> list[dict]:
 def _finish(name: str, table: pd.DataFrame, out_dir: Path, label: str, notes: dict) -> ExperimentResult:
     paths = write_table(table, out_dir, name)
     files = [paths["csv"], paths["json"]]
-    ran = table[table["status"] == "completed"]
-    if len(ran):
-        files.append(figures.comm_breakdown_bars(ran, out_dir / f"{name}.png", label=label))
-        files.append(figures.comm_bytes_bars(ran, out_dir / f"{name}_bytes.png", label=label))
+    if (table["status"] == "completed").any():  # rows that did not run keep their slot, marked with their status
+        files.append(figures.comm_breakdown_bars(table, out_dir / f"{name}.png", label=label))
+        files.append(figures.comm_bytes_bars(table, out_dir / f"{name}_bytes.png", label=label))
     return ExperimentResult(name, {name: table}, files, notes)

@@ -5,10 +5,12 @@ already completed and runs only the missing or failed ones. A failed cell is rec
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,20 @@ import pandas as pd
 
 from scalelab.config import TrainConfig
 from scalelab.store import Store, write_json_atomic
+
+
+# Set while a report is rebuilt from stored runs: grids then run nothing and report missing cells instead.
+REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar("scalelab_replay", default=False)
+
+
+@contextmanager
+def replay_only() -> Iterator[None]:
+    """Within this block, experiments only read what is stored; they never start a run."""
+    token = REPLAY.set(True)
+    try:
+        yield
+    finally:
+        REPLAY.reset(token)
 
 
 @dataclass(frozen=True)
@@ -28,7 +44,7 @@ class Cell:
 class CellResult:
     label: str
     run_id: str | None
-    status: str  # completed | failed | skipped (already completed earlier)
+    status: str  # completed | failed | skipped (already completed earlier) | missing (replay only)
     reason: str | None = None
 
 
@@ -68,6 +84,9 @@ def run_grid(study: str, cells: Iterable[Cell], store: Store, *, say: Callable[[
         if key in done:
             say(f"{prefix}: already done ({done[key]}), skipped")
             results.append(CellResult(cell.label, done[key], "skipped"))
+            continue
+        if REPLAY.get():
+            results.append(CellResult(cell.label, None, "missing", "not in the store"))
             continue
         say(f"{prefix}: running")
         try:

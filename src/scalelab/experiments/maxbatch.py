@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.config import TrainConfig
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.grid import cell_key, with_fields
 from scalelab.store import Store
 
@@ -101,6 +101,10 @@ def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
         row = store.get(run_id)
         if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"])):
             return _trial_from_row(cfg.global_batch, row)
+    from scalelab.experiments.grid import REPLAY
+
+    if REPLAY.get():
+        raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store (study {study})")
     try:
         outcome = execute(cfg, store, study=study, say=lambda s: None, isolate=True)
     except RunFailed as err:

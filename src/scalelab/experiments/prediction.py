@@ -103,7 +103,7 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
     if bad:
         raise ConfigError("batches", bad[0], f"allowed: per-rank batches divisible by accumulate {base.accumulate}")
     quiet = {"net_latency_ms": 0.0, "net_bandwidth_gbps": None, "ddp_hook": "none"}
-    sync = {"sync": "noop", "strategy": "auto"} if base.ranks > 1 else {"sync": "auto"}
+    sync = {"sync": "noop" if base.ranks > 1 else "auto", "strategy": "auto"}
     return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, **quiet, **sync))
             for b in sorted(set(batches))]
 
@@ -154,14 +154,15 @@ def _find_bench(store: Store, key: str):
 
 
 def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[int],
-              say: Callable[[str], None] = print) -> Calibration:
-    """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine."""
+              say: Callable[[str], None] = print, bench=None) -> Calibration:
+    """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
+    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
     from scalelab.measure.commbench import read_results, run_commbench
     from scalelab.runner import RunFailed
 
     cells = calibration_cells(base, batches)
     param_bytes, parameters = gradient_sizes(base)
-    bench = bench_config(base, param_bytes)
+    bench = bench or bench_config(base, param_bytes)
     identity = [cell_key(c.config) for c in cells] + [json.dumps(bench.to_dict(), sort_keys=True)]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
     path = calibration_path(store, study)
@@ -194,7 +195,7 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
     alpha, beta = fit_alpha_beta(table, op="allreduce")
     cal = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,
-        backend=str(table["impl"].dropna().iloc[0]) if table["impl"].notna().any() else bench.resolved_backend,
+        backend=bench.resolved_backend,
         accumulate=base.accumulate,
         compute={s: [fit_of(fit, s).c0, fit_of(fit, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
@@ -203,7 +204,7 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
     cal.save(path)
     say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
         f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
-        f"β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); wrote {path}")
+        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); wrote {path}")
     return cal
 
 

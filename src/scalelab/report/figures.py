@@ -161,51 +161,63 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
 
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     """Per strategy / backend (column `label`): compute (the noop step) + exposed communication, stacked; the
-    median step with its min..max spread, and the time inside collectives marked."""
+    median step with its min..max spread, and the time inside collectives marked. Rows that did not run
+    (status skipped / failed) keep their slot, labelled with their status."""
     labels = [str(v) for v in table[label]]
-    compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"].astype(float))
-    exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
-    step = table["step(ms)"].astype(float)
+    done = table["status"].eq("completed") if "status" in table else pd.Series(True, index=table.index)
+    step = table["step(ms)"].astype(float).where(done)
+    compute = table["compute(ms)"].astype(float).fillna(step).where(done).fillna(0)
+    exposed = table["exposed_comm(ms)"].astype(float).where(done).fillna(0)
     spread = [step - table["step_min(ms)"].astype(float), table["step_max(ms)"].astype(float) - step]
     reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
-    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
     ax.bar(labels, compute, label="compute (median step with noop sync)")
     ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - noop step)")
     ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
                 label="median step, bars min..max")
-    ax.plot(labels, table["comm(ms)"].astype(float), "kD", label="time inside collectives")
+    ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")
+    top = max(float((compute + exposed).max()), float(table["step_max(ms)"].astype(float).max()), 1e-6)
+    for i, (ok, status) in enumerate(zip(done, table.get("status", ["completed"] * len(table)))):
+        if not ok:
+            ax.text(i, 0.02 * top, str(status), ha="center", va="bottom", rotation=90, color="gray")
     reps_text = f", {'/'.join(map(str, reps))} timed steps" if reps else ""
     ax.set(ylabel="time per step (ms)", title=f"Compute vs communication per {label}{reps_text}")
-    top = max(float((compute + exposed).max()), float(table["step_max(ms)"].astype(float).max()))
-    ax.set_ylim(0, 1.45 * top)  # room for the legend above the bars
+    ax.set_ylim(0, 1.5 * top)  # room for the legend above the bars
     ax.tick_params(axis="x", rotation=45)
-    ax.legend(fontsize="small", loc="upper left", ncols=2)
+    ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
     return _save(fig, path)
 
 
 def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     """Per strategy / backend: payload bytes per step (stacked by phase, as the CommMeter counts them) beside
-    the bytes the loopback interface carried per step (all ranks, system sampler)."""
+    the bytes the loopback interface carried per step (all ranks, system sampler). Rows that did not run keep
+    their slot, labelled with their status."""
     labels = [str(v) for v in table[label]]
+    done = table["status"].eq("completed") if "status" in table else pd.Series(True, index=table.index)
     x = list(range(len(labels)))
     width = 0.4
-    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
     bottom = pd.Series(0.0, index=table.index)
     for phase in ("forward", "backward", "optimizer"):
-        values = table[f"bytes_{phase}_per_step"].astype(float).fillna(0) / 1e6
+        values = table[f"bytes_{phase}_per_step"].astype(float).where(done).fillna(0) / 1e6
         if values.any():
             ax.bar([i - width / 2 for i in x], values, width, bottom=bottom, label=f"payload, {phase} (mean of ranks)")
             bottom = bottom + values
     if not bottom.any():  # no collectives at all (e.g. noop only): still show the zero
         ax.bar([i - width / 2 for i in x], bottom, width, label="payload (mean of ranks)")
-    for i, total in zip(x, bottom):  # small payloads (PowerSGD) are invisible next to big ones: print them
-        ax.text(i - width / 2, total, f"{total:.3g}", ha="center", va="bottom", fontsize="x-small")
-    loop = table["loopback_bytes_per_step"].astype(float) / 1e6
+    loop = table["loopback_bytes_per_step"].astype(float).where(done) / 1e6
     ax.bar([i + width / 2 for i in x], loop.fillna(0), width, color="tab:gray", label="loopback interface (host)")
+    top = max(float(bottom.max()), float(loop.max()) if loop.notna().any() else 0.0, 1e-6)
+    for i, total, ok, status in zip(x, bottom, done, table.get("status", ["completed"] * len(table))):
+        if ok:  # small payloads (PowerSGD) are invisible next to big ones: print them
+            ax.text(i - width / 2, total, f"{total:.3g}", ha="center", va="bottom", fontsize="x-small")
+        else:
+            ax.text(i, 0.02 * top, str(status), ha="center", va="bottom", rotation=90, color="gray")
     ax.set_xticks(x, labels)
     ax.set(ylabel="MB per step (10^6 bytes)", title=f"Bytes per optimizer step per {label}")
+    ax.set_ylim(0, 1.35 * top)
     ax.tick_params(axis="x", rotation=45)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
     return _save(fig, path)
 
 
@@ -250,4 +262,19 @@ def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (ms, median of timed steps)",
            ylabel="predicted step (ms)", title=f"Predicted vs measured: median |error| {err:.1f} %")
     ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
+    """CPU %, resident memory and loopback send rate per rank over the run."""
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for rank, g in frame.groupby("rank"):
+        axes[0].plot(g["t(s)"], g["cpu_process(%)"], label=f"rank {rank}")
+        axes[1].plot(g["t(s)"], g["rss(bytes)"] / 2**20, label=f"rank {rank}")
+        if "lo_sent(bytes/s)" in g:
+            axes[2].plot(g["t(s)"], g["lo_sent(bytes/s)"] / 1e6, label=f"rank {rank}")
+    axes[0].set(xlabel="time (s)", ylabel="process CPU (%)", title="CPU")
+    axes[1].set(xlabel="time (s)", ylabel="resident memory (MiB)", title="Memory")
+    axes[2].set(xlabel="time (s)", ylabel="loopback sent (MB/s, host-wide)", title="Network")
+    axes[0].legend()
     return _save(fig, path)

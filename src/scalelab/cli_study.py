@@ -1,0 +1,80 @@
+"""`scalelab study` (run everything, write the report) and `scalelab report DIR` (rebuild it from stored runs)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from scalelab.errors import ConfigError
+
+app = typer.Typer()
+console = Console()
+
+
+def _write(spec, store, out_dir: Path, results: dict, provenance: dict, command: str) -> Path:
+    from scalelab.report.build import build_report, system_section
+    from scalelab.report.render import write_report
+
+    extra = [s for s in [system_section(store, results, out_dir / "tables")] if s is not None]
+    report = build_report(spec, results, provenance, command, extra_sections=extra)
+    files = write_report(report, out_dir / "report")
+    return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html"
+
+
+@app.command("study")
+def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study (about 2 minutes on 2 cores)."),
+              config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML study file (see examples/)."),
+              only: Optional[str] = typer.Option(None, help="Comma-separated experiments to run (default: all)."),
+              name: Optional[str] = typer.Option(None, help="Study name (finished cells of a study are skipped)."),
+              out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
+              store: Optional[Path] = typer.Option(None, "--store", help="Run store (env SCALELAB_STORE).")) -> None:
+    """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
+    from scalelab.experiments.study import EXPERIMENTS, default_spec, load_spec, run_experiments, save_spec
+    from scalelab.provenance import collect_provenance
+    from scalelab.store import Store, write_json_atomic
+
+    spec = load_spec(config, quick=quick) if config else default_spec(quick=quick)
+    if name:
+        spec.name = name
+    if only:
+        chosen = [e.strip() for e in only.split(",") if e.strip()]
+        for e in chosen:
+            if e not in EXPERIMENTS:
+                raise ConfigError("only", e, f"allowed: {', '.join(EXPERIMENTS)}")
+        spec.experiments = chosen
+    st = Store(Path(store or os.environ.get("SCALELAB_STORE", "scalelab-runs")))
+    out_dir = out or st.root / "studies" / spec.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_spec(spec, out_dir, st)
+    provenance = collect_provenance(sys.argv)
+    command = " ".join(["scalelab", *sys.argv[1:]])
+    write_json_atomic(out_dir / "provenance.json", {"provenance": provenance, "command": command})
+    start = time.monotonic()
+    results = run_experiments(spec, st, out_dir, say=console.print)
+    html = _write(spec, st, out_dir, results, provenance, command)
+    console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s")
+    console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "
+                  f"{out_dir / 'report' / 'tables'})", highlight=False)
+
+
+@app.command("report")
+def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds study.json).")) -> None:
+    """Rebuild a study's report from its stored runs alone: nothing is re-run."""
+    from scalelab.experiments.grid import replay_only
+    from scalelab.experiments.study import read_spec, run_experiments
+    from scalelab.store import Store, read_json
+
+    if not (study_dir / "study.json").is_file():
+        raise ConfigError("study_dir", str(study_dir), "no study.json there; give a folder `scalelab study` wrote")
+    spec, store_root = read_spec(study_dir)
+    st = Store(store_root)
+    saved = read_json(study_dir / "provenance.json")
+    with replay_only():
+        results = run_experiments(spec, st, study_dir, say=lambda s: None)
+    html = _write(spec, st, study_dir, results, saved["provenance"], saved["command"])
+    console.print(f"report rebuilt from stored runs: {html}", highlight=False)

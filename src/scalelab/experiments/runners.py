@@ -1,0 +1,75 @@
+"""One adapter per experiment: from a study spec to the experiment's own function (resumable through the store).
+
+Each adapter is `run(spec, store, out_dir, say) -> ExperimentResult`; the study names its sub-studies
+`<study>/<experiment>` so every experiment resumes on its own.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from scalelab.experiments import basic
+from scalelab.experiments.basic import ExperimentResult
+from scalelab.store import Store
+
+Say = Callable[[str], None]
+
+
+def _profile(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    return basic.profile(spec.config("profile"), store, spec.name, out, say=say)
+
+
+def _batch_sweep(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    return basic.batch_sweep(spec.config("batch_sweep"), spec.option("batch_sweep", "batches", [32, 64, 128]),
+                             store, spec.name, out, say=say)
+
+
+def _max_batch(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments.maxbatch import max_batch_table
+
+    return max_batch_table(spec.config("max_batch"), store, spec.name, out,
+                           memory_limit=spec.option("max_batch", "memory_limit", None),
+                           segments=spec.option("max_batch", "segments", 2), say=say)
+
+
+def _scale(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments.scaling import scale
+
+    return scale(spec.config("scale"), spec.option("scale", "workers", [1, 2]),
+                 spec.option("scale", "batches", [64]), store, spec.name, out,
+                 modes=tuple(spec.option("scale", "modes", ("strong", "weak"))), say=say)
+
+
+def _loader(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    return basic.loader_sweep(spec.config("loader"), spec.option("loader", "workers", [0, 1, 2]), store, spec.name,
+                              out, pin_memory=spec.option("loader", "pin_memory", [False]),
+                              prefetch=spec.option("loader", "prefetch", [2]), say=say)
+
+
+def _amp(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    return basic.precision(spec.config("amp"), store, spec.name, out, say=say)
+
+
+def _checkpointing(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    return basic.checkpointing(spec.config("checkpointing"), spec.option("checkpointing", "segments", [0, 2]),
+                               store, spec.name, out, say=say)
+
+
+def _lr_scaling(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments.lrscaling import lr_scaling
+
+    o = spec.options.get("lr_scaling", {})
+    return lr_scaling(spec.config("lr_scaling"), o.get("batches", [32, 256]), o.get("rules", ["none", "linear"]),
+                      o.get("workers", [1]), store, spec.name, out, target=o.get("target", 0.9), say=say)
+
+
+RUNNERS: dict[str, Callable[..., ExperimentResult]] = {
+    "profile": _profile,
+    "batch_sweep": _batch_sweep,
+    "max_batch": _max_batch,
+    "scale": _scale,
+    "loader": _loader,
+    "amp": _amp,
+    "checkpointing": _checkpointing,
+    "lr_scaling": _lr_scaling,
+}
