@@ -222,3 +222,14 @@ def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
     first = measured["strategies"].tables["compare_strategies"]
     assert list(again["run_id"]) == list(first["run_id"])
     assert list(again["bytes_per_step"]) == list(first["bytes_per_step"])
+
+
+def test_replayed_comparison_lists_missing_cells_and_runs_nothing(store, tmp_path):
+    grid = pytest.importorskip("scalelab.experiments.grid")
+    if not hasattr(grid, "replay_only"):
+        pytest.skip("this scalelab has no replay-only grids")
+    with grid.replay_only():
+        res = compare.strategies(TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, say=lambda s: None)
+    table = res.tables["compare_strategies"]
+    assert list(table["strategy"]) == list(STRATEGIES) and (table["status"] == "missing").all()
+    assert len(store.list_runs()) == 0

@@ -34,7 +34,7 @@ def compare_base(config: Path | None, sets: list[str] | None, **flags) -> TrainC
 
 def say(line: str) -> None:
     """A progress line as it is: "[study/compare 1/9] ..." is not rich markup."""
-    console.print(line, markup=False, highlight=False)
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def name_list(text: str | None) -> list[str] | None:

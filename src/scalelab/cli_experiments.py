@@ -35,6 +35,11 @@ OutOpt = typer.Option(None, "--out", help="Directory for tables and plots (defau
 StoreOpt = typer.Option(None, "--store", help="Run store (env SCALELAB_STORE; default ./scalelab-runs).")
 
 
+def say(line: str) -> None:
+    """Progress lines are plain text: '[study 1/3]' must not be read as rich markup."""
+    console.print(line, markup=False, highlight=False)
+
+
 def parse_sets(sets: list[str] | None) -> dict:
     out = {}
     for item in sets or []:
@@ -94,7 +99,7 @@ def batch_sweep_cmd(batches: str = typer.Option("32,64,128,256", help="Global ba
 
     base = base_config(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
-    show(basic.batch_sweep(base, int_list(batches, "batches"), st, study, out_dir, say=console.print))
+    show(basic.batch_sweep(base, int_list(batches, "batches"), st, study, out_dir, say=say))
 
 
 @app.command("profile")
@@ -107,7 +112,7 @@ def profile_cmd(config: Optional[Path] = ConfigOpt, model: Optional[str] = Model
 
     base = base_config(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
-    show(basic.profile(base, st, study, out_dir, say=console.print))
+    show(basic.profile(base, st, study, out_dir, say=say))
 
 
 @app.command("amp")
@@ -120,7 +125,7 @@ def amp_cmd(config: Optional[Path] = ConfigOpt, model: Optional[str] = ModelOpt,
 
     base = base_config(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
-    show(basic.precision(base, st, study, out_dir, say=console.print))
+    show(basic.precision(base, st, study, out_dir, say=say))
 
 
 @app.command("checkpointing")
@@ -134,7 +139,7 @@ def checkpointing_cmd(segments: str = typer.Option("0,1,2,4", help="Checkpoint s
 
     base = base_config(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
-    show(basic.checkpointing(base, int_list(segments, "segments"), st, study, out_dir, say=console.print))
+    show(basic.checkpointing(base, int_list(segments, "segments"), st, study, out_dir, say=say))
 
 
 @app.command("loader-sweep")
@@ -155,7 +160,7 @@ def loader_sweep_cmd(workers: Optional[str] = typer.Option(None, help="num_worke
     counts = int_list(workers, "workers") if workers else sorted({0, 1, 2, *range(2, 2 * cores + 1, 2)})
     st, out_dir = _store_and_out(store, study, out)
     show(basic.loader_sweep(base, counts, st, study, out_dir, pin_memory=[False, True] if pin_memory else [False],
-                            prefetch=int_list(prefetch, "prefetch"), say=console.print))
+                            prefetch=int_list(prefetch, "prefetch"), say=say))
 
 
 def parse_bytes(text: str | None, field: str) -> int | None:
@@ -191,7 +196,7 @@ def max_batch_cmd(memory_limit: Optional[str] = typer.Option(None, help="CPU mem
         raise ConfigError("memory_limit", None, "required on CPU (the search would otherwise fill the machine), "
                                                 "e.g. --memory-limit 2GiB")
     st, out_dir = _store_and_out(store, study, out)
-    show(max_batch_table(base, st, study, out_dir, memory_limit=limit, segments=segments, say=console.print))
+    show(max_batch_table(base, st, study, out_dir, memory_limit=limit, segments=segments, say=say))
 
 
 @app.command("scale")
@@ -211,7 +216,7 @@ def scale_cmd(workers: str = typer.Option("1,2", help="Worker counts (ranks)."),
     st, out_dir = _store_and_out(store, study, out)
     modes = ("strong", "weak") if mode == "both" else (mode,)
     show(scale(base, int_list(workers, "workers"), int_list(batches, "batches"), st, study, out_dir, modes=modes,
-               say=console.print))
+               say=say))
 
 
 @app.command("lr-scaling")
@@ -233,4 +238,4 @@ def lr_scaling_cmd(batches: str = typer.Option("32,256,1024", help="Global batch
         raise ConfigError("target", target, "allowed: an accuracy in (0, 1]")
     st, out_dir = _store_and_out(store, study, out)
     show(lr_scaling(base, int_list(batches, "batches"), [r.strip() for r in rules.split(",") if r.strip()],
-                    int_list(workers, "workers"), st, study, out_dir, target=target, say=console.print))
+                    int_list(workers, "workers"), st, study, out_dir, target=target, say=say))

@@ -55,7 +55,7 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
     command = " ".join(["scalelab", *sys.argv[1:]])
     write_json_atomic(out_dir / "provenance.json", {"provenance": provenance, "command": command})
     start = time.monotonic()
-    results = run_experiments(spec, st, out_dir, say=console.print)
+    results = run_experiments(spec, st, out_dir, say=lambda s: console.print(s, markup=False, highlight=False))
     html = _write(spec, st, out_dir, results, provenance, command)
     console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s")
     console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "

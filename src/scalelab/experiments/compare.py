@@ -26,6 +26,9 @@ from scalelab.store import Store
 GRID = "compare"  # the grid's study is f"{study}/{GRID}"
 EXPOSED_NOTE = ("exposed comm = median step - median step of the noop run of the same config (clipped at 0); "
                 "overlap = 1 - exposed / time inside collectives")
+LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "
+                 "interpolated over the timed steps; with steps shorter than the sampling period, traffic of "
+                 "neighbouring steps (e.g. warm-up) leaks in")
 
 
 def strategy_fields(name: str, accumulate: int) -> dict:
@@ -69,7 +72,7 @@ def strategies(base: TrainConfig, store: Store, study: str, out_dir: Path, *, na
     noop_runs = [r for r in runs if r["config"].get("sync") == "noop"]
     table = strategies_table(runs[:len(cells)], noop_runs)
     name = "compare_strategies"
-    notes = {"exposed": EXPOSED_NOTE}
+    notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
     if k_values:
         per_rank = base.per_rank_batch
         notes["accumulate"] = (f"ddp+accumulate keeps the global batch {base.global_batch}: each rank runs "
@@ -124,10 +127,10 @@ def backends(base: TrainConfig, store: Store, study: str, out_dir: Path, *, name
             continue
         cells += [Cell(backend, cfg), Cell(f"{backend} noop", noop)]
     runs = _stored(store, cells, run_grid(grid, cells, store, say=say))
-    entries = [r for r in runs if r["config"].get("sync") != "noop"]
-    entries += [{"backend": b, "status": "skipped", "reason": why} for b, why in skipped.items()]
-    table = backends_table(entries, [r for r in runs if r["config"].get("sync") == "noop"])
-    return _finish("compare_backends", table, out_dir, "backend", {"exposed": EXPOSED_NOTE, "skipped": skipped})
+    entries = runs[0::2] + [{"backend": b, "status": "skipped", "reason": why} for b, why in skipped.items()]
+    table = backends_table(entries, runs[1::2])  # cells come in pairs: the backend, then its noop
+    notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped}
+    return _finish("compare_backends", table, out_dir, "backend", notes)
 
 
 def _stored(store: Store, cells: list[Cell], results: list[CellResult]) -> list[dict]:
