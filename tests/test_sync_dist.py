@@ -57,7 +57,7 @@ SHAPES = [(16, 3072), (16, 16), (10, 16)]  # the MLP's weights, (out, in)
 PARAM_BYTES = sum(n * m for n, m in SHAPES) * 4  # 198272
 BUCKET_MB = 1572 / 2**20
 BN_BUFFER_BYTES = 4 * 4 + 4 * 4 + 8  # running_mean, running_var (fp32), num_batches_tracked (int64)
-LATENCY_MS = 20.0
+LATENCY_MS = 60.0  # large against scheduling jitter on 2 shared cores (a few ms), so 5 % is a real bound
 BANDWIDTH_GBPS = 0.5
 STEPS, WARMUP = 5, 2
 
