@@ -164,4 +164,52 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
     return out, rec
 
 
-BY_EXPERIMENT = {"scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result}
+def strategies_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_strategies", pd.DataFrame())
+    ok = table[table["status"] == "completed"] if len(table) else table
+    out, rec = strategies(ok) if len(ok) else ([], None)
+    if len(ok) and "bytes_per_step" in ok:
+        ref = ok[ok["strategy"] == "ddp"]
+        for row in ok[ok["strategy"].isin(["ddp+fp16", "ddp+bf16", "ddp+powersgd"])].to_dict("records"):
+            if len(ref) and ref["bytes_per_step"].iloc[0]:
+                out.append(f"{row['strategy']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}x "
+                           f"the bytes of plain ddp per step ({_fmt(row['bytes_per_step'])} B).")
+    return out, rec
+
+
+def backends_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_backends", pd.DataFrame())
+    out = []
+    for row in table.to_dict("records"):
+        if row["status"] == "completed":
+            out.append(f"{row['backend']}: step {_fmt(row['step(ms)'], ' ms')}, time inside collectives "
+                       f"{_fmt(row['comm(ms)'], ' ms')}, busbw {_fmt(row['busbw(GB/s)'], ' GB/s')}.")
+        else:
+            out.append(f"{row['backend']}: {row['status']} ({row['reason']}).")
+    done = table[table["status"] == "completed"] if len(table) else table
+    rec = None
+    if len(done) > 1:
+        best = done.loc[done["step(ms)"].idxmin()]
+        rec = f"Use the {best.backend} backend ({_fmt(best['step(ms)'], ' ms')} per step)."
+    return out, rec
+
+
+def comm_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("comm", pd.DataFrame())
+    if not len(table):
+        return [], None
+    out = []
+    ok = table[table["status"] == "ok"]
+    for op, g in ok.groupby("op", sort=False):
+        peak = g.loc[g["busbw(GB/s)"].idxmax()]
+        small = g.loc[g["size(B)"].idxmin()]
+        out.append(f"{op}: peak busbw {_fmt(peak['busbw(GB/s)'], ' GB/s')} at {int(peak['size(B)']):,} B; at "
+                   f"{int(small['size(B)']):,} B only {_fmt(small['busbw(GB/s)'], ' GB/s')} "
+                   f"({_fmt(small['time_median(us)'], ' µs')} per call: latency-bound).")
+    wrong = int(table["wrong"].sum())
+    out.append(f"Correctness check: {wrong} wrong element(s) over every op and size.")
+    return out, None
+
+
+BY_EXPERIMENT = {"scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result,
+                 "strategies": strategies_result, "backends": backends_result, "comm": comm_result}

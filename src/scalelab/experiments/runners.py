@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
 from scalelab.experiments import basic
 from scalelab.experiments.basic import ExperimentResult
 from scalelab.store import Store
@@ -63,7 +65,53 @@ def _lr_scaling(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
                       o.get("workers", [1]), store, spec.name, out, target=o.get("target", 0.9), say=say)
 
 
+def _strategies(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments import compare
+
+    return compare.strategies(spec.config("strategies"), store, spec.name, out,
+                              names=spec.option("strategies", "names", None),
+                              accumulate=spec.option("strategies", "accumulate", 2), say=say)
+
+
+def _backends(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments import compare
+
+    return compare.backends(spec.config("backends"), store, spec.name, out, say=say)
+
+
+def _comm(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    """The collective microbenchmark; a finished run of the same config in this study is reused."""
+    import shutil
+
+    from scalelab.experiments.grid import REPLAY, write_table
+    from scalelab.measure.commbench import CommBenchConfig, read_results, run_commbench
+
+    o = {k: v for k, v in spec.options.get("comm", {}).items() if k != "set"}
+    cfg = CommBenchConfig(**o)
+    cfg_dict = {**cfg.to_dict(), "backend": cfg.resolved_backend}
+    study = f"{spec.name}/comm"
+    run_dir = None
+    for run_id in store.list_runs(study=study, kind="bench", status="completed")["run_id"]:
+        if store.get(run_id)["config"] == cfg_dict:
+            run_dir = store.run_dir(run_id)
+            say(f"[{study}] already done ({run_id}), skipped")
+            break
+    if run_dir is None:
+        if REPLAY.get():
+            return ExperimentResult("comm", {"comm": pd.DataFrame()}, notes={"missing": study})
+        run_dir = run_commbench(cfg, store, study=study, say=say).run_dir
+    table = read_results(run_dir)
+    paths = write_table(table, out, "comm")
+    figure = out / "comm_busbw.png"
+    shutil.copyfile(run_dir / "busbw.png", figure)
+    return ExperimentResult("comm", {"comm": table}, [paths["csv"], paths["json"], figure],
+                            {"run": run_dir.name})
+
+
 RUNNERS: dict[str, Callable[..., ExperimentResult]] = {
+    "strategies": _strategies,
+    "backends": _backends,
+    "comm": _comm,
     "profile": _profile,
     "batch_sweep": _batch_sweep,
     "max_batch": _max_batch,

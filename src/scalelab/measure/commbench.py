@@ -303,7 +303,7 @@ def read_results(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(read_json(path)["rows"], columns=list(COLUMNS)).astype({"wrong": "Int64"})
 
 
-def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
+def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None, study: str | None = None,
                   say: Callable[[str], None] = print) -> BenchOutcome:
     """Record, launch and finish one benchmark run; raises runner.RunFailed when a rank fails."""
     from scalelab.provenance import collect_provenance
@@ -311,7 +311,8 @@ def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
     from scalelab.runner import RunFailed, failure_reason
 
     cfg = dataclasses.replace(cfg, backend=cfg.resolved_backend)  # store what actually runs
-    run_id = store.create_run(cfg.to_dict(), collect_provenance(argv), kind="bench", run_id=cfg.run_id)
+    run_id = store.create_run(cfg.to_dict(), collect_provenance(argv), kind="bench", study=study,
+                              run_id=cfg.run_id)
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: bench comm {','.join(cfg.ops)}, {format_size(cfg.begin)}..{format_size(cfg.end)} "
         f"×{cfg.factor}, {cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
