@@ -48,7 +48,7 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None) -> list[str]:
+def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, quiet: bool = False) -> list[str]:
     """The torchrun arguments that start this run's ranks on this node, each running `scalelab.worker`.
 
     One node: a static rendezvous on 127.0.0.1 with a free port. Several nodes: the same command on each node with
@@ -66,6 +66,8 @@ def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None) -
         "--rdzv-endpoint", endpoint,
         "--max-restarts", "0",
         "--monitor-interval", "0.2",
+        # quiet: the ranks' stdout/stderr go to files under the run directory instead of the terminal
+        *(["--redirects", "3", "--log-dir", str(run_dir / "logs")] if quiet else []),
         "--module", "scalelab.worker",
         "--run-dir", str(run_dir),
     ]

@@ -5,6 +5,8 @@ traceback) or interrupted. Nothing here reads rank or device from the environmen
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import traceback
@@ -96,13 +98,27 @@ def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool) -> None:
     saved = {k: os.environ.get(k) for k in worker_env(cfg)}
     os.environ.update(worker_env(cfg))
     try:
-        run_torchrun(torchrun_argv(cfg, run_dir))
+        with _agent_log_level(logging.CRITICAL if isolate else None):
+            run_torchrun(torchrun_argv(cfg, run_dir, quiet=isolate))
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _agent_log_level(level: int | None):
+    """Silence torchrun's agent for isolated runs (their failures are expected and recorded in the run)."""
+    logger = logging.getLogger("torch.distributed.elastic")
+    old = logger.level
+    if level is not None:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def _open_run(cfg: TrainConfig, store: Store, argv: list[str] | None, study: str | None) -> str:

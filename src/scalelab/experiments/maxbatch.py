@@ -10,6 +10,8 @@ batch (activations), so after two fitting trials the limit is predicted from tha
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +45,7 @@ class SearchResult:
 
 
 def next_guess(trials: list[Trial], limit_bytes: float | None, step: int) -> int | None:
-    """The next batch to try, or None when the bracket is closed (largest fit + 1 == smallest failure)."""
+    """The next batch to try, or None when the bracket is closed (largest fit + step == smallest failure)."""
     fits = sorted((t for t in trials if t.fits), key=lambda t: t.batch)
     fails = sorted((t.batch for t in trials if not t.fits))
     lo = fits[-1].batch if fits else 0
@@ -54,12 +56,22 @@ def next_guess(trials: list[Trial], limit_bytes: float | None, step: int) -> int
     measured = [t for t in fits if t.added_bytes is not None]
     # Predict only right after a fit: after a failed guess, bisection halves the bracket, so a curved memory
     # profile costs O(log) trials instead of creeping down from a too-high prediction.
-    if limit_bytes and len(measured) >= 2 and trials[-1].fits:
-        (b1, m1), (b2, m2) = [(t.batch, t.added_bytes) for t in measured[-2:]]
-        slope = (m2 - m1) / (b2 - b1)
+    if limit_bytes and len({t.batch for t in measured}) >= 2 and trials[-1].fits:
+        slope, intercept = np.polyfit([t.batch for t in measured], [t.added_bytes for t in measured], 1)
         if slope > 0:
-            predicted = math.floor((limit_bytes - (m2 - slope * b2)) / slope / step) * step
-            guess = predicted if predicted > lo else lo + step  # at b* = lo, only lo + step is left to check
+            predicted = math.floor((limit_bytes - intercept) / slope / step) * step
+            # Consecutive fits above a prediction mean it runs low (memory grows faster than the line): step
+            # further each time (1, 2, 4, ... steps past the largest fit), so closing in stays logarithmic.
+            streak = 0
+            for t in reversed(trials):
+                if not t.fits:
+                    break
+                streak += 1
+            gallop = lo + step * 2 ** max(0, streak - 3)  # the first fits (start, 2x start) are not a streak
+            guess = max(predicted, gallop, lo + step)
+            if hi is not None:  # inside a bracket, trust the line only halfway: curved profiles overshoot
+                mid = lo + (hi - lo) // 2
+                guess = (min(guess, hi - step) + mid) // (2 * step) * step
     if guess is None:
         guess = lo * 2 if hi is None else lo + max(step, (hi - lo) // (2 * step) * step)
     if hi is not None:
@@ -99,7 +111,8 @@ def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
     key = cell_key(cfg)
     for run_id in store.list_runs(study=study)["run_id"]:
         row = store.get(run_id)
-        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"])):
+        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"]) or (
+                cfg.memory_limit is not None and "killed by signal" in (row["reason"] or ""))):
             return _trial_from_row(cfg.global_batch, row)
     from scalelab.experiments.grid import REPLAY
 
@@ -108,7 +121,10 @@ def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
     try:
         outcome = execute(cfg, store, study=study, say=lambda s: None, isolate=True)
     except RunFailed as err:
-        if not is_oom(err.reason):
+        # Under an address-space cap some native code crashes on a failed allocation instead of raising:
+        # a rank killed by a signal then counts as not fitting, like the kernel's OOM kill.
+        capped_crash = cfg.memory_limit is not None and "killed by signal" in err.reason
+        if not (is_oom(err.reason) or capped_crash):
             raise
         return Trial(cfg.global_batch, False, None, err.run_id, err.reason)
     return Trial(cfg.global_batch, True, outcome.summary.get("memory/train_added(bytes)"), outcome.run_id)

@@ -11,7 +11,14 @@ Calibration measures what the model needs, as stored runs (resumable through `ru
   slowest rank) is fitted on median step − forward − backward − optimizer, so compute(b) reproduces the median
   step time of a run without communication.
 - communication: a `bench comm` allreduce sweep on base.ranks ranks (at least 2) of this machine's backend;
-  α and β from `fit_alpha_beta` on its table.
+  α and β from `fit_alpha_beta` on the mean iteration time per size (timings.json): a step's communication is a
+  sum of many collectives, so its median follows the sum of their means, not of their medians (gloo's small
+  messages are bimodal here: a few hundred µs, or a scheduler tick).
+- in situ (base.ranks > 1): one run per per-rank batch with per-parameter allreduce (sync=allreduce), right after
+  the compute run of that batch. Collectives inside training cost more than the bench's (the sync layer's own
+  copies and scaling of every gradient, cold caches, ranks arriving apart, compute of the other rank on the same
+  cores); comm_scale = median over batches of (allreduce step − compute step) / Σ_p T(S_p) with the bench's
+  α, β, at least 1 (the bench is the best case). The "measured" hardware is the bench's α, β times comm_scale.
 - the model's gradient sizes: one entry per trainable parameter (numel · element size), in registration order.
 The calibration is a JSON file in the study folder (STORE/studies/STUDY/calibration.json); it is reused while
 the measurement it describes (same cells, same bench) is unchanged.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,13 +59,15 @@ class Calibration:
     accumulate: int
     compute: dict[str, list[float]]  # stage -> [c0 (ms), c1 (ms per sample)], stages as in STAGES
     points: list[dict]  # the measured compute points the fit used
-    alpha_s: float  # s per message
-    beta_s_per_byte: float  # s per byte
+    alpha_s: float  # s per message (bench fit)
+    beta_s_per_byte: float  # s per byte (bench fit)
+    comm_scale: float = 1.0  # in-training collective time / the bench fit's (>= 1), see the module docstring
+    insitu: list[dict] = field(default_factory=list)  # the allreduce runs comm_scale came from
     param_bytes: list[int]  # gradient bytes per trainable parameter, registration order
     parameters: int  # trainable parameter elements
-    compute_runs: list[str]
-    bench_run: str
-    key: str  # identity of the measurement (cells + bench config)
+    compute_runs: list[str] = field(default_factory=list)
+    bench_run: str = ""
+    key: str = ""  # identity of the measurement (cells + bench config)
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     def compute_model(self) -> pm.ComputeModel:
@@ -65,8 +75,12 @@ class Calibration:
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
 
     def hardware(self, gpus_per_node: int = 1) -> Hardware:
-        return hardware_from_fit(self.alpha_s, self.beta_s_per_byte, gpus_per_node=gpus_per_node,
-                                 name=f"{MEASURED} ({self.backend} loopback, this machine)")
+        """This machine's links as training sees them: the bench's α, β times comm_scale."""
+        k = self.comm_scale
+        return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
+                                 name=f"{MEASURED} ({self.backend} loopback, this machine)",
+                                 source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
+                                        f"scale {k:.2f}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,7 +88,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(known - set(data) - {"created"})
+        missing = sorted(known - set(data) - {"created", "comm_scale", "insitu"})
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -106,6 +120,49 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
     sync = {"sync": "noop" if base.ranks > 1 else "auto", "strategy": "auto"}
     return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, **quiet, **sync))
             for b in sorted(set(batches))]
+
+
+def insitu_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
+    """Per per-rank batch, one run with per-parameter blocking allreduce and no emulation (none for one rank)."""
+    if base.ranks < 2:
+        return []
+    return [Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}",
+                 with_fields(c.config, sync="allreduce")) for c in calibration_cells(base, batches)]
+
+
+def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
+    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows: per iteration the
+    slowest rank's time, as in its results table, but averaged instead of the median."""
+    from scalelab.measure.commbench import iteration_times
+
+    data = read_json(run_dir / "timings.json")
+    groups: dict[int, list[dict]] = {}
+    for rec in data["records"]:
+        if rec["op"] == "allreduce" and not rec.get("skipped"):
+            groups.setdefault(rec["size(B)"], []).append(rec)
+    sizes, means = [], []
+    for size, recs in sorted(groups.items()):
+        times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
+        sizes.append(float(size))
+        means.append(sum(times) / len(times))
+    return sizes, means, int(data["ranks"])
+
+
+def comm_scale(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, list[dict]]:
+    """(k, rows): per in-situ allreduce run, exposed = its median step − the compute run's at the same batch,
+    bench = Σ_p T(S_p) with the bench's α, β; k = max(1, median of exposed / bench)."""
+    compute = dict(zip(points["per_rank_batch"], points["step(ms)"]))
+    bench = 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+                               hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
+    rows = []
+    for run in insitu:
+        b = run["config"]["global_batch"] / run["config"]["ranks"]
+        step = run["summary"]["time/step_median(ms)"]
+        exposed = step - compute.get(b, math.nan)
+        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": step, "exposed_comm(ms)": exposed,
+                     "bench_comm(ms)": bench, "ratio": exposed / bench if bench > 0 else math.nan})
+    ratios = pd.Series([r["ratio"] for r in rows], dtype=float).dropna()
+    return (max(1.0, float(ratios.median())) if len(ratios) else 1.0), rows
 
 
 def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
@@ -157,13 +214,13 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
               say: Callable[[str], None] = print, bench=None) -> Calibration:
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
     `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
-    from scalelab.measure.commbench import read_results, run_commbench
+    from scalelab.measure.commbench import run_commbench
     from scalelab.runner import RunFailed
 
-    cells = calibration_cells(base, batches)
+    cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches)
     param_bytes, parameters = gradient_sizes(base)
     bench = bench or bench_config(base, param_bytes)
-    identity = [cell_key(c.config) for c in cells] + [json.dumps(bench.to_dict(), sort_keys=True)]
+    identity = [cell_key(c.config) for c in cells + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
     path = calibration_path(store, study)
     if path.exists():
@@ -174,14 +231,14 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         if old is not None and old.key == key:
             say(f"[{study}] calibration {path} reused")
             return old
-    results = run_grid(f"{study}/calibration", cells, store, say=say)
+    # each batch's compute run and its in-situ run back to back: load from other processes hits both alike
+    paired = [c for i, cell in enumerate(cells) for c in [cell, *insitu[i:i + 1]]]
+    results = run_grid(f"{study}/calibration", paired, store, say=say)
     failed = [r for r in results if r.status == "failed"]
     if failed:
         raise RunFailed(failed[0].run_id, f"calibration cell {failed[0].label}: {failed[0].reason}")
-    keys = {cell_key(c.config) for c in cells}
-    runs = [r for r in study_runs(store, f"{study}/calibration")
-            if cell_key(TrainConfig.from_dict(r["config"])) in keys]
-    points = compute_points(runs)
+    by_key = {cell_key(TrainConfig.from_dict(r["config"])): r for r in study_runs(store, f"{study}/calibration")}
+    points = compute_points([by_key[cell_key(c.config)] for c in cells])
     fit = pm.fit_compute_model(points)
     bench_run, next_id = _find_bench(store, key)
     if bench_run is None:
@@ -191,8 +248,8 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         bench_run = outcome.run_id
     else:
         say(f"[{study}] bench {bench_run} reused")
-    table = read_results(store.run_dir(bench_run))
-    alpha, beta = fit_alpha_beta(table, op="allreduce")
+    sizes, means, ranks = bench_means(store.run_dir(bench_run))
+    alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
     cal = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,
         backend=bench.resolved_backend,
@@ -201,10 +258,12 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
         key=key)
+    cal.comm_scale, cal.insitu = comm_scale(points, [by_key[cell_key(c.config)] for c in insitu], cal)
     cal.save(path)
     say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
         f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
-        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); wrote {path}")
+        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}), in-training scale "
+        f"{cal.comm_scale:.2f}; wrote {path}")
     return cal
 
 

@@ -72,7 +72,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
     options = {
         "profile": {"set": {"ranks": 2}},
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
-        "max_batch": {"memory_limit": 256 * 2**20 if q else 512 * 2**20, "segments": 2,
+        "max_batch": {"memory_limit": 96 * 2**20 if q else 256 * 2**20, "segments": 2,
                       "set": {"model": "resnet18"}},
         "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
         "strategies": {"set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
@@ -130,10 +130,20 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, say: Callable[
     """Run (or, under grid.replay_only, read back) every experiment of the spec; name -> ExperimentResult."""
     from scalelab.experiments.runners import RUNNERS
 
+    from scalelab.errors import ScalelabError
+    from scalelab.experiments.basic import ExperimentResult
+    from scalelab.runner import RunFailed
+
     results = {}
     for i, name in enumerate(spec.experiments, 1):
         say(f"== [{i}/{len(spec.experiments)}] {name}")
-        results[name] = RUNNERS[name](spec, store, out_dir / "tables", say)
+        try:
+            results[name] = RUNNERS[name](spec, store, out_dir / "tables", say)
+        except (RunFailed, ScalelabError, RuntimeError) as err:
+            # One experiment failing must not lose the others: its section says why, the rest goes on.
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            say(f"== {name} failed: {reason}")
+            results[name] = ExperimentResult(name, {}, notes={"failed": reason})
     return results
 
 

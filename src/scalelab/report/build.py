@@ -65,6 +65,8 @@ def _sentences(name: str, result) -> tuple[list[str], list[str]]:
     """(sentences, recommendations) for one experiment's result."""
     t = result.tables
     recs: list[str] = []
+    if not t or all(len(frame) == 0 for frame in t.values()):
+        return [], []  # failed or missing: the section's notes say why
     if name == "profile":
         out, rec = interpret.profile(t["profile"])
     elif name == "batch_sweep":

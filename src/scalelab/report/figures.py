@@ -261,6 +261,11 @@ def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
     err = validation.attrs.get("median_abs_error(%)", validation["error(%)"].abs().median())
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (ms, median of timed steps)",
            ylabel="predicted step (ms)", title=f"Predicted vs measured: median |error| {err:.1f} %")
+    from matplotlib.ticker import FuncFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):  # plain milliseconds, not powers of ten
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(round(v))[0] in "1235" else ""))
     ax.legend(fontsize="small")
     return _save(fig, path)
 
