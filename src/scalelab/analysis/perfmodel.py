@@ -284,13 +284,16 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
             per_rank_batch: float | None = None, global_batch: float | None = None, mode: str = "strong",
             strategy: str = "ddp", bucket_bytes: float = 25 * MIB, compression: str = "none",
             accumulate: int = 1, algorithm: str | None = None,
-            emulation: Emulation | None = None) -> pd.DataFrame:
+            emulation: Emulation | None = None, compute_scale: float = 1.0) -> pd.DataFrame:
     """Predicted step time, throughput, speedup and efficiency per worker count (columns `COLUMNS`).
 
     mode "strong" keeps `global_batch` (per-rank batch = global / n, may be fractional; every rank needs at
     least one sample per micro-step); "weak" keeps `per_rank_batch`. The n = 1 baseline is computed even when 1
     is not in `workers`. Formulas: module docstring, `sync_cost`, `scalelab.analysis.hardware`. `emulation`
     pads every collective as scalelab's network emulation does (`Emulation`, `emulated_sync_cost`).
+    `compute_scale` multiplies compute (and the backward that overlap hides behind) wherever collectives run
+    (n > 1, strategy not noop): on a CPU host whose collectives share the cores and caches with compute, a rank
+    computes slower than it does without communication; 1 (the default) for devices with their own links.
     """
     if mode not in ("strong", "weak"):
         raise ConfigError("mode", mode, "allowed: strong, weak")
@@ -302,6 +305,8 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
     ns = [int(n) for n in workers]
     if not ns or min(ns) < 1:
         raise ConfigError("workers", list(workers), "allowed: worker counts >= 1")
+    if not math.isfinite(compute_scale) or compute_scale <= 0:
+        raise ConfigError("compute_scale", compute_scale, "allowed: a number > 0")
     if mode == "strong" and batch / (max(ns) * accumulate) < 1:
         raise ConfigError("workers", max(ns), f"strong scaling with global_batch {batch} and accumulate "
                           f"{accumulate} allows at most {int(batch // accumulate)} workers")
@@ -309,9 +314,10 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
 
     def row(n: int) -> dict:
         b = batch / n if mode == "strong" else batch
-        compute = model.step_ms(b, accumulate)
+        scale = compute_scale if n > 1 and strategy != "noop" else 1.0
+        compute = scale * model.step_ms(b, accumulate)
         cost = sync_cost(strategy, param_bytes=params, n=n, hardware=hardware,
-                         backward_s=model.backward(b / accumulate) / 1e3, bucket_bytes=bucket_bytes,
+                         backward_s=scale * model.backward(b / accumulate) / 1e3, bucket_bytes=bucket_bytes,
                          compression=compression, algorithm=algorithm, emulation=emulation)
         step = compute + 1e3 * cost.exposed_s
         return {"workers": n, "nodes": placement(n, hardware.gpus_per_node)[0], "per_rank_batch": b,

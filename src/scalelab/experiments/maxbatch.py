@@ -104,14 +104,18 @@ def is_oom(reason: str | None) -> bool:
     return any(mark in text for mark in OOM_MARKS)
 
 
-def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
-    """One trial in processes of its own (torchrun); reuses a stored outcome of the same cell (resume)."""
+def run_trial(cfg: TrainConfig, store: Store, study: str, *, lenient: bool = False) -> Trial:
+    """One trial in processes of its own (torchrun); reuses a stored outcome of the same cell (resume).
+
+    `lenient`: count any failure as "does not fit" (with its reason). The search sets it once a smaller batch
+    has fitted under a memory cap: the config is known to work, and native code (oneDNN, say) reports a failed
+    allocation in its own words ("could not create a primitive") or crashes outright."""
     from scalelab.runner import RunFailed, execute
 
     key = cell_key(cfg)
     for run_id in store.list_runs(study=study)["run_id"]:
         row = store.get(run_id)
-        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"]) or (
+        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"]) or lenient or (
                 cfg.memory_limit is not None and "killed by signal" in (row["reason"] or ""))):
             return _trial_from_row(cfg.global_batch, row)
     from scalelab.experiments.grid import REPLAY
@@ -124,7 +128,7 @@ def run_trial(cfg: TrainConfig, store: Store, study: str) -> Trial:
         # Under an address-space cap some native code crashes on a failed allocation instead of raising:
         # a rank killed by a signal then counts as not fitting, like the kernel's OOM kill.
         capped_crash = cfg.memory_limit is not None and "killed by signal" in err.reason
-        if not (is_oom(err.reason) or capped_crash):
+        if not (is_oom(err.reason) or capped_crash or lenient):
             raise
         return Trial(cfg.global_batch, False, None, err.run_id, err.reason)
     return Trial(cfg.global_batch, True, outcome.summary.get("memory/train_added(bytes)"), outcome.run_id)
@@ -150,10 +154,15 @@ def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int 
     step = base.world_size
     cap = memory_limit if memory_limit is not None else base.memory_limit
 
+    fitted: list[int] = []
+
     def trial(batch: int) -> Trial:
         cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
                           memory_limit=cap, samples=max(batch, base.samples or batch))
-        return run_trial(cfg, store, study)
+        t = run_trial(cfg, store, study, lenient=cap is not None and any(b < batch for b in fitted))
+        if t.fits:
+            fitted.append(batch)
+        return t
 
     return search(trial, start=step, step=step, limit_bytes=cap, say=say)
 

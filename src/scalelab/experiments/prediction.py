@@ -15,10 +15,14 @@ Calibration measures what the model needs, as stored runs (resumable through `ru
   sum of many collectives, so its median follows the sum of their means, not of their medians (gloo's small
   messages are bimodal here: a few hundred µs, or a scheduler tick).
 - in situ (base.ranks > 1): one run per per-rank batch with per-parameter allreduce (sync=allreduce), right after
-  the compute run of that batch. Collectives inside training cost more than the bench's (the sync layer's own
-  copies and scaling of every gradient, cold caches, ranks arriving apart, compute of the other rank on the same
-  cores); comm_scale = median over batches of (allreduce step − compute step) / Σ_p T(S_p) with the bench's
-  α, β, at least 1 (the bench is the best case). The "measured" hardware is the bench's α, β times comm_scale.
+  the compute run of that batch. On a CPU host the collectives share the cores and caches with compute, so
+  - compute is slower in runs that communicate: compute_scale = median over batches of the in-situ run's
+    forward + backward + optimizer spans / the compute run's (means over ranks and steps; at least 1);
+  - collectives inside training cost more than the bench's (the sync layer's own copies and scaling of every
+    gradient, cold caches, ranks arriving apart): comm_scale = median over batches of (allreduce step −
+    compute_scale × compute step) / Σ_p T(S_p) with the bench's α, β, at least 1 (the bench is the best case).
+  The "measured" hardware is the bench's α, β times comm_scale, and its predictions (and the validation's, on
+  this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
 - the model's gradient sizes: one entry per trainable parameter (numel · element size), in registration order.
 The calibration is a JSON file in the study folder (STORE/studies/STUDY/calibration.json); it is reused while
 the measurement it describes (same cells, same bench) is unchanged.
@@ -62,7 +66,8 @@ class Calibration:
     alpha_s: float  # s per message (bench fit)
     beta_s_per_byte: float  # s per byte (bench fit)
     comm_scale: float = 1.0  # in-training collective time / the bench fit's (>= 1), see the module docstring
-    insitu: list[dict] = field(default_factory=list)  # the allreduce runs comm_scale came from
+    compute_scale: float = 1.0  # compute with communication / without, on this machine (>= 1)
+    insitu: list[dict] = field(default_factory=list)  # the allreduce runs both scales came from
     param_bytes: list[int]  # gradient bytes per trainable parameter, registration order
     parameters: int  # trainable parameter elements
     compute_runs: list[str] = field(default_factory=list)
@@ -88,7 +93,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(known - set(data) - {"created", "comm_scale", "insitu"})
+        missing = sorted(known - set(data) - {"created", "comm_scale", "compute_scale", "insitu"})
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -148,23 +153,6 @@ def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
     return sizes, means, int(data["ranks"])
 
 
-def comm_scale(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, list[dict]]:
-    """(k, rows): per in-situ allreduce run, exposed = its median step − the compute run's at the same batch,
-    bench = Σ_p T(S_p) with the bench's α, β; k = max(1, median of exposed / bench)."""
-    compute = dict(zip(points["per_rank_batch"], points["step(ms)"]))
-    bench = 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
-                               hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
-    rows = []
-    for run in insitu:
-        b = run["config"]["global_batch"] / run["config"]["ranks"]
-        step = run["summary"]["time/step_median(ms)"]
-        exposed = step - compute.get(b, math.nan)
-        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": step, "exposed_comm(ms)": exposed,
-                     "bench_comm(ms)": bench, "ratio": exposed / bench if bench > 0 else math.nan})
-    ratios = pd.Series([r["ratio"] for r in rows], dtype=float).dropna()
-    return (max(1.0, float(ratios.median())) if len(ratios) else 1.0), rows
-
-
 def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
     """The allreduce sweep: 1 KiB up to the whole gradient (at least 1 MiB, at most 64 MiB), ×4."""
     from scalelab.measure.commbench import CommBenchConfig
@@ -196,6 +184,33 @@ def compute_points(runs: list[dict]) -> pd.DataFrame:
                      "accumulate": cfg.get("accumulate", 1), **{f"{k}(ms)": v for k, v in stages.items()},
                      "other(ms)": max(0.0, step - sum(stages.values())), "step(ms)": step})
     return pd.DataFrame(rows).sort_values("per_rank_batch").reset_index(drop=True)
+
+
+def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, float, list[dict]]:
+    """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
+    (definitions in the module docstring)."""
+    by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
+    bench = 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+                               hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
+    rows = []
+    for run in insitu:
+        b = run["config"]["global_batch"] / run["config"]["ranks"]
+        summary, plain = run["summary"], by_batch.get(b)
+        if plain is None:
+            continue
+        spans = sum(summary.get(f"stage/{st}(ms)", 0.0) for st in STAGES[:3])
+        plain_spans = sum(plain[f"{st}(ms)"] for st in STAGES[:3])
+        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": summary["time/step_median(ms)"],
+                     "compute_step(ms)": plain["step(ms)"], "bench_comm(ms)": bench,
+                     "compute_ratio": spans / plain_spans if plain_spans > 0 else math.nan})
+    if not rows:
+        return 1.0, 1.0, rows
+    ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
+    compute = max(1.0, float(ratios.median())) if len(ratios) else 1.0
+    for r in rows:
+        r["comm_ratio"] = (r["step(ms)"] - compute * r["compute_step(ms)"]) / bench if bench > 0 else math.nan
+    comm = pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
+    return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
 
 
 def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
@@ -258,12 +273,13 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
         key=key)
-    cal.comm_scale, cal.insitu = comm_scale(points, [by_key[cell_key(c.config)] for c in insitu], cal)
+    cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(
+        points, [by_key[cell_key(c.config)] for c in insitu], cal)
     cal.save(path)
     say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
         f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
-        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}), in-training scale "
-        f"{cal.comm_scale:.2f}; wrote {path}")
+        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); with communication: collectives "
+        f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}; wrote {path}")
     return cal
 
 
@@ -292,6 +308,11 @@ def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | Non
     return out
 
 
+def compute_scale(cal: Calibration, hw: Hardware) -> float:
+    """cal.compute_scale for this machine's own hardware ("measured"), 1 for any other."""
+    return cal.compute_scale if hw.name == cal.hardware().name else 1.0
+
+
 def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], workers: Sequence[int], *,
                   mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
                   compression: str = "none", accumulate: int = 1,
@@ -305,7 +326,8 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
         batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
         frame = pm.predict(cal.compute_model(), hw, workers, param_bytes=cal.param_bytes, mode=mode,
                            strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
-                           accumulate=accumulate, emulation=emulation, **batches)
+                           accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(cal, hw),
+                           **batches)
         frames.append(frame.assign(hardware=hw.name, strategy=strategy, mode=mode, compression=compression))
     return pd.concat(frames, ignore_index=True)
 
@@ -326,7 +348,8 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
     return pm.options_for_efficiency(cal.compute_model(), hardware, workers, target=target,
                                      per_rank_batches=per_rank_batches, strategies=strategies,
                                      param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
-                                     compression=compression, accumulate=accumulate)
+                                     compression=compression, accumulate=accumulate,
+                                     compute_scale=compute_scale(cal, hardware))
 
 
 # ---------------------------------------------------------------- validation
@@ -337,9 +360,10 @@ VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_
 
 
 def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
-    """The model's prediction for one stored run's config on this machine: fitted α/β, plus the run's network
-    emulation (each collective takes max(fitted time, L + S·8/(bw·1e9)), see `perfmodel.Emulation`). None for
-    what the model does not cover (PowerSGD)."""
+    """The model's prediction for one stored run's config on this machine: the "measured" hardware (fitted α/β
+    × comm_scale, compute × compute_scale where collectives run) plus the run's network emulation (each
+    collective takes max(fitted time, L + S·8/(bw·1e9)), see `perfmodel.Emulation`). None for what the model
+    does not cover (PowerSGD)."""
     if config.get("ddp_hook", "none") == "powersgd":
         return None
     n = config["ranks"] * config.get("nnodes", 1)
@@ -350,7 +374,8 @@ def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
     return pm.predict(cal.compute_model(), cal.hardware(), [n], param_bytes=cal.param_bytes, mode="weak",
                       per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
                       bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
-                      accumulate=config.get("accumulate", 1), emulation=emulation).iloc[0]
+                      accumulate=config.get("accumulate", 1), emulation=emulation,
+                      compute_scale=cal.compute_scale).iloc[0]
 
 
 def validate_measured(cal: Calibration, store: Store, study: str, cells: Sequence[Cell] = (), *,
