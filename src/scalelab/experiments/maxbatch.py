@@ -168,7 +168,8 @@ def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int 
 
 
 def max_batch_table(base: TrainConfig, store: Store, study: str, out_dir, *, memory_limit: int | None = None,
-                    segments: int = 2, say: Callable[[str], None] = print):
+                    segments: int = 2, variants: tuple[str, ...] = ("base", "amp", "checkpointing"),
+                    say: Callable[[str], None] = print):
     """The max batch of the base config, with mixed precision, and with activation checkpointing, side by side."""
     import pandas as pd
 
@@ -176,10 +177,14 @@ def max_batch_table(base: TrainConfig, store: Store, study: str, out_dir, *, mem
     from scalelab.experiments.grid import write_table
 
     amp = "fp16" if base.resolved_device == "cuda" else "bf16"
-    variants = {"as configured": base, amp: with_fields(base, precision=amp),
-                f"checkpointing ({segments} segments)": with_fields(base, checkpoint_segments=segments)}
+    for v in variants:
+        if v not in ("base", "amp", "checkpointing"):
+            raise ConfigError("variants", v, "allowed: base, amp, checkpointing")
+    chosen = {"as configured": base, amp: with_fields(base, precision=amp),
+              f"checkpointing ({segments} segments)": with_fields(base, checkpoint_segments=segments)}
+    chosen = {label: cfg for (label, cfg), v in zip(chosen.items(), ("base", "amp", "checkpointing")) if v in variants}
     rows = []
-    for label, cfg in variants.items():
+    for label, cfg in chosen.items():
         say(f"[max batch] {label}")
         res = max_batch(cfg, store, f"{study}/max_batch/{label.split(' ')[0]}", memory_limit=memory_limit, say=say)
         cap = memory_limit if memory_limit is not None else cfg.memory_limit

@@ -31,7 +31,9 @@ def _max_batch(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
 
     return max_batch_table(spec.config("max_batch"), store, spec.name, out,
                            memory_limit=spec.option("max_batch", "memory_limit", None),
-                           segments=spec.option("max_batch", "segments", 2), say=say)
+                           segments=spec.option("max_batch", "segments", 2),
+                           variants=tuple(spec.option("max_batch", "variants", ("base", "amp", "checkpointing"))),
+                           say=say)
 
 
 def _scale(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
