@@ -120,9 +120,14 @@ def scale_result(result) -> tuple[list[str], str | None]:
                          f"{_fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
             out.append(part + ".")
         best = top.loc[top["efficiency"].idxmax()]
-        if mode == "strong":
-            rec = (f"At {int(best.workers)} workers keep the global batch at {int(best.global_batch)} or more "
-                   f"(strong-scaling efficiency {100 * best.efficiency:.0f} %).")
+        if mode == "strong" and best.efficiency >= 0.5:
+            rec = (f"Use {int(best.workers)} workers at global batch {int(best.global_batch)}: strong-scaling "
+                   f"efficiency {100 * best.efficiency:.0f} %.")
+        elif mode == "strong":
+            share = best.get("exposed_comm(ms)", float("nan")) / best["step(ms)"] if best["step(ms)"] else float("nan")
+            rec = (f"{int(best.workers)} workers do not pay off here: at best {100 * best.efficiency:.0f} % "
+                   f"strong-scaling efficiency (global batch {int(best.global_batch)}), exposed communication "
+                   f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
     return out, rec
 
 
@@ -211,5 +216,32 @@ def comm_result(result) -> tuple[list[str], str | None]:
     return out, None
 
 
-BY_EXPERIMENT = {"scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result,
+def predict_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("prediction", pd.DataFrame())
+    if not len(table):
+        return [], None
+    out = []
+    hw_col = "hardware" if "hardware" in table else None
+    groups = table.groupby(hw_col, sort=False) if hw_col else [("model", table)]
+    for hw, g in groups:
+        g = g.sort_values("workers")
+        top = g.iloc[-1]
+        below = g[g["efficiency"] < 0.5]
+        first = f"falls below 50 % at {int(below['workers'].iloc[0])} workers" if len(below) else \
+            f"stays above 50 % up to {int(top['workers'])} workers"
+        out.append(f"{hw}: predicted efficiency {100 * top['efficiency']:.0f} % at {int(top['workers'])} workers "
+                   f"({_fmt(top['throughput(samples/s)'])} samples/s); efficiency {first}.")
+    val = result.tables.get("validation")
+    if val is not None and len(val):
+        out.append(f"Validated on {len(val)} measured runs of this machine: median |error| "
+                   f"{val['error(%)'].abs().median():.1f} % (worst {val['error(%)'].abs().max():.1f} %).")
+    rec = None
+    keep = result.notes.get(next((k for k in result.notes if k.startswith("to keep")), ""), {})
+    if isinstance(keep, dict) and keep:
+        hw, advice = next(iter(keep.items()))
+        rec = f"For larger clusters ({hw}): {advice}"
+    return out, rec
+
+
+BY_EXPERIMENT = {"predict": predict_result, "scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result,
                  "strategies": strategies_result, "backends": backends_result, "comm": comm_result}

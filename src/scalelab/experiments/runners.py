@@ -110,7 +110,21 @@ def _comm(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
                             {"run": run_dir.name})
 
 
+def _predict(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
+    from scalelab.experiments.prediction import run_prediction
+
+    o = spec.options.get("predict", {})
+    base = spec.config("predict")
+    return run_prediction(base, store, f"{spec.name}/predict", out, hardware=o.get("hardware", ["measured"]),
+                          workers=o.get("workers", [1, 2, 4, 8, 64, 512, 4096]), mode=o.get("mode", "weak"),
+                          batch=o.get("batch", base.per_rank_batch), strategy=o.get("strategy", "ddp"),
+                          bucket_mb=base.bucket_mb, target=o.get("target", 0.5),
+                          calibration_batches=o.get("calibration_batches", [16, 32, 64]),
+                          validate=o.get("validate", True), say=say)
+
+
 RUNNERS: dict[str, Callable[..., ExperimentResult]] = {
+    "predict": _predict,
     "strategies": _strategies,
     "backends": _backends,
     "comm": _comm,
