@@ -1,0 +1,117 @@
+"""How well does the performance model predict measured step times? Median |error| over real 2-rank runs.
+
+Calibration (scalelab.experiments.prediction.calibrate): 2 ranks with sync=noop at each per-rank batch (the
+compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives)
+and a `bench comm` allreduce sweep (α, β of gloo on loopback). Measured points: 2 ranks × per-rank batches ×
+strategies × network settings (none; emulated latency; emulated latency and bandwidth). Each point's prediction
+uses the "measured" hardware plus the run's emulation (each collective takes max(fitted time, L + S·8/(bw·1e9))).
+A batch's calibration runs, its measured runs and a repeat of its compute run go back to back, so load from
+other processes on the machine hits them alike; the 1-minute load average before each run is printed with it,
+and the repeated compute runs (predicted by the fit alone) show the noise floor of a single measurement.
+Goal: median |predicted − measured| / measured <= 10 % over the strategy points.
+
+    python benchmarks/prediction.py [--model mlp] [--batches 16,32,64] [--strategies allreduce,bucketed,ddp]
+                                    [--latency-ms 5] [--bandwidth-gbps 1] [--steps 20] [--store DIR] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def net_label(net_latency_ms: float = 0.0, net_bandwidth_gbps: float | None = None) -> str:
+    parts = [f"{net_latency_ms:g} ms"] if net_latency_ms else []
+    if net_bandwidth_gbps is not None and net_bandwidth_gbps == net_bandwidth_gbps:  # not NaN
+        parts.append(f"{net_bandwidth_gbps:g} Gbit/s")
+    return ", ".join(parts) or "none"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--dataset", default="synthetic")
+    ap.add_argument("--batches", default="16,32,64", help="per-rank batches")
+    ap.add_argument("--strategies", default="allreduce,bucketed,ddp")
+    ap.add_argument("--latency-ms", type=float, default=5.0)
+    ap.add_argument("--bandwidth-gbps", type=float, default=1.0)
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="bucketed / ddp bucket size (MiB)")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--store", type=Path, default=None, help="run store (default: a temporary directory)")
+    ap.add_argument("--out", type=Path, default=None, help="table and figure (default: STORE/out)")
+    args = ap.parse_args()
+
+    import pandas as pd
+
+    from scalelab.analysis import perfmodel as pm
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.grid import Cell, run_grid, with_fields, write_table
+    from scalelab.experiments.prediction import calibrate, calibration_cells, insitu_cells, validate_measured
+    from scalelab.report import figures
+    from scalelab.store import Store
+
+    store = Store(args.store or Path(tempfile.mkdtemp(prefix="scalelab-bench-pred-")))
+    batches = [int(b) for b in args.batches.split(",")]
+    strategies = args.strategies.split(",")
+    nets = [{}, {"net_latency_ms": args.latency_ms},
+            {"net_latency_ms": args.latency_ms, "net_bandwidth_gbps": args.bandwidth_gbps}]
+    base = TrainConfig(model=args.model, dataset=args.dataset, samples=4096, eval_samples=64, ranks=2,
+                       global_batch=2 * batches[0], steps=args.steps, bucket_mb=args.bucket_mb)
+    study = "bench-prediction"
+    compute = {int(c.config.per_rank_batch): c for c in calibration_cells(base, batches)}
+    insitu = {int(c.config.per_rank_batch): c for c in insitu_cells(base, batches)}
+    loads: dict[str, float] = {}
+    for b in batches:  # a batch's calibration runs, its measured runs, then its compute run again: back to back
+        cells = [Cell(f"{s}, batch {b}, net {net_label(**emu)}", with_fields(base, global_batch=2 * b, sync=s, **emu))
+                 for s in strategies for emu in nets]
+        grid = [(f"{study}/calibration", compute[b]), (f"{study}/calibration", insitu[b])]
+        grid += [(f"{study}/validation", c) for c in cells]
+        grid.append((f"{study}/validation", Cell(f"noop again, batch {b}", compute[b].config)))  # the noise floor
+        for name, cell in grid:
+            before = load1()
+            for res in run_grid(name, [cell], store, say=print):
+                loads[res.run_id] = before
+    cal = calibrate(base, store, study, batches=batches, say=print)
+    check = validate_measured(cal, store, f"{study}/validation", say=print)
+    check["load1"] = check["run_id"].map(loads)
+    check["net"] = [net_label(lat, bw) for lat, bw in zip(check["net_latency_ms"], check["net_bandwidth_gbps"])]
+
+    pd.set_option("display.width", 200)
+    fmt = "{:,.1f}".format
+    print(f"\ncalibration: α = {cal.alpha_s * 1e6:.1f} µs, 1/β = {1 / cal.beta_s_per_byte / 1e9:.3g} GB/s "
+          f"(bench, mean per size), in-training scale {cal.comm_scale:.2f}; {cal.parameters:,} parameters in "
+          f"{len(cal.param_bytes)} tensors ({sum(cal.param_bytes) / 1e6:.1f} MB)")
+    print(pd.DataFrame(cal.points).drop(columns="run_id").to_string(index=False, float_format=fmt))
+    print(pd.DataFrame(cal.insitu).drop(columns="run_id").to_string(index=False, float_format=fmt))
+    cols = ["sync", "net", "per_rank_batch", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "predicted", "measured",
+            "measured_comm(ms)", "error(%)", "load1"]
+    print("\nevery point (ms; predicted step = compute + exposed comm; measured = median of timed steps):")
+    print(check[cols].to_string(index=False, float_format=fmt))
+    points = check[check["sync"] != "noop"]
+    print("\nmedian |error| (%) by strategy and network:")
+    print(points.assign(abs_err=points["error(%)"].abs()).pivot_table(
+        index="sync", columns="net", values="abs_err", aggfunc="median").to_string(float_format=fmt))
+    out = args.out or store.root / "out"
+    write_table(check, out, "prediction_accuracy")
+    figure = figures.predicted_vs_measured(points, out / "prediction_accuracy.png")
+    error = pm.median_abs_error(points)
+    fresh = points[~((points["sync"] == "allreduce") & (points["net"] == "none"))]
+    noise = check[check["sync"] == "noop"]
+    print(f"\nfigure: {figure}")
+    print(f"noise floor: the compute runs repeated (noop) differ from the fit by a median "
+          f"{pm.median_abs_error(noise):.1f} %")
+    print(f"without allreduce/none (the in-situ calibration's configuration): {pm.median_abs_error(fresh):.1f} % over "
+          f"{len(fresh)} points")
+    print(f"median |error| over {len(points)} points: {error:.1f} % (goal <= 10 %): "
+          f"{'met' if error <= 10 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
