@@ -19,6 +19,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
 from scalelab.provenance import collect_provenance
+from scalelab.report.tensorboard import write_scalars
 from scalelab.report.trace import write_trace
 from scalelab.store import Store, read_json, read_jsonl
 
@@ -161,6 +162,7 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
         store.finish_run(run_id, "failed", reason=reason)
         raise RunFailed(run_id, reason) from err
     write_trace(run_dir)
+    write_scalars(run_dir)
     store.finish_run(run_id, "completed", summary=summary)
     return RunOutcome(run_id, run_dir, summary)
 
