@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -31,6 +30,7 @@ from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ScalelabError
+from scalelab.store import open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
@@ -47,12 +47,6 @@ err_console = Console(stderr=True)
 
 STORE_HELP = "Directory holding runs and the catalog (env SCALELAB_STORE; default ./scalelab-runs)."
 StoreOpt = typer.Option(None, "--store", help=STORE_HELP)
-
-
-def open_store(path: Optional[Path]):
-    from scalelab.store import Store
-
-    return Store(Path(path or os.environ.get("SCALELAB_STORE", "scalelab-runs")))
 
 
 @app.command()

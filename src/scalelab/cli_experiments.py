@@ -70,9 +70,9 @@ def int_list(text: str, field: str) -> list[int]:
 
 
 def _store_and_out(store: Path | None, study: str, out: Path | None):
-    from scalelab.store import Store
+    from scalelab.store import open_store
 
-    st = Store(Path(store or os.environ.get("SCALELAB_STORE", "scalelab-runs")))
+    st = open_store(store)
     return st, out or st.root / "studies" / study
 
 

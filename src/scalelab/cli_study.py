@@ -1,7 +1,6 @@
 """`scalelab study` (run everything, write the report) and `scalelab report DIR` (rebuild it from stored runs)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
     from scalelab.experiments.study import EXPERIMENTS, default_spec, load_spec, run_experiments, save_spec
     from scalelab.provenance import collect_provenance
-    from scalelab.store import Store, write_json_atomic
+    from scalelab.store import open_store, write_json_atomic
 
     spec = load_spec(config, quick=quick) if config else default_spec(quick=quick)
     if name:
@@ -47,7 +46,7 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
             if e not in EXPERIMENTS:
                 raise ConfigError("only", e, f"allowed: {', '.join(EXPERIMENTS)}")
         spec.experiments = chosen
-    st = Store(Path(store or os.environ.get("SCALELAB_STORE", "scalelab-runs")))
+    st = open_store(store)
     out_dir = out or st.root / "studies" / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     save_spec(spec, out_dir, st)

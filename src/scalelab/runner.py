@@ -143,9 +143,22 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
         f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
-    try:
+    with marking_failures(store, run_id, on_failure=_try_trace):
         _launch(cfg, run_dir, isolate)
         summary = collect_summary(run_dir)
+    write_trace(run_dir)
+    write_scalars(run_dir)
+    store.finish_run(run_id, "completed", summary=summary)
+    return RunOutcome(run_id, run_dir, summary)
+
+
+@contextlib.contextmanager
+def marking_failures(store: Store, run_id: str, *, on_failure: Callable[[Path], None] | None = None):
+    """Leave the run marked whatever escapes the block: interrupted (re-raised as KeyboardInterrupt) or failed
+    with its root cause and traceback in error.txt (raised as RunFailed)."""
+    run_dir = store.run_dir(run_id)
+    try:
+        yield
     except KeyboardInterrupt:
         store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
         raise
@@ -158,13 +171,10 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
         else:
             reason, trace = failure_reason(err)
         (run_dir / "error.txt").write_text(trace)
-        _try_trace(run_dir)
+        if on_failure:
+            on_failure(run_dir)
         store.finish_run(run_id, "failed", reason=reason)
         raise RunFailed(run_id, reason) from err
-    write_trace(run_dir)
-    write_scalars(run_dir)
-    store.finish_run(run_id, "completed", summary=summary)
-    return RunOutcome(run_id, run_dir, summary)
 
 
 def _try_trace(run_dir: Path) -> None:

@@ -453,3 +453,11 @@ class Store:
                 "WHERE run_id=? AND status='running'",
                 (status, reason, finished, _dumps(summary) if summary is not None else None, rid))
             return cur.rowcount
+
+
+DEFAULT_ROOT = "scalelab-runs"
+
+
+def open_store(path: Path | str | None = None) -> "Store":
+    """The store at `path`, else $SCALELAB_STORE, else ./scalelab-runs (the CLI's one rule for it)."""
+    return Store(Path(path or os.environ.get("SCALELAB_STORE", DEFAULT_ROOT)))

@@ -10,11 +10,10 @@ batch (activations), so after two fitting trials the limit is predicted from tha
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+
+import numpy as np
 
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
 
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig

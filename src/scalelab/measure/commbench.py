@@ -18,9 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import signal
 import statistics
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ import pandas as pd
 
 from scalelab import config as _config
 from scalelab.config import default_threads
-from scalelab.errors import ConfigError, ScalelabError, StoreError
+from scalelab.errors import ConfigError, StoreError
 from scalelab.launch import LOOPBACK, free_port, run_torchrun
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
@@ -308,7 +306,7 @@ def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
     """Record, launch and finish one benchmark run; raises runner.RunFailed when a rank fails."""
     from scalelab.provenance import collect_provenance
     from scalelab.report.plots import plot_busbw
-    from scalelab.runner import RunFailed, failure_reason
+    from scalelab.runner import marking_failures
 
     cfg = dataclasses.replace(cfg, backend=cfg.resolved_backend)  # store what actually runs
     run_id = store.create_run(cfg.to_dict(), collect_provenance(argv), kind="bench", study=study,
@@ -316,38 +314,18 @@ def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: bench comm {','.join(cfg.ops)}, {format_size(cfg.begin)}..{format_size(cfg.end)} "
         f"×{cfg.factor}, {cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
-    try:
+    with marking_failures(store, run_id):
         with _environ(commbench_env(cfg)):
             run_torchrun(commbench_argv(cfg, run_dir))
         table = read_results(run_dir)
         plot_busbw(table, run_dir / "busbw.png",
                    title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters} iterations per point")
         summary = summarize_table(table)
-    except KeyboardInterrupt:
-        store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
-        raise
-    except BaseException as err:  # noqa: BLE001 - every failure must leave the run marked
-        if _is_interrupt(err):
-            store.finish_run(run_id, "interrupted", reason=f"interrupted by {err}")
-            raise KeyboardInterrupt from err
-        if isinstance(err, ScalelabError):
-            reason, trace = str(err), "".join(traceback.format_exception(err))
-        else:
-            reason, trace = failure_reason(err)
-        (run_dir / "error.txt").write_text(trace)
-        store.finish_run(run_id, "failed", reason=reason)
-        raise RunFailed(run_id, reason) from err
     # A bandwidth measured on wrong results means nothing: the run is kept, with its table, but marked failed.
     reason = wrong_reason(table)
     status = "failed" if reason else "completed"
     store.finish_run(run_id, status, reason=reason, summary=summary)
     return BenchOutcome(run_id, run_dir, table, summary, status, reason)
-
-
-def _is_interrupt(err: BaseException) -> bool:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    return isinstance(err, SignalException) and err.sigval in (signal.SIGINT, signal.SIGTERM)
 
 
 def results_rich_table(table: pd.DataFrame, title: str | None = None):
