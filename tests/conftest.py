@@ -74,3 +74,38 @@ def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, e
 
     return subprocess.run([sys.executable, "-m", "scalelab", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=cli_env(env))
+
+
+PER_SAMPLE = 8 * 2**20
+
+HUNGRY = """
+import os, signal
+import torch
+from torch import nn
+
+class Hungry(nn.Module):
+    '''Allocates {per} bytes per training sample in forward.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
+
+    def forward(self, x):
+        out = self.fc(x.flatten(1))
+        if self.training:
+            {kill}
+            if {rank_only} is None or os.environ.get("RANK") == str({rank_only}):
+                buf = torch.ones(x.shape[0], {per} // 4)
+                out = out + buf.mean(1, keepdim=True) * 0
+        return out
+
+def make(spec):
+    return Hungry(spec)
+"""
+
+
+def hungry_model(tmp_path, kill_above=None, rank_only=None) -> str:
+    """Ref 'file.py:make' of a model allocating PER_SAMPLE bytes per training sample: max-batch's known truth."""
+    kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
+    path = tmp_path / "hungry.py"
+    path.write_text(HUNGRY.format(per=PER_SAMPLE, kill=kill, rank_only=rank_only))
+    return f"{path}:make"

@@ -5,44 +5,11 @@ import math
 
 import pytest
 
+from conftest import PER_SAMPLE, hungry_model as model_file
 from scalelab.config import TrainConfig
 from scalelab.experiments.maxbatch import max_batch
 
 pytestmark = pytest.mark.timeout(240)
-PER_SAMPLE = 8 * 2**20
-
-HUNGRY = """
-import os, signal
-import torch
-from torch import nn
-
-class Hungry(nn.Module):
-    '''Allocates {per} bytes per training sample in forward{extra}.'''
-    def __init__(self, spec):
-        super().__init__()
-        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
-
-    def forward(self, x):
-        out = self.fc(x.flatten(1))
-        if self.training:
-            {kill}
-            if {rank_only} is None or os.environ.get("RANK") == str({rank_only}):
-                buf = torch.ones(x.shape[0], {per} // 4)
-                out = out + buf.mean(1, keepdim=True) * 0
-        return out
-
-def make(spec):
-    return Hungry(spec)
-"""
-
-
-def model_file(tmp_path, kill_above=None, rank_only=None) -> str:
-    kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
-    path = tmp_path / "hungry.py"
-    path.write_text(HUNGRY.format(per=PER_SAMPLE, extra="", kill=kill, rank_only=rank_only))
-    return f"{path}:make"
-
-
 def test_finds_the_exact_limit_within_log2_plus_3_trials(store, tmp_path):
     limit = 12
     cap = int((limit + 0.5) * PER_SAMPLE)

@@ -1,6 +1,4 @@
 """Built-in models, activation checkpointing and user-model loading."""
-import sys
-import textwrap
 
 import pytest
 import torch

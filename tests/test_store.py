@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from scalelab import store as store_mod
 from scalelab.errors import StoreError
 from scalelab.provenance import collect_provenance, git_state
 from scalelab.store import (Store, new_run_id, read_json, read_jsonl, write_json_atomic,

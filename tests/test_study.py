@@ -6,43 +6,22 @@ import hashlib
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import hungry_model, run_cli
 from scalelab.analysis import interpret
 from scalelab.errors import ConfigError
 from scalelab.experiments.study import EXPERIMENTS, StudySpec, load_spec
 
 pytestmark = pytest.mark.timeout(600)
 
-HUNGRY = """
-import torch
-from torch import nn
-
-class Hungry(nn.Module):
-    def __init__(self, spec):
-        super().__init__()
-        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
-
-    def forward(self, x):
-        out = self.fc(x.flatten(1))
-        if self.training:
-            out = out + torch.ones(x.shape[0], 2 * 2**20).mean(1, keepdim=True) * 0
-        return out
-
-def make(spec):
-    return Hungry(spec)
-"""
-
-
 def tiny_study_yaml(tmp_path) -> str:
-    model = tmp_path / "hungry.py"
-    model.write_text(HUNGRY)
+    model = hungry_model(tmp_path)
     return f"""
 name: tiny
 base: {{model: cnn, dataset: synthetic, samples: 64, eval_samples: 16, global_batch: 16, steps: 3, warmup_steps: 1}}
 options:
   profile: {{set: {{ranks: 1}}}}
   batch_sweep: {{batches: [16, 32]}}
-  max_batch: {{memory_limit: {int(4.5 * 8 * 2**20)}, variants: [base], set: {{model: "{model}:make"}}}}
+  max_batch: {{memory_limit: {int(4.5 * 8 * 2**20)}, variants: [base], set: {{model: "{model}"}}}}
   scale: {{workers: [1, 2], batches: [16], modes: [strong], set: {{model: mlp}}}}
   strategies: {{names: [allreduce, ddp, noop], set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
   backends: {{set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
