@@ -1,10 +1,11 @@
 """Command line: parse flags, build a config, call one function. Errors in the input: one line, exit code 2.
 
     scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1
-    scalelab train --config run.yaml --ranks 4
     scalelab runs list | show RUN | compare RUN RUN...
-    scalelab slurm --config run.yaml --nodes 4 --gpus-per-node 8 > job.sbatch
-    scalelab bench comm --ops allreduce,allgather --begin 1K --end 64M --ranks 2
+    scalelab study [--quick]            # everything, then the report (cli_study.py)
+    scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling
+                                        # one experiment each (cli_experiments.py)
+    scalelab compare strategies|backends, scalelab bench comm, scalelab predict, scalelab slurm
 """
 from __future__ import annotations
 
