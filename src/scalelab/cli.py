@@ -95,6 +95,7 @@ def train(
     lr_warmup_steps: Optional[int] = typer.Option(None, help="Linear warm-up steps (linear_warmup, lars)."),
     memory_limit: Optional[str] = typer.Option(None, help="Memory a CPU rank may add beyond set-up, e.g. 4GiB."),
     run_id: Optional[str] = typer.Option(None, help="Fixed run id (nodes of one multi-node run share it)."),
+    hang_timeout_s: Optional[float] = typer.Option(None, "--hang-timeout", help="Fail the run, naming the stuck rank, when no rank makes progress for this many seconds (default 300; 0 = off)."),
     study: Optional[str] = typer.Option(None, help="Group the run under a study name."),
     store: Optional[Path] = StoreOpt,
 ) -> None:
@@ -111,7 +112,7 @@ def train(
     try:
         outcome = execute(cfg, open_store(store), argv=sys.argv, study=study, say=console.print)
     except RunFailed as err:
-        err_console.print(f"error: {err}", highlight=False)
+        err_console.print(f"error: {err}", highlight=False, soft_wrap=True)  # one line, however long
         raise typer.Exit(1)
     print_summary(outcome.run_id, outcome.summary)
 

@@ -6,6 +6,7 @@ one line on stderr and exit code 2.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -87,6 +88,7 @@ class TrainConfig:
     threads: int | None = None  # torch intra-op threads per rank (None: cores / local ranks)
     sample_interval_s: float = 0.5  # system sampler period
     run_id: str | None = None  # fixed run id (multi-node runs share one)
+    hang_timeout_s: float = 300.0  # fail the run when no rank makes progress for this long (0 = no watchdog)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -109,6 +111,8 @@ class TrainConfig:
             raise ConfigError("lr_rule", "lars", f"LARS replaces SGD; use optimizer sgd (got {self.optimizer})")
         if self.prefetch_factor is not None and self.num_workers == 0:
             raise ConfigError("prefetch_factor", self.prefetch_factor, "allowed only with num_workers > 0")
+        if not self.hang_timeout_s >= 0:  # also refuses NaN
+            raise ConfigError("hang_timeout_s", self.hang_timeout_s, "allowed: seconds >= 0 (0 turns the watchdog off)")
         if self.sample_interval_s <= 0:
             raise ConfigError("sample_interval_s", self.sample_interval_s, "allowed: a number > 0")
         if not 0 <= self.node_rank < self.nnodes:
@@ -235,10 +239,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError("config", str(path), "file not found; give the path of a YAML file")
     try:
         data = yaml.safe_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError("config", str(path), f"cannot be read ({err.strerror or type(err).__name__})") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as err:  # ValueError: bad UTF-8, !!int/!!float/dates
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError("config", str(path), f"is not valid YAML{where}") from None
+        problem = getattr(err, "problem", None) if isinstance(err, yaml.YAMLError) else str(err)
+        detail = f": {' '.join(str(problem).split())[:200]}" if problem else ""
+        raise ConfigError("config", str(path), f"is not valid YAML{where}{detail}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -254,6 +262,10 @@ def _check_types(cfg: TrainConfig) -> None:
         if not any(_is_instance(value, a) for a in allowed):
             names = ", ".join(repr(a) if not isinstance(a, type) else a.__name__ for a in allowed)
             raise ConfigError(f.name, value, f"allowed: {names}")
+        if isinstance(value, float) and not math.isfinite(value):  # NaN passes every `<` check below
+            raise ConfigError(f.name, value, "allowed: a finite number")
+        if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            raise ConfigError(f.name, value, "allowed: an integer that fits in 64 bits (|value| < 2**63)")
 
 
 def _allowed(hint: Any) -> list[Any]:
@@ -289,7 +301,7 @@ def _positive(cfg: TrainConfig, *names: str) -> None:
 
 def _check_endpoint(endpoint: str) -> None:
     host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError("rdzv_endpoint", endpoint, "allowed: host:port with port 1..65535")
 
 

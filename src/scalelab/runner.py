@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,12 +17,13 @@ from pathlib import Path
 
 from scalelab.analysis.summary import loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig
-from scalelab.errors import ScalelabError, StoreError
+from scalelab.errors import ConfigError, ScalelabError, StoreError
 from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
 from scalelab.provenance import collect_provenance
 from scalelab.report.tensorboard import write_scalars
 from scalelab.report.trace import write_trace
 from scalelab.store import Store, read_json, read_jsonl
+from scalelab.watchdog import Watchdog
 
 
 class RunFailed(Exception):
@@ -43,7 +45,11 @@ def check_inputs(cfg: TrainConfig) -> None:
     """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
     from scalelab.train.setup import build_inputs
 
-    build_inputs(cfg)
+    bundle, _ = build_inputs(cfg)
+    n = len(bundle.train)
+    if cfg.drop_last and n < cfg.global_batch:  # no full batch: an epoch of zero steps
+        raise ConfigError("global_batch", cfg.global_batch, f"more than the {n} training samples of "
+                          f"{cfg.dataset} with drop_last; allowed: at most {n}, or keep the last batch")
 
 
 def collect_summary(run_dir: Path) -> dict:
@@ -85,10 +91,20 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
     return f"rank 0 raised {text[0] if text else type(err).__name__}", "".join(traceback.format_exception(err))
 
 
-def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool) -> None:
+def _uses_torchrun(cfg: TrainConfig, isolate: bool) -> bool:
     # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
     # max-batch trial whose out-of-memory must not touch the caller): then torchrun starts it as one rank.
-    if not cfg.distributed and not cfg.memory_limit and not isolate:
+    return cfg.distributed or bool(cfg.memory_limit) or isolate
+
+
+def _interrupt_main_thread(_beats) -> None:
+    # An in-process rank hangs in this very process: a real SIGINT to the main thread wakes a blocking sleep or
+    # wait; marking_failures then sees the watchdog's verdict and marks the run failed, not interrupted.
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool) -> None:
+    if not _uses_torchrun(cfg, isolate):
         from scalelab.worker import run_rank
 
         import torch
@@ -143,7 +159,12 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     run_dir = store.run_dir(run_id)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
         f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
-    with marking_failures(store, run_id, on_failure=_try_trace):
+    local_ranks = list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks))
+    for stale in run_dir.glob("heartbeat.rank*.json"):  # a resumed run's old heartbeats must not count
+        stale.unlink()
+    dog = Watchdog(run_dir, local_ranks, cfg.hang_timeout_s, abort=None if _uses_torchrun(cfg, isolate) else
+                   _interrupt_main_thread)
+    with marking_failures(store, run_id, on_failure=_try_trace, verdict=lambda: dog.verdict), dog:
         _launch(cfg, run_dir, isolate)
         summary = collect_summary(run_dir)
     write_trace(run_dir)
@@ -153,20 +174,25 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
 
 
 @contextlib.contextmanager
-def marking_failures(store: Store, run_id: str, *, on_failure: Callable[[Path], None] | None = None):
+def marking_failures(store: Store, run_id: str, *, on_failure: Callable[[Path], None] | None = None,
+                     verdict: Callable[[], str | None] = lambda: None):
     """Leave the run marked whatever escapes the block: interrupted (re-raised as KeyboardInterrupt) or failed
-    with its root cause and traceback in error.txt (raised as RunFailed)."""
+    with its root cause and traceback in error.txt (raised as RunFailed). `verdict` is the hang watchdog's: when
+    it ended the run, it is the root cause, whatever the killed ranks reported."""
     run_dir = store.run_dir(run_id)
     try:
         yield
-    except KeyboardInterrupt:
-        store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
-        raise
     except BaseException as err:  # noqa: BLE001 - every failure must leave the run marked
-        if _is_interrupt(err):
+        hung = verdict()
+        if not hung and isinstance(err, KeyboardInterrupt):
+            store.finish_run(run_id, "interrupted", reason="interrupted by the user (SIGINT)")
+            raise
+        if not hung and _is_interrupt(err):
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {err}")
             raise KeyboardInterrupt from err
-        if isinstance(err, ScalelabError):
+        if hung:
+            reason, trace = hung, "".join(traceback.format_exception(err))
+        elif isinstance(err, ScalelabError):
             reason, trace = str(err), "".join(traceback.format_exception(err))
         else:
             reason, trace = failure_reason(err)

@@ -21,6 +21,7 @@ from scalelab.measure.system import SystemSampler
 from scalelab.store import read_json, write_json_atomic
 from scalelab.train.loop import train
 from scalelab.train.setup import build_inputs
+from scalelab.watchdog import Heartbeat
 
 
 def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
@@ -30,6 +31,8 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
         torch.cuda.set_device(ctx.device)
     sampler = SystemSampler(run_dir / f"system.rank{ctx.rank}.jsonl", cfg.sample_interval_s, rank=ctx.rank,
                             gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start()
+    heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
+                 if cfg.hang_timeout_s > 0 else None)
     try:
         if cfg.distributed and not dist.is_initialized():
             dist.init_process_group(cfg.resolved_backend, rank=ctx.rank, world_size=ctx.world,
@@ -41,12 +44,14 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
             cap_address_space(baseline, cfg.memory_limit)
         else:
             baseline = training_baseline()
-        result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True))
+        result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat)
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
         write_json_atomic(run_dir / f"result.rank{ctx.rank}.json", result)
         return result
     finally:
         sampler.stop()
+        if heartbeat:
+            heartbeat.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 

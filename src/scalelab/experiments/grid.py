@@ -48,18 +48,25 @@ class CellResult:
     reason: str | None = None
 
 
+OPERATIONAL = ("run_id", "hang_timeout_s", "checkpoint_every")
+
+
 def cell_key(cfg: TrainConfig) -> str:
     """A stable identity for the run a config describes (the run id itself is not part of it)."""
     data = cfg.resolved().to_dict()
-    data.pop("run_id", None)
+    for name in OPERATIONAL:  # how a run is operated, not what it measures
+        data.pop(name, None)
     return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def completed_cells(store: Store, study: str) -> dict[str, str]:
-    """cell key -> run id of every completed run of the study."""
+def completed_cells(store: Store, study: str, *, known: Iterable[str] = ()) -> dict[str, str]:
+    """cell key -> run id of every completed run of the study (runs in `known` are left out: already read)."""
     runs = store.list_runs(study=study, status="completed")
+    known = set(known)
     out: dict[str, str] = {}
     for run_id in runs["run_id"]:
+        if run_id in known:
+            continue
         config = store.get(run_id)["config"]
         try:
             out[cell_key(TrainConfig.from_dict(config))] = run_id
@@ -88,16 +95,50 @@ def run_grid(study: str, cells: Iterable[Cell], store: Store, *, say: Callable[[
         if REPLAY.get():
             results.append(CellResult(cell.label, None, "missing", "not in the store"))
             continue
-        say(f"{prefix}: running")
-        try:
-            outcome = execute(cell.config, store, study=study, say=lambda s: None)
-        except RunFailed as err:
-            say(f"{prefix}: failed: {err.reason}")
-            results.append(CellResult(cell.label, err.run_id, "failed", err.reason))
-            continue
+        with cell_claim(store, study, key, on_wait=lambda: say(f"{prefix}: another process is running this "
+                                                                   "cell; waiting for it")):
+            # The same study may run in another process at once (same store): whatever it completed meanwhile
+            # is not run again.
+            done.update(completed_cells(store, study, known=done.values()))
+            if key in done:
+                say(f"{prefix}: done meanwhile by another process ({done[key]}), skipped")
+                results.append(CellResult(cell.label, done[key], "skipped"))
+                continue
+            say(f"{prefix}: running")
+            try:
+                outcome = execute(cell.config, store, study=study, say=lambda s: None)
+            except RunFailed as err:
+                say(f"{prefix}: failed: {err.reason}")
+                results.append(CellResult(cell.label, err.run_id, "failed", err.reason))
+                continue
         done[key] = outcome.run_id
         results.append(CellResult(cell.label, outcome.run_id, "completed"))
     return results
+
+
+@contextmanager
+def cell_claim(store: Store, study: str, key: str, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold this study cell for the block, across processes sharing the store: an exclusive flock on a file
+    under STORE/locks. A second process waits for the first, then finds the cell completed. The kernel drops
+    the lock when its holder exits, however it ends (Ctrl-C, kill -9), so a lock is never left stale."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no claim, concurrent identical studies may repeat cells
+        yield
+        return
+    folder = store.root / "locks"
+    folder.mkdir(exist_ok=True)
+    name = hashlib.sha1(f"{study}\0{key}".encode()).hexdigest()[:20]
+    with open(folder / f"cell-{name}.lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def study_runs(store: Store, study: str) -> list[dict]:

@@ -20,9 +20,11 @@ STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
 class StepTimer:
     """Accumulates named spans inside one step; `end_step` returns seconds per stage plus `wall` and `other`."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None,
+                 on_enter: Callable[[str], None] | None = None):
         self._clock = clock
         self._sync = sync
+        self._on_enter = on_enter  # told the name of every span as it begins (the hang watchdog's heartbeat)
         self._t0: float | None = None
         self._spans: dict[str, float] = {}
 
@@ -36,6 +38,8 @@ class StepTimer:
     def span(self, name: str) -> Iterator[None]:
         if self._t0 is None:
             raise RuntimeError("span() outside a step: call start_step() first")
+        if self._on_enter:
+            self._on_enter(name)
         if self._sync:
             self._sync()
         begin = self._clock()

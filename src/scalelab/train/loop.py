@@ -26,6 +26,7 @@ from scalelab.store import write_jsonl_atomic
 from scalelab.train.lr import lr_at, set_lr
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
+from scalelab.watchdog import Heartbeat
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
 PROGRESS_EVERY_S = 2.0
@@ -73,7 +74,8 @@ def autocast_for(cfg: TrainConfig, device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Dataset, cfg: TrainConfig, ctx: DistContext) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, data: Dataset, cfg: TrainConfig, ctx: DistContext,
+             heartbeat: Heartbeat | None = None) -> dict[str, float]:
     """Loss and accuracy on the whole eval set; ranks evaluate disjoint shards and sum their counts."""
     was_training = model.training
     model.eval()
@@ -87,6 +89,8 @@ def evaluate(model: torch.nn.Module, data: Dataset, cfg: TrainConfig, ctx: DistC
             logits = model(x)
         loss, correct = loss_and_correct(logits, y)
         totals += torch.tensor([loss.item() * y.numel(), correct.item(), y.numel()], dtype=torch.float64)
+        if heartbeat:  # a long evaluation is progress, not a hang
+            heartbeat.enter("eval")
     if ctx.world > 1 and dist.is_initialized():
         dist.all_reduce(totals)  # one collective per evaluation, outside the timed training stages
     model.train(was_training)
@@ -122,7 +126,8 @@ def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
 
 
 def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
-          *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print) -> dict:
+          *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print,
+          heartbeat: Heartbeat | None = None) -> dict:
     """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result."""
     device = ctx.device
     model = model.to(device)
@@ -133,7 +138,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     steps_per_epoch = len(sampler)
     n_steps = total_steps(cfg, steps_per_epoch)
     epochs = math.ceil(n_steps / steps_per_epoch)
-    timer = StepTimer(clock, sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
+    timer = StepTimer(clock, sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
+                      on_enter=heartbeat.enter if heartbeat else None)
     log = StepLog(run_dir / f"steps.rank{ctx.rank}.jsonl")
     evals: list[dict] = []
     reset_peak(device)
@@ -184,12 +190,14 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 step += 1
+                if heartbeat:
+                    heartbeat.step = step
                 last_of_epoch = i == steps_per_epoch - 1 or step == n_steps
                 due = (cfg.eval_every and step % cfg.eval_every == 0) or (
                     last_of_epoch and (not cfg.eval_every or step == n_steps))
                 if due:
                     with timer.span("eval"):
-                        result = evaluate(model, bundle.eval, cfg, ctx)
+                        result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
                     evals.append({"step": step, "epoch": epoch, **result})
                 times = timer.end_step()
                 record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps, "lr": lr,

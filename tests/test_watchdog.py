@@ -1,0 +1,130 @@
+"""The hang watchdog: its verdict on fixed heartbeats and a fixed clock, and a real 2-rank run with a rank that
+sleeps: the run fails within the timeout, naming that rank."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from conftest import cli_env
+from scalelab.store import Store, write_json_atomic
+from scalelab.watchdog import Heartbeat, Watchdog, diagnose, heartbeat_path
+
+
+def beat(step, stage, progress=1):
+    return {"rank": 0, "pid": 1, "host": "h", "step": step, "stage": stage, "progress": progress, "t(unix_s)": 0.0}
+
+
+def test_no_verdict_while_any_rank_progresses():
+    beats = {0: beat(5, "backward"), 1: beat(5, "forward")}
+    assert diagnose(beats, {0: 100.0, 1: 3.0}, 30, [0, 1]) is None
+
+
+def test_the_rank_furthest_behind_is_named():
+    # rank 0 waits in backward (DDP's allreduce) for rank 1, which never leaves forward
+    beats = {0: beat(5, "backward"), 1: beat(5, "forward")}
+    verdict = diagnose(beats, {0: 31.0, 1: 40.0}, 30, [0, 1])
+    assert verdict.startswith("rank 1 hung: no progress for 40 s (hang timeout 30 s)")
+    assert "rank 0 at step 5 (backward)" in verdict and "rank 1 at step 5 (forward)" in verdict
+
+
+def test_a_rank_a_step_behind_is_named_and_finished_ranks_are_ignored():
+    beats = {0: beat(7, "comm"), 1: beat(6, "comm"), 2: beat(9, "done")}
+    verdict = diagnose(beats, {0: 50.0, 1: 50.0, 2: 50.0}, 30, [0, 1, 2])
+    assert verdict.startswith("rank 1 hung")
+    assert diagnose({0: beat(9, "done")}, {0: 99.0}, 30, [0]) is None
+
+
+def test_a_rank_that_never_started_is_named():
+    verdict = diagnose({0: beat(0, "setup"), 1: None}, {0: 31.0, 1: 31.0}, 30, [0, 1])
+    assert verdict.startswith("rank 1 never started")
+
+
+def test_watchdog_measures_idle_time_on_its_own_clock(tmp_path):
+    now = [100.0]
+    aborted = []
+    dog = Watchdog(tmp_path, [0, 1], 10, abort=aborted.append, clock=lambda: now[0])
+    for r in (0, 1):
+        write_json_atomic(heartbeat_path(tmp_path, r), {**beat(3, "forward", progress=4), "rank": r})
+    assert dog.check() is None
+    now[0] = 109.0
+    write_json_atomic(heartbeat_path(tmp_path, 0), {**beat(3, "backward", progress=5), "rank": 0})
+    assert dog.check() is None  # rank 0 moved at 109
+    now[0] = 115.0
+    assert dog.check() is None  # rank 0 idle only 6 s
+    now[0] = 119.5
+    verdict = dog.check()
+    assert verdict.startswith("rank 1 hung: no progress for 20 s") and len(aborted) == 1
+
+
+def test_heartbeat_publishes_progress(tmp_path):
+    hb = Heartbeat(tmp_path, 3, interval_s=0.05).start()
+    hb.enter("forward")
+    hb.step = 2
+    time.sleep(0.3)
+    from scalelab.store import read_json
+
+    seen = read_json(heartbeat_path(tmp_path, 3))
+    assert (seen["rank"], seen["step"], seen["stage"], seen["progress"]) == (3, 2, "forward", 1)
+    hb.stop()
+    assert read_json(heartbeat_path(tmp_path, 3))["stage"] == "done"
+
+
+STUCK_MODEL = """
+import os, time
+import torch
+from torch import nn
+
+class Stuck(nn.Module):
+    '''Rank {rank} sleeps for an hour in the forward of its 5th training step: a hang.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 5 and os.environ.get("RANK", "0") == "{rank}":
+                time.sleep(3600)
+        return self.fc(x.flatten(1))
+
+def make(spec):
+    return Stuck(spec)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_a_sleeping_rank_fails_the_run_within_the_timeout_naming_it(tmp_path, ranks):
+    path = tmp_path / "stuck.py"
+    stuck_rank = ranks - 1
+    path.write_text(textwrap.dedent(STUCK_MODEL.format(rank=stuck_rank)))
+    root = tmp_path / "store"
+    timeout = 8
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--model", f"{path}:make",
+                             "--samples", "512", "--global-batch", "8", "--ranks", str(ranks), "--steps", "50",
+                             "--hang-timeout", str(timeout), "--store", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    started = time.monotonic()
+    family = [psutil.Process(proc.pid)]
+    while proc.poll() is None and time.monotonic() - started < 30 and len(family) < 1 + (ranks if ranks > 1 else 0):
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=150)
+    assert proc.returncode == 1, err[-1500:]
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    reason = runs["reason"][0]
+    assert reason.startswith(f"rank {stuck_rank} hung: no progress for"), reason
+    assert f"hang timeout {timeout} s" in reason and f"rank {stuck_rank} at step 4 (forward)" in reason
+    assert f"rank {stuck_rank} hung" in err
+    _, alive = psutil.wait_procs(family, timeout=15)
+    assert not alive
+    # the run's records and the error trace are kept
+    run_dir = Store(root).run_dir(runs["run_id"][0])
+    assert (run_dir / "error.txt").exists() and (run_dir / "steps.rank0.jsonl").exists()
