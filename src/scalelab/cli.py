@@ -96,21 +96,30 @@ def train(
     memory_limit: Optional[str] = typer.Option(None, help="Memory a CPU rank may add beyond set-up, e.g. 4GiB."),
     run_id: Optional[str] = typer.Option(None, help="Fixed run id (nodes of one multi-node run share it)."),
     hang_timeout_s: Optional[float] = typer.Option(None, "--hang-timeout", help="Fail the run, naming the stuck rank, when no rank makes progress for this many seconds (default 300; 0 = off)."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Write a resumable checkpoint every N steps (0 = never)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue this failed or interrupted run from its last checkpoint (its stored config; no other config flags)."),
     study: Optional[str] = typer.Option(None, help="Group the run under a study name."),
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """Train once, measuring every step's stages; store the run and print its summary."""
-    flags = {k: v for k, v in locals().items() if k not in ("config", "store", "study") and v is not None}
+    flags = {k: v for k, v in locals().items() if k not in ("config", "store", "study", "resume") and v is not None}
     from scalelab.cli_experiments import parse_bytes
-    from scalelab.runner import RunFailed, execute
+    from scalelab.runner import RunFailed, execute, resume_run
 
-    if "memory_limit" in flags:
-        flags["memory_limit"] = parse_bytes(flags["memory_limit"], "memory_limit")
-    data = load_yaml(config) if config else {}
-    data.update(flags)
-    cfg = TrainConfig.from_dict(data)
+    if resume is not None and (flags or config or study):
+        extra = ", ".join(f"--{k.replace('_', '-')}" for k in [*flags, *(["config"] if config else []),
+                                                               *(["study"] if study else [])])
+        raise typer.BadParameter(f"a resumed run keeps its stored config; drop {extra}", param_hint="--resume")
     try:
-        outcome = execute(cfg, open_store(store), argv=sys.argv, study=study, say=console.print)
+        if resume is not None:
+            outcome = resume_run(resume, open_store(store), say=console.print)
+        else:
+            if "memory_limit" in flags:
+                flags["memory_limit"] = parse_bytes(flags["memory_limit"], "memory_limit")
+            data = load_yaml(config) if config else {}
+            data.update(flags)
+            cfg = TrainConfig.from_dict(data)
+            outcome = execute(cfg, open_store(store), argv=sys.argv, study=study, say=console.print)
     except RunFailed as err:
         err_console.print(f"error: {err}", highlight=False, soft_wrap=True)  # one line, however long
         raise typer.Exit(1)

@@ -89,6 +89,7 @@ class TrainConfig:
     sample_interval_s: float = 0.5  # system sampler period
     run_id: str | None = None  # fixed run id (multi-node runs share one)
     hang_timeout_s: float = 300.0  # fail the run when no rank makes progress for this long (0 = no watchdog)
+    checkpoint_every: int = 0  # write a resumable checkpoint every N optimizer steps (0 = never)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -100,7 +101,7 @@ class TrainConfig:
         if not 0 <= self.momentum < 1:
             raise ConfigError("momentum", self.momentum, "allowed: 0 <= momentum < 1")
         for name in ("weight_decay", "warmup_steps", "eval_every", "num_workers", "checkpoint_segments", "seed",
-                     "lr_warmup_steps"):
+                     "lr_warmup_steps", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), "allowed: an integer >= 0")
         for name in ("samples", "eval_samples", "prefetch_factor", "threads", "base_batch", "memory_limit"):

@@ -103,20 +103,20 @@ def _interrupt_main_thread(_beats) -> None:
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
-def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool) -> None:
+def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool, resume: bool = False) -> None:
     if not _uses_torchrun(cfg, isolate):
         from scalelab.worker import run_rank
 
         import torch
 
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
-        run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device))
+        run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
         return
     saved = {k: os.environ.get(k) for k in worker_env(cfg)}
     os.environ.update(worker_env(cfg))
     try:
         with _agent_log_level(logging.CRITICAL if isolate else None):
-            run_torchrun(torchrun_argv(cfg, run_dir, quiet=isolate))
+            run_torchrun(torchrun_argv(cfg, run_dir, quiet=isolate, resume=resume))
     finally:
         for key, value in saved.items():
             if value is None:
@@ -156,16 +156,43 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
     cfg = cfg.resolved()
     run_id = _open_run(cfg, store, argv, study)
-    run_dir = store.run_dir(run_id)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
         f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
+    return _run(cfg, store, run_id, isolate=isolate)
+
+
+def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print) -> RunOutcome:
+    """Continue a failed or interrupted run from its last checkpoint, in its own directory and catalog row."""
+    from scalelab.train import checkpoint
+
+    store.mark_stale()  # a run whose process died with the machine is "interrupted", not "running"
+    info = store.get(run_id)
+    rid, run_dir = info["run_id"], Path(info["dir"])
+    if info["kind"] != "train" or info["status"] not in ("failed", "interrupted"):
+        raise ScalelabError(f"run {rid}: is a {info['kind']} run with status {info['status']}; "
+                            "only a failed or interrupted training run can be resumed")
+    step = checkpoint.latest_step(run_dir)
+    if step is None:
+        raise ScalelabError(f"run {rid}: has no checkpoint to resume from (it ran without --checkpoint-every); "
+                            "start it again instead")
+    cfg = TrainConfig.from_dict(info["config"])
+    check_inputs(cfg)
+    for stale in [*run_dir.glob("result.rank*.json"), run_dir / "error.txt"]:
+        stale.unlink(missing_ok=True)  # from the attempt that stopped; this attempt writes its own
+    store.reopen_run(rid)
+    say(f"run {rid}: resuming from the checkpoint at step {step}")
+    return _run(cfg, store, rid, isolate=False, resume=True)
+
+
+def _run(cfg: TrainConfig, store: Store, run_id: str, *, isolate: bool, resume: bool = False) -> RunOutcome:
+    run_dir = store.run_dir(run_id)
     local_ranks = list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks))
     for stale in run_dir.glob("heartbeat.rank*.json"):  # a resumed run's old heartbeats must not count
         stale.unlink()
     dog = Watchdog(run_dir, local_ranks, cfg.hang_timeout_s, abort=None if _uses_torchrun(cfg, isolate) else
                    _interrupt_main_thread)
     with marking_failures(store, run_id, on_failure=_try_trace, verdict=lambda: dog.verdict), dog:
-        _launch(cfg, run_dir, isolate)
+        _launch(cfg, run_dir, isolate, resume)
         summary = collect_summary(run_dir)
     write_trace(run_dir)
     write_scalars(run_dir)

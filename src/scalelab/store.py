@@ -346,6 +346,19 @@ class Store:
         with self._connect() as conn:
             conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id=?", (*args, rid))
 
+    def reopen_run(self, run_id: str) -> None:
+        """A failed or interrupted run goes back to "running" in this process (it is being resumed); the reason it
+        stopped is kept in status.json's history."""
+        rid = self._resolve(run_id)
+        path = self.run_dir(rid) / "status.json"
+        st = read_json(path)
+        history = [*st.get("history", []), {k: st.get(k) for k in ("status", "reason", "finished")}]
+        st.update(status="running", reason=None, finished=None, history=history, pid=os.getpid(),
+                  pid_create_time=_own_create_time(), host=socket.gethostname())
+        write_json_atomic(path, st)
+        with self._connect() as conn:
+            conn.execute("UPDATE runs SET status='running', reason=NULL, finished=NULL WHERE run_id=?", (rid,))
+
     def _write_status(self, rid: str, status: str, reason: str | None, finished: str) -> None:
         path = self.run_dir(rid) / "status.json"
         try:

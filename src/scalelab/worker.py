@@ -6,8 +6,11 @@ steps.rank<r>.jsonl, system.rank<r>.jsonl and result.rank<r>.json. The parent pr
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -19,13 +22,15 @@ from scalelab.launch import DistContext, dist_context
 from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
 from scalelab.store import read_json, write_json_atomic
+from scalelab.train import checkpoint
 from scalelab.train.loop import train
 from scalelab.train.setup import build_inputs
 from scalelab.watchdog import Heartbeat
 
 
-def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
-    """Set up this rank, train, and write its result file. Always closes the sampler and the process group."""
+def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False) -> dict:
+    """Set up this rank, train (from the run's last checkpoint if `resume`), and write its result file. Always
+    closes the sampler and the process group."""
     torch.set_num_threads(cfg.threads or default_threads(ctx.local_world))
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
@@ -44,7 +49,9 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext) -> dict:
             cap_address_space(baseline, cfg.memory_limit)
         else:
             baseline = training_baseline()
-        result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat)
+        ckpt = checkpoint.load(run_dir, ctx.rank, ctx.device) if resume else None
+        result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,
+                       resume=ckpt)
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
         write_json_atomic(run_dir / f"result.rank{ctx.rank}.json", result)
         return result
@@ -79,14 +86,31 @@ def _exit_on_sigterm(signum, _frame):
     sys.exit(128 + signum)
 
 
+def _end_with_parent(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+    """If the launching process dies without stopping us (kill -9 of scalelab, which hosts torchrun's agent),
+    end this rank instead of training on as an orphan: SIGTERM ourselves (records flushed), then exit hard."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)  # still here: the main thread is blocked in C++ and cannot run the handler
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 @record
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m scalelab.worker")
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _end_with_parent()
     cfg = TrainConfig.from_dict(read_json(args.run_dir / "config.json"))
-    run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device))
+    run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ from scalelab.config import TrainConfig
 from scalelab.launch import DistContext
 from scalelab.measure.memory import peak_memory, reset_peak
 from scalelab.measure.timer import StepTimer
-from scalelab.store import write_jsonl_atomic
+from scalelab.store import read_jsonl, write_jsonl_atomic
+from scalelab.train import checkpoint
 from scalelab.train.lr import lr_at, set_lr
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
@@ -127,8 +128,9 @@ def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
 
 def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
           *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print,
-          heartbeat: Heartbeat | None = None) -> dict:
-    """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result."""
+          heartbeat: Heartbeat | None = None, resume: checkpoint.Checkpoint | None = None) -> dict:
+    """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result.
+    With `resume`, continue from that checkpoint: its weights, optimizer, RNG, step and records so far."""
     device = ctx.device
     model = model.to(device)
     net, sync = wrap_model(model, cfg, ctx)  # sync is None without a process group
@@ -142,16 +144,23 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                       on_enter=heartbeat.enter if heartbeat else None)
     log = StepLog(run_dir / f"steps.rank{ctx.rank}.jsonl")
     evals: list[dict] = []
+    step = 0
+    if resume:
+        checkpoint.restore(resume, model, optimizer, scaler)
+        step, evals = resume.step, list(resume.state["evals"])
+        if log.path.exists():  # steps after the checkpoint are run again, so their old records go
+            log.records = [r for r in read_jsonl(log.path) if r["step"] <= step]
     reset_peak(device)
-    step, t_start, last_progress = 0, time.monotonic(), time.monotonic()
+    t_start, last_progress, first_step = time.monotonic(), time.monotonic(), step
     net.train()
     try:
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)  # a new permutation every epoch, the same on every rank
+        for epoch in range(step // steps_per_epoch, epochs):
+            skip = step - epoch * steps_per_epoch  # > 0 only in the epoch a resumed run starts in
+            sampler.set_epoch(epoch, skip)  # a new permutation every epoch, the same on every rank
             if hasattr(bundle.train, "set_epoch"):  # per-epoch augmentation; reaches workers started below
                 bundle.train.set_epoch(epoch)
             batches = iter(loader)
-            for i in range(steps_per_epoch):
+            for i in range(skip, steps_per_epoch):
                 if step >= n_steps:
                     break
                 timer.start_step()
@@ -200,17 +209,28 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
                     evals.append({"step": step, "epoch": epoch, **result})
                 times = timer.end_step()
-                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= cfg.warmup_steps, "lr": lr,
+                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= first_step + cfg.warmup_steps, "lr": lr,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
                           **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
                           "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
                 if sync:
                     record.update(sync.meter.take_step())
-                log.add(record, loss.detach(), correct.detach())
-                log.maybe_flush()
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps:
+                    # outside the step's timed wall: checkpointing is not a training stage
+                    if heartbeat:
+                        heartbeat.enter("checkpoint")
+                    began = time.perf_counter()
+                    checkpoint.save(run_dir, rank=ctx.rank, step=step, epoch=epoch, model=model,
+                                    optimizer=optimizer, scaler=scaler, evals=evals)
+                    record["checkpoint(s)"] = time.perf_counter() - began
+                    log.add(record, loss.detach(), correct.detach())
+                    log.flush()  # the records on disk reach at least the checkpoint
+                else:
+                    log.add(record, loss.detach(), correct.detach())
+                    log.maybe_flush()
                 if ctx.is_main and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
-                    rate = step * cfg.global_batch / (last_progress - t_start)
+                    rate = (step - first_step) * cfg.global_batch / (last_progress - t_start)
                     say(f"epoch {epoch + 1}/{epochs} step {step}/{n_steps} loss {loss.item():.4f} "
                         f"{rate:,.0f} samples/s")
     finally:

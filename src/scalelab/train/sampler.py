@@ -25,10 +25,12 @@ class ShardedBatchSampler:
         self.n, self.global_batch, self.rank, self.world = n, global_batch, rank, world
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.epoch = 0
+        self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Must be called before each epoch: the permutation depends on it, so the order changes every epoch."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Must be called before each epoch: the permutation depends on it, so the order changes every epoch.
+        `skip`: start at this batch of the epoch (a resumed run continues where its checkpoint was taken)."""
+        self.epoch, self.skip = epoch, skip
 
     def __len__(self) -> int:
         full, rest = divmod(self.n, self.global_batch)
@@ -44,11 +46,11 @@ class ShardedBatchSampler:
         order = self._order()
         per_rank = self.global_batch // self.world
         full = self.n // self.global_batch
-        for b in range(full):
+        for b in range(self.skip, full):
             start = b * self.global_batch + self.rank * per_rank
             yield order[start:start + per_rank]
         rest = order[full * self.global_batch:]
-        if rest and not self.drop_last:
+        if rest and not self.drop_last and self.skip <= full:
             if len(rest) < self.world:
                 rest = rest + order[: self.world - len(rest)]
             k, m = divmod(len(rest), self.world)
