@@ -81,3 +81,22 @@ def test_sigkill_of_one_rank_mid_epoch_fails_the_run_cleanly(tmp_path, sleepy_mo
     assert "rank 1" in reason and "SIGKILL" in reason, reason
     assert "rank 1" in err and "SIGKILL" in err, err[-800:]
     assert read_jsonl(run_dir / "steps.rank0.jsonl"), "records flushed before the kill were lost"
+
+
+def test_ranks_end_when_scalelab_itself_is_killed(tmp_path, sleepy_model):
+    """kill -9 of scalelab takes torchrun's agent with it (it runs in-process): the ranks must not train on as
+    orphans. Each rank watches its parent and ends itself, flushing its records."""
+    root = tmp_path / "store"
+    proc = _start(["--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
+                   "--epochs", "3"], root)
+    run_dir = _wait_for_steps(proc, root, rank=1)
+    ranks = [p for p in _run_processes(proc)[1:] if "scalelab.worker" in " ".join(p.cmdline())]
+    assert len(ranks) == 2
+    proc.kill()
+    proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(ranks, timeout=20)
+    assert not alive, f"orphaned ranks: {[p.pid for p in alive]}"
+    assert read_jsonl(run_dir / "steps.rank1.jsonl")
+    # the catalog still says running; the next command that looks finds its process gone
+    assert Store(root).mark_stale() == 1
+    assert list(Store(root).list_runs()["status"]) == ["interrupted"]
