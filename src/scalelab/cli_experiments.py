@@ -46,7 +46,10 @@ def parse_sets(sets: list[str] | None) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError("--set", item, "allowed: FIELD=VALUE, e.g. --set lr=0.1")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        try:
+            out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        except (yaml.YAMLError, ValueError, RecursionError):
+            raise ConfigError("--set", item, "VALUE is not valid YAML; e.g. --set lr=0.1 or --set model=cnn") from None
     return out
 
 
@@ -174,7 +177,7 @@ def parse_bytes(text: str | None, field: str) -> int | None:
         value = float(num) * units[unit]
     except ValueError:
         raise ConfigError(field, text, "allowed: a size like 4GiB, 512MiB or a number of bytes") from None
-    if value < 1:
+    if not 1 <= value < float("inf"):  # also refuses nan and inf, which int() cannot convert
         raise ConfigError(field, text, "allowed: a size > 0, like 4GiB")
     return int(value)
 

@@ -10,7 +10,16 @@ class ConfigError(ScalelabError, ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: {value!r} is not allowed; {allowed}")
+        super().__init__(f"{field}: {_short_repr(value)} is not allowed; {allowed}")
+
+
+def _short_repr(value: object, limit: int = 300) -> str:
+    """repr() cut to `limit` characters: a 5000-digit int cannot even be repr'd, a huge list must not flood the line."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # ints over sys.get_int_max_str_digits()
+        return f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class DataError(ScalelabError):

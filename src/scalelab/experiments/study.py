@@ -31,12 +31,24 @@ class StudySpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ConfigError("study.name", self.name, "allowed: a non-empty name without '/'")
+        if not isinstance(self.experiments, (list, tuple)):
+            raise ConfigError("study.experiments", self.experiments, f"allowed: a list of {', '.join(EXPERIMENTS)}")
+        if not isinstance(self.quick, bool):
+            raise ConfigError("study.quick", self.quick, "allowed: true or false")
+        if not isinstance(self.base, dict):
+            raise ConfigError("study.base", self.base, "allowed: a mapping of config field: value")
+        if not isinstance(self.options, dict):
+            raise ConfigError("study.options", self.options, "allowed: a mapping of experiment: options")
         for name in self.experiments:
             if name not in EXPERIMENTS:
                 raise ConfigError("study.experiments", name, f"allowed: {', '.join(EXPERIMENTS)}")
         for name in self.options:
             if name not in EXPERIMENTS:
                 raise ConfigError("study.options", name, f"allowed keys: {', '.join(EXPERIMENTS)}")
+            opts = self.options[name]
+            if not isinstance(opts, dict) or not isinstance(opts.get("set", {}), dict):
+                raise ConfigError("study.options", {name: opts}, "allowed: each experiment's options a mapping of "
+                                                                 "option: value, its `set:` a mapping of config fields")
         TrainConfig.from_dict(self.base)  # fail now on a bad base field, not after an hour of runs
 
     def config(self, experiment: str, **extra) -> TrainConfig:
@@ -108,8 +120,13 @@ def load_spec(path: str | Path, *, quick: bool = False) -> StudySpec:
             if not isinstance(value, dict):
                 raise ConfigError("study.options", value, "allowed: a mapping of experiment: options")
             for exp, opts in value.items():
+                if opts is not None and not isinstance(opts, dict):
+                    raise ConfigError("study.options", {exp: opts},
+                                      "allowed: each experiment's options a mapping of option: value")
                 merged["options"].setdefault(exp, {}).update(opts or {})
         elif key == "base":
+            if value is not None and not isinstance(value, dict):
+                raise ConfigError("study.base", value, "allowed: a mapping of config field: value")
             merged["base"].update(value or {})
         else:
             merged[key] = value

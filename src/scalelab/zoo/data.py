@@ -265,6 +265,8 @@ def build_data(name: str, *, path: str | None = None, samples: int = 4096, eval_
     if name == "mnist1d":
         n_train = 4000 if samples == 4096 else samples
         n_test = 1000 if eval_samples == 1024 else eval_samples
+        if 42 + seed >= 2**32:  # numpy's RandomState takes 32-bit seeds only
+            raise ConfigError("seed", seed, f"mnist1d seeds RandomState(42 + seed); allowed: 0..{2**32 - 43}")
         xtr, ytr, xte, yte = _mnist1d_cached(n_train, n_test, 42 + seed)
         return DataBundle(TensorDataset(torch.tensor(xtr[:, None]), torch.tensor(ytr)),
                           TensorDataset(torch.tensor(xte[:, None]), torch.tensor(yte)),

@@ -103,7 +103,7 @@ def read_cifar10(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.nd
     test_batch must exist.
     """
     root = _need_dir("cifar10", path)
-    batches = sorted((p for p in root.glob("data_batch_*") if p.name[11:].isdigit()), key=lambda p: int(p.name[11:]))
+    batches = sorted((p for p in root.glob("data_batch_*") if p.name[11:].isdecimal()), key=lambda p: int(p.name[11:]))
     for required in ("data_batch_1", "test_batch"):
         if not (root / required).is_file():
             raise DataError(f"cifar10: missing file {root / required}; expected data_batch_1..5 and test_batch")
