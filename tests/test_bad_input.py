@@ -368,3 +368,11 @@ def test_load_spec_raises_only_config_error(tmp_path, data):
         assert "\n" not in str(err)
     else:
         assert isinstance(spec, StudySpec)
+
+
+def test_a_dataset_too_big_for_memory_is_one_line(seeded_store, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--samples", "100000000000000", "--store", str(seeded_store.root)])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert info.value.code == 2 and len(lines) == 1
+    assert "samples: 100000000000000" in lines[0] and "does not fit in this machine's memory" in lines[0]

@@ -45,7 +45,13 @@ def check_inputs(cfg: TrainConfig) -> None:
     """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
     from scalelab.train.setup import build_inputs
 
-    bundle, _ = build_inputs(cfg)
+    try:
+        bundle, _ = build_inputs(cfg)
+    except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as RuntimeError
+        if not isinstance(err, MemoryError) and "allocate" not in str(err):
+            raise
+        raise ConfigError("samples", cfg.samples, "the dataset does not fit in this machine's memory; "
+                          "allowed: fewer samples") from None
     n = len(bundle.train)
     if cfg.drop_last and n < cfg.global_batch:  # no full batch: an epoch of zero steps
         raise ConfigError("global_batch", cfg.global_batch, f"more than the {n} training samples of "
