@@ -4,18 +4,28 @@ This module is the one place that reads rank, world size and device from the env
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
+import errno
 import os
 import shlex
 import socket
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from scalelab.config import TrainConfig, default_threads
+from scalelab.errors import ScalelabError
 
 LOOPBACK = "127.0.0.1"
+LOCAL_HOSTS = (LOOPBACK, "localhost")
+
+
+class PortInUse(ScalelabError):
+    """Node 0 of a multi-node run cannot host the rendezvous store: its --rdzv-endpoint port is taken."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,8 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, quiet: bool = False) -> list[str]:
+def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, quiet: bool = False,
+                  resume: bool = False) -> list[str]:
     """The torchrun arguments that start this run's ranks on this node, each running `scalelab.worker`.
 
     One node: a static rendezvous on 127.0.0.1 with a free port. Several nodes: the same command on each node with
@@ -70,6 +81,7 @@ def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, q
         *(["--redirects", "3", "--log-dir", str(run_dir / "logs")] if quiet else []),
         "--module", "scalelab.worker",
         "--run-dir", str(run_dir),
+        *(["--resume"] if resume else []),  # continue from the run's last checkpoint
     ]
 
 
@@ -86,10 +98,70 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
 
 
 def run_torchrun(argv: list[str]) -> None:
-    """Run the elastic agent in this process; raises ChildFailedError when a rank fails."""
+    """Run the elastic agent in this process; raises ChildFailedError when a rank fails.
+
+    One node (static rendezvous on 127.0.0.1): this process hosts the rendezvous store itself, on loopback only
+    (`loopback_store`); the endpoint's port is a wish, another free one is taken when it is in use. Several
+    nodes: node 0 hosts torchrun's store on the shared endpoint; a port already in use there is PortInUse.
+    """
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
     from torch.distributed.run import get_args_parser, run
 
-    run(get_args_parser().parse_args(argv))
+    args = get_args_parser().parse_args(argv)
+    if args.rdzv_backend != "static" or not args.rdzv_endpoint:
+        run(args)
+        return
+    host, port = parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=-1)
+    if str(args.nnodes) == "1" and host in LOCAL_HOSTS:
+        with loopback_store(port) as bound:
+            args.rdzv_endpoint = f"{LOOPBACK}:{bound}"
+            run(args)
+        return
+    try:
+        run(args)
+    except torch.distributed.DistNetworkError as err:
+        if int(args.node_rank) == 0 and "EADDRINUSE" in str(err):
+            raise PortInUse(f"rdzv_endpoint {host}:{port} is already in use on this host (node 0 hosts the "
+                            f"rendezvous store there): stop what holds port {port} or choose another port") from err
+        raise
+
+
+@contextlib.contextmanager
+def loopback_store(port: int) -> Iterator[int]:
+    """Host a one-node run's rendezvous store on 127.0.0.1 only, for the duration of the block; yields its port.
+
+    Why: torchrun's static rendezvous creates its TCPStore server itself, and that server (libuv backend) binds
+    the wildcard address ("::", every interface, IPv4 and IPv6) whatever host the endpoint names, so a one-node
+    run would accept connections from the network on an unauthenticated key-value store. TCPStore has no
+    "bind host" option, but it can serve on a socket handed to it (`master_listen_fd`), and with
+    `multi_tenant=True` every TCPStore of this process on that port reuses the same server. So the server is
+    created here, on a socket bound to 127.0.0.1, before torchrun runs; the static rendezvous (multi_tenant=True)
+    then reuses it instead of binding its own. The socket is bound from the start, so no other process can take
+    the port between choosing it and torchrun listening on it (no free_port() race).
+    """
+    from torch.distributed import TCPStore
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # as TCPStore's own sockets: the port can be bound again right after the run, despite TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            sock.bind((LOOPBACK, 0))  # the wished port was taken meanwhile: any free one will do on one node
+        bound = sock.getsockname()[1]
+        store = TCPStore(LOOPBACK, bound, None, True, datetime.timedelta(seconds=60), wait_for_workers=False,
+                         multi_tenant=True, master_listen_fd=sock.fileno(), use_libuv=True)
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store's server owns the descriptor now and closes it when it stops
+    try:
+        yield bound
+    finally:
+        del store  # the server stops once torchrun's handle on it is gone as well
 
 
 def slurm_script(cfg_path: str, *, nodes: int, gpus_per_node: int, time: str = "01:00:00",

@@ -232,6 +232,24 @@ def _own_create_time() -> float | None:
         return None
 
 
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the catalog in WAL mode (persistent in the file: later opens find it set and change nothing).
+
+    Switching takes a lock SQLite does not wait for (the busy handler is not called), so when several processes
+    open a new store at the same moment (two studies started together) all but one get "database is locked":
+    retry until one of them has switched it, within the usual busy timeout."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 # ---------------------------------------------------------------- store
 
 class Store:
@@ -245,8 +263,7 @@ class Store:
         except OSError as e:
             raise StoreError(f"{self.root}: cannot create store directory ({e.strerror or e})") from e
         with self._connect() as conn:
-            # journal_mode is persistent in the file; setting it again is a cheap no-op.
-            conn.execute("PRAGMA journal_mode=WAL")
+            _use_wal(conn)
             conn.executescript(_SCHEMA)
 
     def __repr__(self) -> str:
