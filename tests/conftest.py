@@ -83,6 +83,8 @@ import os, signal
 import torch
 from torch import nn
 
+RANK_ONLY = {rank_only}
+
 class Hungry(nn.Module):
     '''Allocates {per} bytes per training sample in forward.'''
     def __init__(self, spec):
@@ -93,7 +95,7 @@ class Hungry(nn.Module):
         out = self.fc(x.flatten(1))
         if self.training:
             {kill}
-            if {rank_only} is None or os.environ.get("RANK") == str({rank_only}):
+            if RANK_ONLY is None or os.environ.get("RANK") == str(RANK_ONLY):
                 buf = torch.ones(x.shape[0], {per} // 4)
                 out = out + buf.mean(1, keepdim=True) * 0
         return out
@@ -108,4 +110,38 @@ def hungry_model(tmp_path, kill_above=None, rank_only=None) -> str:
     kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
     path = tmp_path / "hungry.py"
     path.write_text(HUNGRY.format(per=PER_SAMPLE, kill=kill, rank_only=rank_only))
+    return f"{path}:make"
+
+
+FAULTY = """
+import os, time
+import torch
+from torch import nn
+
+RANK = {rank}
+
+class Faulty(nn.Module):
+    '''Runs an injected fault in its {call}th training forward, on rank {rank} (None: every rank).'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == {call} and (RANK is None or os.environ.get("RANK", "0") == str(RANK)):
+                {fault}
+        return self.fc(x.flatten(1))
+
+def make(spec):
+    return Faulty(spec)
+"""
+
+
+def faulty_model(tmp_path, name: str, *, call: int, fault: str, rank: int | None = None) -> str:
+    """Ref 'file.py:make' of a linear model that runs the statement `fault` in its `call`-th training forward:
+    the known place of an injected crash or hang."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(FAULTY.format(call=call, rank=rank, fault=fault))
     return f"{path}:make"

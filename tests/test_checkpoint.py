@@ -10,56 +10,30 @@ import pickle
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
 import pytest
 import torch
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, faulty_model, run_cli
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
 from scalelab.runner import RunFailed, execute, resume_run
 from scalelab.store import Store, read_json, read_jsonl
 from scalelab.train import checkpoint
 
-FLAKY_MODEL = """
-import os
-import torch
-from torch import nn
-
-class Flaky(nn.Module):
-    '''Raises in its 10th training forward while the file ARMED exists (removing it): a crash, once.'''
-    def __init__(self, spec):
-        super().__init__()
-        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
-        self.calls = 0
-
-    def forward(self, x):
-        if self.training:
-            self.calls += 1
-            if self.calls == 10 and os.path.exists({armed!r}):
-                os.remove({armed!r})
-                raise RuntimeError("injected crash")
-        return self.fc(x.flatten(1))
-
-def make(spec):
-    return Flaky(spec)
-"""
-
-
 def _losses(run_dir, rank=0):
     return {r["step"]: r["loss"] for r in read_jsonl(run_dir / f"steps.rank{rank}.jsonl")}
 
 
 def _flaky(tmp_path, armed: bool) -> str:
+    """A model that raises in its 10th training forward while the file `armed` exists (removing it): once."""
     flag = tmp_path / ("armed" if armed else "never")
     if armed:
         flag.write_text("")
-    path = tmp_path / f"flaky_{armed}.py"
-    path.write_text(textwrap.dedent(FLAKY_MODEL.format(armed=str(flag))))
-    return f"{path}:make"
+    fault = f"if os.path.exists({str(flag)!r}): os.remove({str(flag)!r}); raise RuntimeError('injected crash')"
+    return faulty_model(tmp_path, f"flaky_{armed}", call=10, fault=fault)
 
 
 def test_resumed_run_matches_an_uninterrupted_one_step_by_step(tmp_path, store):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
 import pytest
 
-from conftest import cli_env
+from conftest import cli_env, faulty_model
 from scalelab.store import Store, write_json_atomic
 from scalelab.watchdog import Heartbeat, Watchdog, diagnose, heartbeat_path
 
@@ -74,39 +73,15 @@ def test_heartbeat_publishes_progress(tmp_path):
     assert read_json(heartbeat_path(tmp_path, 3))["stage"] == "done"
 
 
-STUCK_MODEL = """
-import os, time
-import torch
-from torch import nn
-
-class Stuck(nn.Module):
-    '''Rank {rank} sleeps for an hour in the forward of its 5th training step: a hang.'''
-    def __init__(self, spec):
-        super().__init__()
-        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
-        self.calls = 0
-
-    def forward(self, x):
-        if self.training:
-            self.calls += 1
-            if self.calls == 5 and os.environ.get("RANK", "0") == "{rank}":
-                time.sleep(3600)
-        return self.fc(x.flatten(1))
-
-def make(spec):
-    return Stuck(spec)
-"""
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("ranks", [2, 1])
 def test_a_sleeping_rank_fails_the_run_within_the_timeout_naming_it(tmp_path, ranks):
-    path = tmp_path / "stuck.py"
     stuck_rank = ranks - 1
-    path.write_text(textwrap.dedent(STUCK_MODEL.format(rank=stuck_rank)))
+    # the stuck rank sleeps for an hour in the forward of its 5th training step: a hang
+    model = faulty_model(tmp_path, "stuck", call=5, fault="time.sleep(3600)", rank=stuck_rank)
     root = tmp_path / "store"
     timeout = 8
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--model", f"{path}:make",
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--model", model,
                              "--samples", "512", "--global-batch", "8", "--ranks", str(ranks), "--steps", "50",
                              "--hang-timeout", str(timeout), "--store", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())

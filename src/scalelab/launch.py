@@ -90,6 +90,7 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks))}
     if cfg.nnodes == 1:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # one node: collectives never leave the host
+        env["NCCL_SOCKET_IFNAME"] = "lo"  # NCCL's bootstrap sockets too (its data goes over NVLink/PCIe/shm)
     if cfg.memory_limit:
         # Under a cap on address space: few malloc arenas (each reserves address space), and a fixed mmap
         # threshold so freed large blocks go back to the OS instead of lingering in the heap.

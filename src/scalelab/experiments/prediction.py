@@ -154,10 +154,12 @@ def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
 
 
 def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
-    """The allreduce sweep: 1 KiB up to the whole gradient (at least 1 MiB, at most 64 MiB), ×4."""
+    """The allreduce sweep: 1 KiB up to the whole gradient (at least 4 MiB, at most 64 MiB), ×4. The floor keeps
+    the bandwidth term well above the latency for small models: with sizes up to 1 MiB on a loaded host, noise
+    could push the fitted β to zero."""
     from scalelab.measure.commbench import CommBenchConfig
 
-    top, end = min(64 * pm.MIB, max(pm.MIB, sum(param_bytes))), 1024
+    top, end = min(64 * pm.MIB, max(4 * pm.MIB, sum(param_bytes))), 1024
     while end < top:
         end *= 4
     return CommBenchConfig(ops="allreduce", begin=1024, end=end, factor=4, warmup=5, iters=30,
