@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli_env
+from conftest import cli_env, faulty_model
 from scalelab.store import Store, read_jsonl
 
 pytestmark = pytest.mark.timeout(240)
@@ -100,3 +100,17 @@ def test_ranks_end_when_scalelab_itself_is_killed(tmp_path, sleepy_model):
     # the catalog still says running; the next command that looks finds its process gone
     assert Store(root).mark_stale() == 1
     assert list(Store(root).list_runs()["status"]) == ["interrupted"]
+
+
+def test_a_rank_issuing_a_collective_the_others_skip_fails_the_run_naming_it(tmp_path):
+    """Rank 1 all-reduces a tensor rank 0 never all-reduces (as if rank 0 had skipped that collective): gloo sees
+    the mismatch against rank 0's gradient all-reduce and aborts rank 1; the run fails naming it, without a hang."""
+    root = tmp_path / "store"
+    model = faulty_model(tmp_path, "extra", call=5, rank=1,
+                         fault="import torch.distributed as dist; dist.all_reduce(torch.zeros(3))")
+    proc = _start(["--model", model, "--samples", "512", "--global-batch", "8", "--ranks", "2", "--steps", "50",
+                   "--sync", "allreduce", "--hang-timeout", "60"], root)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    reason = Store(root).list_runs()["reason"][0]
+    assert reason.startswith("rank 1 "), reason

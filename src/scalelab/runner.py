@@ -82,7 +82,13 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     if isinstance(err, ChildFailedError):
-        rank, failure = err.get_first_failure()
+        # After the first failure torchrun stops the other ranks with SIGTERM; a rank that dies of a signal leaves
+        # no error file, so its timestamp is only when the agent noticed it, and a rank the agent stopped can look
+        # "first". The root cause is the earliest failure the agent did not cause itself.
+        def stopped_by_agent(f) -> bool:
+            return f.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+        rank, failure = min(err.failures.items(), key=lambda kv: (stopped_by_agent(kv[1]), kv[1].timestamp, kv[0]))
         if failure.exitcode < 0:
             return f"rank {rank} killed by signal {failure.signal_name()}", str(err)
         message = failure.message
