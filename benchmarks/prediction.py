@@ -1,6 +1,6 @@
 """How well does the performance model predict measured step times? Median |error| over real 2-rank runs.
 
-Calibration (scalelab.experiments.prediction.calibrate): 2 ranks with sync=noop at each per-rank batch (the
+Calibration (scalelab.experiments.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
 compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives)
 and a `bench comm` allreduce sweep (α, β of gloo on loopback). Measured points: 2 ranks × per-rank batches ×
 strategies × network settings (none; emulated latency; emulated latency and bandwidth). Each point's prediction
@@ -52,7 +52,8 @@ def main() -> int:
     from scalelab.analysis import perfmodel as pm
     from scalelab.config import TrainConfig
     from scalelab.experiments.grid import Cell, run_grid, with_fields, write_table
-    from scalelab.experiments.prediction import calibrate, calibration_cells, insitu_cells, validate_measured
+    from scalelab.experiments.calibration import calibrate, calibration_cells, insitu_cells
+    from scalelab.experiments.prediction import validate_measured
     from scalelab.report import figures
     from scalelab.store import Store
 

@@ -21,8 +21,8 @@ from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.grid import Cell, with_fields
-from scalelab.experiments.prediction import (Calibration, calibrate, calibration_path, efficiency_threshold,
-                                             insitu_scales, options_for_efficiency, predict_table,
+from scalelab.experiments.calibration import Calibration, calibrate, calibration_path, insitu_scales
+from scalelab.experiments.prediction import (efficiency_threshold, options_for_efficiency, predict_table,
                                              resolve_hardware, validate_measured)
 from scalelab.store import Store
 

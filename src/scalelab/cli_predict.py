@@ -100,7 +100,8 @@ def predict_cmd(
     from scalelab.analysis.hardware import PRESETS, hardware_from_dict
     from scalelab.analysis.perfmodel import COMPRESSION
     from scalelab.cli_experiments import _store_and_out
-    from scalelab.experiments.prediction import MEASURED, run_prediction
+    from scalelab.experiments.calibration import MEASURED
+    from scalelab.experiments.prediction import run_prediction
     from scalelab.runner import RunFailed
 
     # every input is checked before anything runs

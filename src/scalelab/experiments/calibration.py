@@ -1,0 +1,282 @@
+"""Calibration of the performance model on this machine: the compute fit, α and β, the in-situ scales, the
+gradient sizes (DESIGN F14; used by `scalelab.experiments.prediction`).
+
+Calibration measures what the model needs, as stored runs (resumable through `run_grid`):
+- compute: one run per per-rank batch with no gradient sync (base.ranks ranks with sync=noop, so every rank
+  shares the machine as in the measured runs; one plain rank when base.ranks is 1). forward, backward and
+  optimizer are fitted on their stage means; the rest of the step (data, h2d, other, and the wait for the
+  slowest rank) is fitted on median step − forward − backward − optimizer, so compute(b) reproduces the median
+  step time of a run without communication.
+- communication: a `bench comm` allreduce sweep on base.ranks ranks (at least 2) of this machine's backend;
+  α and β from `fit_alpha_beta` on the mean iteration time per size (timings.json): a step's communication is a
+  sum of many collectives, so its median follows the sum of their means, not of their medians (gloo's small
+  messages are bimodal here: a few hundred µs, or a scheduler tick).
+- in situ (base.ranks > 1): one run per per-rank batch with per-parameter allreduce (sync=allreduce), right after
+  the compute run of that batch. On a CPU host the collectives share the cores and caches with compute, so
+  - compute is slower in runs that communicate: compute_scale = median over batches of the in-situ run's
+    forward + backward + optimizer spans / the compute run's (means over ranks and steps; at least 1);
+  - collectives inside training cost more than the bench's (the sync layer's own copies and scaling of every
+    gradient, cold caches, ranks arriving apart): comm_scale = median over batches of (allreduce step −
+    compute_scale × compute step) / Σ_p T(S_p) with the bench's α, β, at least 1 (the bench is the best case).
+  The "measured" hardware is the bench's α, β times comm_scale, and its predictions (and the validation's, on
+  this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
+- the model's gradient sizes: one entry per trainable parameter (numel · element size), in registration order.
+The calibration is a JSON file in the study folder (STORE/studies/STUDY/calibration.json); it is reused while
+the measurement it describes (same cells, same bench) is unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis import perfmodel as pm
+from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError, StoreError
+from scalelab.experiments.grid import Cell, cell_key, run_grid, study_runs, with_fields
+from scalelab.store import Store, read_json, write_json_atomic
+
+MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
+STAGES = ("forward", "backward", "optimizer", "other")
+
+
+@dataclass(kw_only=True)
+class Calibration:
+    """What the performance model needs, measured on this machine."""
+
+    model: str
+    dataset: str
+    ranks: int  # ranks of the compute runs (sync=noop when > 1) and of the bench (at least 2)
+    threads: int | None  # torch threads per rank in the compute runs (None: the default, cores / ranks)
+    backend: str  # of the bench: what α and β describe
+    accumulate: int
+    compute: dict[str, list[float]]  # stage -> [c0 (ms), c1 (ms per sample)], stages as in STAGES
+    points: list[dict]  # the measured compute points the fit used
+    alpha_s: float  # s per message (bench fit)
+    beta_s_per_byte: float  # s per byte (bench fit)
+    comm_scale: float = 1.0  # in-training collective time / the bench fit's (>= 1), see the module docstring
+    compute_scale: float = 1.0  # compute with communication / without, on this machine (>= 1)
+    insitu: list[dict] = field(default_factory=list)  # the allreduce runs both scales came from
+    param_bytes: list[int]  # gradient bytes per trainable parameter, registration order
+    parameters: int  # trainable parameter elements
+    compute_runs: list[str] = field(default_factory=list)
+    bench_run: str = ""
+    key: str = ""  # identity of the measurement (cells + bench config)
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
+
+    def compute_model(self) -> pm.ComputeModel:
+        f, b, o, x = (pm.Linear(*self.compute[s]) for s in STAGES)
+        return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
+
+    def hardware(self, gpus_per_node: int = 1) -> Hardware:
+        """This machine's links as training sees them: the bench's α, β times comm_scale."""
+        k = self.comm_scale
+        return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
+                                 name=f"{MEASURED} ({self.backend} loopback, this machine)",
+                                 source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
+                                        f"scale {k:.2f}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibration":
+        known = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(known - set(data) - {"created", "comm_scale", "compute_scale", "insitu"})
+        if missing:
+            raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, self.to_dict())
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Calibration":
+        return cls.from_dict(read_json(path))
+
+
+def calibration_path(store: Store, study: str) -> Path:
+    return store.root / "studies" / study / "calibration.json"
+
+
+def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
+    """One run without gradient sync per per-rank batch: same ranks, threads and data as `base`."""
+    if base.nnodes != 1:
+        raise ConfigError("nnodes", base.nnodes, "calibration runs on this machine: allowed 1")
+    if len(set(batches)) < 2 or min(batches) < 1:
+        raise ConfigError("batches", list(batches), "allowed: at least two different per-rank batches >= 1")
+    bad = [b for b in batches if b % base.accumulate]
+    if bad:
+        raise ConfigError("batches", bad[0], f"allowed: per-rank batches divisible by accumulate {base.accumulate}")
+    quiet = {"net_latency_ms": 0.0, "net_bandwidth_gbps": None, "ddp_hook": "none"}
+    sync = {"sync": "noop" if base.ranks > 1 else "auto", "strategy": "auto"}
+    return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, **quiet, **sync))
+            for b in sorted(set(batches))]
+
+
+def insitu_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
+    """Per per-rank batch, one run with per-parameter blocking allreduce and no emulation (none for one rank)."""
+    if base.ranks < 2:
+        return []
+    return [Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}",
+                 with_fields(c.config, sync="allreduce")) for c in calibration_cells(base, batches)]
+
+
+def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
+    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows: per iteration the
+    slowest rank's time, as in its results table, but averaged instead of the median."""
+    from scalelab.measure.commbench import iteration_times
+
+    data = read_json(run_dir / "timings.json")
+    groups: dict[int, list[dict]] = {}
+    for rec in data["records"]:
+        if rec["op"] == "allreduce" and not rec.get("skipped"):
+            groups.setdefault(rec["size(B)"], []).append(rec)
+    sizes, means = [], []
+    for size, recs in sorted(groups.items()):
+        times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
+        sizes.append(float(size))
+        means.append(sum(times) / len(times))
+    return sizes, means, int(data["ranks"])
+
+
+def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
+    """The allreduce sweep: 1 KiB up to the whole gradient (at least 4 MiB, at most 64 MiB), ×4. The floor keeps
+    the bandwidth term well above the latency for small models: with sizes up to 1 MiB on a loaded host, noise
+    could push the fitted β to zero."""
+    from scalelab.measure.commbench import CommBenchConfig
+
+    top, end = min(64 * pm.MIB, max(4 * pm.MIB, sum(param_bytes))), 1024
+    while end < top:
+        end *= 4
+    return CommBenchConfig(ops="allreduce", begin=1024, end=end, factor=4, warmup=5, iters=30,
+                           ranks=max(2, base.ranks), backend="auto" if base.backend == "auto" else base.backend)
+
+
+def gradient_sizes(base: TrainConfig) -> tuple[list[int], int]:
+    """(bytes per trainable parameter in registration order, parameter elements) of the model, built once."""
+    from scalelab.train.setup import build_inputs
+
+    _, model = build_inputs(base)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [p.numel() * p.element_size() for p in params], sum(p.numel() for p in params)
+
+
+def compute_points(runs: list[dict]) -> pd.DataFrame:
+    """One row per compute run: per_rank_batch, accumulate, stage means in ms and the rest of the median step."""
+    rows = []
+    for run in runs:
+        cfg, s = run["config"], run["summary"] or {}
+        stages = {st: s.get(f"stage/{st}(ms)", 0.0) for st in STAGES[:3]}
+        step = s["time/step_median(ms)"]
+        rows.append({"run_id": run["run_id"], "per_rank_batch": cfg["global_batch"] / (cfg["ranks"] * cfg["nnodes"]),
+                     "accumulate": cfg.get("accumulate", 1), **{f"{k}(ms)": v for k, v in stages.items()},
+                     "other(ms)": max(0.0, step - sum(stages.values())), "step(ms)": step})
+    return pd.DataFrame(rows).sort_values("per_rank_batch").reset_index(drop=True)
+
+
+def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, float, list[dict]]:
+    """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
+    (definitions in the module docstring)."""
+    by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
+    bench = 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+                               hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
+    rows = []
+    for run in insitu:
+        b = run["config"]["global_batch"] / run["config"]["ranks"]
+        summary, plain = run["summary"], by_batch.get(b)
+        if plain is None:
+            continue
+        spans = sum(summary.get(f"stage/{st}(ms)", 0.0) for st in STAGES[:3])
+        plain_spans = sum(plain[f"{st}(ms)"] for st in STAGES[:3])
+        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": summary["time/step_median(ms)"],
+                     "compute_step(ms)": plain["step(ms)"], "bench_comm(ms)": bench,
+                     "compute_ratio": spans / plain_spans if plain_spans > 0 else math.nan})
+    if not rows:
+        return 1.0, 1.0, rows
+    ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
+    compute = max(1.0, float(ratios.median())) if len(ratios) else 1.0
+    for r in rows:
+        r["comm_ratio"] = (r["step(ms)"] - compute * r["compute_step(ms)"]) / bench if bench > 0 else math.nan
+    comm = pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
+    return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
+
+
+def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
+    return model.overhead if stage == "other" else getattr(model, stage)
+
+
+def _find_bench(store: Store, key: str):
+    """A completed bench run of this calibration (run ids bench-KEY-i), and the next free id."""
+    runs = store.list_runs(kind="bench")
+    ours = runs[runs["run_id"].str.startswith(f"bench-{key}-")]
+    done = ours[ours["status"] == "completed"]
+    return (done["run_id"].iloc[0] if len(done) else None), f"bench-{key}-{len(ours)}"
+
+
+def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[int],
+              say: Callable[[str], None] = print, bench=None) -> Calibration:
+    """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
+    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
+    from scalelab.measure.commbench import run_commbench
+    from scalelab.runner import RunFailed
+
+    cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches)
+    param_bytes, parameters = gradient_sizes(base)
+    bench = bench or bench_config(base, param_bytes)
+    identity = [cell_key(c.config) for c in cells + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
+    key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
+    path = calibration_path(store, study)
+    if path.exists():
+        try:
+            old = Calibration.load(path)
+        except StoreError:
+            old = None
+        if old is not None and old.key == key:
+            say(f"[{study}] calibration {path} reused")
+            return old
+    # each batch's compute run and its in-situ run back to back: load from other processes hits both alike
+    paired = [c for i, cell in enumerate(cells) for c in [cell, *insitu[i:i + 1]]]
+    results = run_grid(f"{study}/calibration", paired, store, say=say)
+    failed = [r for r in results if r.status == "failed"]
+    if failed:
+        raise RunFailed(failed[0].run_id, f"calibration cell {failed[0].label}: {failed[0].reason}")
+    by_key = {cell_key(TrainConfig.from_dict(r["config"])): r for r in study_runs(store, f"{study}/calibration")}
+    points = compute_points([by_key[cell_key(c.config)] for c in cells])
+    fit = pm.fit_compute_model(points)
+    bench_run, next_id = _find_bench(store, key)
+    if bench_run is None:
+        outcome = run_commbench(dataclasses.replace(bench, run_id=next_id), store, say=say)
+        if outcome.reason:
+            raise RunFailed(outcome.run_id, outcome.reason)
+        bench_run = outcome.run_id
+    else:
+        say(f"[{study}] bench {bench_run} reused")
+    sizes, means, ranks = bench_means(store.run_dir(bench_run))
+    alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
+    cal = Calibration(
+        model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,
+        backend=bench.resolved_backend,
+        accumulate=base.accumulate,
+        compute={s: [fit_of(fit, s).c0, fit_of(fit, s).c1] for s in STAGES},
+        points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
+        param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
+        key=key)
+    cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(
+        points, [by_key[cell_key(c.config)] for c in insitu], cal)
+    cal.save(path)
+    say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
+        f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
+        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); with communication: collectives "
+        f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}; wrote {path}")
+    return cal
