@@ -31,7 +31,7 @@ def test_lars_trust_ratio_and_update_match_a_hand_computation():
     assert LARS.trust_ratio(w, g, wd, trust) == pytest.approx(0.05 / 1.5)
     p = torch.nn.Parameter(w.clone())
     p.grad = g.clone()
-    opt = LARS([p], lr=lr, momentum=0.9, weight_decay=wd, trust=trust)
+    opt = LARS([p], lr=lr, momentum=0.9, weight_decay=wd, trust=trust, clip=False)
     opt.step()
     expected = w - lr * (0.05 / 1.5) * (g + wd * w)
     assert torch.allclose(p.detach(), expected)
@@ -42,6 +42,16 @@ def test_lars_trust_ratio_and_update_match_a_hand_computation():
     local2 = trust * float(w1.norm()) / (1 + wd * float(w1.norm()))
     v2 = 0.9 * v1 + lr * local2 * (g + wd * w1)
     assert torch.allclose(p.detach(), w1 - v2, atol=1e-6)
+
+
+@pytest.mark.parametrize("lr,layer_lr", [(2.0, 0.05 / 1.5), (0.01, 0.01)])
+def test_larc_clips_the_layer_lr_at_the_trust_ratio(lr, layer_lr):
+    """LARC: the layer's lr is min(lr, trust * ||w|| / (||g|| + wd * ||w||)), never lr times the ratio."""
+    w, g = torch.tensor([[3.0, 4.0]]), torch.tensor([[0.6, 0.8]])
+    p = torch.nn.Parameter(w.clone())
+    p.grad = g.clone()
+    LARS([p], lr=lr, momentum=0.9, weight_decay=0.1, trust=0.01).step()  # ratio = 0.05 / 1.5
+    assert torch.allclose(p.detach(), w - layer_lr * (g + 0.1 * w))
 
 
 def test_lars_leaves_1d_parameters_unadapted():
