@@ -93,6 +93,7 @@ class _Boom:
         return (os.system, ("touch pwned",))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # the crafted file is not torch.save's
 def test_a_crafted_checkpoint_is_refused_without_running_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"

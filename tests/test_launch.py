@@ -23,7 +23,7 @@ def test_multi_node_argv_passes_the_endpoint_and_node_rank_through(tmp_path):
 
 def test_worker_env_keeps_one_node_on_loopback_and_splits_threads():
     env = worker_env(TrainConfig(ranks=2, global_batch=8, threads=3))
-    assert env == {"OMP_NUM_THREADS": "3", "GLOO_SOCKET_IFNAME": "lo"}
+    assert env == {"OMP_NUM_THREADS": "3", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
 def test_free_port_is_bindable():
