@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,8 +158,10 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, say: Callable[
     results = {}
     for i, name in enumerate(spec.experiments, 1):
         say(f"== [{i}/{len(spec.experiments)}] {name}")
+        began = time.monotonic()
         try:
             results[name] = RUNNERS[name](spec, store, out_dir / "tables", say)
+            say(f"== {name} done in {time.monotonic() - began:.0f} s")
         except (RunFailed, ScalelabError, RuntimeError) as err:
             # One experiment failing must not lose the others: its section says why, the rest goes on.
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
