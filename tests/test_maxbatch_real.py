@@ -6,9 +6,10 @@ import math
 import psutil
 import pytest
 
-from conftest import PER_SAMPLE, hungry_model as model_file
+from conftest import PER_SAMPLE, faulty_model, hungry_model as model_file
 from scalelab.config import TrainConfig
 from scalelab.experiments.maxbatch import max_batch
+from scalelab.runner import RunFailed
 
 pytestmark = pytest.mark.timeout(240)
 def test_finds_the_exact_limit_within_log2_plus_3_trials(store, tmp_path):
@@ -47,3 +48,14 @@ def test_two_ranks_agree_when_only_one_runs_out(store, tmp_path):
     assert set(runs["status"]) == {"completed", "failed"}  # every trial marked, none left running
     best = store.get(next(t.run_id for t in res.trials if t.batch == res.max_batch))
     assert best["summary"]["ranks/reported"] == 2
+
+
+def test_a_failure_before_any_batch_fits_says_it_may_be_the_cap(store, tmp_path):
+    """Native code may report a failed allocation in its own words; before anything fitted, that is ambiguous:
+    the error keeps the reason and says the cap may be the cause."""
+    model = faulty_model(tmp_path, "primitive", call=1, fault="raise RuntimeError('could not create a primitive')")
+    cfg = TrainConfig(model=model, samples=64, eval_samples=8)
+    with pytest.raises(RunFailed) as err:
+        max_batch(cfg, store, "amb", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
+    assert "failed under the memory cap of 512 MiB before any batch fitted" in err.value.reason
+    assert "could not create a primitive" in err.value.reason and "raise --memory-limit" in err.value.reason

@@ -128,6 +128,10 @@ def run_trial(cfg: TrainConfig, store: Store, study: str, *, lenient: bool = Fal
         # a rank killed by a signal then counts as not fitting, like the kernel's OOM kill.
         capped_crash = cfg.memory_limit is not None and "killed by signal" in err.reason
         if not (is_oom(err.reason) or capped_crash or lenient):
+            if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both
+                raise RunFailed(err.run_id, f"batch {cfg.global_batch} failed under the memory cap of "
+                                f"{cfg.memory_limit / 2**20:.0f} MiB before any batch fitted ({err.reason}); if "
+                                "that is memory, raise --memory-limit") from err
             raise
         return Trial(cfg.global_batch, False, None, err.run_id, err.reason)
     return Trial(cfg.global_batch, True, outcome.summary.get("memory/train_added(bytes)"), outcome.run_id)
