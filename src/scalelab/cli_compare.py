@@ -14,22 +14,12 @@ from typing import Optional
 import typer
 
 from scalelab.cli_experiments import (ConfigOpt, DatasetOpt, ModelOpt, OutOpt, RanksOpt, SetOpt, StepsOpt,
-                                      StoreOpt, StudyOpt, _store_and_out, console, parse_sets, show)
-from scalelab.config import TrainConfig, load_yaml
+                                      StoreOpt, StudyOpt, _store_and_out, base_config, console, show)
 
 app = typer.Typer(no_args_is_help=True, help="Gradient-sync strategies or backends side by side (exposed comm, "
                                              "bytes, bandwidth).")
 
 DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
-
-
-def compare_base(config: Path | None, sets: list[str] | None, **flags) -> TrainConfig:
-    """DEFAULTS, then the YAML file, then --set, then flags."""
-    data = dict(DEFAULTS)
-    data.update(load_yaml(config) if config else {})
-    data.update(parse_sets(sets))
-    data.update({k: v for k, v in flags.items() if v is not None})
-    return TrainConfig.from_dict(data)
 
 
 def say(line: str) -> None:
@@ -54,7 +44,7 @@ def strategies_cmd(strategies: Optional[str] = typer.Option(
     """Every gradient-sync strategy on one config: step, compute, comm, exposed comm, overlap, bytes, bandwidth."""
     from scalelab.experiments import compare
 
-    base = compare_base(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
+    base = base_config(config, set_, DEFAULTS, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
     show(compare.strategies(base, st, study, out_dir, names=name_list(strategies), accumulate=accumulate,
                             say=say))
@@ -71,6 +61,6 @@ def backends_cmd(backends: Optional[str] = typer.Option(None, help="Comma-separa
     """The same config on gloo, NCCL and MPI: step, comm, exposed comm, busbw, bytes."""
     from scalelab.experiments import compare
 
-    base = compare_base(config, set_, model=model, dataset=dataset, steps=steps, ranks=ranks)
+    base = base_config(config, set_, DEFAULTS, model=model, dataset=dataset, steps=steps, ranks=ranks)
     st, out_dir = _store_and_out(store, study, out)
     show(compare.backends(base, st, study, out_dir, names=name_list(backends), say=say))
