@@ -21,6 +21,9 @@ from scalelab.config import TrainConfig, default_threads
 from scalelab.errors import ScalelabError
 
 LOOPBACK = "127.0.0.1"
+# One node: collectives never leave the host. gloo's sockets, and NCCL's bootstrap sockets (its data goes over
+# NVLink/PCIe/shared memory), on the loopback interface.
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 LOCAL_HOSTS = (LOOPBACK, "localhost")
 
 
@@ -89,13 +92,28 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
     """Environment for the ranks: threads per rank, and gloo kept on loopback for one-node runs."""
     env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks))}
     if cfg.nnodes == 1:
-        env["GLOO_SOCKET_IFNAME"] = "lo"  # one node: collectives never leave the host
-        env["NCCL_SOCKET_IFNAME"] = "lo"  # NCCL's bootstrap sockets too (its data goes over NVLink/PCIe/shm)
+        env.update(LOOPBACK_ENV)
     if cfg.memory_limit:
         # Under a cap on address space: few malloc arenas (each reserves address space), and a fixed mmap
         # threshold so freed large blocks go back to the OS instead of lingering in the heap.
         env.update({"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"})
     return env
+
+
+@contextlib.contextmanager
+def environ(values: dict[str, str]) -> Iterator[None]:
+    """Set `values` in this process's environment for the block, then restore it: torchrun's agent runs here and
+    hands its own environment to the ranks."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def run_torchrun(argv: list[str]) -> None:

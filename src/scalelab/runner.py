@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import threading
 import traceback
@@ -18,7 +17,7 @@ from pathlib import Path
 from scalelab.analysis.summary import loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, ScalelabError, StoreError
-from scalelab.launch import DistContext, run_torchrun, torchrun_argv, worker_env
+from scalelab.launch import DistContext, environ, run_torchrun, torchrun_argv, worker_env
 from scalelab.provenance import collect_provenance
 from scalelab.report.tensorboard import write_scalars
 from scalelab.report.trace import write_trace
@@ -124,17 +123,8 @@ def _launch(cfg: TrainConfig, run_dir: Path, isolate: bool, resume: bool = False
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
         run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
         return
-    saved = {k: os.environ.get(k) for k in worker_env(cfg)}
-    os.environ.update(worker_env(cfg))
-    try:
-        with _agent_log_level(logging.CRITICAL if isolate else None):
-            run_torchrun(torchrun_argv(cfg, run_dir, quiet=isolate, resume=resume))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with environ(worker_env(cfg)), _agent_log_level(logging.CRITICAL if isolate else None):
+        run_torchrun(torchrun_argv(cfg, run_dir, quiet=isolate, resume=resume))
 
 
 @contextlib.contextmanager
@@ -189,8 +179,8 @@ def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print)
                             "start it again instead")
     cfg = TrainConfig.from_dict(info["config"])
     check_inputs(cfg)
-    for stale in [*run_dir.glob("result.rank*.json"), run_dir / "error.txt"]:
-        stale.unlink(missing_ok=True)  # from the attempt that stopped; this attempt writes its own
+    for stale in [*run_dir.glob("result.rank*.json"), *run_dir.glob("heartbeat.rank*.json"), run_dir / "error.txt"]:
+        stale.unlink(missing_ok=True)  # from the attempt that stopped (old heartbeats must not fool the watchdog)
     store.reopen_run(rid)
     say(f"run {rid}: resuming from the checkpoint at step {step}")
     return _run(cfg, store, rid, isolate=False, resume=True)
@@ -199,8 +189,6 @@ def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print)
 def _run(cfg: TrainConfig, store: Store, run_id: str, *, isolate: bool, resume: bool = False) -> RunOutcome:
     run_dir = store.run_dir(run_id)
     local_ranks = list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks))
-    for stale in run_dir.glob("heartbeat.rank*.json"):  # a resumed run's old heartbeats must not count
-        stale.unlink()
     dog = Watchdog(run_dir, local_ranks, cfg.hang_timeout_s, abort=None if _uses_torchrun(cfg, isolate) else
                    _interrupt_main_thread)
     with marking_failures(store, run_id, on_failure=_try_trace, verdict=lambda: dog.verdict), dog:
@@ -229,10 +217,8 @@ def marking_failures(store: Store, run_id: str, *, on_failure: Callable[[Path], 
         if not hung and _is_interrupt(err):
             store.finish_run(run_id, "interrupted", reason=f"interrupted by {err}")
             raise KeyboardInterrupt from err
-        if hung:
-            reason, trace = hung, "".join(traceback.format_exception(err))
-        elif isinstance(err, ScalelabError):
-            reason, trace = str(err), "".join(traceback.format_exception(err))
+        if hung or isinstance(err, ScalelabError):
+            reason, trace = hung or str(err), "".join(traceback.format_exception(err))
         else:
             reason, trace = failure_reason(err)
         (run_dir / "error.txt").write_text(trace)

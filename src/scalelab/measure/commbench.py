@@ -16,11 +16,9 @@ and reduce_scatter, 1 for broadcast; bandwidths in GB/s (1e9 bytes/s). Sizes wit
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import statistics
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +27,7 @@ import pandas as pd
 from scalelab import config as _config
 from scalelab.config import default_threads
 from scalelab.errors import ConfigError, StoreError
-from scalelab.launch import LOOPBACK, free_port, run_torchrun
+from scalelab.launch import LOOPBACK, LOOPBACK_ENV, environ, free_port, run_torchrun
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -272,23 +270,8 @@ def commbench_argv(cfg: CommBenchConfig, run_dir: Path, *, port: int | None = No
 
 
 def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
-    """Threads split over the ranks; gloo kept on loopback (one node: collectives never leave the host)."""
-    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), "GLOO_SOCKET_IFNAME": "lo"}
-
-
-@contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    # torchrun's agent hands its own environment to the ranks; restore ours afterwards.
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """Threads split over the ranks; collectives kept on loopback (the bench runs on one node)."""
+    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), **LOOPBACK_ENV}
 
 
 def read_results(run_dir: Path) -> pd.DataFrame:
@@ -315,7 +298,7 @@ def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None,
     say(f"run {run_id}: bench comm {','.join(cfg.ops)}, {format_size(cfg.begin)}..{format_size(cfg.end)} "
         f"×{cfg.factor}, {cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
     with marking_failures(store, run_id):
-        with _environ(commbench_env(cfg)):
+        with environ(commbench_env(cfg)):
             run_torchrun(commbench_argv(cfg, run_dir))
         table = read_results(run_dir)
         plot_busbw(table, run_dir / "busbw.png",
