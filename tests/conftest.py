@@ -27,6 +27,19 @@ def store(tmp_path):
     return Store(tmp_path / "store")
 
 
+# A bias-free 3-layer MLP whose gradient bytes are known: 3072·16 + 16·16 + 16·10 floats on 3×32×32 inputs.
+TINY_MLP = """
+from torch import nn
+
+def make(spec):
+    n_in = 1
+    for d in spec.shape:
+        n_in *= d
+    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False),
+                         nn.ReLU(), nn.Linear(16, spec.num_classes, bias=False))
+"""
+
+
 SLEEPY_MODEL = """
 import time
 import torch

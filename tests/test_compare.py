@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import TINY_MLP
 from scalelab.analysis.compare import (BACKENDS, STRATEGIES, backends_table, exposed_comm, overlap, strategies_table,
                                        strategy_of)
 from scalelab.cli import main
@@ -20,16 +21,6 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments import compare
 
-TINY_MLP = """
-from torch import nn
-
-def make(spec):
-    n_in = 1
-    for d in spec.shape:
-        n_in *= d
-    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False),
-                         nn.ReLU(), nn.Linear(16, spec.num_classes, bias=False))
-"""
 GRAD_BYTES = (3072 * 16 + 16 * 16 + 16 * 10) * 4
 
 

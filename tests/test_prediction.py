@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import textwrap
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from conftest import TINY_MLP
 from scalelab.analysis import perfmodel as pm
 from scalelab.analysis.hardware import PRESETS, hardware_from_fit
 from scalelab.cli import main
@@ -26,16 +26,6 @@ from scalelab.experiments.prediction import (efficiency_threshold, options_for_e
                                              resolve_hardware, validate_measured)
 from scalelab.store import Store
 
-TINY = """
-from torch import nn
-
-def make(spec):
-    n_in = 1
-    for d in spec.shape:
-        n_in *= d
-    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False),
-                         nn.ReLU(), nn.Linear(16, spec.num_classes, bias=False))
-"""
 PARAM_BYTES = [16 * 3072 * 4, 16 * 16 * 4, 10 * 16 * 4]
 LATENCY_MS = 20.0
 BATCHES = [4, 16]
@@ -49,7 +39,7 @@ def base_config(model: str) -> TrainConfig:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("prediction")
-    (root / "tiny.py").write_text(textwrap.dedent(TINY))
+    (root / "tiny.py").write_text(TINY_MLP)
     model = f"{root / 'tiny.py'}:make"
     store, base, said = Store(root / "store"), base_config(model), []
     cal = calibrate(base, store, "t", batches=BATCHES, say=said.append)

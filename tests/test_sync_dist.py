@@ -19,21 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import TINY_MLP, run_cli
 from scalelab.store import read_jsonl
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
 
-TINY_MLP = """
-from torch import nn
-
-def make(spec):
-    n_in = 1
-    for d in spec.shape:
-        n_in *= d
-    return nn.Sequential(nn.Flatten(), nn.Linear(n_in, 16, bias=False), nn.ReLU(), nn.Linear(16, 16, bias=False),
-                         nn.ReLU(), nn.Linear(16, spec.num_classes, bias=False))
-"""
 
 TINY_BN = """
 from torch import nn
