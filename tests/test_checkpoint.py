@@ -155,5 +155,8 @@ def test_two_ranks_killed_then_resumed_reach_the_uninterrupted_loss(tmp_path, sl
     assert sorted(losses) == list(range(1, 41))
     assert losses[40] == pytest.approx(ref_losses[40], rel=1e-5)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
+    # timing excludes the warm-up steps of each start: the first two, and the first two after the resume
+    records = read_jsonl(Store(root).run_dir(run_id) / "steps.rank0.jsonl")
+    assert [r["step"] for r in records if r["warmup"]] == [1, 2, killed_at + 1, killed_at + 2]
     # both ranks resumed: rank 1's records are whole too
     assert sorted(_losses(Store(root).run_dir(run_id), rank=1)) == list(range(1, 41))

@@ -209,13 +209,15 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
                     evals.append({"step": step, "epoch": epoch, **result})
                 times = timer.end_step()
-                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": step <= first_step + cfg.warmup_steps, "lr": lr,
+                record = {"step": step, "epoch": epoch, "rank": ctx.rank,
+                          "warmup": step <= first_step + cfg.warmup_steps, "lr": lr,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
                           **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
                           "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
                 if sync:
                     record.update(sync.meter.take_step())
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps:
+                checkpointed = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps
+                if checkpointed:
                     # outside the step's timed wall: checkpointing is not a training stage
                     if heartbeat:
                         heartbeat.enter("checkpoint")
@@ -223,10 +225,10 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                     checkpoint.save(run_dir, rank=ctx.rank, step=step, epoch=epoch, model=model,
                                     optimizer=optimizer, scaler=scaler, evals=evals)
                     record["checkpoint(s)"] = time.perf_counter() - began
-                    log.add(record, loss.detach(), correct.detach())
+                log.add(record, loss.detach(), correct.detach())
+                if checkpointed:
                     log.flush()  # the records on disk reach at least the checkpoint
                 else:
-                    log.add(record, loss.detach(), correct.detach())
                     log.maybe_flush()
                 if ctx.is_main and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
