@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import signal
 import threading
 import traceback
@@ -76,6 +77,16 @@ def collect_summary(run_dir: Path) -> dict:
     return summary
 
 
+# Messages of a collective that failed because another rank died or aborted first (gloo, NCCL).
+_PEER_FAILURE = re.compile(r"connection (reset|closed) by peer|broken pipe|remote process exited|"
+                           r"communicator was aborted|connection refused", re.IGNORECASE)
+
+
+def _caused_by_peer(message) -> bool:
+    text = message.get("message", "") if isinstance(message, dict) else str(message)
+    return bool(_PEER_FAILURE.search(text))
+
+
 def failure_reason(err: BaseException) -> tuple[str, str]:
     """(one-line reason, full traceback text) for a failed launch or an in-process exception."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -84,10 +95,16 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
         # After the first failure torchrun stops the other ranks with SIGTERM; a rank that dies of a signal leaves
         # no error file, so its timestamp is only when the agent noticed it, and a rank the agent stopped can look
         # "first". The root cause is the earliest failure the agent did not cause itself.
+        # Likewise a rank whose collective broke because its peer went away (gloo's "connection reset by peer",
+        # NCCL's "remote process exited") is a consequence, and it can be reported before the rank that caused it.
         def stopped_by_agent(f) -> bool:
             return f.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
-        rank, failure = min(err.failures.items(), key=lambda kv: (stopped_by_agent(kv[1]), kv[1].timestamp, kv[0]))
+        def key(kv):
+            rank, f = kv
+            return stopped_by_agent(f), _caused_by_peer(f.message), f.timestamp, rank
+
+        rank, failure = min(err.failures.items(), key=key)
         if failure.exitcode < 0:
             return f"rank {rank} killed by signal {failure.signal_name()}", str(err)
         message = failure.message
