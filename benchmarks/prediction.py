@@ -1,7 +1,8 @@
 """How well does the performance model predict measured step times? Median |error| over real 2-rank runs.
 
 Calibration (scalelab.experiments.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
-compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives)
+compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives),
+2 ranks with overlapped buckets of a quarter of the gradient at each batch (the in-situ overlap)
 and a `bench comm` allreduce sweep (α, β of gloo on loopback). Measured points: 2 ranks × per-rank batches ×
 strategies × network settings (none; emulated latency; emulated latency and bandwidth). Each point's prediction
 uses the "measured" hardware plus the run's emulation (each collective takes max(fitted time, L + S·8/(bw·1e9))).
@@ -52,7 +53,7 @@ def main() -> int:
     from scalelab.analysis import perfmodel as pm
     from scalelab.config import TrainConfig
     from scalelab.experiments.grid import Cell, run_grid, with_fields, write_table
-    from scalelab.experiments.calibration import calibrate, calibration_cells, insitu_cells
+    from scalelab.experiments.calibration import calibrate, calibration_cells, gradient_sizes, insitu_cells
     from scalelab.experiments.prediction import validate_measured
     from scalelab.report import figures
     from scalelab.store import Store
@@ -66,12 +67,14 @@ def main() -> int:
                        global_batch=2 * batches[0], steps=args.steps, bucket_mb=args.bucket_mb)
     study = "bench-prediction"
     compute = {int(c.config.per_rank_batch): c for c in calibration_cells(base, batches)}
-    insitu = {int(c.config.per_rank_batch): c for c in insitu_cells(base, batches)}
+    insitu: dict[int, list] = {}
+    for c in insitu_cells(base, batches, gradient_sizes(base)[0]):
+        insitu.setdefault(int(c.config.per_rank_batch), []).append(c)
     loads: dict[str, float] = {}
     for b in batches:  # a batch's calibration runs, its measured runs, then its compute run again: back to back
         cells = [Cell(f"{s}, batch {b}, net {net_label(**emu)}", with_fields(base, global_batch=2 * b, sync=s, **emu))
                  for s in strategies for emu in nets]
-        grid = [(f"{study}/calibration", compute[b]), (f"{study}/calibration", insitu[b])]
+        grid = [(f"{study}/calibration", c) for c in [compute[b], *insitu[b]]]
         grid += [(f"{study}/validation", c) for c in cells]
         grid.append((f"{study}/validation", Cell(f"noop again, batch {b}", compute[b].config)))  # the noise floor
         for name, cell in grid:
@@ -86,10 +89,14 @@ def main() -> int:
     pd.set_option("display.width", 200)
     fmt = "{:,.1f}".format
     print(f"\ncalibration: α = {cal.alpha_s * 1e6:.1f} µs, 1/β = {1 / cal.beta_s_per_byte / 1e9:.3g} GB/s "
-          f"(bench, mean per size), in-training scale {cal.comm_scale:.2f}; {cal.parameters:,} parameters in "
+          f"(bench, mean per size), in-training scale {cal.comm_scale:.2f}, compute scale {cal.compute_scale:.2f}, "
+          f"overlap {cal.overlap:.2f}; {cal.parameters:,} parameters in "
           f"{len(cal.param_bytes)} tensors ({sum(cal.param_bytes) / 1e6:.1f} MB)")
     print(pd.DataFrame(cal.points).drop(columns="run_id").to_string(index=False, float_format=fmt))
-    print(pd.DataFrame(cal.insitu).drop(columns="run_id").to_string(index=False, float_format=fmt))
+    insitu_rows = pd.DataFrame(cal.insitu).drop(columns="run_id")
+    for has in ("comm_ratio", "overlap"):  # the allreduce rows (both scales), then the bucketed rows (overlap)
+        rows = insitu_rows[insitu_rows[has].notna()] if has in insitu_rows else insitu_rows.iloc[:0]
+        print(rows.dropna(axis=1, how="all").to_string(index=False, float_format=fmt))
     cols = ["sync", "net", "per_rank_batch", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "predicted", "measured",
             "measured_comm(ms)", "error(%)", "load1"]
     print("\nevery point (ms; predicted step = compute + exposed comm; measured = median of timed steps):")
@@ -102,13 +109,14 @@ def main() -> int:
     write_table(check, out, "prediction_accuracy")
     figure = figures.predicted_vs_measured(points, out / "prediction_accuracy.png")
     error = pm.median_abs_error(points)
-    fresh = points[~((points["sync"] == "allreduce") & (points["net"] == "none"))]
+    # the in-situ calibration ran allreduce and bucketed (other bucket size) without emulation
+    fresh = points[~(points["sync"].isin(["allreduce", "bucketed"]) & (points["net"] == "none"))]
     noise = check[check["sync"] == "noop"]
     print(f"\nfigure: {figure}")
     print(f"noise floor: the compute runs repeated (noop) differ from the fit by a median "
           f"{pm.median_abs_error(noise):.1f} %")
-    print(f"without allreduce/none (the in-situ calibration's configuration): {pm.median_abs_error(fresh):.1f} % over "
-          f"{len(fresh)} points")
+    print(f"without allreduce/none and bucketed/none (near the in-situ calibration's configurations): "
+          f"{pm.median_abs_error(fresh):.1f} % over {len(fresh)} points")
     print(f"median |error| over {len(points)} points: {error:.1f} % (goal <= 10 %): "
           f"{'met' if error <= 10 else 'NOT met'}")
     return 0

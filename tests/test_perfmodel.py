@@ -11,8 +11,8 @@ from scalelab.analysis.hardware import (LINKS, PRESETS, Hardware, collective_cos
                                         hierarchical_allreduce)
 from scalelab.analysis.perfmodel import (COLUMNS, DDP_FIRST_BUCKET_BYTES, MIB, STRATEGIES, ComputeModel, Linear,
                                          bucket_sizes, compute_frame, efficiency_threshold, exposed_after_overlap,
-                                         fit_compute, fit_compute_model, options_for_efficiency, predict, sync_cost,
-                                         validate)
+                                         Emulation, fit_compute, fit_compute_model, launch_times,
+                                         options_for_efficiency, predict, sync_cost, validate)
 from scalelab.errors import ConfigError
 
 A, B, S = 10e-6, 1e-9, 1e6  # α = 10 µs, β = 1 ns/byte (1 GB/s), S = 1 MB
@@ -255,8 +255,9 @@ def test_hardware_from_dict_presets_links_and_numbers():
     assert hw.beta_inter == pytest.approx(1e-10)
     assert hardware_from_dict({"intra": "nvlink3", "inter": "ib_hdr", "inter_links": 8}).beta_inter == pytest.approx(1 / 200e9)
     assert hardware_from_fit(1e-5, 1e-9).beta_inter == 1e-9
+    assert hardware_from_dict({"preset": "10gbe", "overlap": 0.25}).overlap == 0.25
     for preset in PRESETS.values():
-        assert preset.source and (preset.beta_intra > 0)
+        assert preset.source and (preset.beta_intra > 0) and preset.overlap == 1
 
 
 @pytest.mark.parametrize("bad, field", [
@@ -268,8 +269,30 @@ def test_hardware_from_dict_presets_links_and_numbers():
     ({"preset": "10gbe", "speed": 3}, "hardware.speed"),
     ({"gpus_per_node": 8}, "hardware.alpha_intra"),
     ({"preset": "10gbe", "inter_links": 2}, "hardware.inter_links"),
+    ({"preset": "10gbe", "overlap": 1.5}, "hardware.overlap"),
+    ({"preset": "10gbe", "overlap": "most"}, "hardware.overlap"),
 ])
 def test_bad_hardware_is_a_one_line_config_error(bad, field):
     with pytest.raises(ConfigError) as err:
         hardware_from_dict(bad)
     assert err.value.field == field and "\n" not in str(err.value) and "allowed" in str(err.value)
+
+
+def test_overlap_moves_exposed_comm_between_hidden_and_serial():
+    """Three equal buckets, each 4 ms of comm, ready at 2, 4 and 6 ms of a 6 ms backward: overlap 1 hides what
+    the queue of collectives allows (4 of 12 ms); overlap 0 hides nothing (exposed = all 12 ms); in between,
+    each collective starts that share of the way from its ready time to backward's end."""
+    assert launch_times([1.0, 1.0, 1.0], 6e-3, 0.5) == (pytest.approx([2e-3, 4e-3, 6e-3]),
+                                                        pytest.approx([4e-3, 5e-3, 6e-3]))
+    # α = 2 ms, β = 0: every 2-rank ring allreduce of a bucket costs 2·(n−1)·α = 4 ms; buckets 1 byte each
+    hw = hardware_from_fit(2e-3, 0.0)
+    cost = {o: sync_cost("bucketed", param_bytes=[1.0] * 3, n=2, hardware=dataclasses.replace(hw, overlap=o),
+                         backward_s=6e-3, bucket_bytes=1.0) for o in (0.0, 0.5, 1.0)}
+    assert {o: c.comm_s for o, c in cost.items()} == pytest.approx({0.0: 12e-3, 0.5: 12e-3, 1.0: 12e-3})
+    # ends: 1.0: 2+4=6, 10, 14 -> 8 exposed; 0.5: 4+4=8, 12, 16 -> 10; 0.0: 6+4, 14, 18 -> 12 (= all comm)
+    assert {o: c.exposed_s for o, c in cost.items()} == pytest.approx({0.0: 12e-3, 0.5: 10e-3, 1.0: 8e-3})
+    # under emulation the floors are timers from each launch, whatever the overlap: a 20 ms floor per bucket
+    emu = Emulation(latency_s=20e-3)
+    late = sync_cost("bucketed", param_bytes=[1.0] * 3, n=2, hardware=dataclasses.replace(hw, overlap=0.0),
+                     backward_s=6e-3, bucket_bytes=1.0, emulation=emu)
+    assert late.exposed_s == pytest.approx(6e-3 + 20e-3 - 6e-3)

@@ -1,8 +1,9 @@
 """The performance-model experiment: calibration from a tiny real study, prediction tables, validation against real
 2-rank runs with an injected (emulated) latency, and `scalelab predict`.
 
-One module-scoped study (2 gloo ranks on 127.0.0.1) is shared: two compute runs without sync, one `bench comm`
-sweep, and two runs with per-parameter allreduce under 20 ms of emulated latency. The model has 3 parameter
+One module-scoped study (2 gloo ranks on 127.0.0.1) is shared: the calibration (per batch a compute run without
+sync, an in-situ allreduce run and an in-situ bucketed run; one `bench comm` sweep), and two runs with
+per-parameter allreduce under 20 ms of emulated latency. The model has 3 parameter
 tensors (no biases), so the emulated part of a step is at least 3 × 20 ms: the known truth.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.grid import Cell, with_fields
-from scalelab.experiments.calibration import Calibration, calibrate, calibration_path, insitu_scales
+from scalelab.experiments.calibration import (Calibration, calibrate, calibration_path, fit_overlap,
+                                              insitu_scales)
 from scalelab.experiments.prediction import (efficiency_threshold, options_for_efficiency, predict_table,
                                              resolve_hardware, validate_measured)
 from scalelab.store import Store
@@ -73,6 +75,11 @@ def test_calibration_from_a_tiny_study_is_a_usable_model(study):
     assert 0 < model.step_ms(4) <= model.step_ms(16) <= model.step_ms(64)
     saved = Calibration.load(calibration_path(study.store, "t"))
     assert saved == cal
+    # per batch: the compute run, an allreduce run and a bucketed run (the overlap), all stored and completed
+    runs = study.store.list_runs()
+    assert (runs["status"] == "completed").all()
+    assert 0 <= cal.overlap <= 1 and cal.hardware().overlap == cal.overlap
+    assert sorted(r["per_rank_batch"] for r in cal.insitu if "overlap" in r) == BATCHES
     table = predict_table(cal, cal.hardware(), [1, 2, 8], batch=8, strategy="allreduce")
     assert table["step(ms)"].is_monotonic_increasing and table["efficiency"].iloc[0] == 1
 
@@ -197,6 +204,29 @@ def test_insitu_scales_recover_known_compute_and_comm_factors():
     assert here.iloc[3]["compute(ms)"] == pytest.approx(one["compute(ms)"])
     noop = predict_table(cal, cal.hardware(), [2], batch=8, strategy="noop").iloc[0]
     assert noop["compute(ms)"] == pytest.approx(one["compute(ms)"])
+
+
+def test_fit_overlap_recovers_a_known_overlap():
+    """Bucketed runs whose measured step is compute × compute_scale plus the model's exposed comm at overlap 0.3:
+    the fit finds 0.3; a run with a single bucket (nothing to hide) says nothing and is left out."""
+    cal = synthetic_calibration(compute_scale=1.2, comm_scale=2.0)
+    points = pd.DataFrame([{"per_rank_batch": float(b), "step(ms)": 10.0 + b} for b in (8, 32)])
+    truth = dataclasses.replace(cal.hardware(), overlap=0.3)
+
+    def run(b: int, bucket_mb: float) -> dict:
+        exposed = pm.sync_cost("bucketed", param_bytes=cal.param_bytes, n=2, hardware=truth,
+                               backward_s=1.2 * cal.compute_model().backward(b) / 1e3,
+                               bucket_bytes=bucket_mb * pm.MIB).exposed_s
+        return {"run_id": f"r{b}-{bucket_mb}", "config": {"global_batch": 2 * b, "ranks": 2, "bucket_mb": bucket_mb},
+                "summary": {"time/step_median(ms)": 1.2 * (10.0 + b) + 1e3 * exposed}}
+
+    overlap, rows = fit_overlap(points, [run(8, 8.0), run(32, 8.0), run(32, 100.0)], cal)
+    assert overlap == pytest.approx(0.3, abs=1e-6) and [r["run_id"] for r in rows] == ["r8-8.0", "r32-8.0"]
+    # measured beyond the model's ends clips to them; no informative run keeps 1 (hide what the model hides)
+    slow = run(8, 8.0)
+    slow["summary"]["time/step_median(ms)"] += 1e3
+    assert fit_overlap(points, [slow], cal)[0] == 0.0
+    assert fit_overlap(points, [run(32, 100.0)], cal) == (1.0, [])
 
 
 # ---------------------------------------------------------------- CLI

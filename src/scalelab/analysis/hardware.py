@@ -204,12 +204,19 @@ class Hardware:
     beta_inter: float  # s per byte through a node's inter-node link
     gpus_per_node: int = 1
     source: str = ""
+    # The share of the hideable communication that backward really hides (perfmodel.sync_cost): 1 where
+    # collectives run on their own engine (NCCL on GPUs); less on a CPU host, where gloo's threads compete with
+    # backward for the same cores. Fitted for this machine by the calibration.
+    overlap: float = 1.0
 
     def __post_init__(self) -> None:
         for f in ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter"):
             value = getattr(self, f)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ConfigError(f"hardware.{f}", value, "allowed: a finite number >= 0")
+        o = self.overlap
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or not 0 <= o <= 1:
+            raise ConfigError("hardware.overlap", o, "allowed: a number in [0, 1]")
         g = self.gpus_per_node
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise ConfigError("hardware.gpus_per_node", g, "allowed: an integer >= 1")
@@ -270,16 +277,16 @@ PRESETS = {
 
 
 def hardware_from_fit(alpha: float, beta: float, *, gpus_per_node: int = 1, name: str = "loopback (this machine)",
-                      source: str = "α-β least-squares fit of `bench comm` timings") -> Hardware:
+                      source: str = "α-β least-squares fit of `bench comm` timings", overlap: float = 1.0) -> Hardware:
     """Hardware whose links are all the fitted (α, β): what this machine's ranks measured."""
     return Hardware(name=name, alpha_intra=alpha, beta_intra=beta, alpha_inter=alpha, beta_inter=beta,
-                    gpus_per_node=gpus_per_node, source=source)
+                    gpus_per_node=gpus_per_node, source=source, overlap=overlap)
 
 
 _NUMERIC = {"alpha_intra": 1.0, "beta_intra": 1.0, "alpha_inter": 1.0, "beta_inter": 1.0,
             "latency_intra(us)": 1e-6, "latency_inter(us)": 1e-6,  # -> alpha, s
             "bandwidth_intra(GB/s)": 1e9, "bandwidth_inter(GB/s)": 1e9}  # -> beta = 1 / (value * 1e9)
-ALLOWED_KEYS = ("preset", "intra", "inter", "inter_links", "gpus_per_node", "name", "source", *_NUMERIC)
+ALLOWED_KEYS = ("preset", "intra", "inter", "inter_links", "gpus_per_node", "name", "source", "overlap", *_NUMERIC)
 
 
 def hardware_from_dict(d: dict) -> Hardware:
@@ -320,6 +327,8 @@ def hardware_from_dict(d: dict) -> Hardware:
                                       f"({', '.join(LINKS)}) or a number for one side")
                 values[f"{kind}_{side}"] = values[f"{kind}_{other}"]
     values["gpus_per_node"] = _integer(d, "gpus_per_node", values.get("gpus_per_node", 1))
+    if "overlap" in d:
+        values["overlap"] = _number("overlap", d["overlap"], positive=False)
     values["name"] = str(d.get("name", values.get("name", "custom")))
     values["source"] = str(d.get("source", values.get("source", "user-given values")))
     return Hardware(**values)

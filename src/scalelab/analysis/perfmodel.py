@@ -152,6 +152,16 @@ def exposed_after_overlap(ready_s: Sequence[float], comm_s: Sequence[float], bac
     return max(0.0, end - backward_s)
 
 
+def launch_times(buckets: Sequence[float], backward_s: float, overlap: float = 1.0) -> tuple[list[float], list[float]]:
+    """(ready, start) per bucket: bucket i is ready at backward·(bytes up to i)/(all bytes) (gradients assumed to
+    arrive at a steady byte rate); its collective effectively starts at ready + (1 − overlap)·(backward − ready).
+    overlap 1: as soon as it is ready; 0: only after backward (nothing hidden, as when the collectives' threads
+    can get no core while backward runs); in between, that share of the hideable time is hidden."""
+    total = sum(buckets)
+    ready = [float(r) for r in backward_s * np.cumsum(buckets) / total] if total else [0.0] * len(buckets)
+    return ready, [r + (1 - overlap) * (backward_s - r) for r in ready]
+
+
 def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: Hardware, backward_s: float,
               bucket_bytes: float = 25 * MIB, compression: str = "none",
               algorithm: str | None = None, emulation: "Emulation | None" = None) -> SyncCost:
@@ -163,8 +173,8 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     gather_scatter  Σ_p [T_gather(n·S_p) + T_scatter(n·S_p)] = Σ_p 2[(n−1)α + (n−1)·S_p·β]: the root moves
                     every piece, so its bandwidth term grows with n; nothing is hidden.
     bucketed / ddp  buckets (`bucket_sizes`; ddp's first bucket is capped at 1 MiB) are all-reduced as they
-                    become ready during backward; bucket i is ready at backward·(bytes up to i)/(all bytes)
-                    (gradients assumed to arrive at a steady byte rate); exposed by `exposed_after_overlap`.
+                    become ready during backward (`launch_times`, with hardware.overlap); exposed by
+                    `exposed_after_overlap`.
     compression     fp16 / bf16 halve the bytes (fp32 gradients assumed); any strategy, as a what-if.
     With accumulation, sync happens once per optimizer step and overlaps only the last micro-step's backward:
     pass that micro-step's backward as `backward_s`. n = 1 costs 0.
@@ -192,9 +202,8 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
     buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
     comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
-    total = sum(buckets)
-    ready = backward_s * np.cumsum(buckets) / total if total else np.zeros(len(buckets))
-    return SyncCost(sum(comms), exposed_after_overlap(ready, comms, backward_s), len(buckets))
+    _, start = launch_times(buckets, backward_s, hardware.overlap)
+    return SyncCost(sum(comms), exposed_after_overlap(start, comms, backward_s), len(buckets))
 
 
 @dataclass(frozen=True)
@@ -226,15 +235,16 @@ class Emulation:
         return self.latency_s + (nbytes / self.bandwidth_Bps if self.bandwidth_Bps else 0.0)
 
 
-def completion_with_floors(ready_s: Sequence[float], comm_s: Sequence[float],
-                           floor_s: Sequence[float]) -> list[float]:
+def completion_with_floors(ready_s: Sequence[float], comm_s: Sequence[float], floor_s: Sequence[float],
+                           start_s: Sequence[float] | None = None) -> list[float]:
     """When each overlapped collective completes for the caller under emulation: the real collectives are served
-    one at a time (real_end_i = max(ready_i, real_end_{i−1}) + comm_i) while each floor runs from its own launch
-    on its own timer, so completion_i = max(real_end_i, ready_i + floor_i). With zero floors the last completion
-    is `exposed_after_overlap`'s end."""
+    one at a time (real_end_i = max(start_i, real_end_{i−1}) + comm_i; start = ready unless given, see
+    `launch_times`) while each floor runs from its own launch on its own timer (a sleep, which needs no core),
+    so completion_i = max(real_end_i, ready_i + floor_i). With zero floors the last completion is
+    `exposed_after_overlap`'s end."""
     out, end = [], 0.0
-    for ready, comm, floor in zip(ready_s, comm_s, floor_s):
-        end = max(end, ready) + comm
+    for ready, start, comm, floor in zip(ready_s, start_s if start_s is not None else ready_s, comm_s, floor_s):
+        end = max(end, start) + comm
         out.append(max(end, ready + floor))
     return out
 
@@ -260,9 +270,8 @@ def emulated_sync_cost(strategy: str, *, sizes: Sequence[float], param_bytes: Se
     first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
     buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
     comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
-    total = sum(buckets)
-    ready = list(backward_s * np.cumsum(buckets) / total) if total else [0.0] * len(buckets)
-    done = completion_with_floors(ready, comms, [emulation.floor_s(s) for s in buckets])
+    ready, start = launch_times(buckets, backward_s, hardware.overlap)
+    done = completion_with_floors(ready, comms, [emulation.floor_s(s) for s in buckets], start)
     comm = sum(d - r for d, r in zip(done, ready))
     return SyncCost(comm, max(0.0, max(done, default=0.0) - backward_s), len(buckets))
 

@@ -20,6 +20,11 @@ Calibration measures what the model needs, as stored runs (resumable through `ru
     compute_scale × compute step) / Σ_p T(S_p) with the bench's α, β, at least 1 (the bench is the best case).
   The "measured" hardware is the bench's α, β times comm_scale, and its predictions (and the validation's, on
   this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
+- overlap (base.ranks > 1): one run per per-rank batch with overlapped buckets (sync=bucketed, about a quarter
+  of the gradient per bucket, or one per parameter when that gives a single bucket), right after the allreduce
+  run. On 2 shared cores gloo's threads compete with
+  backward, so less is hidden than a separate engine would hide: overlap = the median over batches of the
+  Hardware.overlap at which the model's exposed communication equals the measured one (`fit_overlap`).
 - the model's gradient sizes: one entry per trainable parameter (numel · element size), in registration order.
 The calibration is a JSON file in the study folder (STORE/studies/STUDY/calibration.json); it is reused while
 the measurement it describes (same cells, same bench) is unchanged.
@@ -64,7 +69,8 @@ class Calibration:
     beta_s_per_byte: float  # s per byte (bench fit)
     comm_scale: float = 1.0  # in-training collective time / the bench fit's (>= 1), see the module docstring
     compute_scale: float = 1.0  # compute with communication / without, on this machine (>= 1)
-    insitu: list[dict] = field(default_factory=list)  # the allreduce runs both scales came from
+    overlap: float = 1.0  # share of the hideable communication backward hides here (Hardware.overlap)
+    insitu: list[dict] = field(default_factory=list)  # the in-situ runs the scales and the overlap came from
     param_bytes: list[int]  # gradient bytes per trainable parameter, registration order
     parameters: int  # trainable parameter elements
     compute_runs: list[str] = field(default_factory=list)
@@ -80,9 +86,9 @@ class Calibration:
         """This machine's links as training sees them: the bench's α, β times comm_scale."""
         k = self.comm_scale
         return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
-                                 name=f"{MEASURED} ({self.backend} loopback, this machine)",
+                                 name=f"{MEASURED} ({self.backend} loopback, this machine)", overlap=self.overlap,
                                  source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
-                                        f"scale {k:.2f}")
+                                        f"scale {k:.2f}; overlap {self.overlap:.2f} fitted in situ")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -90,7 +96,7 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(known - set(data) - {"created", "comm_scale", "compute_scale", "insitu"})
+        missing = sorted(known - set(data) - {"created", "comm_scale", "compute_scale", "overlap", "insitu"})
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -124,12 +130,20 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
             for b in sorted(set(batches))]
 
 
-def insitu_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
-    """Per per-rank batch, one run with per-parameter blocking allreduce and no emulation (none for one rank)."""
+def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequence[int]) -> list[Cell]:
+    """Per per-rank batch, one run with per-parameter blocking allreduce and one with overlapped buckets (about a
+    quarter of the gradient each, so there is overlap to measure; one per parameter when the last-ready tensor
+    alone fills a quarter), no emulation; none for one rank."""
     if base.ranks < 2:
         return []
-    return [Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}",
-                 with_fields(c.config, sync="allreduce")) for c in calibration_cells(base, batches)]
+    cap = sum(param_bytes) / 4
+    if len(pm.bucket_sizes(param_bytes, cap)) < 2:
+        cap = min(param_bytes)
+    quarter = max(1, cap) / pm.MIB
+    return [cell for c in calibration_cells(base, batches) for cell in (
+        Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}", with_fields(c.config, sync="allreduce")),
+        Cell(f"in situ bucketed, per-rank batch {c.config.per_rank_batch}",
+             with_fields(c.config, sync="bucketed", bucket_mb=quarter)))]
 
 
 def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
@@ -212,6 +226,40 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
     return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
 
 
+def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> tuple[float, list[dict]]:
+    """(overlap, rows) from the in-situ bucketed runs: per batch, the overlap in [0, 1] at which the model's
+    exposed communication equals the measured one (step − compute_scale × the compute run's step; exposed
+    falls as overlap rises, so bisection finds it; clipped at the ends), then the median over batches.
+    1 when no run has hideable communication (a single bucket, or backward too short to matter)."""
+    by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
+    model = cal.compute_model()
+    rows = []
+    for run in runs:
+        cfg, summary = run["config"], run["summary"]
+        b = cfg["global_batch"] / cfg["ranks"]
+        if b not in by_batch:
+            continue
+        measured = summary["time/step_median(ms)"] - cal.compute_scale * by_batch[b]["step(ms)"]
+
+        def exposed(overlap: float) -> float:
+            hw = dataclasses.replace(cal.hardware(), overlap=overlap)
+            return 1e3 * pm.sync_cost("bucketed", param_bytes=cal.param_bytes, n=cal.ranks, hardware=hw,
+                                      backward_s=cal.compute_scale * model.backward(b) / 1e3,
+                                      bucket_bytes=cfg["bucket_mb"] * pm.MIB).exposed_s
+
+        none, full = exposed(0.0), exposed(1.0)
+        if none - full < 1e-3:  # under a µs of hideable time: this run says nothing about overlap
+            continue
+        lo, hi = (0.0, 0.0) if measured >= none else (1.0, 1.0) if measured <= full else (0.0, 1.0)
+        while hi - lo > 1e-9:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if exposed(mid) > measured else (lo, mid)
+        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "measured_exposed(ms)": measured,
+                     "exposed_no_overlap(ms)": none, "exposed_full_overlap(ms)": full, "overlap": (lo + hi) / 2})
+    values = pd.Series([r["overlap"] for r in rows], dtype=float)
+    return (float(values.median()) if len(values) else 1.0), rows
+
+
 def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
     return model.overhead if stage == "other" else getattr(model, stage)
 
@@ -231,8 +279,8 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
     from scalelab.measure.commbench import run_commbench
     from scalelab.runner import RunFailed
 
-    cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches)
     param_bytes, parameters = gradient_sizes(base)
+    cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)
     bench = bench or bench_config(base, param_bytes)
     identity = [cell_key(c.config) for c in cells + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
@@ -245,8 +293,9 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         if old is not None and old.key == key:
             say(f"[{study}] calibration {path} reused")
             return old
-    # each batch's compute run and its in-situ run back to back: load from other processes hits both alike
-    paired = [c for i, cell in enumerate(cells) for c in [cell, *insitu[i:i + 1]]]
+    # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
+    per_batch = len(insitu) // len(cells)
+    paired = [c for i, cell in enumerate(cells) for c in [cell, *insitu[per_batch * i:per_batch * (i + 1)]]]
     results = run_grid(f"{study}/calibration", paired, store, say=say)
     failed = [r for r in results if r.status == "failed"]
     if failed:
@@ -272,11 +321,14 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
         key=key)
-    cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(
-        points, [by_key[cell_key(c.config)] for c in insitu], cal)
+    runs = {sync: [by_key[cell_key(c.config)] for c in insitu if c.config.sync == sync]
+            for sync in ("allreduce", "bucketed")}
+    cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
+    cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
+    cal.insitu += overlap_rows
     cal.save(path)
     say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
         f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
         f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); with communication: collectives "
-        f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}; wrote {path}")
+        f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; wrote {path}")
     return cal
