@@ -218,8 +218,8 @@ def run_prediction(base: TrainConfig, store: Store, study: str, out_dir: Path, *
     notes = {"calibration": f"{calibration_path(store, study)} (α = {cal.alpha_s * 1e6:.1f} µs, "
                             f"β⁻¹ = {1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} "
                             f"GB/s from the bench; in training collectives ×{cal.comm_scale:.2f}, compute "
-                            f"×{cal.compute_scale:.2f}; {cal.parameters:,} parameters in {len(cal.param_bytes)} "
-                            "tensors)",
+                            f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {cal.parameters:,} parameters in "
+                            f"{len(cal.param_bytes)} tensors)",
              "efficiency < 50 % from": {hw: (f"{n} workers" if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
              f"to keep >= {target:.0%} on {top} workers": {hw: recommendation(group, top, target)
