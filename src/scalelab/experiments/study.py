@@ -106,7 +106,8 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                                "warmup_steps": 1}},
         "predict": {"workers": [1, 2, 4, 8, 16, 64, 256, 1024, 4096], "hardware": ["measured", "10gbe", "ib_hdr",
                                                                                     "nvlink3"],
-                    "set": {**comm_model}},
+                    # 2 ranks calibrate in situ and validate on measured runs; the quick study keeps to one rank
+                    "set": {**comm_model, "ranks": 1 if q else 2}},
     }
     return StudySpec(name=name or ("quick" if q else "default"), quick=q, base=base, options=options)
 

@@ -86,6 +86,13 @@ def _sentences(name: str, result) -> tuple[list[str], list[str]]:
     return out, recs
 
 
+def _note_text(value) -> str:
+    """A note's value as prose: a mapping (one entry per hardware, variant …) as "key: value; key: value"."""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {v}" for k, v in value.items())
+    return str(value)
+
+
 def section_for(name: str, result) -> tuple[Section, list[str]]:
     sid, title, question = SECTIONS[name]
     sentences, recs = _sentences(name, result)
@@ -94,7 +101,7 @@ def section_for(name: str, result) -> tuple[Section, list[str]]:
               for caption in [TABLE_CAPTIONS.get(key, "")]]
     figures = [FigureBlock(Path(p), FIGURE_CAPTIONS.get(Path(p).stem, "")) for p in result.files
                if str(p).endswith(".png")]
-    notes = [f"{k}: {v}" for k, v in result.notes.items() if k not in ("recommended",)]
+    notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
     return Section(id=sid, title=title, question=question, sentences=sentences, tables=tables, figures=figures,
                    notes=notes), recs
 
