@@ -22,9 +22,9 @@ Calibration measures what the model needs, as stored runs (resumable through `ru
   this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
 - overlap (base.ranks > 1): one run per per-rank batch with overlapped buckets (sync=bucketed, about a quarter
   of the gradient per bucket, or one per parameter when that gives a single bucket), right after the allreduce
-  run. On 2 shared cores gloo's threads compete with
-  backward, so less is hidden than a separate engine would hide: overlap = the median over batches of the
-  Hardware.overlap at which the model's exposed communication equals the measured one (`fit_overlap`).
+  run. On 2 shared cores gloo's threads compete with backward, so less is hidden than a separate engine would
+  hide: overlap = the median over batches of the Hardware.overlap at which the model's exposed communication
+  equals the measured one (`fit_overlap`).
 - the model's gradient sizes: one entry per trainable parameter (numel · element size), in registration order.
 The calibration is a JSON file in the study folder (STORE/studies/STUDY/calibration.json); it is reused while
 the measurement it describes (same cells, same bench) is unchanged.
@@ -139,11 +139,11 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
     cap = sum(param_bytes) / 4
     if len(pm.bucket_sizes(param_bytes, cap)) < 2:
         cap = min(param_bytes)
-    quarter = max(1, cap) / pm.MIB
+    bucket_mb = max(1, cap) / pm.MIB
     return [cell for c in calibration_cells(base, batches) for cell in (
         Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}", with_fields(c.config, sync="allreduce")),
         Cell(f"in situ bucketed, per-rank batch {c.config.per_rank_batch}",
-             with_fields(c.config, sync="bucketed", bucket_mb=quarter)))]
+             with_fields(c.config, sync="bucketed", bucket_mb=bucket_mb)))]
 
 
 def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
