@@ -7,8 +7,8 @@ on more workers and other hardware, and check the model against measured runs.
     scalelab predict --hardware-file cluster.yaml --strategy allreduce --target-efficiency 0.7
     scalelab predict --set net_latency_ms=5 --set net_bandwidth_gbps=1 --strategy bucketed   # validate on an
                                                                                             # emulated network
-The calibration (runs without sync at several per-rank batches + a `bench comm` allreduce sweep) is stored in
-the study and reused; `--no-validate` skips the measured runs of the chosen strategy.
+The calibration (runs without sync at several per-rank batches, in-situ allreduce and bucketed runs with 2+ ranks,
+a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the chosen strategy.
 """
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def predict_cmd(
                                                  "(this machine's fit), 10gbe, 25gbe, 100gbe, ib_hdr, nvlink3, "
                                                  "pcie4_x16. Default: measured, 10gbe, ib_hdr, nvlink3."),
     hardware_file: Optional[Path] = typer.Option(None, "--hardware-file", help="YAML hardware: preset, intra/inter "
-                                                 "links, latency_*(us), bandwidth_*(GB/s), gpus_per_node."),
+                                                 "links, latency_*(us), bandwidth_*(GB/s), gpus_per_node, "
+                                                 "overlap (0..1)."),
     mode: str = typer.Option("weak", help="strong (global batch fixed) or weak (per-rank batch fixed)."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="Strong mode: the global batch "
                                                "(default: the config's)."),
