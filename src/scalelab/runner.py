@@ -82,9 +82,13 @@ _PEER_FAILURE = re.compile(r"connection (reset|closed) by peer|broken pipe|remot
                            r"communicator was aborted|connection refused", re.IGNORECASE)
 
 
-def _caused_by_peer(message) -> bool:
-    text = message.get("message", "") if isinstance(message, dict) else str(message)
-    return bool(_PEER_FAILURE.search(text))
+def _message(failure) -> tuple[str, str]:
+    """(message, traceback) of a torchrun ProcessFailure: from its error file's record, or its plain message."""
+    message = failure.message
+    if isinstance(message, dict):
+        text = message.get("message", "")
+        return text, message.get("extraInfo", {}).get("py_callstack", text)
+    return str(message), str(message)
 
 
 def failure_reason(err: BaseException) -> tuple[str, str]:
@@ -102,17 +106,12 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
 
         def key(kv):
             rank, f = kv
-            return stopped_by_agent(f), _caused_by_peer(f.message), f.timestamp, rank
+            return stopped_by_agent(f), bool(_PEER_FAILURE.search(_message(f)[0])), f.timestamp, rank
 
         rank, failure = min(err.failures.items(), key=key)
         if failure.exitcode < 0:
             return f"rank {rank} killed by signal {failure.signal_name()}", str(err)
-        message = failure.message
-        if isinstance(message, dict):
-            text = message.get("message", "")
-            trace = message.get("extraInfo", {}).get("py_callstack", text)
-        else:
-            text, trace = str(message), str(message)
+        text, trace = _message(failure)
         first = text.strip().splitlines()[-1] if text.strip() else "no error message"
         return f"rank {rank} exited with code {failure.exitcode}: {first}", trace
     text = f"{type(err).__name__}: {err}".strip().splitlines()
