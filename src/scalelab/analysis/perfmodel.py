@@ -198,12 +198,19 @@ def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: 
     if strategy == "gather_scatter":
         comm = sum(collective_time(op, n * s, n, hardware) for s in sizes for op in ("gather", "scatter"))
         return SyncCost(comm, comm, 2 * len(sizes))
+    buckets, comms, _, start = _overlapped_buckets(strategy, param_bytes, factor, bucket_bytes, n, hardware,
+                                                   algorithm, backward_s)
+    return SyncCost(sum(comms), exposed_after_overlap(start, comms, backward_s), len(buckets))
+
+
+def _overlapped_buckets(strategy: str, param_bytes: Sequence[float], factor: float, bucket_bytes: float, n: int,
+                        hardware: Hardware, algorithm: str | None, backward_s: float):
+    """(bucket bytes on the wire, their all-reduce times, ready times, start times) for bucketed / ddp."""
     # buckets are cut on the gradients' own bytes; a compression hook shrinks each bucket on the wire
     first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
     buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
     comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
-    _, start = launch_times(buckets, backward_s, hardware.overlap)
-    return SyncCost(sum(comms), exposed_after_overlap(start, comms, backward_s), len(buckets))
+    return (buckets, comms, *launch_times(buckets, backward_s, hardware.overlap))
 
 
 @dataclass(frozen=True)
@@ -267,10 +274,8 @@ def emulated_sync_cost(strategy: str, *, sizes: Sequence[float], param_bytes: Se
         comm = sum(max(collective_time(op, n * s, n, hardware), emulation.floor_s((n - 1) * s))
                    for s in sizes for op in ("gather", "scatter"))
         return SyncCost(comm, comm, 2 * len(sizes))
-    first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
-    buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
-    comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
-    ready, start = launch_times(buckets, backward_s, hardware.overlap)
+    buckets, comms, ready, start = _overlapped_buckets(strategy, param_bytes, factor, bucket_bytes, n, hardware,
+                                                       algorithm, backward_s)
     done = completion_with_floors(ready, comms, [emulation.floor_s(s) for s in buckets], start)
     comm = sum(d - r for d, r in zip(done, ready))
     return SyncCost(comm, max(0.0, max(done, default=0.0) - backward_s), len(buckets))

@@ -232,7 +232,7 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
     falls as overlap rises, so bisection finds it; clipped at the ends), then the median over batches.
     1 when no run has hideable communication (a single bucket, or backward too short to matter)."""
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
-    model = cal.compute_model()
+    model, hw = cal.compute_model(), cal.hardware()
     rows = []
     for run in runs:
         cfg, summary = run["config"], run["summary"]
@@ -240,11 +240,11 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
         if b not in by_batch:
             continue
         measured = summary["time/step_median(ms)"] - cal.compute_scale * by_batch[b]["step(ms)"]
+        backward_s = cal.compute_scale * model.backward(b) / 1e3
 
         def exposed(overlap: float) -> float:
-            hw = dataclasses.replace(cal.hardware(), overlap=overlap)
-            return 1e3 * pm.sync_cost("bucketed", param_bytes=cal.param_bytes, n=cal.ranks, hardware=hw,
-                                      backward_s=cal.compute_scale * model.backward(b) / 1e3,
+            return 1e3 * pm.sync_cost("bucketed", param_bytes=cal.param_bytes, n=cal.ranks,
+                                      hardware=dataclasses.replace(hw, overlap=overlap), backward_s=backward_s,
                                       bucket_bytes=cfg["bucket_mb"] * pm.MIB).exposed_s
 
         none, full = exposed(0.0), exposed(1.0)
@@ -294,8 +294,8 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
             say(f"[{study}] calibration {path} reused")
             return old
     # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
-    per_batch = len(insitu) // len(cells)
-    paired = [c for i, cell in enumerate(cells) for c in [cell, *insitu[per_batch * i:per_batch * (i + 1)]]]
+    paired = [c for cell in cells for c in [cell, *(i for i in insitu
+                                                    if i.config.per_rank_batch == cell.config.per_rank_batch)]]
     results = run_grid(f"{study}/calibration", paired, store, say=say)
     failed = [r for r in results if r.status == "failed"]
     if failed:
