@@ -1,0 +1,72 @@
+"""No loss of behaviour across the restructure: a store written by scalelab 0.1 (tests/fixtures/store_v0: a quick
+study of profile, batch_sweep, strategies and comm, one plain run and one failed run) gives the same
+`runs list`, `runs show` and `report` tables as that version printed (tests/fixtures/store_v0_expected).
+
+Columns may differ only by the renames in RENAMED (old name -> new name); rows and values are the same.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from scalelab.cli import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "store_v0"
+EXPECTED = Path(__file__).parent / "fixtures" / "store_v0_expected"
+RENAMED: dict[str, str] = {}
+
+
+def _store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(FIXTURE, root)
+    spec = root / "studies" / "fixture" / "study.json"
+    spec.write_text(spec.read_text().replace("/FIXTURE_STORE", str(root)))
+    return root
+
+
+def _renamed(record: dict) -> dict:
+    return {RENAMED.get(k, k): v for k, v in record.items()}
+
+
+def test_runs_list_of_an_old_store_is_unchanged(tmp_path, capsys):
+    root = _store(tmp_path)
+    try:
+        main(["runs", "list", "--json", "--limit", "100", "--store", str(root)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    got = json.loads(capsys.readouterr().out)
+    want = [_renamed(r) for r in json.loads((EXPECTED / "runs_list.json").read_text())]
+    assert [r["run_id"] for r in got] == [r["run_id"] for r in want]
+    for g, w in zip(got, want):
+        assert {k: g.get(k) for k in w} == w
+
+
+@pytest.mark.parametrize("path", sorted((EXPECTED / "show").glob("*.json")), ids=lambda p: p.stem)
+def test_runs_show_of_an_old_store_is_unchanged(tmp_path, capsys, path):
+    root = _store(tmp_path)
+    try:
+        main(["runs", "show", path.stem, "--store", str(root)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    got = json.loads(capsys.readouterr().out)
+    got.pop("dir")
+    assert _renamed(got) == _renamed(json.loads(path.read_text()))
+
+
+def test_report_of_an_old_store_gives_the_same_tables(tmp_path, capsys):
+    root = _store(tmp_path)
+    study = root / "studies" / "fixture"
+    try:
+        main(["report", str(study)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    tables = study / "report" / "tables"
+    for path in sorted((EXPECTED / "report_tables").glob("*.csv")):
+        want = pd.read_csv(path).rename(columns=RENAMED)
+        got = pd.read_csv(tables / path.name)
+        assert list(got.columns) == list(want.columns), path.name
+        pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9, obj=path.name)
