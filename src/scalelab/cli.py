@@ -25,8 +25,7 @@ USAGE_ERRORS = (click.UsageError, _TyperUsageError)
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.cli_compare import app as compare_app
-from scalelab.cli_experiments import app as experiments_app
+from scalelab.cli_experiments import app as experiments_app, compare_app
 from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
@@ -103,7 +102,7 @@ def train(
 ) -> None:
     """Train once, measuring every step's stages; store the run and print its summary."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "store", "study", "resume") and v is not None}
-    from scalelab.cli_experiments import parse_bytes
+    from scalelab.experiments.base import parse_bytes
     from scalelab.runner import RunFailed, execute, resume_run
 
     if resume is not None and (flags or config or study):

@@ -18,7 +18,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from scalelab.cli_experiments import int_list, parse_sets
+from scalelab.cli_experiments import parse_sets
+from scalelab.experiments.base import int_list
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ConfigError
 
@@ -100,7 +101,7 @@ def predict_cmd(
     """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
     from scalelab.analysis.hardware import PRESETS, hardware_from_dict
     from scalelab.analysis.perfmodel import COMPRESSION
-    from scalelab.cli_experiments import _store_and_out
+    from scalelab.cli_experiments import _store_and_out, experiment_context
     from scalelab.experiments.calibration import MEASURED
     from scalelab.experiments.prediction import run_prediction
     from scalelab.runner import RunFailed
@@ -145,7 +146,7 @@ def predict_cmd(
                    else default_calibration_batches(base.per_rank_batch, base.accumulate))
     st, out_dir = _store_and_out(store, study, out)
     try:
-        result = run_prediction(base, st, study, out_dir, hardware=names, hardware_file=hw_file,
+        result = run_prediction(experiment_context(st, study, out_dir, console.print), base, hardware=names, hardware_file=hw_file,
                                 gpus_per_node=gpus_per_node, workers=counts, mode=mode, batch=batch,
                                 strategy=strategy, bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
                                 compression=compression, target=target_efficiency,
@@ -153,6 +154,9 @@ def predict_cmd(
     except RunFailed as err:
         err_console.print(f"error: {err}", highlight=False)
         raise typer.Exit(1)
+    from scalelab.experiments.registry import get
+
+    get("predict").write(result, out_dir)
     show(result)
 
 

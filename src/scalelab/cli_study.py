@@ -15,12 +15,13 @@ app = typer.Typer()
 console = Console()
 
 
-def _write(spec, store, out_dir: Path, results: dict, provenance: dict, command: str) -> Path:
+def _write(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
     from scalelab.report.build import build_report, system_section
     from scalelab.report.render import write_report
 
+    results = {experiment.name: result for experiment, result in answered}
     extra = [s for s in [system_section(store, results, out_dir / "tables")] if s is not None]
-    report = build_report(spec, results, provenance, command, extra_sections=extra)
+    report = build_report(spec, answered, provenance, command, extra_sections=extra)
     files = write_report(report, out_dir / "report")
     return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html"
 
@@ -33,7 +34,9 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
               store: Optional[Path] = typer.Option(None, "--store", help="Run store (env SCALELAB_STORE).")) -> None:
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
-    from scalelab.experiments.study import EXPERIMENTS, default_spec, load_spec, run_experiments, save_spec
+    from scalelab.experiments.progress import progress_for_output
+    from scalelab.experiments.registry import names
+    from scalelab.experiments.study import default_spec, load_spec, run_experiments, save_spec
     from scalelab.provenance import collect_provenance
     from scalelab.store import open_store, write_json_atomic
 
@@ -43,8 +46,8 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
     if only:
         chosen = [e.strip() for e in only.split(",") if e.strip()]
         for e in chosen:
-            if e not in EXPERIMENTS:
-                raise ConfigError("only", e, f"allowed: {', '.join(EXPERIMENTS)}")
+            if e not in names():
+                raise ConfigError("only", e, f"allowed: {', '.join(names())}")
         spec.experiments = chosen
     st = open_store(store)
     out_dir = out or st.root / "studies" / spec.name
@@ -54,8 +57,12 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
     command = " ".join(["scalelab", *sys.argv[1:]])
     write_json_atomic(out_dir / "provenance.json", {"provenance": provenance, "command": command})
     start = time.monotonic()
-    results = run_experiments(spec, st, out_dir, say=lambda s: console.print(s, markup=False, highlight=False))
-    html = _write(spec, st, out_dir, results, provenance, command)
+    progress = progress_for_output()
+    try:
+        answered = run_experiments(spec, st, out_dir, progress)
+    finally:
+        progress.close()
+    html = _write(spec, st, out_dir, answered, provenance, command)
     console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s")
     console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "
                   f"{out_dir / 'report' / 'tables'})", highlight=False)
@@ -64,7 +71,8 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
 @app.command("report")
 def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds study.json).")) -> None:
     """Rebuild a study's report from its stored runs alone: nothing is re-run."""
-    from scalelab.experiments.grid import replay_only
+    from scalelab.experiments.cells import replay_only
+    from scalelab.experiments.progress import PlainProgress
     from scalelab.experiments.study import read_spec, run_experiments
     from scalelab.store import Store, read_json
 
@@ -74,6 +82,6 @@ def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds
     st = Store(store_root)
     saved = read_json(study_dir / "provenance.json")
     with replay_only():
-        results = run_experiments(spec, st, study_dir, say=lambda s: None)
-    html = _write(spec, st, study_dir, results, saved["provenance"], saved["command"])
+        answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None))
+    html = _write(spec, st, study_dir, answered, saved["provenance"], saved["command"])
     console.print(f"report rebuilt from stored runs: {html}", highlight=False)

@@ -241,7 +241,3 @@ def predict_result(result) -> tuple[list[str], str | None]:
         hw, advice = next(iter(keep.items()))
         rec = f"For larger clusters ({hw}): {advice}"
     return out, rec
-
-
-BY_EXPERIMENT = {"predict": predict_result, "scale": scale_result, "max_batch": max_batch_result, "lr_scaling": lr_scaling_result,
-                 "strategies": strategies_result, "backends": backends_result, "comm": comm_result}

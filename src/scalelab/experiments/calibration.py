@@ -1,7 +1,7 @@
 """Calibration of the performance model on this machine: the compute fit, α and β, the in-situ scales, the
 gradient sizes (DESIGN F14; used by `scalelab.experiments.prediction`).
 
-Calibration measures what the model needs, as stored runs (resumable through `run_grid`):
+Calibration measures what the model needs, as stored runs (resumable through the cell engine):
 - compute: one run per per-rank batch with no gradient sync (base.ranks ranks with sync=noop, so every rank
   shares the machine as in the measured runs; one plain rank when base.ranks is 1). forward, backward and
   optimizer are fitted on their stage means; the rest of the step (data, h2d, other, and the wait for the
@@ -46,7 +46,7 @@ from scalelab.analysis import perfmodel as pm
 from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.grid import Cell, cell_key, run_grid, study_runs, with_fields
+from scalelab.experiments.cells import Cell, Cells, cell_key, with_fields
 from scalelab.store import Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
@@ -264,27 +264,20 @@ def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
     return model.overhead if stage == "other" else getattr(model, stage)
 
 
-def _find_bench(store: Store, key: str):
-    """A completed bench run of this calibration (run ids bench-KEY-i), and the next free id."""
-    runs = store.list_runs(kind="bench")
-    ours = runs[runs["run_id"].str.startswith(f"bench-{key}-")]
-    done = ours[ours["status"] == "completed"]
-    return (done["run_id"].iloc[0] if len(done) else None), f"bench-{key}-{len(ours)}"
-
-
-def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[int],
-              say: Callable[[str], None] = print, bench=None) -> Calibration:
+def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: Callable[[str], None] = print,
+              bench=None) -> Calibration:
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
     `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
-    from scalelab.measure.commbench import run_commbench
     from scalelab.runner import RunFailed
 
     param_bytes, parameters = gradient_sizes(base)
-    cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)
+    compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)
     bench = bench or bench_config(base, param_bytes)
-    identity = [cell_key(c.config) for c in cells + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
+    bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
+    study = cells.study
+    identity = [c.key for c in compute + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
-    path = calibration_path(store, study)
+    path = calibration_path(cells.store, study)
     if path.exists():
         try:
             old = Calibration.load(path)
@@ -294,24 +287,18 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
             say(f"[{study}] calibration {path} reused")
             return old
     # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
-    paired = [c for cell in cells for c in [cell, *(i for i in insitu
-                                                    if i.config.per_rank_batch == cell.config.per_rank_batch)]]
-    results = run_grid(f"{study}/calibration", paired, store, say=say)
-    failed = [r for r in results if r.status == "failed"]
+    paired = [c for cell in compute for c in [cell, *(i for i in insitu
+                                                      if i.config.per_rank_batch == cell.config.per_rank_batch)]]
+    results = cells.run([*paired, Cell("bench allreduce", bench, kind="bench")], group="calibration")
+    failed = [r for r in results if r.status != "completed"]
     if failed:
-        raise RunFailed(failed[0].run_id, f"calibration cell {failed[0].label}: {failed[0].reason}")
-    by_key = {cell_key(TrainConfig.from_dict(r["config"])): r for r in study_runs(store, f"{study}/calibration")}
-    points = compute_points([by_key[cell_key(c.config)] for c in cells])
+        raise RunFailed(failed[0].run_id or "-", f"calibration cell {failed[0].label}: {failed[0].reason}")
+    runs = cells.runs(results)
+    by_key = {res.cell.key: run for res, run in zip(results, runs)}
+    points = compute_points([by_key[c.key] for c in compute])
     fit = pm.fit_compute_model(points)
-    bench_run, next_id = _find_bench(store, key)
-    if bench_run is None:
-        outcome = run_commbench(dataclasses.replace(bench, run_id=next_id), store, say=say)
-        if outcome.reason:
-            raise RunFailed(outcome.run_id, outcome.reason)
-        bench_run = outcome.run_id
-    else:
-        say(f"[{study}] bench {bench_run} reused")
-    sizes, means, ranks = bench_means(store.run_dir(bench_run))
+    bench_run = runs[-1]["run_id"]
+    sizes, means, ranks = bench_means(Path(runs[-1]["dir"]))
     alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
     cal = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,
@@ -321,8 +308,7 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
         key=key)
-    runs = {sync: [by_key[cell_key(c.config)] for c in insitu if c.config.sync == sync]
-            for sync in ("allreduce", "bucketed")}
+    runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync] for sync in ("allreduce", "bucketed")}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
     cal.insitu += overlap_rows

@@ -1,8 +1,8 @@
 """Performance-model experiment (DESIGN F14): calibrate the model on this machine, predict, validate.
 
-    cal = calibrate(base, store, "pred", batches=[8, 16, 32, 64])     # stored runs + a `bench comm` run
+    cal = calibrate(base, cells, batches=[8, 16, 32, 64])             # stored runs + a `bench comm` run
     table = predict_table(cal, PRESETS["10gbe"], [1, 2, 4, 8, 1024], mode="weak", batch=32, strategy="ddp")
-    check = validate_measured(cal, store, "pred/validation", cells)   # predicted vs measured step time
+    check = validate_measured(cal, runs)                               # predicted vs measured step time
 
 Calibration (what the model needs, measured on this machine, and how) is in `calibration.py`.
 """
@@ -19,8 +19,8 @@ from scalelab.analysis.hardware import PRESETS, Hardware, hardware_from_dict
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path
-from scalelab.experiments.grid import Cell, run_grid, study_runs, with_fields
-from scalelab.store import Store
+from scalelab.experiments.base import Context, Result
+from scalelab.experiments.cells import Cell, with_fields
 
 
 # ---------------------------------------------------------------- prediction
@@ -118,22 +118,21 @@ def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
                       compute_scale=cal.compute_scale).iloc[0]
 
 
-def validate_measured(cal: Calibration, store: Store, study: str, cells: Sequence[Cell] = (), *,
+def validate_measured(cal: Calibration, runs: Sequence[dict], *,
                       say: Callable[[str], None] = print) -> pd.DataFrame:
-    """Predicted vs measured median step time for every completed run of `study` (running `cells` first,
-    resumable) of the calibrated model and dataset. error(%) = 100·(predicted − measured)/measured;
-    attrs["median_abs_error(%)"]. measured_efficiency = predicted one-worker step (compute only, same per-rank
-    work) / measured step; measured_speedup = workers × that."""
-    if cells:
-        run_grid(study, cells, store, say=say)
+    """Predicted vs measured median step time for every completed run in `runs` of the calibrated model and
+    dataset. error(%) = 100·(predicted − measured)/measured; attrs["median_abs_error(%)"]. measured_efficiency =
+    predicted one-worker step (compute only, same per-rank work) / measured step; measured_speedup = workers × that."""
     pred, meas = [], []
-    for run in study_runs(store, study):
+    for run in runs:
         cfg, summary = run["config"], run["summary"] or {}
+        if run.get("status", "completed") != "completed":
+            continue
         if (cfg["model"], cfg["dataset"]) != (cal.model, cal.dataset) or "time/step_median(ms)" not in summary:
             continue
         p = predict_run(cal, cfg)
         if p is None:
-            say(f"[{study}] {run['run_id']}: ddp_hook {cfg['ddp_hook']} is not modelled, left out")
+            say(f"[validation] {run['run_id']}: ddp_hook {cfg['ddp_hook']} is not modelled, left out")
             continue
         n = cfg["ranks"] * cfg.get("nnodes", 1)
         one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
@@ -187,20 +186,16 @@ def recommendation(options: pd.DataFrame, workers: int, target: float) -> str:
             f"batch {top['per_rank_batch']:g} at {top['efficiency']:.0%}")
 
 
-def run_prediction(base: TrainConfig, store: Store, study: str, out_dir: Path, *, hardware: Sequence[str],
+def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
                    hardware_file: dict | None = None, gpus_per_node: int | None = None, workers: Sequence[int],
                    mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
                    compression: str = "none", target: float = 0.5, calibration_batches: Sequence[int],
                    validate: bool = True, say: Callable[[str], None] = print):
     """Calibrate (or reuse), predict per hardware, find where efficiency falls below 50 % and what keeps it
     >= `target` at the largest worker count, validate on measured runs of this machine; write tables and plots."""
-    from scalelab.experiments.basic import ExperimentResult
-    from scalelab.experiments.grid import write_table
-    from scalelab.report import figures
-
     if not 0 < target <= 1:
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
-    cal = calibrate(base, store, study, batches=calibration_batches, say=say)
+    cal = calibrate(base, ctx.cells, batches=calibration_batches, say=say)
     hws = resolve_hardware(hardware, cal, file=hardware_file, gpus_per_node=gpus_per_node)
     table = predict_table(cal, hws, workers, mode=mode, batch=batch, strategy=strategy, bucket_mb=bucket_mb,
                           compression=compression, accumulate=base.accumulate)
@@ -212,10 +207,10 @@ def run_prediction(base: TrainConfig, store: Store, study: str, out_dir: Path, *
                                                 accumulate=base.accumulate).assign(hardware=hw.name)
                          for hw in hws], ignore_index=True)
     cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
-    validation = (validate_measured(cal, store, f"{study}/validation", cells, say=say) if validate and cells
-                  else pd.DataFrame(columns=VALIDATION_COLUMNS))
+    validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
+                  if validate and cells else pd.DataFrame(columns=VALIDATION_COLUMNS))
     below = efficiency_threshold(table, 0.5)
-    notes = {"calibration": f"{calibration_path(store, study)} (α = {cal.alpha_s * 1e6:.1f} µs, "
+    notes = {"calibration": f"{calibration_path(ctx.cells.store, ctx.cells.study)} (α = {cal.alpha_s * 1e6:.1f} µs, "
                             f"β⁻¹ = {1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} "
                             f"GB/s from the bench; in training collectives ×{cal.comm_scale:.2f}, compute "
                             f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {cal.parameters:,} parameters in "
@@ -229,17 +224,23 @@ def run_prediction(base: TrainConfig, store: Store, study: str, out_dir: Path, *
                                f"{len(validation)} measured runs")
     elif validate and why:
         notes["validation"] = f"skipped: {why}"
-    result = ExperimentResult("predict", {"prediction": table, "options": options}, notes=notes)
+    result = Result("predict", {"prediction": table, "options": options}, notes=notes,
+                    meta={"mode": mode, "sync": strategy, "batch": batch})
     if len(validation):
         result.tables["validation"] = validation
-    for name, frame in result.tables.items():
-        paths = write_table(frame, out_dir, name)
-        result.files += [paths["csv"], paths["json"]]
-    on_curve = validation  # measured points drawn over the curves: same strategy and batch
-    if len(validation):
-        size = validation["per_rank_batch"] * (validation["workers"] if mode == "strong" else 1)
-        on_curve = validation[(validation["sync"] == strategy) & (size == batch)]
-    result.files.append(figures.predicted_scaling(table, on_curve, out_dir / "prediction.png", mode=mode))
-    if len(validation):
-        result.files.append(figures.predicted_vs_measured(validation, out_dir / "validation.png"))
     return result
+
+
+def prediction_figures(result: Result, out_dir: Path) -> list[Path]:
+    """Predicted scaling per hardware with the measured points of the same sync and batch; predicted vs measured."""
+    from scalelab.report import figures
+
+    mode, validation = result.meta["mode"], result.tables.get("validation")
+    on_curve = validation  # measured points drawn over the curves: same strategy and batch
+    if validation is not None and len(validation):
+        size = validation["per_rank_batch"] * (validation["workers"] if mode == "strong" else 1)
+        on_curve = validation[(validation["sync"] == result.meta["sync"]) & (size == result.meta["batch"])]
+    files = [figures.predicted_scaling(result.tables["prediction"], on_curve, out_dir / "prediction.png", mode=mode)]
+    if validation is not None and len(validation):
+        files.append(figures.predicted_vs_measured(validation, out_dir / "validation.png"))
+    return files

@@ -7,24 +7,21 @@ on a CPU-only box, small models, gloo, 1 and 2 ranks, minutes not hours; `quick`
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError
+from scalelab.experiments import registry
+from scalelab.experiments.progress import PlainProgress, Progress
 from scalelab.store import Store, read_json, write_json_atomic
-
-EXPERIMENTS = ("profile", "batch_sweep", "max_batch", "scale", "strategies", "backends", "comm", "loader", "amp",
-               "checkpointing", "lr_scaling", "predict")
 
 
 @dataclass(kw_only=True)
 class StudySpec:
     name: str = "default"
-    experiments: list[str] = field(default_factory=lambda: list(EXPERIMENTS))
+    experiments: list[str] = field(default_factory=lambda: list(registry.names()))
     quick: bool = False
     base: dict = field(default_factory=dict)  # TrainConfig fields shared by every experiment
     options: dict = field(default_factory=dict)  # experiment name -> its options (+ "set": config overrides)
@@ -32,8 +29,9 @@ class StudySpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ConfigError("study.name", self.name, "allowed: a non-empty name without '/'")
+        names = registry.names()
         if not isinstance(self.experiments, (list, tuple)):
-            raise ConfigError("study.experiments", self.experiments, f"allowed: a list of {', '.join(EXPERIMENTS)}")
+            raise ConfigError("study.experiments", self.experiments, f"allowed: a list of {', '.join(names)}")
         if not isinstance(self.quick, bool):
             raise ConfigError("study.quick", self.quick, "allowed: true or false")
         if not isinstance(self.base, dict):
@@ -41,24 +39,22 @@ class StudySpec:
         if not isinstance(self.options, dict):
             raise ConfigError("study.options", self.options, "allowed: a mapping of experiment: options")
         for name in self.experiments:
-            if name not in EXPERIMENTS:
-                raise ConfigError("study.experiments", name, f"allowed: {', '.join(EXPERIMENTS)}")
+            if name not in names:
+                raise ConfigError("study.experiments", name, f"allowed: {', '.join(names)}")
         for name in self.options:
-            if name not in EXPERIMENTS:
-                raise ConfigError("study.options", name, f"allowed keys: {', '.join(EXPERIMENTS)}")
+            if name not in names:
+                raise ConfigError("study.options", name, f"allowed keys: {', '.join(names)}")
             opts = self.options[name]
             if not isinstance(opts, dict) or not isinstance(opts.get("set", {}), dict):
                 raise ConfigError("study.options", {name: opts}, "allowed: each experiment's options a mapping of "
                                                                  "option: value, its `set:` a mapping of config fields")
-        TrainConfig.from_dict(self.base)  # fail now on a bad base field, not after an hour of runs
+            registry.get(name).option_values(opts)  # fail now on a bad option, not after an hour of runs
+        TrainConfig.from_dict(self.base)
 
     def config(self, experiment: str, **extra) -> TrainConfig:
         """The base config with the experiment's `set:` overrides and the caller's extra fields."""
         data = {**self.base, **self.options.get(experiment, {}).get("set", {}), **extra}
         return TrainConfig.from_dict(data)
-
-    def option(self, experiment: str, key: str, default):
-        return self.options.get(experiment, {}).get(key, default)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -69,7 +65,15 @@ class StudySpec:
         for key in data:
             if key not in known:
                 raise ConfigError("study", key, f"unknown key; allowed: {', '.join(sorted(known))}")
+        options = data.get("options")
+        if isinstance(options, dict):  # option names of study files written by scalelab 0.1
+            data = {**data, "options": {exp: {LEGACY_OPTIONS.get((exp, k), k): v for k, v in opts.items()}
+                                        if isinstance(opts, dict) else opts for exp, opts in options.items()}}
         return cls(**data)
+
+
+# (experiment, option name in scalelab 0.1) -> its name now
+LEGACY_OPTIONS = {("strategies", "names"): "strategies", ("scale", "modes"): "mode"}
 
 
 def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
@@ -84,12 +88,13 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
     comm_model = {"model": "mlp", "steps": 6 if q else 12}
     options = {
         "profile": {"set": {"ranks": 2}},
+        "threads": {},  # 1, 2, 4, ... up to 2x cores, one process each
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
         "max_batch": {"memory_limit": 96 * 2**20 if q else 256 * 2**20, "segments": 2,
                       "variants": ["base"] if q else ["base", "amp", "checkpointing"],
                       "set": {"model": "resnet18"}},
         "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
-        "strategies": {"names": ["allreduce", "bucketed", "ddp", "noop"] if q else None,
+        "strategies": {"strategies": ["allreduce", "bucketed", "ddp", "noop"] if q else None,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
         "backends": {"set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},  # shares cells with strategies
         "comm": {"begin": "4K", "end": "4M" if q else "32M", "iters": 5 if q else 10, "ranks": 2},
@@ -148,28 +153,30 @@ def read_spec(out_dir: Path) -> tuple[StudySpec, Path]:
     return StudySpec.from_dict(data["spec"]), Path(data["store"])
 
 
-def run_experiments(spec: StudySpec, store: Store, out_dir: Path, say: Callable[[str], None] = print) -> dict:
-    """Run (or, under grid.replay_only, read back) every experiment of the spec; name -> ExperimentResult."""
-    from scalelab.experiments.runners import RUNNERS
-
+def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Progress | None = None) -> list[tuple]:
+    """Run (or, under cells.replay_only, read back) every experiment of the spec through one cell engine;
+    (registry entry, Result) per experiment, in the spec's order."""
     from scalelab.errors import ScalelabError
-    from scalelab.experiments.basic import ExperimentResult
+    from scalelab.experiments.base import Context, Result
+    from scalelab.experiments.cells import Cells
     from scalelab.runner import RunFailed
 
-    results = {}
+    progress = progress or PlainProgress()
+    cells = Cells(store, spec.name, progress=progress)
+    ctx = Context(cells, out_dir / "tables", progress.say)
+    answered = []
     for i, name in enumerate(spec.experiments, 1):
-        say(f"== [{i}/{len(spec.experiments)}] {name}")
+        experiment = registry.get(name)
+        progress.experiment(name, i, len(spec.experiments))
         began = time.monotonic()
         try:
-            results[name] = RUNNERS[name](spec, store, out_dir / "tables", say)
-            say(f"== {name} done in {time.monotonic() - began:.0f} s")
+            base = spec.config(name) if experiment.base else None
+            result = experiment.execute(ctx, base, experiment.option_values(spec.options.get(name)))
+            progress.experiment_done(name, time.monotonic() - began)
         except (RunFailed, ScalelabError, RuntimeError) as err:
             # One experiment failing must not lose the others: its section says why, the rest goes on.
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            say(f"== {name} failed: {reason}")
-            results[name] = ExperimentResult(name, {}, notes={"failed": reason})
-    return results
-
-
-def cores() -> int:
-    return os.cpu_count() or 1
+            progress.experiment_done(name, time.monotonic() - began, failure=reason)
+            result = Result(name, {}, notes={"failed": reason})
+        answered.append((experiment, result))
+    return answered

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import interpret
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
 
 DEFINITIONS = [
@@ -30,62 +29,6 @@ DEFINITIONS = [
     "Timing figures show the median over the timed steps with min..max bars unless they say otherwise.",
 ]
 
-SECTIONS = {  # experiment -> (section id, title, the seeds' question)
-    "profile": ("profile", "Where a step's time goes",
-                "Which stage dominates a training step: data, copy, forward, backward, communication, optimizer? "
-                "(seed 001 part 2b, seed 003 task 1)"),
-    "batch_sweep": ("batch", "Batch size: epoch time, throughput, memory",
-                    "How do epoch time (with and without data loading) and throughput change with the batch size? "
-                    "(seed 000 Q1)"),
-    "max_batch": ("maxbatch", "The largest batch that fits",
-                  "What is the largest batch that fits, and how much do mixed precision and activation "
-                  "checkpointing raise it? (seed 000 Q1, seed 004)"),
-    "scale": ("scaling", "How it scales",
-              "What speedup and efficiency do more workers give, strong and weak, and how much of each step is "
-              "communication? (seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1)"),
-    "strategies": ("strategies", "Gradient synchronisation strategies",
-                   "Which gradient-sync strategy is fastest, how many bytes does each move and how much "
-                   "communication does it hide? (seed 003 tasks 2a/2b/3, seed 000 Q5/Q7, seed 004 exp 5)"),
-    "backends": ("backends", "Communication backends", "gloo vs NCCL (vs MPI): which is faster here? (seed 004 exp 4)"),
-    "comm": ("comm", "Communication microbenchmark",
-             "What bandwidth do collectives reach per message size? (seed 000 Q3.2)"),
-    "loader": ("loader", "Data loading", "Which DataLoader setting removes the data wait? (seed 001 part 2a)"),
-    "amp": ("amp", "Mixed precision", "Is lower precision faster, and does it cost accuracy? (seed 001 part 2c)"),
-    "checkpointing": ("checkpointing", "Activation checkpointing",
-                      "How much memory does checkpointing save and what does it cost in time? (seed 001 part 1b)"),
-    "lr_scaling": ("lrscaling", "Large-batch learning-rate rules",
-                   "Which learning-rate rule keeps accuracy as the batch grows? (seed 000 Q4, seed 002 Q5-6)"),
-    "predict": ("prediction", "What larger clusters would do",
-                "What would 8, 64 or 1000 workers give, and where does efficiency fall below 50 %? "
-                "(seed 003 conclusion, seed 000 Q2)"),
-}
-
-
-def _sentences(name: str, result) -> tuple[list[str], list[str]]:
-    """(sentences, recommendations) for one experiment's result."""
-    t = result.tables
-    recs: list[str] = []
-    if not t or all(len(frame) == 0 for frame in t.values()):
-        return [], []  # failed or missing: the section's notes say why
-    if name == "profile":
-        out, rec = interpret.profile(t["profile"])
-    elif name == "batch_sweep":
-        out, rec = interpret.batch_sweep(t["batch_sweep"])
-    elif name == "amp":
-        out, rec = interpret.precision(t["amp"])
-    elif name == "checkpointing":
-        out, rec = interpret.checkpointing(t["checkpointing"])
-    elif name == "loader":
-        out, rec = interpret.loader(t["loader_sweep"], result.notes.get("recommended", {}))
-    elif name in interpret.BY_EXPERIMENT:
-        out, rec = interpret.BY_EXPERIMENT[name](result)
-    else:
-        out, rec = [], None
-    if rec:
-        recs.append(rec)
-    return out, recs
-
-
 def _note_text(value) -> str:
     """A note's value as prose: a mapping (one entry per hardware, variant …) as "key: value; key: value"."""
     if isinstance(value, dict):
@@ -93,45 +36,24 @@ def _note_text(value) -> str:
     return str(value)
 
 
-def section_for(name: str, result) -> tuple[Section, list[str]]:
-    sid, title, question = SECTIONS[name]
-    sentences, recs = _sentences(name, result)
-    tables = [TableBlock(key.replace("/", "_"), frame.drop(columns=["run_id"], errors="ignore"), caption)
-              for key, frame in result.tables.items() if not key.endswith("_curves")
-              for caption in [TABLE_CAPTIONS.get(key, "")]]
-    figures = [FigureBlock(Path(p), FIGURE_CAPTIONS.get(Path(p).stem, "")) for p in result.files
+def section_for(experiment, result) -> tuple[Section, list[str]]:
+    """One experiment's section: `experiment` is its registry entry (section, title, question, captions,
+    interpret), `result` its tables, files and notes."""
+    sentences, rec = [], None
+    tables = result.tables
+    if experiment.interpret is not None and tables and any(len(frame) for frame in tables.values()):
+        sentences, rec = experiment.interpret(result)  # failed or missing experiments: the notes say why
+    blocks = [TableBlock(key.replace("/", "_"), frame.drop(columns=["run_id"], errors="ignore"),
+                         experiment.captions.get(key, "")) for key, frame in tables.items()
+              if not key.endswith("_curves")]
+    figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
-    return Section(id=sid, title=title, question=question, sentences=sentences, tables=tables, figures=figures,
-                   notes=notes), recs
+    return Section(id=experiment.section, title=experiment.title, question=experiment.question,
+                   sentences=sentences, tables=blocks, figures=figures, notes=notes), [rec] if rec else []
 
 
-TABLE_CAPTIONS = {
-    "batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput (samples/s), "
-                   "peak memory (GiB), step time min/median/max over timed steps (ms).",
-    "profile": "Mean time per step of each stage (ms) and its share (%).",
-    "max_batch": "Largest global batch that trains under the memory limit; trials in their own processes.",
-    "loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the loader alone.",
-    "amp": "Per precision: final accuracy and loss, peak memory, throughput, step time spread.",
-    "checkpointing": "Per number of checkpoint segments: peak memory and step time.",
-    "lr_scaling": "Per rule and batch: final and best test accuracy, time and epochs to the target accuracy.",
-}
-
-FIGURE_CAPTIONS = {
-    "batch_sweep": "Epoch time and step time (median, bars min..max) vs global batch.",
-    "profile": "Share of a step per stage (mean over timed steps).",
-    "loader_sweep": "Throughput and data-wait share per loader setting.",
-    "checkpointing": "Peak memory and step time vs checkpoint segments.",
-    "amp_curves": "Training loss per step, fp32 vs lower precision (rank 0).",
-    "lr_scaling": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",
-    "lr_curves": "Test accuracy per epoch per rule, one panel per batch size.",
-    "scale_strong": "Strong scaling: measured speedup vs workers, with the ideal line.",
-    "scale_weak": "Weak scaling: throughput speedup vs workers, with the ideal line.",
-    "scale_strong_breakdown": "Per cell: compute (step with no sync) + exposed communication; diamonds: time "
-                              "inside collectives.",
-    "scale_weak_breakdown": "Per cell: compute + exposed communication (weak scaling).",
-    "system": "System metrics per rank over time: CPU %, resident memory, loopback bytes/s.",
-}
+SYSTEM_CAPTION = "System metrics per rank over time: CPU %, resident memory, loopback bytes/s."
 
 
 def environment(provenance: dict, command: str) -> dict[str, str]:
@@ -149,13 +71,12 @@ def environment(provenance: dict, command: str) -> dict[str, str]:
     }
 
 
-def build_report(spec, results: dict, provenance: dict, command: str,
+def build_report(spec, answered: list[tuple], provenance: dict, command: str,
                  extra_sections: list[Section] | None = None) -> Report:
+    """`answered`: (registry entry, result) per experiment, in study order."""
     sections, recs = [], []
-    for name in spec.experiments:
-        if name not in results:
-            continue
-        section, r = section_for(name, results[name])
+    for experiment, result in answered:
+        section, r = section_for(experiment, result)
         sections.append(section)
         recs += r
     sections += extra_sections or []
@@ -200,5 +121,5 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
                                    question="How busy were CPU, memory and network on each rank? "
                                             "(seed 002 Q1, seed 003 figs 7-12)",
                                    sentences=sentences, tables=[TableBlock("system", table, "Per rank.")],
-                                   figures=[FigureBlock(fig, FIGURE_CAPTIONS["system"])])
+                                   figures=[FigureBlock(fig, SYSTEM_CAPTION)])
     return None

@@ -283,3 +283,16 @@ def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
     axes[2].set(xlabel="time (s)", ylabel="loopback sent (MB/s, host-wide)", title="Network")
     axes[0].legend()
     return _save(fig, path)
+
+
+def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
+    """Step time with its spread vs torch threads; the core count as a dashed line (past it: oversubscribed)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(table["threads"], table["time/step_median(ms)"], yerr=_spread(table), fmt="o-", capsize=3)
+    ax.axvline(int(table["cores"].iloc[0]), linestyle="--", color="grey", label="core count")
+    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel="step time (ms): median, bars min..max",
+           title="Step time vs threads")
+    ax.set_xticks(list(table["threads"]), [str(t) for t in table["threads"]])
+    ax.minorticks_off()
+    ax.legend()
+    return _save(fig, path)

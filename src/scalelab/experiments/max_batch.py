@@ -1,4 +1,4 @@
-"""The largest batch that fits, found safely: every trial runs in processes of its own (torchrun, also for one
+"""The largest batch that fits, found safely (seed 000 Q1, seed 004): every trial runs in processes of its own (torchrun, also for one
 rank), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
 that trial, never the search, and leaks nothing into the next trial.
 
@@ -14,11 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
+from scalelab.analysis import interpret
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.grid import cell_key, with_fields
-from scalelab.store import Store
+from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number, parse_bytes
+from scalelab.experiments.cells import Cell, Cells, with_fields
 
 OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot allocate memory", "signal sigkill",
              "std::bad_alloc", "outofmemoryerror")
@@ -103,66 +105,48 @@ def is_oom(reason: str | None) -> bool:
     return any(mark in text for mark in OOM_MARKS)
 
 
-def run_trial(cfg: TrainConfig, store: Store, study: str, *, lenient: bool = False) -> Trial:
-    """One trial in processes of its own (torchrun); reuses a stored outcome of the same cell (resume).
+def does_not_fit(cfg: TrainConfig, lenient: bool):
+    """Which failure reasons of a trial mean "does not fit" (an outcome), rather than an error.
 
-    `lenient`: count any failure as "does not fit" (with its reason). The search sets it once a smaller batch
-    has fitted under a memory cap: the config is known to work, and native code (oneDNN, say) reports a failed
-    allocation in its own words ("could not create a primitive") or crashes outright."""
-    from scalelab.runner import RunFailed, execute
-
-    key = cell_key(cfg)
-    for run_id in store.list_runs(study=study)["run_id"]:
-        row = store.get(run_id)
-        if _key_of(row["config"]) == key and (row["status"] == "completed" or is_oom(row["reason"]) or lenient or (
-                cfg.memory_limit is not None and "killed by signal" in (row["reason"] or ""))):
-            return _trial_from_row(cfg.global_batch, row)
-    from scalelab.experiments.grid import REPLAY
-
-    if REPLAY.get():
-        raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store (study {study})")
-    try:
-        outcome = execute(cfg, store, study=study, say=lambda s: None, isolate=True)
-    except RunFailed as err:
-        # Under an address-space cap some native code crashes on a failed allocation instead of raising:
-        # a rank killed by a signal then counts as not fitting, like the kernel's OOM kill.
-        capped_crash = cfg.memory_limit is not None and "killed by signal" in err.reason
-        if not (is_oom(err.reason) or capped_crash or lenient):
-            if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both
-                raise RunFailed(err.run_id, f"batch {cfg.global_batch} failed under the memory cap of "
-                                f"{cfg.memory_limit / 2**20:.0f} MiB before any batch fitted ({err.reason}); if "
-                                "that is memory, raise --memory-limit") from err
-            raise
-        return Trial(cfg.global_batch, False, None, err.run_id, err.reason)
-    return Trial(cfg.global_batch, True, outcome.summary.get("memory/train_added(bytes)"), outcome.run_id)
+    Under an address-space cap some native code crashes on a failed allocation instead of raising: a rank killed
+    by a signal then counts as not fitting, like the kernel's OOM kill. `lenient`: count any failure as "does not
+    fit"; the search sets it once a smaller batch has fitted under a memory cap: the config is known to work, and
+    native code (oneDNN, say) reports a failed allocation in its own words ("could not create a primitive")."""
+    capped = cfg.memory_limit is not None
+    return lambda reason: is_oom(reason) or lenient or (capped and "killed by signal" in reason)
 
 
-def _key_of(config: dict) -> str | None:
-    try:
-        return cell_key(TrainConfig.from_dict(config))
-    except (ValueError, TypeError):
-        return None
+def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = False) -> Trial:
+    """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused)."""
+    from scalelab.runner import RunFailed
+
+    [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=True,
+                            outcome_failure=does_not_fit(cfg, lenient))], group=group)
+    if res.status == "missing":
+        raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store ({cells.study}/{group})")
+    if res.status == "completed":
+        summary = cells.runs([res])[0]["summary"]
+        return Trial(cfg.global_batch, True, summary.get("memory/train_added(bytes)"), res.run_id)
+    if res.cell.accepts("failed", res.reason):
+        return Trial(cfg.global_batch, False, None, res.run_id, res.reason)
+    if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both
+        raise RunFailed(res.run_id, f"batch {cfg.global_batch} failed under the memory cap of "
+                        f"{cfg.memory_limit / 2**20:.0f} MiB before any batch fitted ({res.reason}); if "
+                        "that is memory, raise --memory-limit")
+    raise RunFailed(res.run_id, res.reason or "failed")
 
 
-def _trial_from_row(batch: int, row: dict) -> Trial:
-    if row["status"] == "completed":
-        added = (row["summary"] or {}).get("memory/train_added(bytes)")
-        return Trial(batch, True, added, row["run_id"])
-    return Trial(batch, False, None, row["run_id"], row["reason"])
-
-
-def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int | None = None,
+def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int | None = None,
               say: Callable[[str], None] = print, trial_steps: int = 2) -> SearchResult:
     """The largest global batch of `base` that trains `trial_steps` steps under the memory limit."""
     step = base.world_size
     cap = memory_limit if memory_limit is not None else base.memory_limit
-
     fitted: list[int] = []
 
     def trial(batch: int) -> Trial:
         cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
                           memory_limit=cap, samples=max(batch, base.samples or batch))
-        t = run_trial(cfg, store, study, lenient=cap is not None and any(b < batch for b in fitted))
+        t = run_trial(cells, cfg, group, lenient=cap is not None and any(b < batch for b in fitted))
         if t.fits:
             fitted.append(batch)
         return t
@@ -170,30 +154,44 @@ def max_batch(base: TrainConfig, store: Store, study: str, *, memory_limit: int 
     return search(trial, start=step, step=step, limit_bytes=cap, say=say)
 
 
-def max_batch_table(base: TrainConfig, store: Store, study: str, out_dir, *, memory_limit: int | None = None,
-                    segments: int = 2, variants: tuple[str, ...] = ("base", "amp", "checkpointing"),
-                    say: Callable[[str], None] = print):
+VARIANTS = ("base", "amp", "checkpointing")
+
+
+def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     """The max batch of the base config, with mixed precision, and with activation checkpointing, side by side."""
-    import pandas as pd
-
-    from scalelab.experiments.basic import ExperimentResult
-    from scalelab.experiments.grid import write_table
-
+    memory_limit, segments = opts["memory_limit"], opts["segments"]
+    if memory_limit is None and base.memory_limit is None and base.resolved_device == "cpu":
+        raise ConfigError("memory_limit", None, "required on CPU (the search would otherwise fill the machine), "
+                                                "e.g. --memory-limit 2GiB")
     amp = "fp16" if base.resolved_device == "cuda" else "bf16"
-    for v in variants:
-        if v not in ("base", "amp", "checkpointing"):
-            raise ConfigError("variants", v, "allowed: base, amp, checkpointing")
     chosen = {"as configured": base, amp: with_fields(base, precision=amp),
               f"checkpointing ({segments} segments)": with_fields(base, checkpoint_segments=segments)}
-    chosen = {label: cfg for (label, cfg), v in zip(chosen.items(), ("base", "amp", "checkpointing")) if v in variants}
+    chosen = {label: cfg for (label, cfg), v in zip(chosen.items(), VARIANTS) if v in opts["variants"]}
     rows = []
     for label, cfg in chosen.items():
-        say(f"[max batch] {label}")
-        res = max_batch(cfg, store, f"{study}/max_batch/{label.split(' ')[0]}", memory_limit=memory_limit, say=say)
+        ctx.say(f"[max batch] {label}")
+        res = max_batch(cfg, ctx.cells, f"max_batch/{label.split(' ')[0]}", memory_limit=memory_limit, say=ctx.say)
         cap = memory_limit if memory_limit is not None else cfg.memory_limit
         rows.append({"variant": label, "max_batch": res.max_batch, "trials": res.n_trials,
                      "memory_limit(bytes)": cap, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
                                                                    for t in res.trials)})
-    table = pd.DataFrame(rows)
-    paths = write_table(table, out_dir, "max_batch")
-    return ExperimentResult("max_batch", {"max_batch": table}, [paths["csv"], paths["json"]])
+    return Result("max_batch", {"max_batch": pd.DataFrame(rows)})
+
+
+EXPERIMENT = Experiment(
+    name="max_batch", command="max-batch", section="maxbatch", order=30,
+    title="The largest batch that fits",
+    question="What is the largest batch that fits, and how much do mixed precision and activation checkpointing "
+             "raise it? (seed 000 Q1, seed 004)",
+    help="The largest batch that fits (each trial its own process), plain, with AMP and with checkpointing.",
+    options=(Option(name="memory_limit", default=None, help="CPU memory a trial may add, e.g. 4GiB (default: "
+                                                            "none on CPU; the GPU on CUDA).", parse=parse_bytes),
+             Option(name="segments", default=2, help="Checkpoint segments for the checkpointing variant.",
+                    parse=number(1, integer=True)),
+             Option(name="variants", default=list(VARIANTS), help="base, amp, checkpointing (comma-separated).",
+                    parse=lambda v, n: name_list(v, n, VARIANTS))),
+    run=_run,
+    interpret=interpret.max_batch_result,
+    captions={"max_batch": "Largest global batch that trains under the memory limit; trials in their own "
+                           "processes."},
+)

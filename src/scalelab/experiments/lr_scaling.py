@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.analysis import interpret
 from scalelab.config import TrainConfig
-from scalelab.errors import ConfigError
-from scalelab.experiments.basic import ExperimentResult
-from scalelab.experiments.grid import Cell, run_grid, study_runs, with_fields, write_table
+from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
+from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
-from scalelab.store import Store, read_json, read_jsonl
+from scalelab.store import read_json, read_jsonl
 from scalelab.train.lr import RULES
 
 
@@ -45,6 +45,14 @@ def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _target(value, name: str) -> float:
+    x = number(0.0, 1.0)(value, name)
+    if x <= 0:
+        from scalelab.errors import ConfigError
+        raise ConfigError(name, value, "allowed: an accuracy in (0, 1]")
+    return x
+
+
 def _share_base_runs(curves: pd.DataFrame, base_batch: int, rules: list[str]) -> pd.DataFrame:
     """At the base batch, linear / sqrt / linear_warmup are the unscaled rate: reuse the "none" curve for them."""
     if not len(curves):
@@ -54,13 +62,9 @@ def _share_base_runs(curves: pd.DataFrame, base_batch: int, rules: list[str]) ->
     return pd.concat([curves, *extra], ignore_index=True)
 
 
-def lr_scaling(base: TrainConfig, batches: list[int], rules: list[str], workers: list[int], store: Store,
-               study: str, out_dir: Path, *, target: float = 0.9, warmup_epochs: float = 2.0,
-               say: Callable[[str], None] = print) -> ExperimentResult:
+def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: list[int], *,
+             warmup_epochs: float = 2.0) -> list[Cell]:
     """`base.global_batch` is the batch `base.lr` was tuned at; every cell trains `base.epochs` epochs."""
-    for rule in rules:
-        if rule not in RULES:
-            raise ConfigError("rules", rule, f"allowed: {', '.join(RULES)}")
     from scalelab.train.setup import build_bundle
 
     n = len(build_bundle(base).train)
@@ -77,20 +81,40 @@ def lr_scaling(base: TrainConfig, batches: list[int], rules: list[str], workers:
                                   lr_warmup_steps=int(warmup_epochs * steps_per_epoch) if rule in (
                                       "linear_warmup", "lars") else 0, eval_every=0)
                 cells.append(Cell(f"batch {b} x {rule} x {w} workers", cfg))
-    name = "lr_scaling"
-    run_grid(f"{study}/{name}", cells, store, say=say)
-    runs = study_runs(store, f"{study}/{name}")
-    curves = pd.concat([curves_frame(r, read_json(store.run_dir(r["run_id"]) / "result.rank0.json")["evals"],
-                                     read_jsonl(store.run_dir(r["run_id"]) / "steps.rank0.jsonl")) for r in runs],
+    return cells
+
+
+def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
+    from pathlib import Path
+
+    curves = pd.concat([curves_frame(r, read_json(Path(r["dir"]) / "result.rank0.json")["evals"],
+                                     read_jsonl(Path(r["dir"]) / "steps.rank0.jsonl")) for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
-    curves = _share_base_runs(curves, base.global_batch, rules)
-    table = lr_table(curves, target) if len(curves) else pd.DataFrame()
-    result = ExperimentResult(name, {name: table, "lr_curves": curves}, notes={"target_acc": target,
-                                                                             "base_batch": base.global_batch})
-    for key, frame in ((name, table), ("lr_curves", curves)):
-        paths = write_table(frame, out_dir, key)
-        result.files += [paths["csv"], paths["json"]]
-    if len(table):
-        result.files.append(figures.accuracy_vs_batch(table, out_dir / "lr_scaling.png"))
-        result.files.append(figures.accuracy_curves(curves, out_dir / "lr_curves.png"))
-    return result
+    curves = _share_base_runs(curves, base.global_batch, opts["rules"])
+    table = lr_table(curves, opts["target"]) if len(curves) else pd.DataFrame()
+    return Result("lr_scaling", {"lr_scaling": table, "lr_curves": curves},
+                  notes={"target_acc": opts["target"], "base_batch": base.global_batch})
+
+
+EXPERIMENT = Experiment(
+    name="lr_scaling", command="lr-scaling", section="lrscaling", order=110,
+    title="Large-batch learning-rate rules",
+    question="Which learning-rate rule keeps accuracy as the batch grows? (seed 000 Q4, seed 002 Q5-6)",
+    help="Batch sizes x LR rules x workers on MNIST-1D: final accuracy, time to target accuracy, curves.",
+    options=(Option(name="batches", default=[32, 256, 1024], help="Global batches; the base config's batch is the "
+                                                                  "one its lr is tuned for.", parse=int_list),
+             Option(name="rules", default=list(RULES), help="LR rules.", parse=lambda v, n: name_list(v, n, RULES)),
+             Option(name="workers", default=[1], help="Worker counts.", parse=int_list),
+             Option(name="target", default=0.9, help="Target test accuracy for time-to-accuracy.",
+                    parse=_target)),
+    defaults={"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03, "epochs": 40},
+    cells=lambda base, opts: lr_cells(base, opts["batches"], opts["rules"], opts["workers"]),
+    analyse=_analyse,
+    figures=lambda result, out: [figures.accuracy_vs_batch(result.tables["lr_scaling"], out / "lr_scaling.png"),
+                                 figures.accuracy_curves(result.tables["lr_curves"], out / "lr_curves.png")],
+    interpret=interpret.lr_scaling_result,
+    captions={"lr_scaling": "Per rule and batch: final and best test accuracy, time and epochs to the target "
+                            "accuracy.",
+              "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",
+              "lr_curves.png": "Test accuracy per epoch per rule, one panel per batch size."},
+)

@@ -1,0 +1,75 @@
+"""Communication backends side by side: the same config on gloo, NCCL and MPI (seed 004 exp 4). Backends that
+cannot run here are listed with the reason; each backend's no-op cell gives its exposed communication."""
+from __future__ import annotations
+
+from scalelab.analysis import interpret
+from scalelab.analysis.compare import BACKENDS, backends_table
+from scalelab.config import TrainConfig, cuda_device_count
+from scalelab.errors import ConfigError
+from scalelab.experiments.base import Context, Experiment, Option, Result, name_list
+from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, comm_figures, ordered, \
+    strategy_fields
+
+
+def runtime_facts() -> dict:
+    """What this machine offers the backends, checked now."""
+    import torch.distributed as dist
+
+    return {"gpus": cuda_device_count(), "gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+            "mpi": dist.is_mpi_available()}
+
+
+def backend_skip_reason(backend: str, base: TrainConfig, facts: dict) -> str | None:
+    """Why `backend` cannot run `base` here (None when it can)."""
+    if backend == "gloo" and not facts["gloo"]:
+        return "torch.distributed.is_gloo_available() is False"
+    if backend == "nccl":
+        if facts["gpus"] < base.ranks:
+            return f"needs CUDA with >= {base.ranks} GPUs (found {facts['gpus']})"
+        if not facts["nccl"]:
+            return "torch.distributed.is_nccl_available() is False"
+        if base.device == "cpu":
+            return "needs device cuda (the base config sets device cpu)"
+    if backend == "mpi" and not facts["mpi"]:
+        return "torch.distributed.is_mpi_available() is False"
+    return None
+
+
+def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None = None) -> Result:
+    facts = runtime_facts() if facts is None else facts
+    cells, skipped = [], {}
+    for backend in ordered(opts["backends"], BACKENDS):
+        reason = backend_skip_reason(backend, base, facts)
+        if reason is None:
+            try:
+                cfg = with_fields(base, backend=backend)
+                noop = with_fields(cfg, **{**strategy_fields("noop", 1), "accumulate": cfg.accumulate})
+            except ConfigError as err:  # the config cannot run on this backend here: say why, do not drop it
+                reason = str(err)
+        if reason is not None:
+            ctx.say(f"[backends] {backend}: skipped: {reason}")
+            skipped[backend] = reason
+            continue
+        cells += [Cell(backend, cfg), Cell(f"{backend} noop", noop)]
+    runs = ctx.cells.rows(ctx.cells.run(cells, group="compare"))
+    entries = runs[0::2] + [{"backend": b, "status": "skipped", "reason": why} for b, why in skipped.items()]
+    table = backends_table(entries, runs[1::2])  # cells come in pairs: the backend, then its noop
+    return Result("compare_backends", {"compare_backends": table},
+                  notes={"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped})
+
+
+EXPERIMENT = Experiment(
+    name="backends", command="compare backends", section="backends", order=60,
+    title="Communication backends",
+    question="gloo vs NCCL (vs MPI): which is faster here? (seed 004 exp 4)",
+    help="The same config on gloo, NCCL and MPI: step, comm, exposed comm, busbw, bytes.",
+    options=(Option(name="backends", default=None, help="Comma-separated subset of gloo, nccl, mpi (default all; "
+                                                        "those that cannot run here are listed as skipped, with "
+                                                        "the reason).",
+                    parse=lambda v, n: name_list(v, n, BACKENDS)),),
+    defaults=DEFAULTS,
+    run=run_backends,
+    figures=comm_figures("compare_backends", "backend"),
+    interpret=interpret.backends_result,
+)

@@ -1,0 +1,200 @@
+"""What an experiment is: one registered object per experiment (torchtitan's TrainSpec idea).
+
+An experiment declares its options, its cells and its analysis; the study, the report and the CLI read the
+registry (`experiments.registry`), so adding an experiment is one new module that defines `EXPERIMENT` plus its
+test. Two shapes:
+
+    EXPERIMENT = Experiment(name="amp", command="amp", title=..., question=..., help=...,
+                            cells=amp_cells,        # (base, opts) -> list[Cell], run as one group
+                            analyse=amp_tables,     # (runs, base, opts) -> Result (tables, notes)
+                            figures=amp_figures,    # (result, out_dir) -> list of PNG paths
+                            interpret=interpret.precision_result)   # (result) -> (sentences, recommendation)
+
+and, for experiments whose cells depend on earlier outcomes (the max-batch search, calibrate-then-predict),
+`run=(ctx, base, opts) -> Result` that drives `ctx.cells` itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scalelab.errors import ConfigError
+
+
+@dataclass
+class Result:
+    """An experiment's answer: tables computed from stored runs, the files written, and notes for the report."""
+    name: str
+    tables: dict[str, pd.DataFrame]
+    files: list[Path] = field(default_factory=list)
+    notes: dict = field(default_factory=dict)  # shown in the report
+    meta: dict = field(default_factory=dict)  # for the experiment's figures, not shown
+
+
+ExperimentResult = Result  # the name the rest of scalelab has used
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One option of an experiment: its CLI flag (--NAME with '_' as '-'), study YAML key and parser."""
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[Any, str], Any] | None = None  # (value from CLI text or YAML, option name) -> value
+    flag: str | None = None  # CLI spelling when it is not --NAME (e.g. a boolean's "--pin-memory/--no-pin-memory")
+
+    def value(self, raw: Any) -> Any:
+        return self.parse(raw, self.name) if self.parse is not None and raw is not None else raw
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an experiment's run gets: the cell engine of its study and where its tables and plots go."""
+    cells: Any  # experiments.cells.Cells
+    out_dir: Path
+    say: Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    name: str  # the study's key, e.g. "batch_sweep"
+    command: str | None  # the CLI command, e.g. "batch-sweep"; "compare strategies" is a sub-command of "compare"
+    base: bool = True  # whether it starts from a training config (the CLI then takes every train flag)
+    title: str  # the report section's title
+    question: str  # the seeds' question it answers (shown under the title)
+    help: str  # one line for `scalelab COMMAND --help`
+    section: str  # the report section's id
+    options: tuple[Option, ...] = ()
+    defaults: dict = field(default_factory=dict)  # base config fields the CLI starts from (below YAML and flags)
+    cells: Callable[..., list] | None = None  # (base, opts) -> cells of one group
+    analyse: Callable[..., Result] | None = None  # (runs, base, opts) -> Result
+    run: Callable[..., Result] | None = None  # (ctx, base, opts) -> Result, instead of cells + analyse
+    figures: Callable[[Result, Path], list[Path]] | None = None
+    interpret: Callable[[Result], tuple[list[str], str | None]] | None = None
+    captions: dict[str, str] = field(default_factory=dict)  # table or figure stem -> caption
+    order: int = 100  # place in the study and the report
+    interleave: bool = False  # run the cells' repeats in rounds
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.cells is None or self.analyse is None):
+            raise ValueError(f"experiment {self.name}: give either run, or cells and analyse")
+
+    def option_values(self, given: dict | None) -> dict:
+        """Defaults, overridden by `given` (study YAML or CLI), each parsed; unknown keys are refused."""
+        known = {o.name: o for o in self.options}
+        given = {k: v for k, v in (given or {}).items() if k != "set"}
+        for key in given:
+            if key not in known:
+                raise ConfigError(f"{self.name}.{key}", given[key],
+                                  f"unknown option; allowed: {', '.join(known) or 'none'}")
+        return {name: o.value(given.get(name, o.default)) for name, o in known.items()}
+
+    def execute(self, ctx: Context, base, opts: dict) -> Result:
+        """Run (or replay) the experiment: its cells through the engine, then its tables, then its figures."""
+        if self.run is not None:
+            result = self.run(ctx, base, opts)
+        else:
+            results = ctx.cells.run(self.cells(base, opts), group=self.name, interleave=self.interleave)
+            completed = [r for r in ctx.cells.runs(results) if r["status"] == "completed"]
+            result = self.analyse(completed, base, opts)
+        return self.write(result, ctx.out_dir)
+
+    def write(self, result: Result, out_dir: Path) -> Result:
+        """Every table as CSV and JSON, then the experiment's figures, into `out_dir`."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for key, frame in result.tables.items():
+            paths = write_table(frame, out_dir, key)
+            result.files += [p for p in (paths["csv"], paths["json"]) if p not in result.files]
+        if self.figures is not None and any(len(t) for t in result.tables.values()):
+            result.files += [p for p in self.figures(result, out_dir) if p is not None]
+        return result
+
+
+def write_table(frame: pd.DataFrame, out_dir: Path, name: str) -> dict[str, Path]:
+    """A table as CSV and JSON (records), both written atomically."""
+    import json
+
+    from scalelab.store import write_json_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
+    tmp = csv_path.with_suffix(".csv.tmp")
+    frame.to_csv(tmp, index=False)
+    tmp.replace(csv_path)
+    write_json_atomic(json_path, json.loads(frame.to_json(orient="records")))
+    return {"csv": csv_path, "json": json_path}
+
+
+# ---------------------------------------------------------------- option parsers shared by experiments
+
+def int_list(value: Any, name: str) -> list[int]:
+    """'32,64,128' or [32, 64, 128] -> [32, 64, 128] (integers >= 0, at least one)."""
+    items = str(value).split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    try:
+        values = [int(v) if not isinstance(v, bool) and float(v) == int(v) else None
+                  for v in items if str(v).strip()] if items is not None else None
+    except (TypeError, ValueError, OverflowError):
+        values = None
+    if not values or any(v is None or v < 0 for v in values):
+        raise ConfigError(name, value, "allowed: comma-separated integers >= 0, e.g. 32,64,128")
+    return values
+
+
+def name_list(value: Any, name: str, allowed: Sequence[str] | None = None) -> list[str]:
+    """'a,b' or ["a", "b"] -> ["a", "b"], each in `allowed` when given (at least one)."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    names = [str(v).strip() for v in items if str(v).strip()] if items is not None else []
+    if not names:
+        raise ConfigError(name, value, f"give at least one{': ' + ', '.join(allowed) if allowed else ''}")
+    for n in names:
+        if allowed is not None and n not in allowed:
+            raise ConfigError(name, n, f"allowed: {', '.join(allowed)}")
+    return names
+
+
+def bool_list(value: Any, name: str) -> list[bool]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    if not items or not all(isinstance(v, bool) for v in items):
+        raise ConfigError(name, value, "allowed: true, false or a list of them")
+    return list(items)
+
+
+def number(lo: float, hi: float | None = None, *, integer: bool = False) -> Callable[[Any, str], Any]:
+    """A parser for one number in [lo, hi]."""
+    def parse(value: Any, name: str):
+        try:
+            ok = not isinstance(value, bool) and (float(value) == int(value) if integer else True)
+            x = (int(value) if integer else float(value)) if ok else None
+        except (TypeError, ValueError, OverflowError):
+            x = None
+        if x is None or x != x or x < lo or (hi is not None and x > hi):
+            kind = "an integer" if integer else "a number"
+            raise ConfigError(name, value, f"allowed: {kind} >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else ""))
+        return x
+    return parse
+
+
+def choice(*allowed: str) -> Callable[[Any, str], str]:
+    def parse(value: Any, name: str) -> str:
+        if value not in allowed:
+            raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
+        return value
+    return parse
+
+
+def parse_bytes(value: Any, name: str) -> int:
+    """'4GiB', '512M', '1.5G', 1000000 -> bytes (K/M/G/T are powers of 1024)."""
+    units = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = str(value).strip().lower().removesuffix("b").removesuffix("i")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        size = float(num) * units[unit]
+    except ValueError:
+        raise ConfigError(name, value, "allowed: a size like 4GiB, 512MiB or a number of bytes") from None
+    if isinstance(value, bool) or not 1 <= size < float("inf"):  # also refuses nan and inf
+        raise ConfigError(name, value, "allowed: a size > 0, like 4GiB")
+    return int(size)

@@ -1,0 +1,325 @@
+"""The one cell engine: every experiment's runs go through `Cells.run`.
+
+A cell is one measurement: a run config (`kind` "train", "bench", ... says which run execution takes it) and how
+many repeats it needs. Its identity is its resolved config (what actually runs), so identical configs in two
+experiments of one study are one cell, measured once. The engine
+
+- reuses a finished cell (a completed run, or a failure the cell counts as an outcome, e.g. out of memory in a
+  max-batch trial) stored anywhere in the study;
+- holds the cell's lock while it runs, so two processes on one store never run a cell twice;
+- replays: while a report is rebuilt (`replay_only`), it never runs anything and reports missing cells;
+- runs repeats in interleaved rounds when asked (A B C, A B C) so slow drift of a shared machine hits every
+  cell alike;
+- hands each run to one replaceable step, the executor of the cell's kind (`executor`).
+
+    cells = Cells(store, "default", progress=progress)
+    results = cells.run([Cell("batch 64", cfg64), Cell("batch 128", cfg128)], group="batch_sweep")
+    runs = cells.runs(results)            # parsed stored runs, in cell order: what analyses receive
+"""
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalelab.errors import ScalelabError
+from scalelab.experiments.progress import Progress, PlainProgress
+from scalelab.store import Store
+
+# Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.
+_REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar("scalelab_replay", default=False)
+
+# How a run is operated, not what it measures: left out of a cell's identity.
+OPERATIONAL = ("run_id", "hang_timeout_s", "checkpoint_every")
+
+
+@contextmanager
+def replay_only() -> Iterator[None]:
+    """Within this block, experiments only read what is stored; they never start a run."""
+    token = _REPLAY.set(True)
+    try:
+        yield
+    finally:
+        _REPLAY.reset(token)
+
+
+def replaying() -> bool:
+    return _REPLAY.get()
+
+
+def config_identity(config: Any) -> dict:
+    """The fields of a config that say what a run measures (`auto` resolved to what runs here)."""
+    data = config.resolved().to_dict() if hasattr(config, "resolved") else config.to_dict()
+    for name in OPERATIONAL:
+        data.pop(name, None)
+    return data
+
+
+def cell_key(config: Any, kind: str = "train") -> str:
+    """A stable identity for the run a config describes (the run id itself is not part of it)."""
+    data = config_identity(config)
+    text = json.dumps(data, sort_keys=True) if kind == "train" else json.dumps([kind, data], sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    label: str  # shown in progress, e.g. "batch 64"
+    config: Any  # a TrainConfig; the config type of `kind` otherwise (CommBenchConfig for "bench")
+    kind: str = "train"
+    repeats: int = 1
+    isolate: bool = False  # own processes even for one rank (a max-batch trial's OOM must not touch the caller)
+    # A failure reason that is an outcome, not an error (a max-batch trial that does not fit): such a failed run
+    # finishes the cell and is reused like a completed one.
+    outcome_failure: Callable[[str], bool] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ScalelabError(f"cell {self.label}: repeats {self.repeats!r}; allowed: an integer >= 1")
+
+    @property
+    def key(self) -> str:
+        return cell_key(self.config, self.kind)
+
+    def accepts(self, status: str, reason: str | None) -> bool:
+        """Whether a stored run with this status finishes the cell."""
+        return status == "completed" or (status == "failed" and self.outcome_failure is not None
+                                         and self.outcome_failure(reason or ""))
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: Cell
+    run_ids: tuple[str, ...]  # one per finished repeat, oldest first
+    status: str  # completed | failed (an outcome failure, or the last attempt's error) | missing (replay only)
+    reason: str | None = None
+    reused: bool = False  # every repeat was already stored
+
+    @property
+    def label(self) -> str:
+        return self.cell.label
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run_ids[-1] if self.run_ids else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an executor reports: the run it recorded, and why it failed (None: completed)."""
+    run_id: str
+    failure: str | None = None
+
+
+Executor = Callable[[Cell, Store, str, Callable[[str], None]], Outcome]
+_EXECUTORS: dict[str, Executor] = {}
+
+
+def executor(kind: str) -> Callable[[Executor], Executor]:
+    """Register the run execution for cells of `kind` (the one replaceable launching step)."""
+    def register(fn: Executor) -> Executor:
+        _EXECUTORS[kind] = fn
+        return fn
+    return register
+
+
+@executor("train")
+def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
+    from scalelab.runner import RunFailed, execute
+
+    try:
+        return Outcome(execute(cell.config, store, study=study, say=say, isolate=cell.isolate).run_id)
+    except RunFailed as err:
+        return Outcome(err.run_id, err.reason)
+
+
+@executor("bench")
+def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
+    from scalelab.measure.commbench import run_commbench
+    from scalelab.runner import RunFailed
+
+    try:
+        out = run_commbench(cell.config, store, study=study, say=say)
+    except RunFailed as err:
+        return Outcome(err.run_id, err.reason)
+    return Outcome(out.run_id, out.reason)
+
+
+class Cells:
+    """The cells of one study on one store, run, reused or replayed by one rule."""
+
+    def __init__(self, store: Store, study: str, *, progress: Progress | None = None):
+        self.store, self.study = store, study
+        self.progress = progress or PlainProgress()
+        self._index: dict[str, list[dict]] | None = None  # cell key -> stored finished-or-failed runs
+        self._known: set[str] = set()
+
+    # ------------------------------------------------------------ the store's view of the study
+
+    def _in_study(self, study) -> bool:
+        return isinstance(study, str) and (study == self.study or study.startswith(self.study + "/"))
+
+    def _refresh(self, kind_of: dict[str, str] | None = None) -> dict[str, list[dict]]:
+        """Index every stored run of the study not indexed yet by cell key (runs of other processes too)."""
+        if self._index is None:
+            self._index = {}
+        runs = self.store.list_runs()
+        for row in runs.itertuples(index=False):
+            if row.run_id in self._known or not self._in_study(row.study) or row.status == "running":
+                continue
+            self._known.add(row.run_id)
+            stored = self.store.get(row.run_id)
+            key = _stored_key(stored)
+            if key is not None:
+                self._index.setdefault(key, []).append(stored)
+        return self._index
+
+    def _finished(self, cell: Cell) -> list[dict]:
+        rows = sorted(self._refresh().get(cell.key, []), key=lambda r: (r["created"], r["run_id"]))
+        return [r for r in rows if cell.accepts(r["status"], r.get("reason"))]
+
+    # ------------------------------------------------------------ running
+
+    def run(self, cells: Iterable[Cell], *, group: str, interleave: bool = False) -> list[CellResult]:
+        """Every cell's repeats, run where missing; one result per cell, in order. `group` names the experiment
+        (runs are stored under study STUDY/GROUP); `interleave` runs repeats in rounds across the cells."""
+        cells = list(cells)
+        study = f"{self.study}/{group}"
+        needed = {c.key: self._missing(c) for c in cells}
+        self.progress.group(group, sum(max(0, n) for n in needed.values()))
+        failures: dict[str, str] = {}
+        rounds = max((c.repeats for c in cells), default=0) if interleave else 1
+        for r in range(rounds):
+            for cell in cells:
+                target = r + 1 if interleave else cell.repeats
+                while cell.key not in failures and len(self._finished(cell)) < min(target, cell.repeats):
+                    if replaying():
+                        break
+                    failure = self._run_one(cell, study)
+                    if failure is not None:
+                        failures[cell.key] = failure
+        return [self._result(c, needed[c.key], failures.get(c.key)) for c in cells]
+
+    def _missing(self, cell: Cell) -> int:
+        return cell.repeats - len(self._finished(cell))
+
+    def _run_one(self, cell: Cell, study: str) -> str | None:
+        """Run one repeat of `cell` under its lock; the failure reason, or None when it finished."""
+        with self._claim(cell):
+            # The same study may run in another process at once: what it finished meanwhile is not run again.
+            if self._missing(cell) <= 0:
+                self.progress.cell_done(cell.label, "done meanwhile by another process")
+                return None
+            self.progress.cell_started(cell.label)
+            began = time.monotonic()
+            outcome = _EXECUTORS[cell.kind](cell, self.store, study, self.progress.run_line)
+        self._known.discard(outcome.run_id)  # index it now
+        self._refresh()
+        accepted = outcome.failure is None or cell.accepts("failed", outcome.failure)
+        self.progress.cell_done(cell.label, "done" if outcome.failure is None else
+                                f"{'does not fit' if accepted else 'failed'}: {outcome.failure}",
+                                seconds=time.monotonic() - began)
+        return None if accepted else outcome.failure
+
+    def _result(self, cell: Cell, missing_before: int, failure: str | None) -> CellResult:
+        rows = self._finished(cell)[-cell.repeats:]
+        ids = tuple(r["run_id"] for r in rows)
+        if failure is not None:  # the failed attempt stays in the store with its reason and error.txt
+            failed = self._latest(cell)
+            return CellResult(cell, (failed["run_id"],) if failed else ids, "failed", failure)
+        if len(rows) < cell.repeats:
+            if not replaying():
+                raise ScalelabError(f"cell {cell.label}: {len(rows)} of {cell.repeats} repeats stored")
+            self.progress.cell_done(cell.label, "missing: not in the store")
+            return CellResult(cell, ids, "missing", "not in the store")
+        if missing_before <= 0:
+            self.progress.cell_done(cell.label, f"already done ({ids[-1]}), skipped", reused=True)
+        status = rows[-1]["status"]
+        return CellResult(cell, ids, status, rows[-1].get("reason"), reused=missing_before <= 0)
+
+    def _latest(self, cell: Cell) -> dict | None:
+        rows = self._refresh().get(cell.key, [])
+        return max(rows, key=lambda r: (r["created"], r["run_id"])) if rows else None
+
+    @contextmanager
+    def _claim(self, cell: Cell) -> Iterator[None]:
+        """Hold this cell for the block, across processes sharing the store: an exclusive flock on a file under
+        STORE/locks. A second process waits for the first, then finds the cell finished. The kernel drops the
+        lock when its holder exits, however it ends (Ctrl-C, kill -9), so a lock is never left stale."""
+        import fcntl
+
+        folder = self.store.root / "locks"
+        folder.mkdir(exist_ok=True)
+        name = hashlib.sha1(f"{self.study}\0{cell.key}".encode()).hexdigest()[:20]
+        with open(folder / f"cell-{name}.lock", "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.progress.cell_waiting(cell.label)
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------ reading back
+
+    def runs(self, results: Sequence[CellResult], *, all_repeats: bool = False) -> list[dict]:
+        """The stored runs of cells that have one, in cell order, as {run_id, config, summary, status, reason,
+        label}: what analyses get."""
+        out = []
+        for res in results:
+            for run_id in (res.run_ids if all_repeats else res.run_ids[-1:]):
+                row = self.store.get(run_id)
+                out.append({"run_id": row["run_id"], "config": row["config"], "summary": row["summary"] or {},
+                            "status": row["status"], "reason": row.get("reason"), "label": res.label,
+                            "dir": row["dir"]})
+        return out
+
+    def rows(self, results: Sequence[CellResult]) -> list[dict]:
+        """One entry per cell, in cell order, also for cells without a run (their config, status and reason)."""
+        out = []
+        for res in results:
+            if res.run_id is None:
+                config = config_identity(res.cell.config)
+                out.append({"run_id": None, "config": config, "summary": None, "status": res.status,
+                            "reason": res.reason, "label": res.label})
+            else:
+                out.extend(self.runs([res]))
+                out[-1]["reason"] = out[-1]["reason"] or res.reason
+        return out
+
+
+def _stored_key(row: dict) -> str | None:
+    """The cell key of a stored run; None for a config this scalelab cannot read (then it is never reused)."""
+    from scalelab.config import TrainConfig
+    from scalelab.measure.commbench import CommBenchConfig
+
+    try:
+        if row["kind"] == "train":
+            return cell_key(TrainConfig.from_dict(row["config"]))
+        if row["kind"] == "bench":
+            return cell_key(CommBenchConfig.from_dict(row["config"]), "bench")
+        return _KINDS_CONFIG[row["kind"]](row["config"])
+    except (KeyError, ValueError, TypeError, ScalelabError):
+        return None
+
+
+# kind -> stored config dict -> cell key, for kinds registered by experiments (e.g. "loader")
+_KINDS_CONFIG: dict[str, Callable[[dict], str]] = {}
+
+
+def stored_kind(kind: str, key_of: Callable[[dict], str]) -> None:
+    """Say how to identify a stored run of `kind` (kinds other than train and bench)."""
+    _KINDS_CONFIG[kind] = key_of
+
+
+def with_fields(cfg, **changes):
+    """A copy of a config with some fields changed (validated again)."""
+    return dataclasses.replace(cfg, **changes)

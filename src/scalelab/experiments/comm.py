@@ -1,0 +1,54 @@
+"""The collective microbenchmark in a study (seed 000 Q3.2): one `bench comm` run, busbw per message size.
+`scalelab bench comm` runs the same benchmark on its own."""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from scalelab.analysis import interpret
+from scalelab.experiments.base import Context, Experiment, Option, Result
+from scalelab.experiments.cells import Cell
+
+
+def bench_config(opts: dict):
+    from scalelab.measure.commbench import CommBenchConfig
+
+    cfg = CommBenchConfig(**{k: v for k, v in opts.items() if v is not None})
+    return dataclasses.replace(cfg, backend=cfg.resolved_backend)  # what runs here: the cell's identity
+
+
+def _run(ctx: Context, base, opts: dict) -> Result:
+    from scalelab.measure.commbench import read_results
+
+    [res] = ctx.cells.run([Cell("bench comm", bench_config(opts), kind="bench")], group="comm")
+    if res.status == "missing":
+        return Result("comm", {}, notes={"missing": f"{ctx.cells.study}/comm"})
+    run_dir = Path(ctx.cells.runs([res])[0]["dir"])
+    result = Result("comm", {"comm": read_results(run_dir)}, notes={"run": run_dir.name})
+    if res.status == "failed":
+        result.notes["failed"] = res.reason
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    result.files.append(shutil.copyfile(run_dir / "busbw.png", ctx.out_dir / "comm_busbw.png"))
+    return result
+
+
+def _opt(name: str, help: str) -> Option:
+    return Option(name=name, default=None, help=help)
+
+
+EXPERIMENT = Experiment(
+    name="comm", command=None, section="comm", order=70, base=False,
+    title="Communication microbenchmark",
+    question="What bandwidth do collectives reach per message size? (seed 000 Q3.2)",
+    help="Collectives over a size sweep: algbw, busbw (nccl-tests), checked.",
+    options=(_opt("ops", "allreduce, allgather, reduce_scatter, broadcast (or all)."),
+             _opt("begin", "Smallest message size, e.g. 1K."), _opt("end", "Largest message size, e.g. 64M."),
+             _opt("factor", "Each size is the previous one times this."),
+             _opt("warmup", "Untimed iterations per size and op."), _opt("iters", "Timed iterations per size."),
+             _opt("ranks", "Processes."), _opt("backend", "auto, gloo or nccl."),
+             _opt("dtype", "float32, float16 or bfloat16.")),
+    run=_run,
+    interpret=interpret.comm_result,
+    captions={"comm_busbw.png": "Bus bandwidth per message size and collective."},
+)

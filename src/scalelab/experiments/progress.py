@@ -1,0 +1,123 @@
+"""Progress of studies and experiments, driven by the cell engine: cells done / total, the current cell, elapsed
+time and an ETA. A live rich display on a terminal; plain lines otherwise (CI, logs, pipes).
+
+The ETA is the mean time of the cells run so far in this experiment times the cells still to run; reused cells
+take no time and do not count.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Protocol
+
+
+class Progress(Protocol):
+    def experiment(self, name: str, index: int, total: int) -> None: ...
+    def experiment_done(self, name: str, seconds: float, failure: str | None = None) -> None: ...
+    def group(self, name: str, to_run: int) -> None: ...
+    def cell_started(self, label: str) -> None: ...
+    def cell_waiting(self, label: str) -> None: ...
+    def cell_done(self, label: str, outcome: str, *, seconds: float | None = None, reused: bool = False) -> None: ...
+    def run_line(self, line: str) -> None: ...
+    def say(self, line: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class PlainProgress:
+    """One line per event: `[study/group 3/8] batch 64: done in 12 s (elapsed 0:40, ETA 1:15)`."""
+
+    def __init__(self, write: Callable[[str], None] = print, *, quiet_runs: bool = True):
+        self.write, self.quiet_runs = write, quiet_runs
+        self.name, self.to_run, self.done, self.spent = "", 0, 0, 0.0
+        self.started = time.monotonic()
+
+    def experiment(self, name: str, index: int, total: int) -> None:
+        self.write(f"== [{index}/{total}] {name}")
+
+    def experiment_done(self, name: str, seconds: float, failure: str | None = None) -> None:
+        self.write(f"== {name} failed: {failure}" if failure else f"== {name} done in {seconds:.0f} s")
+
+    def group(self, name: str, to_run: int) -> None:
+        self.name, self.to_run, self.done, self.spent = name, to_run, 0, 0.0
+
+    def _prefix(self) -> str:
+        return f"[{self.name} {self.done}/{self.to_run}]" if self.to_run else f"[{self.name}]"
+
+    def eta(self) -> float | None:
+        if not self.done or self.done >= self.to_run:
+            return None
+        return self.spent / self.done * (self.to_run - self.done)
+
+    def cell_started(self, label: str) -> None:
+        self.write(f"{self._prefix()} {label}: running (elapsed {_clock(time.monotonic() - self.started)})")
+
+    def cell_waiting(self, label: str) -> None:
+        self.write(f"{self._prefix()} {label}: another process is running this cell; waiting for it")
+
+    def cell_done(self, label: str, outcome: str, *, seconds: float | None = None, reused: bool = False) -> None:
+        if seconds is not None:
+            self.done += 1
+            self.spent += seconds
+            eta = self.eta()
+            outcome += f" in {seconds:.0f} s" + (f" (ETA {_clock(eta)})" if eta is not None else "")
+        self.write(f"{self._prefix()} {label}: {outcome}")
+
+    def run_line(self, line: str) -> None:
+        if not self.quiet_runs:
+            self.write(line)
+
+    def say(self, line: str) -> None:
+        self.write(line)
+
+    def close(self) -> None:
+        pass
+
+
+class LiveProgress(PlainProgress):
+    """A rich live display: the finished lines scroll above one status line that is redrawn in place."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console()
+        super().__init__(lambda line: self.console.print(line, markup=False, highlight=False, soft_wrap=True))
+        self.current = ""
+        self.cell_began = time.monotonic()
+        self.live = Live(self._status(), console=self.console, refresh_per_second=2, transient=True,
+                         get_renderable=self._status)
+        self.live.start()
+
+    def _status(self):
+        from rich.text import Text
+
+        now = time.monotonic()
+        eta = self.eta()
+        parts = [f"{self.name or 'study'}: {self.done}/{self.to_run} cells",
+                 f"elapsed {_clock(now - self.started)}"]
+        if self.current:
+            parts.insert(1, f"now: {self.current} ({_clock(now - self.cell_began)})")
+        if eta is not None:
+            parts.append(f"ETA {_clock(max(0.0, eta - (now - self.cell_began)))}")
+        return Text(" · ".join(parts), style="bold")
+
+    def cell_started(self, label: str) -> None:
+        self.current, self.cell_began = label, time.monotonic()
+
+    def cell_done(self, label: str, outcome: str, *, seconds: float | None = None, reused: bool = False) -> None:
+        self.current = ""
+        super().cell_done(label, outcome, seconds=seconds, reused=reused)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def progress_for_output() -> Progress:
+    """Live on a terminal, plain lines when the output is not one."""
+    return LiveProgress() if sys.stdout.isatty() else PlainProgress(
+        lambda line: print(line, flush=True))

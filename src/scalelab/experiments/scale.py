@@ -1,0 +1,84 @@
+"""Scaling study: worker counts x batch sizes, strong and weak, with compute vs communication per cell
+(seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1).
+
+Each multi-worker cell also runs once with `sync=noop` (no gradient synchronisation, same everything else): the
+difference of step times is the exposed communication, measured rather than taken as a remainder.
+"""
+from __future__ import annotations
+
+from scalelab.analysis import interpret
+from scalelab.analysis.scaling import add_exposed_comm, scaling_table
+from scalelab.config import TrainConfig
+from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list
+from scalelab.experiments.cells import Cell, with_fields
+from scalelab.report import figures
+
+MODES = ("strong", "weak")
+
+
+def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[int],
+               say=lambda line: None) -> tuple[list[Cell], list[Cell]]:
+    """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker."""
+    cells, ablation = [], []
+    for b in batches:
+        for n in workers:
+            global_batch = b if mode == "strong" else b * n
+            if global_batch % n:
+                say(f"[scale_{mode}] skip {n} workers x batch {b}: not divisible")
+                continue
+            cfg = with_fields(base, ranks=n, global_batch=global_batch)
+            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg))
+            if n > 1:
+                ablation.append(Cell(f"{mode}: {n} workers, batch {global_batch}, no sync",
+                                     with_fields(cfg, sync="noop")))
+    return cells, ablation
+
+
+def _modes(value, name: str) -> list[str]:
+    """"both", "strong", "weak", or a list of strong / weak."""
+    return list(MODES) if value == "both" else name_list(value, name, MODES)
+
+
+def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
+    if min(opts["workers"]) < 1:
+        from scalelab.errors import ConfigError
+        raise ConfigError("workers", opts["workers"], "allowed: worker counts >= 1, e.g. 1,2,4")
+    result = Result("scale", {})
+    for mode in opts["mode"]:
+        name = f"scale_{mode}"
+        cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say)
+        runs = ctx.cells.runs(ctx.cells.run(cells, group=name))
+        nosync = ctx.cells.runs(ctx.cells.run(ablation, group=f"{name}_nosync"))
+        table = scaling_table([r for r in runs if r["status"] == "completed"], mode)
+        result.tables[name] = add_exposed_comm(table, [r for r in nosync if r["status"] == "completed"])
+    return result
+
+
+def _figures(result: Result, out) -> list:
+    files = []
+    for name, table in result.tables.items():
+        if len(table):
+            files.append(figures.speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
+            files.append(figures.compute_comm_bars(table, out / f"{name}_breakdown.png"))
+    return files
+
+
+EXPERIMENT = Experiment(
+    name="scale", command="scale", section="scaling", order=40,
+    title="How it scales",
+    question="What speedup and efficiency do more workers give, strong and weak, and how much of each step is "
+             "communication? (seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1)",
+    help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell.",
+    options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=int_list),
+             Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
+                    parse=int_list),
+             Option(name="mode", default="both", help="strong, weak or both.", parse=_modes)),
+    run=_run,
+    figures=_figures,
+    interpret=interpret.scale_result,
+    captions={"scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
+              "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
+              "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "
+                                            "diamonds: time inside collectives.",
+              "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling)."},
+)

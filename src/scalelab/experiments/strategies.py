@@ -1,0 +1,97 @@
+"""Gradient-sync strategies side by side on one base config (seed 003 tasks 2a/2b/3, seed 000 Q5/Q7, seed 004
+exp 5).
+
+Every strategy is a cell; the no-op sync of the same config is a cell too, and the difference of median step
+times is the exposed communication (measured by ablation, not a remainder). Cells shared with `backends` (DDP on
+gloo and its no-op baseline) are one cell and run once.
+
+Gradient accumulation keeps the global batch: with K micro-steps each rank runs K forward/backward passes of
+per_rank_batch / K samples and syncs once, so its compute baseline is a no-op run with the same K.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from scalelab.analysis import interpret
+from scalelab.analysis.compare import STRATEGIES, strategies_table
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number
+from scalelab.experiments.cells import Cell, with_fields
+from scalelab.report import figures
+
+DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
+EXPOSED_NOTE = ("exposed comm = median step - median step of the noop run of the same config (clipped at 0); "
+                "overlap = 1 - exposed / time inside collectives")
+LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "
+                 "interpolated over the timed steps; with steps shorter than the sampling period, traffic of "
+                 "neighbouring steps (e.g. warm-up) leaks in")
+
+
+def strategy_fields(name: str, accumulate: int) -> dict:
+    """Config fields that select a strategy (everything else comes from the base config)."""
+    if name not in STRATEGIES:
+        raise ConfigError("strategies", name, f"allowed: {', '.join(STRATEGIES)}")
+    if name.startswith("ddp+") and name != "ddp+accumulate":
+        return {"sync": "ddp", "ddp_hook": name.split("+")[1], "accumulate": 1}
+    if name == "ddp+accumulate":
+        return {"sync": "ddp", "ddp_hook": "none", "accumulate": accumulate}
+    return {"sync": name, "ddp_hook": "none", "accumulate": 1}
+
+
+def ordered(names: list[str] | None, allowed: tuple[str, ...]) -> list[str]:
+    """The names to run, in the canonical order (all when None)."""
+    return list(allowed) if names is None else [n for n in allowed if n in names]
+
+
+def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
+    accumulate = opts["accumulate"]
+    chosen = ordered(opts["strategies"], STRATEGIES)
+    if "noop" not in chosen:
+        chosen.append("noop")  # the compute baseline of every row
+    # every config is validated before anything runs
+    cells = [Cell(name, with_fields(base, **strategy_fields(name, accumulate))) for name in chosen]
+    k_values = sorted({c.config.accumulate for c in cells} - {1})
+    baselines = [Cell(f"noop, accumulate {k} (baseline of ddp+accumulate)",
+                      with_fields(base, **{**strategy_fields("noop", 1), "accumulate": k})) for k in k_values]
+    runs = ctx.cells.rows(ctx.cells.run([*cells, *baselines], group="compare"))
+    noop_runs = [r for r in runs if r["config"].get("sync") == "noop"]
+    table = strategies_table(runs[:len(cells)], noop_runs)
+    notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
+    if k_values:
+        per_rank = base.per_rank_batch
+        notes["accumulate"] = (f"ddp+accumulate keeps the global batch {base.global_batch}: each rank runs "
+                               f"{accumulate} micro-steps of {per_rank / accumulate:g} samples (instead of one of "
+                               f"{per_rank}) and syncs once per step; its compute is a noop run with the same "
+                               f"accumulation")
+    return Result("compare_strategies", {"compare_strategies": table}, notes=notes)
+
+
+def comm_figures(name: str, label: str):
+    """Step breakdown and bytes bars of a side-by-side table (rows that did not run keep their slot)."""
+    def draw(result: Result, out) -> list:
+        table = result.tables[name]
+        if not (table["status"] == "completed").any():
+            return []
+        return [figures.comm_breakdown_bars(table, out / f"{name}.png", label=label),
+                figures.comm_bytes_bars(table, out / f"{name}_bytes.png", label=label)]
+    return draw
+
+
+EXPERIMENT = Experiment(
+    name="strategies", command="compare strategies", section="strategies", order=50,
+    title="Gradient synchronisation strategies",
+    question="Which gradient-sync strategy is fastest, how many bytes does each move and how much communication "
+             "does it hide? (seed 003 tasks 2a/2b/3, seed 000 Q5/Q7, seed 004 exp 5)",
+    help="Every gradient-sync strategy on one config: step, compute, comm, exposed comm, overlap, bytes, bandwidth.",
+    options=(Option(name="strategies", default=None,
+                    help=f"Comma-separated subset (default all): {', '.join(STRATEGIES)} (noop always runs).",
+                    parse=lambda v, n: name_list(v, n, STRATEGIES)),
+             Option(name="accumulate", default=2, help="Micro-steps K of ddp+accumulate (>= 2; the global batch is "
+                                                       "kept, each micro-step gets 1/K of it).",
+                    parse=number(2, integer=True))),
+    defaults=DEFAULTS,
+    run=_run,
+    figures=comm_figures("compare_strategies", "strategy"),
+    interpret=interpret.strategies_result,
+)

@@ -1,0 +1,88 @@
+"""Training time over torch intra-op threads in one process (seed 003 figure 2): threads 1 .. 2×cores, each cell in
+a process of its own (fresh thread pools); rows past the machine's core count are marked oversubscribed, since
+there the threads compete for cores and the time says more about the scheduler than about the model."""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from scalelab.analysis.tables import SPREAD, runs_frame
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.experiments.base import Experiment, Option, Result, int_list
+from scalelab.experiments.cells import Cell, with_fields
+
+USED = "threads/used"  # torch.get_num_threads() inside the run, as the rank reported it
+
+
+def default_threads(cores: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to 2×cores, and the core count itself."""
+    cores = cores or os.cpu_count() or 1
+    out, t = {cores, 2 * cores}, 1
+    while t <= 2 * cores:
+        out.add(t)
+        t *= 2
+    return sorted(out)
+
+
+def thread_cells(base: TrainConfig, threads: list[int]) -> list[Cell]:
+    if base.world_size != 1:
+        raise ConfigError("ranks", base.world_size, "the threads sweep runs one process: allowed 1")
+    if min(threads) < 1:
+        raise ConfigError("threads", threads, "allowed: thread counts >= 1, e.g. 1,2,4")
+    return [Cell(f"{t} threads", with_fields(base, threads=t), isolate=True) for t in threads]
+
+
+def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
+    """Per thread count: epoch time, throughput, step spread, speedup over the fewest threads, oversubscribed."""
+    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", *SPREAD, USED]
+    frame = runs_frame(runs, ["threads"], metrics)
+    if not len(frame):
+        return frame
+    first = frame.iloc[0]
+    frame["speedup"] = first["time/step_median(ms)"] / frame["time/step_median(ms)"]
+    frame["cores"] = cores
+    frame["oversubscribed"] = frame["threads"] > cores
+    return frame
+
+
+def interpret_threads(result: Result) -> tuple[list[str], str | None]:
+    t = result.tables["threads"]
+    if not len(t):
+        return [], None
+    fair = t[~t["oversubscribed"]]
+    best = (fair if len(fair) else t).sort_values("time/step_median(ms)").iloc[0]
+    out = [f"With {int(best.threads)} threads a step takes {best['time/step_median(ms)']:.3g} ms, "
+           f"{best.speedup:.2f}x the {int(t.iloc[0].threads)}-thread step ({int(best.cores)} cores here)."]
+    over = t[t["oversubscribed"]]
+    if len(over):
+        worst = over.sort_values("threads").iloc[-1]
+        out.append(f"Oversubscribed ({int(worst.threads)} threads on {int(worst.cores)} cores): "
+                   f"{worst['time/step_median(ms)']:.3g} ms per step.")
+    return out, f"Use {int(best.threads)} torch threads per process ({best['time/step_median(ms)']:.3g} ms per step)."
+
+
+def _figures(result: Result, out) -> list:
+    from scalelab.report import figures
+
+    return [figures.time_vs_threads(result.tables["threads"], out / "threads.png")]
+
+
+EXPERIMENT = Experiment(
+    name="threads", command="threads", section="threads", order=15,
+    title="Threads in one process",
+    question="How does training time change with the number of torch threads, up to and past the core count? "
+             "(seed 003 figure 2)",
+    help="Training time over torch intra-op threads (one process; past the core count marked oversubscribed).",
+    options=(Option(name="threads", default=None, help="Thread counts (default 1, 2, 4, ... up to 2×cores).",
+                    parse=int_list),),
+    cells=lambda base, opts: thread_cells(base, opts["threads"] or default_threads()),
+    analyse=lambda runs, base, opts: Result("threads", {"threads": threads_table(runs, os.cpu_count() or 1)}),
+    figures=_figures,
+    interpret=interpret_threads,
+    captions={"threads": "Per torch thread count (one process): epoch time, throughput, step time spread, speedup "
+                         "over the fewest threads; threads above the core count are oversubscribed.",
+              "threads.png": "Step time (median, bars min..max) vs torch threads; the dashed line is the core "
+                             "count."},
+)
