@@ -17,7 +17,7 @@ from scalelab.cli import main
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v0"
 EXPECTED = Path(__file__).parent / "fixtures" / "store_v0_expected"
-RENAMED: dict[str, str] = {}
+RENAMED: dict[str, str] = {"strategy": "sync", "sync": "sync_config"}  # compare_strategies: the variant is the sync
 
 
 def _store(tmp_path: Path) -> Path:

@@ -79,7 +79,7 @@ def strategies(base: TrainConfig, store: Store, study: str, out_dir: Path, *, na
                                f"{accumulate} micro-steps of {per_rank / accumulate:g} samples (instead of one of "
                                f"{per_rank}) and syncs once per step; its compute is a noop run with the same "
                                f"accumulation")
-    return _finish(name, table, out_dir, "strategy", notes)
+    return _finish(name, table, out_dir, "sync", notes)
 
 
 def runtime_facts() -> dict:
