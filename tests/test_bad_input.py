@@ -104,7 +104,8 @@ def _write_files(d) -> None:
 # (id, argv with {d} = the folder of bad files, fragments the one line must contain)
 CASES = [
     # ---- flags
-    ("strategy-unknown", ["train", "--strategy", "zero3"], ["strategy: 'zero3'", "'auto', 'single', 'dp', 'ddp'"]),
+    ("wrapper-unknown", ["train", "--wrapper", "zero3"], ["wrapper: 'zero3'", "'auto', 'single', 'dp', 'ddp'"]),
+    ("strategy-renamed", ["train", "--strategy", "ddp"], ["--strategy was renamed: use --wrapper"]),
     ("lr-negative", ["train", "--lr", "-0.1"], ["lr: -0.1", "a number > 0"]),
     ("lr-nan", ["train", "--lr", "nan"], ["lr: nan", "a finite number"]),
     ("momentum-1.5", ["train", "--momentum", "1.5"], ["momentum: 1.5", "0 <= momentum < 1"]),

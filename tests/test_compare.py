@@ -52,7 +52,7 @@ def test_strategies_table_takes_compute_from_the_noop_run_of_the_same_accumulati
     noop1, noop2 = _run("n1", 40.0, sync="noop"), _run("n2", 50.0, sync="noop", accumulate=2)
     runs = [_run("acc", 80.0, 20.0, accumulate=2), _run("ddp", 70.0, 40.0), noop1]
     table = strategies_table(runs, [noop1, noop2])
-    assert list(table["strategy"]) == ["ddp", "ddp+accumulate", "noop"]  # STRATEGIES order
+    assert list(table["sync"]) == ["ddp", "ddp+accumulate", "noop"]  # STRATEGIES order
     ddp, acc, noop = (table.iloc[i] for i in range(3))
     assert (ddp["compute(ms)"], ddp["exposed_comm(ms)"], ddp["overlap"]) == (40.0, 30.0, 0.25)
     assert (acc["compute(ms)"], acc["exposed_comm(ms)"], acc["overlap"], acc["noop_run_id"]) == (50.0, 30.0, -0.5, "n2")
@@ -131,7 +131,7 @@ def measured(tmp_path_factory):
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_strategy_table_bytes_follow_the_meter_conventions(measured):
-    table = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    table = measured["strategies"].tables["compare_strategies"].set_index("sync")
     assert list(table.index) == list(STRATEGIES)
     assert (table["status"] == "completed").all()
     b = table["bytes_per_step"]
@@ -151,7 +151,7 @@ def test_strategy_table_bytes_follow_the_meter_conventions(measured):
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_strategy_table_exposed_comm_is_step_minus_the_noop_step(measured):
-    table = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    table = measured["strategies"].tables["compare_strategies"].set_index("sync")
     noop_step = table.at["noop", "step(ms)"]
     for name in STRATEGIES:
         if name == "ddp+accumulate":
@@ -188,7 +188,7 @@ def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
         assert table.at["mpi", "reason"] == "torch.distributed.is_mpi_available() is False"
     assert measured["after_backends"] == 2  # gloo and its noop
     # the strategies reused gloo's cells (same config): ddp is gloo's run, noop its noop
-    strat = measured["strategies"].tables["compare_strategies"].set_index("strategy")
+    strat = measured["strategies"].tables["compare_strategies"].set_index("sync")
     assert strat.at["ddp", "run_id"] == table.at["gloo", "run_id"]
     assert strat.at["noop", "run_id"] == table.at["gloo", "noop_run_id"]
     assert len(measured["store"].list_runs()) == 2 + 8
@@ -222,5 +222,5 @@ def test_replayed_comparison_lists_missing_cells_and_runs_nothing(store, tmp_pat
     with grid.replay_only():
         res = compare.strategies(TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, say=lambda s: None)
     table = res.tables["compare_strategies"]
-    assert list(table["strategy"]) == list(STRATEGIES) and (table["status"] == "missing").all()
+    assert list(table["sync"]) == list(STRATEGIES) and (table["status"] == "missing").all()
     assert len(store.list_runs()) == 0

@@ -13,8 +13,8 @@ from scalelab.errors import ConfigError
     ({"precision": "fp8"}, "precision", "'fp32'"),
     ({"backend": "nccl"}, "backend", "nccl needs CUDA"),
     ({"precision": "fp16"}, "precision", "needs CUDA"),
-    ({"strategy": "dp"}, "strategy", "at least 2 GPUs"),
-    ({"strategy": "single", "ranks": 2}, "strategy", "use ddp"),
+    ({"wrapper": "dp"}, "wrapper", "at least 2 GPUs"),
+    ({"wrapper": "single", "ranks": 2}, "wrapper", "use ddp"),
     ({"device": "cuda"}, "device", "no CUDA device"),
     ({"nnodes": 2}, "rdzv_endpoint", "required"),
     ({"nnodes": 2, "node_rank": 2, "rdzv_endpoint": "h:1"}, "node_rank", "0..1"),
@@ -35,10 +35,10 @@ def test_bad_values_name_the_field_the_value_and_what_is_allowed(kwargs, field, 
 def test_defaults_resolve_for_cpu(monkeypatch):
     monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
     cfg = TrainConfig(ranks=2, global_batch=64)
-    assert (cfg.resolved_device, cfg.resolved_backend, cfg.resolved_strategy) == ("cpu", "gloo", "ddp")
+    assert (cfg.resolved_device, cfg.resolved_backend, cfg.resolved_wrapper) == ("cpu", "gloo", "ddp")
     assert cfg.per_rank_batch == 32 and cfg.distributed
     one = TrainConfig()
-    assert one.resolved_strategy == "single" and not one.distributed
+    assert one.resolved_wrapper == "single" and not one.distributed
 
 
 def test_cuda_resolution_when_gpus_are_visible(monkeypatch):
@@ -73,3 +73,8 @@ def test_bad_yaml_is_one_line(tmp_path, text, fragment):
 def test_missing_yaml_file():
     with pytest.raises(ConfigError, match="file not found"):
         TrainConfig.from_yaml("/nonexistent/run.yaml")
+
+
+def test_a_stored_config_of_the_previous_version_reads_strategy_as_wrapper():
+    cfg = TrainConfig.from_dict({"strategy": "single", "ranks": 1})
+    assert cfg.wrapper == "single" and "strategy" not in cfg.to_dict()

@@ -44,7 +44,7 @@ def test_interrupted_study_resumes_running_only_missing_cells(store):
 
 
 def test_cell_key_ignores_run_id_and_resolves_auto():
-    assert cell_key(tiny()) == cell_key(tiny(run_id="x", device="cpu", backend="gloo", strategy="single"))
+    assert cell_key(tiny()) == cell_key(tiny(run_id="x", device="cpu", backend="gloo", wrapper="single"))
     assert cell_key(tiny()) != cell_key(tiny(global_batch=8))
     # how a run is operated (watchdog, checkpoints) is not what it measures
     assert cell_key(tiny()) == cell_key(tiny(hang_timeout_s=30, checkpoint_every=5))

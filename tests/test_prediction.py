@@ -236,7 +236,8 @@ def test_fit_overlap_recovers_a_known_overlap():
 @pytest.mark.parametrize("args, field", [
     (["--hardware", "nope"], "hardware"),
     (["--mode", "sideways"], "mode"),
-    (["--strategy", "ring"], "strategy"),
+    (["--sync", "ring"], "sync"),
+    (["--strategy", "ddp"], "use --sync"),
     (["--compression", "int8"], "compression"),
     (["--target-efficiency", "0"], "target_efficiency"),
     (["--workers", "0,2"], "workers"),

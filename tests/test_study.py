@@ -65,7 +65,7 @@ def test_tiny_study_has_every_section_and_rebuilds_identically(tmp_path):
 
 
 def strategy_table(steps: dict) -> pd.DataFrame:
-    return pd.DataFrame([{"strategy": s, "status": "completed", "step(ms)": t, "comm(ms)": 10.0,
+    return pd.DataFrame([{"sync": s, "status": "completed", "step(ms)": t, "comm(ms)": 10.0,
                           "exposed_comm(ms)": t - 50.0, "overlap": 1 - (t - 50.0) / 10.0 if s != "noop" else None,
                           "bytes_per_step": 100.0} for s, t in steps.items()])
 

@@ -308,7 +308,7 @@ def test_cli_flags_reach_the_run_and_the_summary_reports_communication(tmp_path,
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = next((root / "runs").iterdir())
     config = json.loads((run_dir / "config.json").read_text())
-    assert (config["sync"], config["bucket_mb"], config["accumulate"], config["strategy"]) == (
+    assert (config["sync"], config["bucket_mb"], config["accumulate"], config["wrapper"]) == (
         "bucketed", BUCKET_MB, 2, "ddp")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["comm/bytes_per_step"] == PARAM_BYTES and summary["comm/collectives_per_step"] == 2

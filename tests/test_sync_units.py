@@ -177,8 +177,9 @@ def test_micro_batches_weight_by_samples_and_skip_empty_slices():
 # ---------------------------------------------------------------- config
 
 @pytest.mark.parametrize("kwargs, field, fragment", [
-    ({"sync": "ring"}, "sync", "'gather_scatter'"),
-    ({"sync": "allreduce", "strategy": "single"}, "sync", "auto only"),
+    ({"sync": "ring"}, "sync", "allowed: auto, gather_scatter, allreduce, bucketed, ddp, noop"),
+    ({"noop_collectives": True}, "noop_collectives", "only with a process group"),
+    ({"sync": "allreduce", "wrapper": "single"}, "sync", "auto only"),
     ({"ddp_hook": "fp16", "ranks": 2, "sync": "bucketed"}, "ddp_hook", "only with sync ddp"),
     ({"ddp_hook": "powersgd"}, "ddp_hook", "only with sync ddp"),
     ({"accumulate": 0}, "accumulate", ">= 1"),
@@ -199,9 +200,9 @@ def test_bad_sync_values_name_the_field_the_value_and_what_is_allowed(kwargs, fi
 def test_any_sync_but_auto_needs_a_process_group(monkeypatch):
     monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
     one = TrainConfig(sync="bucketed")
-    assert (one.resolved_strategy, one.distributed, one.resolved_sync) == ("ddp", True, "bucketed")
+    assert (one.resolved_wrapper, one.distributed, one.resolved_sync) == ("ddp", True, "bucketed")
     plain = TrainConfig()
-    assert (plain.resolved_strategy, plain.distributed, plain.resolved_sync) == ("single", False, "none")
+    assert (plain.resolved_wrapper, plain.distributed, plain.resolved_sync) == ("single", False, "none")
     assert TrainConfig(ranks=2).resolved_sync == "ddp"
     assert TrainConfig(accumulate=4, global_batch=8).per_rank_batch == 8  # accumulation alone needs no group
     cfg = TrainConfig(ranks=2, sync="ddp", ddp_hook="powersgd", powersgd_rank=4, bucket_mb=1.5)

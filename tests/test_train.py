@@ -53,7 +53,7 @@ def test_two_gloo_ranks_end_to_end_through_the_cli(tmp_path):
     assert summary["ranks/reported"] == 2 and summary["steps/timed"] == 12
     assert 0 <= summary["eval/acc"] <= 1 and summary["throughput(samples/s)"] > 0
     config = json.loads((run_dir / "config.json").read_text())
-    assert (config["strategy"], config["backend"], config["device"]) == ("ddp", "gloo", "cpu")
+    assert (config["wrapper"], config["backend"], config["device"]) == ("ddp", "gloo", "cpu")
     assert "throughput" in proc.stdout
 
 

@@ -87,5 +87,5 @@ def test_fp16_with_grad_scaler_on_cuda(store):
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs: DataParallel and NCCL")
 def test_dataparallel_and_nccl_on_two_gpus(store):
-    execute(tiny(strategy="dp", device="cuda"), store, **quiet)
+    execute(tiny(wrapper="dp", device="cuda"), store, **quiet)
     execute(tiny(ranks=2, backend="nccl", device="cuda"), store, **quiet)

@@ -29,7 +29,8 @@ from scalelab.cli_experiments import app as experiments_app, compare_app
 from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
-from scalelab.errors import ScalelabError
+from scalelab.errors import ScalelabError, renamed_to
+from scalelab.sync import registry as sync_registry
 from scalelab.store import open_store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -70,14 +71,17 @@ def train(
     node_rank: Optional[int] = typer.Option(None, help="This node's rank, 0..nnodes-1."),
     rdzv_endpoint: Optional[str] = typer.Option(None, help="host:port of node 0 (multi-node)."),
     backend: Optional[str] = typer.Option(None, help="auto, gloo, nccl or mpi."),
-    strategy: Optional[str] = typer.Option(None, help="auto, single, dp (DataParallel) or ddp."),
-    sync: Optional[str] = typer.Option(None, help="Gradient sync: auto (=ddp), ddp, gather_scatter, allreduce, bucketed or noop."),
+    wrapper: Optional[str] = typer.Option(None, help="Model wrapper: auto, single, dp (DataParallel) or ddp."),
+    old_strategy: Optional[str] = typer.Option(None, "--strategy", hidden=True, callback=renamed_to("--wrapper"),
+                                               expose_value=False),
+    sync: Optional[str] = typer.Option(None, help=f"Gradient sync: auto (= ddp); {sync_registry.describe()}."),
     bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="Gradient bucket size in MiB (DDP and bucketed)."),
     accumulate: Optional[int] = typer.Option(None, help="Gradient accumulation micro-steps per optimizer step."),
     ddp_hook: Optional[str] = typer.Option(None, "--ddp-hook", help="DDP comm hook: none, fp16, bf16 or powersgd."),
     powersgd_rank: Optional[int] = typer.Option(None, "--powersgd-rank", help="PowerSGD matrix approximation rank."),
     net_latency_ms: Optional[float] = typer.Option(None, "--net-latency-ms", help="Emulated latency per collective (ms)."),
     net_bandwidth_gbps: Optional[float] = typer.Option(None, "--net-bandwidth-gbps", help="Emulated bandwidth cap per collective (Gbit/s)."),
+    noop_collectives: Optional[bool] = typer.Option(None, "--noop-collectives/--real-collectives", help="Keep the sync strategy's work but skip its collectives: the baseline for exposed communication."),
     device: Optional[str] = typer.Option(None, help="auto, cpu or cuda."),
     precision: Optional[str] = typer.Option(None, help="fp32, bf16, or fp16 (CUDA, with GradScaler)."),
     checkpoint_segments: Optional[int] = typer.Option(None, help="Activation checkpointing segments (0 = off)."),
@@ -155,7 +159,7 @@ def runs_list(
     st.mark_stale()
     frame = st.list_runs(status=status, kind=kind, where={"model": model} if model else None, limit=limit)
     cols = [c for c in ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch",
-                        "strategy", "precision", "reason") if c in frame]
+                        "strategy", "precision", "reason") if c in frame]  # strategy: the catalog column of the wrapper
     if as_json:
         print(frame[cols].to_json(orient="records"))
         return

@@ -4,11 +4,11 @@ on more workers and other hardware, and check the model against measured runs.
     scalelab predict --model cnn                                   # measured, 10gbe, ib_hdr, nvlink3; weak
     scalelab predict --model resnet18 --hardware 100gbe --hardware nvlink3 --per-rank-batch 64
     scalelab predict --mode strong --global-batch 8192 --workers 1,2,4,8,16,32,64,128,256,512,1024
-    scalelab predict --hardware-file cluster.yaml --strategy allreduce --target-efficiency 0.7
-    scalelab predict --set net_latency_ms=5 --set net_bandwidth_gbps=1 --strategy bucketed   # validate on an
+    scalelab predict --hardware-file cluster.yaml --sync allreduce --target-efficiency 0.7
+    scalelab predict --set net_latency_ms=5 --set net_bandwidth_gbps=1 --sync bucketed       # validate on an
                                                                                             # emulated network
 The calibration (runs without sync at several per-rank batches, in-situ allreduce and bucketed runs with 2+ ranks,
-a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the chosen strategy.
+a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the chosen sync.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from rich.console import Console
 from scalelab.cli_experiments import parse_sets
 from scalelab.experiments.base import int_list
 from scalelab.config import TrainConfig, load_yaml
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, renamed_to
+from scalelab.sync import registry as sync_registry
 
 app = typer.Typer()
 console = Console()
@@ -40,6 +41,13 @@ def predict_base(config: Optional[Path], sets: Optional[list[str]], **flags) -> 
     data.update(parse_sets(sets))
     data.update({k: v for k, v in flags.items() if v is not None})
     return TrainConfig.from_dict(data)
+
+
+def predictable_syncs() -> tuple[str, ...]:
+    """The sync strategies `predict` models and measures: every registered one with a cost, except noop."""
+    from scalelab.analysis.perfmodel import modelled_syncs
+
+    return tuple(s for s in modelled_syncs() if s != "noop")
 
 
 def check_choice(field: str, value: str, allowed) -> str:
@@ -78,13 +86,16 @@ def predict_cmd(
                                                "(default: the config's)."),
     per_rank_batch: Optional[int] = typer.Option(None, "--per-rank-batch", help="Weak mode: the per-rank batch "
                                                  "(default: the config's)."),
-    strategy: str = typer.Option("ddp", help="Gradient sync: ddp, bucketed, allreduce or gather_scatter."),
+    sync: str = typer.Option("ddp", help="Gradient sync the model predicts: " + ", ".join(
+        s for s in sync_registry.names() if sync_registry.get(s).cost is not None and s != "noop") + "."),
+    old_strategy: Optional[str] = typer.Option(None, "--strategy", hidden=True, callback=renamed_to("--sync"),
+                                               expose_value=False),
     bucket_mb: Optional[float] = typer.Option(None, "--bucket-mb", help="Bucket size in MiB (default: the config's)."),
     compression: str = typer.Option("none", help="Gradient compression on the wire: none, fp16 or bf16."),
     target_efficiency: float = typer.Option(0.5, "--target-efficiency", help="Efficiency the options must keep."),
     calibration_batches: Optional[str] = typer.Option(None, "--calibration-batches", help="Per-rank batches of the "
                                                       "compute runs (default b/4, b/2, b, 2b)."),
-    validate: bool = typer.Option(True, "--validate/--no-validate", help="Measure the strategy at the calibration "
+    validate: bool = typer.Option(True, "--validate/--no-validate", help="Measure the sync at the calibration "
                                   "batches on this machine and compare with the prediction."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML base config; flags override it."),
     model: Optional[str] = typer.Option(None, help="Model (see `scalelab train --help`)."),
@@ -109,7 +120,7 @@ def predict_cmd(
     # every input is checked before anything runs
     base = predict_base(config, set_, model=model, dataset=dataset, ranks=ranks, steps=steps)
     check_choice("mode", mode, ("strong", "weak"))
-    check_choice("strategy", strategy, ("ddp", "bucketed", "allreduce", "gather_scatter"))
+    check_choice("sync", sync, predictable_syncs())
     check_choice("compression", compression, tuple(COMPRESSION))
     if not 0 < target_efficiency <= 1:
         raise ConfigError("target_efficiency", target_efficiency, "allowed: a number in (0, 1]")
@@ -148,7 +159,7 @@ def predict_cmd(
     try:
         result = run_prediction(experiment_context(st, study, out_dir, console.print), base, hardware=names, hardware_file=hw_file,
                                 gpus_per_node=gpus_per_node, workers=counts, mode=mode, batch=batch,
-                                strategy=strategy, bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
+                                strategy=sync, bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
                                 compression=compression, target=target_efficiency,
                                 calibration_batches=cal_batches, validate=validate, say=console.print)
     except RunFailed as err:

@@ -17,13 +17,16 @@ import yaml
 from scalelab.errors import ConfigError
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
-Strategy = Literal["auto", "single", "dp", "ddp"]
+Wrapper = Literal["auto", "single", "dp", "ddp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
 Optimizer = Literal["sgd", "adam", "adamw"]
-Sync = Literal["auto", "ddp", "gather_scatter", "allreduce", "bucketed", "noop"]
 DDPHook = Literal["none", "fp16", "bf16", "powersgd"]
 LRRule = Literal["none", "linear", "sqrt", "linear_warmup", "lars"]
+
+
+# Field names written by earlier versions -> today's name: stored configs keep loading (the only place they live).
+LEGACY_KEYS = {"strategy": "wrapper"}
 
 
 def cuda_device_count() -> int:
@@ -57,18 +60,21 @@ class TrainConfig:
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # host:port of node 0 for multi-node runs
     backend: Backend = "auto"  # auto: nccl on CUDA, gloo on CPU
-    strategy: Strategy = "auto"  # auto: ddp with several ranks, else single
+    wrapper: Wrapper = "auto"  # the model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp
+    # with several ranks, else single
     device: Device = "auto"
 
-    # Gradient sync across ranks (scalelab.sync). auto = ddp; any other value needs a process group, so it makes
-    # the run distributed even with one rank.
-    sync: Sync = "auto"
+    # Gradient sync across ranks: auto (= ddp) or a strategy of scalelab.sync.registry; any value but auto needs a
+    # process group, so it makes the run distributed even with one rank.
+    sync: str = "auto"
     bucket_mb: float = 25.0  # MiB per gradient bucket: DDP's bucket_cap_mb and the bucketed strategy's size
     accumulate: int = 1  # micro-steps per optimizer step (gradient accumulation); sync once per optimizer step
     ddp_hook: DDPHook = "none"  # DDP comm hook: none (plain allreduce), fp16 / bf16 compression, powersgd
     powersgd_rank: int = 1  # PowerSGD matrix approximation rank
     net_latency_ms: float = 0.0  # emulated latency added to every collective (caller-side, see sync/meter.py)
     net_bandwidth_gbps: float | None = None  # emulated bandwidth cap in Gbit/s for every collective
+    # keep the sync strategy's work but skip its collectives: the baseline for exposed communication
+    noop_collectives: bool = False
 
     precision: Precision = "fp32"
     checkpoint_segments: int = 0  # activation checkpointing segments (0 = off)
@@ -136,20 +142,28 @@ class TrainConfig:
         self._check_hardware()
 
     def _check_sync(self) -> None:
+        from scalelab.sync import registry  # local: the registry imports the strategies (and torch) when asked
+
+        allowed = ("auto", *registry.names())
+        if self.sync not in allowed:
+            raise ConfigError("sync", self.sync, f"allowed: {', '.join(allowed)}")
         if self.bucket_mb <= 0:
             raise ConfigError("bucket_mb", self.bucket_mb, "allowed: a number of MiB > 0")
         if self.net_latency_ms < 0:
             raise ConfigError("net_latency_ms", self.net_latency_ms, "allowed: a number of ms >= 0")
         if self.net_bandwidth_gbps is not None and self.net_bandwidth_gbps <= 0:
             raise ConfigError("net_bandwidth_gbps", self.net_bandwidth_gbps, "allowed: Gbit/s > 0 (or leave unset)")
-        if self.sync != "auto" and self.strategy in ("single", "dp"):
-            raise ConfigError("sync", self.sync, f"allowed with strategy {self.strategy}: auto only (no process group)")
+        if self.sync != "auto" and self.wrapper in ("single", "dp"):
+            raise ConfigError("sync", self.sync, f"allowed with wrapper {self.wrapper}: auto only (no process group)")
         if self.ddp_hook != "none" and self.resolved_sync != "ddp":
             raise ConfigError("ddp_hook", self.ddp_hook, f"allowed only with sync ddp (sync is {self.sync}); or none")
         emulated = self.net_latency_ms > 0 or self.net_bandwidth_gbps is not None
         if emulated and not self.distributed:
             raise ConfigError("net_latency_ms" if self.net_latency_ms > 0 else "net_bandwidth_gbps",
                               self.net_latency_ms if self.net_latency_ms > 0 else self.net_bandwidth_gbps,
+                              "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
+        if self.noop_collectives and not self.distributed:
+            raise ConfigError("noop_collectives", True,
                               "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
 
     def _check_hardware(self) -> None:
@@ -161,12 +175,12 @@ class TrainConfig:
             raise ConfigError("backend", "nccl", "nccl needs CUDA; allowed here: gloo or auto")
         if self.precision == "fp16" and not on_cuda:
             raise ConfigError("precision", "fp16", "fp16 with GradScaler needs CUDA; allowed here: fp32 or bf16")
-        strategy = self.resolved_strategy
-        if strategy == "dp" and gpus < 2:
-            raise ConfigError("strategy", "dp", f"DataParallel needs at least 2 GPUs (found {gpus}); use ddp")
-        if strategy in ("single", "dp") and self.world_size > 1:
-            raise ConfigError("strategy", strategy, f"runs one process; with {self.world_size} ranks use ddp")
-        if on_cuda and self.ranks > gpus and strategy == "ddp":
+        wrapper = self.resolved_wrapper
+        if wrapper == "dp" and gpus < 2:
+            raise ConfigError("wrapper", "dp", f"DataParallel needs at least 2 GPUs (found {gpus}); use ddp")
+        if wrapper in ("single", "dp") and self.world_size > 1:
+            raise ConfigError("wrapper", wrapper, f"runs one process; with {self.world_size} ranks use ddp")
+        if on_cuda and self.ranks > gpus and wrapper == "ddp":
             raise ConfigError("ranks", self.ranks, f"at most {gpus} per node on CUDA (one GPU per rank)")
 
     @property
@@ -190,15 +204,15 @@ class TrainConfig:
         return "nccl" if self.resolved_device == "cuda" else "gloo"
 
     @property
-    def resolved_strategy(self) -> str:
-        if self.strategy != "auto":
-            return self.strategy
+    def resolved_wrapper(self) -> str:
+        if self.wrapper != "auto":
+            return self.wrapper
         return "ddp" if self.world_size > 1 or self.sync != "auto" else "single"
 
     @property
     def distributed(self) -> bool:
         """True when the run needs a process group (and therefore torchrun): several ranks, or a sync strategy."""
-        return self.resolved_strategy == "ddp"
+        return self.resolved_wrapper == "ddp"
 
     @property
     def resolved_sync(self) -> str:
@@ -208,10 +222,10 @@ class TrainConfig:
         return "ddp" if self.sync == "auto" else self.sync
 
     def resolved(self) -> "TrainConfig":
-        """The same config with "auto" replaced by what runs on this machine (device, backend, strategy, sync)."""
+        """The same config with "auto" replaced by what runs on this machine (device, backend, wrapper, sync)."""
         sync = self.resolved_sync if self.distributed else "auto"
         return dataclasses.replace(self, device=self.resolved_device, backend=self.resolved_backend,
-                                   strategy=self.resolved_strategy, sync=sync)
+                                   wrapper=self.resolved_wrapper, sync=sync)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -221,6 +235,7 @@ class TrainConfig:
         if not isinstance(data, dict):
             raise ConfigError("config", type(data).__name__, "a mapping of field: value is required")
         known = {f.name for f in fields(cls)}
+        data = {LEGACY_KEYS.get(k, k) if LEGACY_KEYS.get(k) not in data else k: v for k, v in data.items()}
         for key in data:
             if key not in known:
                 raise ConfigError("config", key, f"unknown field; allowed: {', '.join(sorted(known))}")

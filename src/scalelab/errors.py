@@ -32,3 +32,18 @@ class ModelError(ScalelabError):
 
 class StoreError(ScalelabError):
     """A run directory or the catalog cannot be read or written."""
+
+
+class RenamedOption(ScalelabError):
+    """A command-line flag that has a new spelling."""
+
+
+def renamed_to(new: str):
+    """A typer/click option callback for an old flag: using it fails with one line naming the new spelling."""
+
+    def callback(ctx, param, value):
+        if value is not None and not getattr(ctx, "resilient_parsing", False):
+            raise RenamedOption(f"{param.opts[0]} was renamed: use {new}")
+        return value
+
+    return callback

@@ -175,7 +175,7 @@ def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, st
     cfg = cfg.resolved()
     run_id = _open_run(cfg, store, argv, study)
     say(f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch {cfg.global_batch}, "
-        f"{cfg.resolved_strategy}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
+        f"{cfg.resolved_wrapper}/{cfg.resolved_backend if cfg.distributed else '-'}, {cfg.precision}")
     return _run(cfg, store, run_id, isolate=isolate)
 
 

@@ -36,6 +36,7 @@ COMPARE_ID_COLUMNS = ("run_id",) + DENORM_COLUMNS + ("status",)
 _ALIASES = {
     "ranks": ("world_size", "ranks", "nprocs"),
     "global_batch": ("global_batch", "global_batch_size"),
+    "strategy": ("wrapper", "strategy"),  # TrainConfig's model wrapper (called strategy before 0.2)
 }
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BUSY_TIMEOUT_S = 10.0

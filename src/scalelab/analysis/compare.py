@@ -1,4 +1,4 @@
-"""Gradient-sync strategies and backends side by side (pure): one row per strategy or backend.
+"""Gradient-sync strategies and backends side by side (pure): one row per sync variant or backend.
 
 Definitions (DESIGN.md, "Measurement definitions"):
 - step = the run's median timed step (min and max beside it); compute = the median step of the no-op run of the
@@ -12,7 +12,7 @@ Definitions (DESIGN.md, "Measurement definitions"):
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
 Inputs are stored runs as dicts {run_id, config, summary, status, reason}; a backend that could not run is a dict
-{backend, status: "skipped", reason}.
+{backend, status: "skipped", reason}. The sync variants and their order come from scalelab.sync.registry.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import math
 
 import pandas as pd
 
-STRATEGIES = ("gather_scatter", "allreduce", "bucketed", "ddp", "ddp+fp16", "ddp+bf16", "ddp+powersgd",
-              "ddp+accumulate", "noop")
+from scalelab.sync import registry
+
 BACKENDS = ("gloo", "nccl", "mpi")
 
 # table column -> summary key (scalelab.analysis.summary)
@@ -36,7 +36,7 @@ SUMMARY_COLUMNS = {
     "loopback_bytes_per_step": "comm/loopback_bytes_per_step", "train_loss": "train/loss",
     "timed_steps": "steps/timed",
 }
-STRATEGY_COLUMNS = ["strategy", "status", "reason", "sync", "ddp_hook", "accumulate", "micro_batch_per_rank",
+STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                     "global_batch", "timed_steps", "step(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)",
                     "comm(ms)", "comm_blocking(ms)", "exposed_comm(ms)", "overlap", "collectives_per_step",
                     "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
@@ -49,15 +49,15 @@ BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(m
                    "loopback/payload", "train_loss", "run_id", "noop_run_id"]
 
 
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # the sync variants, read from the registry each time (a later registration counts)
+        return registry.variants()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def strategy_of(config: dict) -> str:
-    """The strategy name (one of STRATEGIES) a stored run's config describes."""
-    sync = config.get("sync", "auto")
-    if sync not in ("auto", "ddp"):
-        return sync
-    hook = config.get("ddp_hook", "none")
-    if hook != "none":
-        return f"ddp+{hook}"
-    return "ddp+accumulate" if config.get("accumulate", 1) > 1 else "ddp"
+    """The sync variant (one of STRATEGIES, e.g. ddp+fp16) a stored run's config describes."""
+    return registry.variant_of(config)
 
 
 def exposed_comm(step_ms: float | None, noop_step_ms: float | None) -> float | None:
@@ -94,20 +94,21 @@ def with_baseline(row: dict, noop: dict | None) -> dict:
 
 
 def strategies_table(runs: list[dict], noop_runs: list[dict]) -> pd.DataFrame:
-    """One row per run, in STRATEGIES order; each against the noop run with the same accumulation."""
+    """One row per run (column sync: the variant; sync_config: the config's sync value), in STRATEGIES order;
+    each against the noop run with the same accumulation."""
     baselines = {r["config"].get("accumulate", 1): r for r in noop_runs if r.get("status", "completed") == "completed"}
     rows = []
     for run in runs:
         c = run["config"]
         k = c.get("accumulate", 1)
-        row = {"strategy": strategy_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
-               "sync": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
+        row = {"sync": strategy_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
+               "sync_config": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
                "micro_batch_per_rank": c["global_batch"] // (c["ranks"] * c.get("nnodes", 1)) / k,
                "global_batch": c["global_batch"], "run_id": run["run_id"], **run_metrics(run)}
         rows.append(with_baseline(row, baselines.get(k)))
     frame = pd.DataFrame(rows, columns=STRATEGY_COLUMNS)
-    order = {s: i for i, s in enumerate(STRATEGIES)}
-    frame = frame.sort_values("strategy", key=lambda s: s.map(order), kind="stable")
+    order = {s: i for i, s in enumerate(registry.variants())}
+    frame = frame.sort_values("sync", key=lambda s: s.map(order), kind="stable")
     return frame.reset_index(drop=True)
 
 

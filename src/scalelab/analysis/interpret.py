@@ -35,19 +35,19 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
 
 def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
     """`table`: one row per strategy with step(ms), comm(ms), exposed_comm(ms), bytes/step."""
-    real = table[table["strategy"] != "noop"].sort_values("step(ms)")
+    real = table[table["sync"] != "noop"].sort_values("step(ms)")
     if not len(real):
         return [], None
     best, worst = real.iloc[0], real.iloc[-1]
-    out = [f"{best.strategy} has the shortest step ({_fmt(best['step(ms)'], ' ms')}); {worst.strategy} the longest "
+    out = [f"{best.sync} has the shortest step ({_fmt(best['step(ms)'], ' ms')}); {worst.sync} the longest "
            f"({_fmt(worst['step(ms)'], ' ms')}, {worst['step(ms)'] / best['step(ms)']:.2f}x)."]
     if "overlap" in real:
         hidden = real.dropna(subset=["overlap"])
         if len(hidden):
             top = hidden.loc[hidden["overlap"].idxmax()]
-            out.append(f"{top.strategy} hides the most communication behind compute: overlap "
+            out.append(f"{top.sync} hides the most communication behind compute: overlap "
                        f"{100 * top['overlap']:.0f} % of {_fmt(top['comm(ms)'], ' ms')} inside collectives.")
-    return out, f"Use the {best.strategy} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
+    return out, f"Use the {best.sync} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
 
 
 def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
@@ -174,10 +174,10 @@ def strategies_result(result) -> tuple[list[str], str | None]:
     ok = table[table["status"] == "completed"] if len(table) else table
     out, rec = strategies(ok) if len(ok) else ([], None)
     if len(ok) and "bytes_per_step" in ok:
-        ref = ok[ok["strategy"] == "ddp"]
-        for row in ok[ok["strategy"].isin(["ddp+fp16", "ddp+bf16", "ddp+powersgd"])].to_dict("records"):
+        ref = ok[ok["sync"] == "ddp"]
+        for row in ok[ok["sync"].isin(["ddp+fp16", "ddp+bf16", "ddp+powersgd"])].to_dict("records"):
             if len(ref) and ref["bytes_per_step"].iloc[0]:
-                out.append(f"{row['strategy']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}x "
+                out.append(f"{row['sync']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}x "
                            f"the bytes of plain ddp per step ({_fmt(row['bytes_per_step'])} B).")
     return out, rec
 

@@ -12,7 +12,7 @@ optimizer step, micro-batch m = b / K):
 
 forward and backward are fitted per micro-step as c0 + c1·m, the optimizer as a constant, overhead (data wait,
 host→device copy, other) as c0 + c1·b. Communication comes from `scalelab.analysis.hardware`; how much of it the
-step sees depends on the sync strategy (`sync_cost`). The model assumes each rank has its own device and that
+step sees depends on the sync strategy (`sync_cost`, which asks the strategy's registry entry). The model assumes each rank has its own device and that
 compute per sample does not change with n (fit it from runs without communication: one rank or sync=noop; in DDP
 runs the backward span also holds the wait for the last buckets).
 """
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.hardware import Hardware, collective_time, nnls, placement
+from scalelab.analysis.hardware import Hardware, nnls, placement
+from scalelab.analysis.synccost import (DDP_FIRST_BUCKET_BYTES, MIB, CostQuery, Emulation,  # noqa: F401 - re-exported
+                                        SyncCost, bucket_sizes, completion_with_floors, exposed_after_overlap,
+                                        launch_times)
 from scalelab.errors import ConfigError
-
-MIB = 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1 * MIB  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES: DDP caps its first bucket at 1 MiB
-STRATEGIES = ("ddp", "bucketed", "allreduce", "gather_scatter", "noop")
+from scalelab.sync import registry
 COMPRESSION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # bytes on the wire per fp32 gradient byte
 COLUMNS = ["workers", "nodes", "per_rank_batch", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "step(ms)",
            "throughput(samples/s)", "speedup", "efficiency"]
@@ -118,167 +118,39 @@ def compute_frame(runs: list[dict]) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- communication and overlap
 
-@dataclass(frozen=True)
-class SyncCost:
-    comm_s: float  # seconds inside collectives per optimizer step
-    exposed_s: float  # the part the step waits for (not hidden behind backward)
-    collectives: int  # collectives per optimizer step
-
-
-def bucket_sizes(param_bytes: Sequence[float], bucket_bytes: float, *,
-                 first_bucket_bytes: float | None = None) -> list[float]:
-    """Bytes per bucket, in launch order: parameters (given in registration order) are taken in reverse (their
-    gradients are ready in that order) and a bucket closes once it holds >= its cap, as in sync/bucketed.py and
-    DDP; DDP's first bucket has its own, smaller cap."""
-    sizes, current, cap = [], 0.0, first_bucket_bytes or bucket_bytes
-    for nbytes in reversed(list(param_bytes)):
-        current += nbytes
-        if current >= cap:
-            sizes.append(current)
-            current, cap = 0.0, bucket_bytes
-    if current:
-        sizes.append(current)
-    return sizes
-
-
-def exposed_after_overlap(ready_s: Sequence[float], comm_s: Sequence[float], backward_s: float) -> float:
-    """Seconds of communication left after backward ends, for buckets launched when ready and served one at a
-    time in order (one communication stream): end_i = max(ready_i, end_{i−1}) + comm_i; exposed =
-    max(0, end_last − backward). When each bucket finishes before the next is ready, only the last bucket's
-    comm is exposed; when communication is the bottleneck, exposed = ready_1 + Σ comm − backward."""
-    end = 0.0
-    for ready, comm in zip(ready_s, comm_s):
-        end = max(end, ready) + comm
-    return max(0.0, end - backward_s)
-
-
-def launch_times(buckets: Sequence[float], backward_s: float, overlap: float = 1.0) -> tuple[list[float], list[float]]:
-    """(ready, start) per bucket: bucket i is ready at backward·(bytes up to i)/(all bytes) (gradients assumed to
-    arrive at a steady byte rate); its collective effectively starts at ready + (1 − overlap)·(backward − ready).
-    overlap 1: as soon as it is ready; 0: only after backward (nothing hidden, as when the collectives' threads
-    can get no core while backward runs); in between, that share of the hideable time is hidden."""
-    total = sum(buckets)
-    ready = [float(r) for r in backward_s * np.cumsum(buckets) / total] if total else [0.0] * len(buckets)
-    return ready, [r + (1 - overlap) * (backward_s - r) for r in ready]
-
-
 def sync_cost(strategy: str, *, param_bytes: Sequence[float], n: int, hardware: Hardware, backward_s: float,
               bucket_bytes: float = 25 * MIB, compression: str = "none",
-              algorithm: str | None = None, emulation: "Emulation | None" = None) -> SyncCost:
-    """Communication of one optimizer step, in s. S_p = bytes of parameter p's gradient × compression factor.
+              algorithm: str | None = None, emulation: Emulation | None = None) -> SyncCost:
+    """Communication of one optimizer step, in s: the cost the sync strategy registered
+    (`scalelab.sync.registry`; each strategy's module states its formula). S_p = bytes of parameter p's gradient
+    × compression factor.
 
-    noop            0 (the ablation baseline).
-    allreduce       Σ_p T_allreduce(S_p), one blocking collective per parameter after backward: nothing is
-                    hidden, and the latency term is paid once per parameter.
-    gather_scatter  Σ_p [T_gather(n·S_p) + T_scatter(n·S_p)] = Σ_p 2[(n−1)α + (n−1)·S_p·β]: the root moves
-                    every piece, so its bandwidth term grows with n; nothing is hidden.
-    bucketed / ddp  buckets (`bucket_sizes`; ddp's first bucket is capped at 1 MiB) are all-reduced as they
-                    become ready during backward (`launch_times`, with hardware.overlap); exposed by
-                    `exposed_after_overlap`.
     compression     fp16 / bf16 halve the bytes (fp32 gradients assumed); any strategy, as a what-if.
     With accumulation, sync happens once per optimizer step and overlaps only the last micro-step's backward:
     pass that micro-step's backward as `backward_s`. n = 1 costs 0.
-    emulation       scalelab's network emulation (`Emulation`): see `emulated_sync_cost`.
+    emulation       scalelab's network emulation (`Emulation`): every collective takes at least its floor.
     """
-    if strategy not in STRATEGIES:
-        raise ConfigError("strategy", strategy, f"allowed: {', '.join(STRATEGIES)}")
+    names = modelled_syncs()
+    if strategy not in names:
+        raise ConfigError("sync", strategy, f"allowed: {', '.join(names)}")
     if compression not in COMPRESSION:
         raise ConfigError("compression", compression, f"allowed: {', '.join(COMPRESSION)}")
-    factor = COMPRESSION[compression]
-    sizes = [b * factor for b in param_bytes]
-    if strategy == "noop" or n == 1:
+    if n == 1:
         return SyncCost(0.0, 0.0, 0)
-    if emulation is not None and emulation.active:
-        return emulated_sync_cost(strategy, sizes=sizes, param_bytes=param_bytes, factor=factor, n=n,
-                                  hardware=hardware, backward_s=backward_s, bucket_bytes=bucket_bytes,
-                                  algorithm=algorithm, emulation=emulation)
-    if strategy == "allreduce":
-        comm = sum(collective_time("allreduce", s, n, hardware, algorithm) for s in sizes)
-        return SyncCost(comm, comm, len(sizes))
-    if strategy == "gather_scatter":
-        comm = sum(collective_time(op, n * s, n, hardware) for s in sizes for op in ("gather", "scatter"))
-        return SyncCost(comm, comm, 2 * len(sizes))
-    buckets, comms, _, start = _overlapped_buckets(strategy, param_bytes, factor, bucket_bytes, n, hardware,
-                                                   algorithm, backward_s)
-    return SyncCost(sum(comms), exposed_after_overlap(start, comms, backward_s), len(buckets))
+    query = CostQuery(param_bytes=param_bytes, factor=COMPRESSION[compression], n=n, hardware=hardware,
+                      backward_s=backward_s, bucket_bytes=bucket_bytes, algorithm=algorithm, emulation=emulation)
+    return registry.get(strategy).cost(query)
 
 
-def _overlapped_buckets(strategy: str, param_bytes: Sequence[float], factor: float, bucket_bytes: float, n: int,
-                        hardware: Hardware, algorithm: str | None, backward_s: float):
-    """(bucket bytes on the wire, their all-reduce times, ready times, start times) for bucketed / ddp."""
-    # buckets are cut on the gradients' own bytes; a compression hook shrinks each bucket on the wire
-    first = DDP_FIRST_BUCKET_BYTES if strategy == "ddp" else None
-    buckets = [b * factor for b in bucket_sizes(param_bytes, bucket_bytes, first_bucket_bytes=first)]
-    comms = [collective_time("allreduce", s, n, hardware, algorithm) for s in buckets]
-    return (buckets, comms, *launch_times(buckets, backward_s, hardware.overlap))
+def __getattr__(name: str):
+    if name == "STRATEGIES":  # read from the registry each time, so a strategy registered later is listed
+        return modelled_syncs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@dataclass(frozen=True)
-class Emulation:
-    """scalelab's network emulation (`TrainConfig.net_latency_ms`, `net_bandwidth_gbps`; sync/meter.py): the caller
-    sees a collective of S bytes (S as the meter counts them) take at least latency + S / bandwidth after its
-    launch; the real collective runs at the same time, so it takes max(real, floor)."""
-
-    latency_s: float = 0.0
-    bandwidth_Bps: float | None = None  # bytes per second; None: no cap
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.latency_s) or self.latency_s < 0:
-            raise ConfigError("net_latency_ms", self.latency_s * 1e3, "allowed: a number of ms >= 0")
-        if self.bandwidth_Bps is not None and not self.bandwidth_Bps > 0:
-            raise ConfigError("net_bandwidth_gbps", self.bandwidth_Bps * 8 / 1e9, "allowed: Gbit/s > 0 (or unset)")
-
-    @classmethod
-    def from_config(cls, net_latency_ms: float = 0.0, net_bandwidth_gbps: float | None = None) -> "Emulation":
-        """From the config's units: ms and Gbit/s (1e9 bits per second)."""
-        return cls(net_latency_ms / 1e3, net_bandwidth_gbps * 1e9 / 8 if net_bandwidth_gbps else None)
-
-    @property
-    def active(self) -> bool:
-        return self.latency_s > 0 or self.bandwidth_Bps is not None
-
-    def floor_s(self, nbytes: float) -> float:
-        """L + S/bw in s: the least time the caller sees for one collective of `nbytes`."""
-        return self.latency_s + (nbytes / self.bandwidth_Bps if self.bandwidth_Bps else 0.0)
-
-
-def completion_with_floors(ready_s: Sequence[float], comm_s: Sequence[float], floor_s: Sequence[float],
-                           start_s: Sequence[float] | None = None) -> list[float]:
-    """When each overlapped collective completes for the caller under emulation: the real collectives are served
-    one at a time (real_end_i = max(start_i, real_end_{i−1}) + comm_i; start = ready unless given, see
-    `launch_times`) while each floor runs from its own launch on its own timer (a sleep, which needs no core),
-    so completion_i = max(real_end_i, ready_i + floor_i). With zero floors the last completion is
-    `exposed_after_overlap`'s end."""
-    out, end = [], 0.0
-    for ready, start, comm, floor in zip(ready_s, start_s if start_s is not None else ready_s, comm_s, floor_s):
-        end = max(end, start) + comm
-        out.append(max(end, ready + floor))
-    return out
-
-
-def emulated_sync_cost(strategy: str, *, sizes: Sequence[float], param_bytes: Sequence[float], factor: float,
-                       n: int, hardware: Hardware, backward_s: float, bucket_bytes: float,
-                       algorithm: str | None, emulation: Emulation) -> SyncCost:
-    """`sync_cost` under emulation; `sizes` are the per-parameter bytes on the wire (compression applied).
-
-    allreduce       Σ_p max(T_allreduce(S_p), L + S_p/bw): blocking, one after another.
-    gather_scatter  Σ_p Σ_{gather, scatter} max(T_op(n·S_p), L + (n−1)·S_p/bw): the root's wire bytes are the
-                    largest and every rank waits for it.
-    bucketed / ddp  `completion_with_floors` on the buckets; comm = Σ (completion_i − ready_i) (the meter's
-                    record), exposed = max(0, last completion − backward).
-    """
-    if strategy == "allreduce":
-        comm = sum(max(collective_time("allreduce", s, n, hardware, algorithm), emulation.floor_s(s)) for s in sizes)
-        return SyncCost(comm, comm, len(sizes))
-    if strategy == "gather_scatter":
-        comm = sum(max(collective_time(op, n * s, n, hardware), emulation.floor_s((n - 1) * s))
-                   for s in sizes for op in ("gather", "scatter"))
-        return SyncCost(comm, comm, 2 * len(sizes))
-    buckets, comms, ready, start = _overlapped_buckets(strategy, param_bytes, factor, bucket_bytes, n, hardware,
-                                                       algorithm, backward_s)
-    done = completion_with_floors(ready, comms, [emulation.floor_s(s) for s in buckets], start)
-    comm = sum(d - r for d, r in zip(done, ready))
-    return SyncCost(comm, max(0.0, max(done, default=0.0) - backward_s), len(buckets))
+def modelled_syncs() -> tuple[str, ...]:
+    """The sync strategies the model can predict (those registered with a cost), in registry order."""
+    return tuple(e.name for e in registry.entries() if e.cost is not None)
 
 
 def param_list(param_bytes: int | float | Sequence[float], n_params: int | None = None) -> list[float]:
@@ -352,14 +224,14 @@ def efficiency_threshold(pred: pd.DataFrame, threshold: float = 0.5) -> int | No
 
 
 def options_for_efficiency(model: ComputeModel, hardware: Hardware, workers: int, *, target: float = 0.5,
-                           per_rank_batches: Sequence[float], strategies: Sequence[str] = STRATEGIES[:-1],
+                           per_rank_batches: Sequence[float], strategies: Sequence[str] | None = None,
                            **kwargs) -> pd.DataFrame:
     """Which per-rank batch (from the candidates) and strategy keep weak-scaling efficiency X(N)/(N·X(1)) >=
     `target` at N = `workers`: one row per pair (strategy, per_rank_batch, efficiency, step(ms),
     throughput(samples/s), meets_target), those meeting the target first, then the smallest batch, then the
     highest efficiency. `kwargs` go to `predict` (param_bytes, bucket_bytes, compression, ...)."""
     rows = []
-    for strategy in strategies:
+    for strategy in strategies if strategies is not None else [s for s in modelled_syncs() if s != "noop"]:
         for b in per_rank_batches:
             p = predict(model, hardware, [workers], per_rank_batch=b, mode="weak", strategy=strategy,
                         **kwargs).iloc[0]

@@ -125,7 +125,7 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
     if bad:
         raise ConfigError("batches", bad[0], f"allowed: per-rank batches divisible by accumulate {base.accumulate}")
     quiet = {"net_latency_ms": 0.0, "net_bandwidth_gbps": None, "ddp_hook": "none"}
-    sync = {"sync": "noop" if base.ranks > 1 else "auto", "strategy": "auto"}
+    sync = {"sync": "noop" if base.ranks > 1 else "auto", "wrapper": "auto"}
     return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, **quiet, **sync))
             for b in sorted(set(batches))]
 

@@ -171,7 +171,7 @@ def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, b
         return [], f"compression {compression} is measured only with strategy ddp (as a DDP comm hook)"
     hook = compression if strategy == "ddp" else "none"
     return [Cell(f"{strategy}, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, sync=strategy,
-                                                               strategy="auto", bucket_mb=bucket_mb, ddp_hook=hook))
+                                                               wrapper="auto", bucket_mb=bucket_mb, ddp_hook=hook))
             for b in sorted(set(batches))], None
 
 

@@ -29,14 +29,15 @@ LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sample
 
 
 def strategy_fields(name: str, accumulate: int) -> dict:
-    """Config fields that select a strategy (everything else comes from the base config)."""
-    if name not in STRATEGIES:
-        raise ConfigError("strategies", name, f"allowed: {', '.join(STRATEGIES)}")
-    if name.startswith("ddp+") and name != "ddp+accumulate":
-        return {"sync": "ddp", "ddp_hook": name.split("+")[1], "accumulate": 1}
-    if name == "ddp+accumulate":
-        return {"sync": "ddp", "ddp_hook": "none", "accumulate": accumulate}
-    return {"sync": name, "ddp_hook": "none", "accumulate": 1}
+    """Config fields that select a sync variant (everything else comes from the base config)."""
+    from scalelab.sync.registry import ACCUMULATE, variant_fields
+
+    try:
+        sync, fields = variant_fields(name)
+    except ValueError:
+        raise ConfigError("strategies", name, f"allowed: {', '.join(STRATEGIES)}") from None
+    fields = {k: accumulate if v == ACCUMULATE else v for k, v in fields.items()}
+    return {"sync": sync, "ddp_hook": "none", "accumulate": 1, **fields}
 
 
 def ordered(names: list[str] | None, allowed: tuple[str, ...]) -> list[str]:
@@ -92,6 +93,6 @@ EXPERIMENT = Experiment(
                     parse=number(2, integer=True))),
     defaults=DEFAULTS,
     run=_run,
-    figures=comm_figures("compare_strategies", "strategy"),
+    figures=comm_figures("compare_strategies", "sync"),
     interpret=interpret.strategies_result,
 )

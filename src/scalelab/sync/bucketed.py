@@ -6,7 +6,8 @@ bucket assignment, so a bucket may exceed the cap by its last parameter) or when
 backward a post-accumulate-grad hook counts ready gradients; when a bucket is complete its gradients are copied
 into one flat tensor and all-reduced with async_op=True while backward goes on. `after_backward` launches any
 bucket that never completed (parameters without a gradient take part as zeros), then waits on every bucket in
-launch order (the wait is the exposed part of the communication) and copies the averages back into .grad.
+launch order (the wait is the exposed part of the communication) and copies the averages back into .grad. Its
+no-op variant packs and unpacks the same buckets but all-reduces nothing.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scalelab.analysis.synccost import CostQuery, SyncCost, overlapped_buckets_cost
+from scalelab.sync.base import grad_or_zeros, tensor_bytes, trainable
 from scalelab.sync.meter import CommMeter
-from scalelab.sync.strategies import grad_or_zeros, tensor_bytes, trainable
+from scalelab.sync.registry import SyncEntry
 
 MIB = 1024 * 1024
 
@@ -44,8 +47,8 @@ def assign_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[i
 
 
 class BucketedSync:
-    def __init__(self, model: nn.Module, meter: CommMeter, *, bucket_mb: float):
-        self.model, self.meter = model, meter
+    def __init__(self, model: nn.Module, meter: CommMeter, *, bucket_mb: float, collectives: bool = True):
+        self.model, self.meter, self.collectives = model, meter, collectives
         self.params = trainable(model)[::-1]  # the last layer's gradients are ready first
         self.buckets = assign_buckets(self.params, max(1, int(bucket_mb * MIB)))
         self._bucket_of = {id(self.params[i]): b for b, idx in enumerate(self.buckets) for i in idx}
@@ -76,9 +79,13 @@ class BucketedSync:
 
     def _launch(self, b: int) -> None:
         flat = torch.cat([grad_or_zeros(self.params[i]).reshape(-1) for i in self.buckets[b]])
-        start = self.meter.now()
-        work = dist.all_reduce(flat, async_op=True)
-        fut = self.meter.track(work.get_future(), "allreduce", tensor_bytes(flat), phase="backward", start=start)
+        if self.collectives:
+            start = self.meter.now()
+            work = dist.all_reduce(flat, async_op=True)
+            fut = self.meter.track(work.get_future(), "allreduce", tensor_bytes(flat), phase="backward", start=start)
+        else:  # the bucket as it was packed, already "complete"
+            fut = torch.futures.Future()
+            fut.set_result([flat])
         self._inflight[b] = (flat, fut)
         self._order.append(b)
 
@@ -105,3 +112,16 @@ class BucketedSync:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def cost(q: CostQuery) -> SyncCost:
+    """Buckets (bucket_mb each) all-reduced as they become ready during backward; see
+    `scalelab.analysis.synccost.overlapped_buckets_cost`."""
+    return overlapped_buckets_cost(q)
+
+
+ENTRY = SyncEntry(name="bucketed",
+                  factory=lambda cfg, model, ctx, meter: BucketedSync(model, meter, bucket_mb=cfg.bucket_mb,
+                                                                      collectives=not cfg.noop_collectives),
+                  description="scalelab's own bucketed all-reduce, overlapped with backward (bucket_mb)",
+                  options=("bucket_mb",), cost=cost, order=30)

@@ -15,6 +15,10 @@ DDP also broadcasts module buffers (e.g. BatchNorm running stats) from rank 0 be
 a no_sync forward (so once per optimizer step, also with accumulation); that broadcast is metered in phase
 "forward" by wrapping the instance's `_distributed_broadcast_coalesced` (present in torch 2.13; without it the
 buffer bytes go unmetered, with a warning).
+
+The no-op variant (cfg.noop_collectives) registers torch's `noop_hook` instead (DDP still buckets, copies into
+its buckets and runs its hook machinery, but nothing is all-reduced) and skips the buffer broadcast; nothing is
+metered.
 """
 from __future__ import annotations
 
@@ -27,8 +31,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from scalelab.analysis.synccost import DDP_FIRST_BUCKET_BYTES, CostQuery, SyncCost, overlapped_buckets_cost
+from scalelab.sync.base import tensor_bytes
 from scalelab.sync.meter import CommMeter
-from scalelab.sync.strategies import tensor_bytes
+from scalelab.sync.registry import ACCUMULATE, SyncEntry
 
 # PowerSGD's error feedback and warm start need two plain all-reduce steps first (DDP rebuilds its buckets after
 # the first); 2 is the smallest value torch accepts, so compression starts on the third step.
@@ -89,12 +95,15 @@ def _forward(src: torch.futures.Future, dst: torch.futures.Future) -> None:
 
 class DDPSync:
     def __init__(self, model: nn.Module, ctx, meter: CommMeter, *, bucket_mb: float, hook: str = "none",
-                 powersgd_rank: int = 1):
+                 powersgd_rank: int = 1, collectives: bool = True):
         self.meter = meter
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.net = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb)
-        self._register_hook(hook, powersgd_rank)
-        self._meter_buffer_broadcast()
+        if collectives:
+            self._register_hook(hook, powersgd_rank)
+            self._meter_buffer_broadcast()
+        else:
+            self._without_collectives()
 
     def wrap(self) -> nn.Module:
         return self.net
@@ -141,6 +150,13 @@ class DDPSync:
             metered = one_chain_at_a_time(metered)
         self.net.register_comm_hook(state, metered)
 
+    def _without_collectives(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        self.net.register_comm_hook(None, noop_hook)
+        if hasattr(self.net, "_distributed_broadcast_coalesced"):
+            self.net._distributed_broadcast_coalesced = lambda tensors, buffer_size, authoritative_rank=0: None
+
     def _meter_buffer_broadcast(self) -> None:
         original = getattr(self.net, "_distributed_broadcast_coalesced", None)
         if original is None:  # a torch without this method: buffer bytes go unmeasured rather than fail
@@ -156,3 +172,23 @@ class DDPSync:
                 original(tensors, buffer_size, authoritative_rank)
 
         self.net._distributed_broadcast_coalesced = metered
+
+
+def cost(q: CostQuery) -> SyncCost:
+    """As bucketed, with DDP's first bucket capped at 1 MiB; see
+    `scalelab.analysis.synccost.overlapped_buckets_cost`."""
+    return overlapped_buckets_cost(q, DDP_FIRST_BUCKET_BYTES)
+
+
+def build(cfg, model: nn.Module, ctx, meter: CommMeter) -> DDPSync:
+    return DDPSync(model, ctx, meter, bucket_mb=cfg.bucket_mb, hook=cfg.ddp_hook, powersgd_rank=cfg.powersgd_rank,
+                   collectives=not cfg.noop_collectives)
+
+
+ENTRY = SyncEntry(name="ddp", factory=build,
+                  description="torch DDP: bucketed all-reduce overlapped with backward (bucket_mb; ddp_hook "
+                              "fp16 / bf16 / powersgd compresses)",
+                  options=("bucket_mb", "ddp_hook", "powersgd_rank"),
+                  variants={"ddp": {}, "ddp+fp16": {"ddp_hook": "fp16"}, "ddp+bf16": {"ddp_hook": "bf16"},
+                            "ddp+powersgd": {"ddp_hook": "powersgd"}, "ddp+accumulate": {"accumulate": ACCUMULATE}},
+                  cost=cost, order=40, broadcasts_initial_state=True)

@@ -9,18 +9,18 @@ from scalelab.launch import DistContext
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
-    """Apply the data-parallel strategy: none, DataParallel over the node's GPUs, or across ranks with the
+    """Apply the model wrapper (cfg.wrapper): none, DataParallel over the node's GPUs, or across ranks with the
     gradient-sync strategy `cfg.sync` (scalelab.sync; DDP by default).
 
     Returns (module to call, GradSync or None); None means no process group, and then nothing of the sync layer
     runs in the step.
     """
-    strategy = cfg.resolved_strategy
-    if strategy == "dp":
+    wrapper = cfg.resolved_wrapper
+    if wrapper == "dp":
         return nn.DataParallel(model), None
-    if strategy == "ddp":
+    if wrapper == "ddp":
         from scalelab.sync.meter import CommMeter
-        from scalelab.sync.strategies import build_sync
+        from scalelab.sync.registry import build_sync
 
         sync = build_sync(cfg, model, ctx, CommMeter.from_config(cfg, ctx.world, ctx.device))
         return sync.wrap(), sync
