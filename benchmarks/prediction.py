@@ -52,7 +52,8 @@ def main() -> int:
 
     from scalelab.analysis import perfmodel as pm
     from scalelab.config import TrainConfig
-    from scalelab.experiments.grid import Cell, run_grid, with_fields, write_table
+    from scalelab.experiments.base import write_table
+    from scalelab.experiments.cells import Cell, Cells, with_fields
     from scalelab.experiments.calibration import calibrate, calibration_cells, gradient_sizes, insitu_cells
     from scalelab.experiments.prediction import validate_measured
     from scalelab.report import figures
@@ -70,19 +71,27 @@ def main() -> int:
     insitu: dict[int, list] = {}
     for c in insitu_cells(base, batches, gradient_sizes(base)[0]):
         insitu.setdefault(int(c.config.per_rank_batch), []).append(c)
+    engine = Cells(store, study)
+    # the compute runs again, as the noise floor: a study of their own, since within one study an identical
+    # config is one cell and would be reused
+    again = Cells(store, f"{study}-noise")
     loads: dict[str, float] = {}
+    measured: list[dict] = []
     for b in batches:  # a batch's calibration runs, its measured runs, then its compute run again: back to back
         cells = [Cell(f"{s}, batch {b}, net {net_label(**emu)}", with_fields(base, global_batch=2 * b, sync=s, **emu))
                  for s in strategies for emu in nets]
-        grid = [(f"{study}/calibration", c) for c in [compute[b], *insitu[b]]]
-        grid += [(f"{study}/validation", c) for c in cells]
-        grid.append((f"{study}/validation", Cell(f"noop again, batch {b}", compute[b].config)))  # the noise floor
-        for name, cell in grid:
+        grid = [(engine, "calibration", c) for c in [compute[b], *insitu[b]]]
+        grid += [(engine, "validation", c) for c in cells]
+        grid.append((again, "validation", Cell(f"noop again, batch {b}", compute[b].config)))
+        for cells_of, group, cell in grid:
             before = load1()
-            for res in run_grid(name, [cell], store, say=print):
+            results = cells_of.run([cell], group=group)
+            for res in results:
                 loads[res.run_id] = before
-    cal = calibrate(base, store, study, batches=batches, say=print)
-    check = validate_measured(cal, store, f"{study}/validation", say=print)
+            if group == "validation":
+                measured += cells_of.runs(results)
+    cal = calibrate(base, engine, batches=batches, say=print)
+    check = validate_measured(cal, measured, say=print)
     check["load1"] = check["run_id"].map(loads)
     check["net"] = [net_label(lat, bw) for lat, bw in zip(check["net_latency_ms"], check["net_bandwidth_gbps"])]
 

@@ -158,3 +158,21 @@ def faulty_model(tmp_path, name: str, *, call: int, fault: str, rank: int | None
     path = tmp_path / f"{name}.py"
     path.write_text(FAULTY.format(call=call, rank=rank, fault=fault))
     return f"{path}:make"
+
+
+def quiet_cells(store, study: str):
+    """The cell engine of `study` on `store`, printing nothing."""
+    from scalelab.experiments.cells import Cells
+    from scalelab.experiments.progress import PlainProgress
+
+    return Cells(store, study, progress=PlainProgress(lambda line: None))
+
+
+def run_experiment(name: str, base, store, study: str, out_dir: Path, **options):
+    """One registered experiment through the cell engine of `study`, quietly: its Result (tables, files, notes)."""
+    from scalelab.experiments import registry
+    from scalelab.experiments.base import Context
+
+    experiment = registry.get(name)
+    ctx = Context(quiet_cells(store, study), Path(out_dir), lambda line: None)
+    return experiment.execute(ctx, base, experiment.option_values(options))

@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import TINY_MLP
+from conftest import TINY_MLP, run_experiment
 from scalelab.analysis.compare import (BACKENDS, STRATEGIES, backends_table, exposed_comm, overlap, strategies_table,
                                        strategy_of)
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments import compare
+from scalelab.experiments import backends as backends_exp
+from scalelab.experiments.cells import replay_only
+from scalelab.experiments.strategies import strategy_fields
 
 GRAD_BYTES = (3072 * 16 + 16 * 16 + 16 * 10) * 4
 
@@ -43,7 +45,7 @@ def test_exposed_and_overlap_follow_the_definitions():
 
 
 def test_strategy_of_names_every_strategy():
-    configs = [compare.strategy_fields(s, 3) for s in STRATEGIES]
+    configs = [strategy_fields(s, 3) for s in STRATEGIES]
     assert [strategy_of(c) for c in configs] == list(STRATEGIES)
     assert strategy_of({"sync": "auto"}) == "ddp"
 
@@ -59,6 +61,9 @@ def test_strategies_table_takes_compute_from_the_noop_run_of_the_same_accumulati
     assert (acc["micro_batch_per_rank"], ddp["micro_batch_per_rank"]) == (4, 8)
     assert noop["exposed_comm(ms)"] == 0.0 and pd.isna(noop["overlap"])
     assert ddp["loopback/payload"] == 2.5
+    # a strategy faster than its noop baseline (noise): exposed clipped to 0, all of its 8 ms of comm hidden
+    fast = strategies_table([_run("fast", 35.0, 8.0), noop1], [noop1]).iloc[0]
+    assert (fast["compute(ms)"], fast["exposed_comm(ms)"], fast["overlap"]) == (40.0, 0.0, 1.0)
 
 
 def test_backends_table_keeps_skipped_backends_with_their_reason():
@@ -75,20 +80,19 @@ def test_backends_table_keeps_skipped_backends_with_their_reason():
 def test_backend_skip_reasons_say_what_is_missing():
     base = TrainConfig(ranks=2, global_batch=16)
     none = {"gpus": 0, "gloo": True, "nccl": False, "mpi": False}
-    assert compare.backend_skip_reason("gloo", base, none) is None
-    assert compare.backend_skip_reason("nccl", base, {**none, "gpus": 1}) == "needs CUDA with >= 2 GPUs (found 1)"
-    assert compare.backend_skip_reason("nccl", base, {**none, "gpus": 2}) == \
+    assert backends_exp.backend_skip_reason("gloo", base, none) is None
+    assert backends_exp.backend_skip_reason("nccl", base, {**none, "gpus": 1}) == "needs CUDA with >= 2 GPUs (found 1)"
+    assert backends_exp.backend_skip_reason("nccl", base, {**none, "gpus": 2}) == \
         "torch.distributed.is_nccl_available() is False"
-    assert compare.backend_skip_reason("mpi", base, none) == "torch.distributed.is_mpi_available() is False"
-    assert compare.backend_skip_reason("mpi", base, {**none, "mpi": True}) is None
+    assert backends_exp.backend_skip_reason("mpi", base, none) == "torch.distributed.is_mpi_available() is False"
+    assert backends_exp.backend_skip_reason("mpi", base, {**none, "mpi": True}) is None
 
 
-@pytest.mark.parametrize("kwargs, field", [({"names": ["ddp", "allgather"]}, "strategies"),
-                                           ({"accumulate": 1}, "accumulate"), ({"names": []}, "strategies")])
+@pytest.mark.parametrize("kwargs, field", [({"strategies": ["ddp", "allgather"]}, "strategies"),
+                                           ({"accumulate": 1}, "accumulate"), ({"strategies": []}, "strategies")])
 def test_bad_strategy_input_fails_before_anything_runs(store, tmp_path, kwargs, field):
     with pytest.raises(ConfigError) as err:
-        compare.strategies(TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, say=lambda s: None,
-                           **kwargs)
+        run_experiment("strategies", TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, **kwargs)
     assert err.value.field == field
     assert len(store.list_runs()) == 0
 
@@ -119,10 +123,9 @@ def measured(tmp_path_factory):
     (root / "tiny.yaml").write_text(yaml.safe_dump(fields))
     base = TrainConfig(**fields)
     store, out = Store(root / "store"), root / "out"
-    quiet = {"say": lambda s: None}
-    backends = compare.backends(base, store, "s", out, **quiet)
+    backends = run_experiment("backends", base, store, "s", out)
     after_backends = len(store.list_runs())
-    strategies = compare.strategies(base, store, "s", out, accumulate=2, **quiet)
+    strategies = run_experiment("strategies", base, store, "s", out, accumulate=2)
     return {"root": root, "store": store, "out": out, "backends": backends, "strategies": strategies,
             "after_backends": after_backends}
 
@@ -150,17 +153,15 @@ def test_strategy_table_bytes_follow_the_meter_conventions(measured):
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-def test_strategy_table_exposed_comm_is_step_minus_the_noop_step(measured):
+def test_strategy_table_compute_is_the_noop_run_of_the_same_config(measured):
     table = measured["strategies"].tables["compare_strategies"].set_index("sync")
     noop_step = table.at["noop", "step(ms)"]
     for name in STRATEGIES:
         if name == "ddp+accumulate":
             continue
         row = table.loc[name]
-        assert row["compute(ms)"] == noop_step
-        assert row["exposed_comm(ms)"] == max(0.0, row["step(ms)"] - noop_step)
-        if row["comm(ms)"] > 0:
-            assert row["overlap"] == pytest.approx(1 - row["exposed_comm(ms)"] / row["comm(ms)"])
+        assert row["compute(ms)"] == noop_step  # every row's compute is the noop cell's stored step
+        assert row["noop_run_id"] == table.at["noop", "run_id"]
     acc = table.loc["ddp+accumulate"]
     # its own baseline: a noop run with 2 micro-steps of 4 samples per rank (the global batch is kept)
     assert (acc["accumulate"], acc["micro_batch_per_rank"], acc["global_batch"]) == (2, 4, 16)
@@ -175,7 +176,7 @@ def test_strategy_table_exposed_comm_is_step_minus_the_noop_step(measured):
 @pytest.mark.timeout(240)
 def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
     table = measured["backends"].tables["compare_backends"].set_index("backend")
-    facts = compare.runtime_facts()
+    facts = backends_exp.runtime_facts()
     assert list(table.index) == list(BACKENDS)
     assert table.at["gloo", "status"] == "completed"
     assert table.at["gloo", "bytes_per_step"] == GRAD_BYTES and table.at["gloo", "busbw(GB/s)"] > 0
@@ -208,7 +209,7 @@ def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
     out = capsys.readouterr().out
     assert len(store.list_runs()) == before
     assert out.count("already done") == len(STRATEGIES) + 1  # every strategy and the accumulate baseline
-    assert "[s/compare 1/10] gather_scatter: already done" in out
+    assert "[compare] gather_scatter: already done" in out
     again = pd.read_csv(root / "again" / "compare_strategies.csv")
     first = measured["strategies"].tables["compare_strategies"]
     assert list(again["run_id"]) == list(first["run_id"])
@@ -216,11 +217,8 @@ def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
 
 
 def test_replayed_comparison_lists_missing_cells_and_runs_nothing(store, tmp_path):
-    grid = pytest.importorskip("scalelab.experiments.grid")
-    if not hasattr(grid, "replay_only"):
-        pytest.skip("this scalelab has no replay-only grids")
-    with grid.replay_only():
-        res = compare.strategies(TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path, say=lambda s: None)
+    with replay_only():
+        res = run_experiment("strategies", TrainConfig(ranks=2, global_batch=16), store, "s", tmp_path)
     table = res.tables["compare_strategies"]
     assert list(table["sync"]) == list(STRATEGIES) and (table["status"] == "missing").all()
     assert len(store.list_runs()) == 0

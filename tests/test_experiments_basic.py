@@ -4,13 +4,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from conftest import quiet_cells, run_experiment
 from scalelab.config import TrainConfig
-from scalelab.experiments import basic
-from scalelab.experiments.grid import Cell, cell_key, run_grid
-from scalelab.runner import execute
+from scalelab.experiments import cells as engine
+from scalelab.experiments.cells import Cell, cell_key
 
 pytestmark = pytest.mark.timeout(240)
-quiet = {"say": lambda s: None}
 
 
 def tiny(**kw) -> TrainConfig:
@@ -19,28 +18,32 @@ def tiny(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
-def test_interrupted_study_resumes_running_only_missing_cells(store):
+def test_interrupted_study_resumes_running_only_missing_cells(store, monkeypatch):
     cells = [Cell(f"b{b}", tiny(global_batch=b)) for b in (8, 16, 32)]
     calls = []
+    real = engine._execute_train
 
-    def crash_on_third(cfg, st, **kw):
+    def crash_on_third(cell, st, study, say):
         if len(calls) == 2:
             raise KeyboardInterrupt  # the study is stopped while the third cell is starting
-        calls.append(cfg.global_batch)
-        return execute(cfg, st, **kw)
+        calls.append(cell.config.global_batch)
+        return real(cell, st, study, say)
 
+    monkeypatch.setitem(engine._EXECUTORS, "train", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
-        run_grid("s", cells, store, execute=crash_on_third, **quiet)
+        quiet_cells(store, "s").run(cells, group="g")
     ran = []
 
-    def counting(cfg, st, **kw):
-        ran.append(cfg.global_batch)
-        return execute(cfg, st, **kw)
+    def counting(cell, st, study, say):
+        ran.append(cell.config.global_batch)
+        return real(cell, st, study, say)
 
-    results = run_grid("s", cells, store, execute=counting, **quiet)
+    monkeypatch.setitem(engine._EXECUTORS, "train", counting)
+    results = quiet_cells(store, "s").run(cells, group="g")
     assert ran == [32]  # only the missing cell
-    assert [r.status for r in results] == ["skipped", "skipped", "completed"]
-    assert len(store.list_runs(study="s", status="completed")) == 3
+    assert [r.status for r in results] == ["completed", "completed", "completed"]
+    assert [r.reused for r in results] == [True, True, False]
+    assert len(store.list_runs(study="s/g", status="completed")) == 3
 
 
 def test_cell_key_ignores_run_id_and_resolves_auto():
@@ -50,18 +53,8 @@ def test_cell_key_ignores_run_id_and_resolves_auto():
     assert cell_key(tiny()) == cell_key(tiny(hang_timeout_s=30, checkpoint_every=5))
 
 
-def test_failed_cell_is_recorded_and_the_grid_goes_on(store, tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("from torch import nn\nclass M(nn.Module):\n    def forward(self, x):\n        raise ValueError('x')\n"
-                   "    def __init__(self, spec):\n        super().__init__()\n        self.l = nn.Linear(1, 1)\n"
-                   "def make(spec):\n    return M(spec)\n")
-    results = run_grid("g", [Cell("bad", tiny(model=f"{bad}:make")), Cell("good", tiny())], store, **quiet)
-    assert [r.status for r in results] == ["failed", "completed"]
-    assert "ValueError" in results[0].reason
-
-
 def test_batch_sweep_table_has_one_row_per_batch_and_files(store, tmp_path):
-    res = basic.batch_sweep(tiny(), [8, 16, 32], store, "study", tmp_path / "out", **quiet)
+    res = run_experiment("batch_sweep", tiny(), store, "study", tmp_path / "out", batches=[8, 16, 32])
     table = res.tables["batch_sweep"]
     assert list(table["global_batch"]) == [8, 16, 32]
     assert (table["time/epoch(s)"] >= table["time/epoch_no_data(s)"]).all()
@@ -72,19 +65,20 @@ def test_batch_sweep_table_has_one_row_per_batch_and_files(store, tmp_path):
 
 def test_profile_amp_checkpointing_loader(store, tmp_path):
     out = tmp_path / "out"
-    prof = basic.profile(tiny(model="cnn"), store, "st", out, **quiet).tables["profile"]
+    prof = run_experiment("profile", tiny(model="cnn"), store, "st", out).tables["profile"]
     assert prof["share(%)"].sum() == pytest.approx(100.0)
-    amp = basic.precision(tiny(model="cnn"), store, "st", out, **quiet)
+    amp = run_experiment("amp", tiny(model="cnn"), store, "st", out)
     assert set(amp.tables["amp"]["precision"]) == {"fp32", "bf16"}
     assert "fp16" in amp.notes["skipped"]
     assert len(amp.tables["amp_curves"]) == 6
-    ck = basic.checkpointing(tiny(model="cnn"), [0, 1, 3], store, "st", out, **quiet).tables["checkpointing"]
+    ck = run_experiment("checkpointing", tiny(model="cnn"), store, "st", out,
+                        segments=[0, 1, 3]).tables["checkpointing"]
     assert list(ck["checkpoint_segments"]) == [0, 1, 3]
-    loader = basic.loader_sweep(tiny(dataset="synthetic_jpeg"), [0, 1], store, "st", out, **quiet)
+    loader = run_experiment("loader", tiny(dataset="synthetic_jpeg"), store, "st", out, workers=[0, 1])
     table = loader.tables["loader_sweep"]
     assert list(table["num_workers"]) == [0, 1]
     assert (table["epoch_iteration(s)"] > 0).all() and (table["data_wait(%)"] >= 0).all()
     assert loader.notes["recommended"]["num_workers"] in (0, 1)
     n_loader_runs = len(store.list_runs(kind="loader"))
-    basic.loader_sweep(tiny(dataset="synthetic_jpeg"), [0, 1], store, "st", out, **quiet)
+    run_experiment("loader", tiny(dataset="synthetic_jpeg"), store, "st", out, workers=[0, 1])
     assert len(store.list_runs(kind="loader")) == n_loader_runs  # resumed: nothing measured twice

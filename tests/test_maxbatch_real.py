@@ -6,9 +6,9 @@ import math
 import psutil
 import pytest
 
-from conftest import PER_SAMPLE, faulty_model, hungry_model as model_file
+from conftest import PER_SAMPLE, faulty_model, hungry_model as model_file, quiet_cells
 from scalelab.config import TrainConfig
-from scalelab.experiments.maxbatch import max_batch
+from scalelab.experiments.max_batch import max_batch
 from scalelab.runner import RunFailed
 
 pytestmark = pytest.mark.timeout(240)
@@ -16,18 +16,18 @@ def test_finds_the_exact_limit_within_log2_plus_3_trials(store, tmp_path):
     limit = 12
     cap = int((limit + 0.5) * PER_SAMPLE)
     cfg = TrainConfig(model=model_file(tmp_path), samples=64, eval_samples=8)
-    res = max_batch(cfg, store, "mb", memory_limit=cap, say=lambda s: None)
+    res = max_batch(cfg, quiet_cells(store, "mb"), "trials", memory_limit=cap, say=lambda s: None)
     assert res.max_batch == limit
     assert res.n_trials <= math.ceil(math.log2(limit)) + 3
     failed = [t for t in res.trials if not t.fits]
     assert failed and all("memory" in t.reason for t in failed)
-    again = max_batch(cfg, store, "mb", memory_limit=cap, say=lambda s: None)  # resumed from stored trials
-    assert again.max_batch == limit and len(store.list_runs(study="mb")) == res.n_trials
+    again = max_batch(cfg, quiet_cells(store, "mb"), "trials", memory_limit=cap, say=lambda s: None)  # resumed from stored trials
+    assert again.max_batch == limit and len(store.list_runs(study="mb/trials")) == res.n_trials
 
 
 def test_a_trial_killed_by_the_kernel_counts_as_not_fitting(store, tmp_path):
     cfg = TrainConfig(model=model_file(tmp_path, kill_above=5), samples=64, eval_samples=8)
-    res = max_batch(cfg, store, "kill", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
+    res = max_batch(cfg, quiet_cells(store, "kill"), "trials", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
     assert res.max_batch == 5
     assert any("SIGKILL" in (t.reason or "") for t in res.trials)
 
@@ -38,14 +38,14 @@ def test_two_ranks_agree_when_only_one_runs_out(store, tmp_path):
     cap = int(3.5 * PER_SAMPLE)
     cfg = TrainConfig(model=model_file(tmp_path, rank_only=1), samples=64, eval_samples=8, ranks=2, global_batch=2)
     before = set(psutil.Process().children(recursive=True))  # e.g. multiprocessing's resource tracker
-    res = max_batch(cfg, store, "two", memory_limit=cap, say=lambda s: None)
+    res = max_batch(cfg, quiet_cells(store, "two"), "trials", memory_limit=cap, say=lambda s: None)
     # memory back to baseline: each trial ran in processes of its own, and every one of them is gone
     assert not set(psutil.Process().children(recursive=True)) - before
     assert res.max_batch >= 2 and all(t.batch % 2 == 0 for t in res.trials)
     fails = [t for t in res.trials if not t.fits]
     assert fails and all(t.reason.startswith("rank 1 ") for t in fails)
     assert min(t.batch for t in fails) == res.max_batch + 2  # the bracket closed on adjacent batches
-    runs = store.list_runs(study="two")
+    runs = store.list_runs(study="two/trials")
     assert set(runs["status"]) == {"completed", "failed"}  # every trial marked, none left running
     best = store.get(next(t.run_id for t in res.trials if t.batch == res.max_batch))
     assert best["summary"]["ranks/reported"] == 2
@@ -57,6 +57,6 @@ def test_a_failure_before_any_batch_fits_says_it_may_be_the_cap(store, tmp_path)
     model = faulty_model(tmp_path, "primitive", call=1, fault="raise RuntimeError('could not create a primitive')")
     cfg = TrainConfig(model=model, samples=64, eval_samples=8)
     with pytest.raises(RunFailed) as err:
-        max_batch(cfg, store, "amb", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
+        max_batch(cfg, quiet_cells(store, "amb"), "trials", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
     assert "failed under the memory cap of 512 MiB before any batch fitted" in err.value.reason
     assert "could not create a primitive" in err.value.reason and "raise --memory-limit" in err.value.reason

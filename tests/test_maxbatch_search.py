@@ -4,7 +4,7 @@ import math
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.maxbatch import Trial, is_oom, search
+from scalelab.experiments.max_batch import Trial, is_oom, search
 
 MiB = 2**20
 

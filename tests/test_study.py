@@ -9,7 +9,8 @@ import pytest
 from conftest import hungry_model, run_cli
 from scalelab.analysis import interpret
 from scalelab.errors import ConfigError
-from scalelab.experiments.study import EXPERIMENTS, StudySpec, load_spec
+from scalelab.experiments.registry import get, names
+from scalelab.experiments.study import StudySpec, load_spec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,8 +23,8 @@ options:
   profile: {{set: {{ranks: 1}}}}
   batch_sweep: {{batches: [16, 32]}}
   max_batch: {{memory_limit: {int(4.5 * 8 * 2**20)}, variants: [base], set: {{model: "{model}"}}}}
-  scale: {{workers: [1, 2], batches: [16], modes: [strong], set: {{model: mlp}}}}
-  strategies: {{names: [allreduce, ddp, noop], set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
+  scale: {{workers: [1, 2], batches: [16], mode: [strong], set: {{model: mlp}}}}
+  strategies: {{strategies: [allreduce, ddp, noop], set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
   backends: {{set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
   comm: {{begin: 4K, end: 16K, iters: 2, warmup: 1, ops: allreduce, ranks: 2}}
   loader: {{workers: [0, 1], set: {{dataset: synthetic_jpeg}}}}
@@ -86,18 +87,19 @@ def test_bad_study_files_are_one_line_errors(tmp_path):
         with pytest.raises(ConfigError) as info:
             load_spec(path)
         assert info.value.field == field and "\n" not in str(info.value)
-    assert set(StudySpec().experiments) == set(EXPERIMENTS)
+    assert set(StudySpec().experiments) == set(names())
 
 
 def test_default_study_validates_the_model_on_two_ranks_and_notes_read_as_prose():
     """The full default study calibrates and validates the performance model with 2 ranks (F14: validate on
     measured points); the quick one keeps to one rank. A note holding a mapping reads "key: value; key: value"."""
-    from scalelab.experiments.basic import ExperimentResult
+    from scalelab.experiments.base import ExperimentResult
     from scalelab.experiments.study import default_spec
     from scalelab.report.build import section_for
 
-    assert default_spec().option("predict", "set", {})["ranks"] == 2
-    assert default_spec(quick=True).option("predict", "set", {})["ranks"] == 1
+    assert default_spec().options["predict"]["set"]["ranks"] == 2
+    assert default_spec(quick=True).options["predict"]["set"]["ranks"] == 1
+    assert default_spec().config("predict").ranks == 2 and default_spec(quick=True).config("predict").ranks == 1
     result = ExperimentResult("predict", {}, notes={"from": {"10 GbE": "4 workers", "ib": "never"}, "why": "ok"})
-    section, _ = section_for("predict", result)
+    section, _ = section_for(get("predict"), result)
     assert section.notes == ["from: 10 GbE: 4 workers; ib: never", "why: ok"]

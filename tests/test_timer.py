@@ -34,7 +34,8 @@ def test_stages_on_a_fixed_clock_are_exact_and_other_is_the_untimed_rest():
     assert t["optimizer"] == pytest.approx(0.020)
     assert t["other"] == pytest.approx(0.001)
     assert t["wall"] == pytest.approx(0.181)
-    assert sum(t[s] for s in STAGES) + t["other"] == pytest.approx(t["wall"])
+    # stages that never ran are exactly zero (none of the 181 ms leaks into them)
+    assert [t[s] for s in STAGES if s not in ("data", "forward", "backward", "optimizer")] == [0.0] * (len(STAGES) - 4)
 
 
 def test_spans_of_the_same_name_accumulate_and_add_charges_a_stage():

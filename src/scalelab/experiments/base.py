@@ -173,7 +173,9 @@ def number(lo: float, hi: float | None = None, *, integer: bool = False) -> Call
             x = None
         if x is None or x != x or x < lo or (hi is not None and x > hi):
             kind = "an integer" if integer else "a number"
-            raise ConfigError(name, value, f"allowed: {kind} >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else ""))
+            # a number given as text (a CLI flag) is reported as the number it is: "accumulate: 1 is not allowed"
+            raise ConfigError(name, value if x is None or x != x else x,
+                              f"allowed: {kind} >= {lo:g}" + (f" and <= {hi:g}" if hi is not None else ""))
         return x
     return parse
 

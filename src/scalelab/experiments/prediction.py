@@ -236,7 +236,8 @@ def prediction_figures(result: Result, out_dir: Path) -> list[Path]:
     from scalelab.report import figures
 
     mode, validation = result.meta["mode"], result.tables.get("validation")
-    on_curve = validation  # measured points drawn over the curves: same strategy and batch
+    # measured points drawn over the curves: same strategy and batch (none when nothing was validated)
+    on_curve = validation if validation is not None else pd.DataFrame(columns=VALIDATION_COLUMNS + ["workers"])
     if validation is not None and len(validation):
         size = validation["per_rank_batch"] * (validation["workers"] if mode == "strong" else 1)
         on_curve = validation[(validation["sync"] == result.meta["sync"]) & (size == result.meta["batch"])]
