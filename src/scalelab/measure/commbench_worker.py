@@ -25,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.launch import dist_context
 from scalelab.measure.commbench import DTYPES, CommBenchConfig, build_table, message_count
-from scalelab.store import _write_text_atomic, read_json, write_json_atomic
+from scalelab.store import read_json, write_json_atomic, write_text_atomic
 
 CORRUPT_ENV = "SCALELAB_COMMBENCH_CORRUPT"
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -187,7 +187,7 @@ def write_results(run_dir: Path, records: list[dict], cfg: CommBenchConfig, worl
     """Rank 0: raw timings, then the table as CSV and JSON, each written atomically."""
     write_json_atomic(run_dir / "timings.json", {"ranks": world, "records": records})
     table = build_table(records, world, cfg.dtype)
-    _write_text_atomic(run_dir / "results.csv", table.to_csv(index=False))
+    write_text_atomic(run_dir / "results.csv", table.to_csv(index=False))
     clean = table.astype(object).where(table.notna(), None)  # NaN/NA → null: results.json stays valid JSON
     write_json_atomic(run_dir / "results.json", {"columns": list(table.columns), "rows": clean.to_dict("records")})
 
