@@ -19,7 +19,7 @@ import torch
 from conftest import cli_env, faulty_model, run_cli
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
-from scalelab.runner import RunFailed, execute, resume_run
+from scalelab.run.execute import RunFailed, execute, resume_run
 from scalelab.store import Store, read_json, read_jsonl
 from scalelab.train import checkpoint
 
@@ -138,7 +138,7 @@ def test_two_ranks_killed_then_resumed_reach_the_uninterrupted_loss(tmp_path, sl
         time.sleep(0.1)
     assert latest is not None, "no checkpoint at step 16 before the run ended"
     rank1 = [c for c in psutil.Process(proc.pid).children(recursive=True)
-             if "scalelab.worker" in " ".join(c.cmdline()) and c.environ().get("RANK") == "1"]
+             if "scalelab.run.worker" in " ".join(c.cmdline()) and c.environ().get("RANK") == "1"]
     os.kill(rank1[0].pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 1 and "SIGKILL" in err

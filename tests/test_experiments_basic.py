@@ -7,7 +7,7 @@ import pytest
 from scalelab.config import TrainConfig
 from scalelab.experiments import basic
 from scalelab.experiments.grid import Cell, cell_key, run_grid
-from scalelab.runner import execute
+from scalelab.run.execute import execute
 
 pytestmark = pytest.mark.timeout(240)
 quiet = {"say": lambda s: None}

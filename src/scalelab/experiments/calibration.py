@@ -276,8 +276,8 @@ def calibrate(base: TrainConfig, store: Store, study: str, *, batches: Sequence[
               say: Callable[[str], None] = print, bench=None) -> Calibration:
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
     `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
-    from scalelab.measure.commbench import run_commbench
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import run_commbench
+    from scalelab.run.execute import RunFailed
 
     param_bytes, parameters = gradient_sizes(base)
     cells, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)

@@ -78,8 +78,8 @@ def completed_cells(store: Store, study: str, *, known: Iterable[str] = ()) -> d
 def run_grid(study: str, cells: Iterable[Cell], store: Store, *, say: Callable[[str], None] = print,
              execute: Callable | None = None) -> list[CellResult]:
     """Run every cell not yet completed in this study; return one result per cell, in order."""
-    from scalelab.runner import RunFailed
-    from scalelab.runner import execute as default_execute
+    from scalelab.run.execute import RunFailed
+    from scalelab.run.execute import execute as default_execute
 
     execute = execute or default_execute
     cells = list(cells)

@@ -109,7 +109,7 @@ def run_trial(cfg: TrainConfig, store: Store, study: str, *, lenient: bool = Fal
     `lenient`: count any failure as "does not fit" (with its reason). The search sets it once a smaller batch
     has fitted under a memory cap: the config is known to work, and native code (oneDNN, say) reports a failed
     allocation in its own words ("could not create a primitive") or crashes outright."""
-    from scalelab.runner import RunFailed, execute
+    from scalelab.run.execute import RunFailed, execute
 
     key = cell_key(cfg)
     for run_id in store.list_runs(study=study)["run_id"]:

@@ -86,7 +86,8 @@ def _comm(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
     import shutil
 
     from scalelab.experiments.grid import REPLAY, write_table
-    from scalelab.measure.commbench import CommBenchConfig, read_results, run_commbench
+    from scalelab.measure.commbench import CommBenchConfig, read_results
+    from scalelab.run.execute import run_commbench
 
     o = {k: v for k, v in spec.options.get("comm", {}).items() if k != "set"}
     cfg = CommBenchConfig(**o)

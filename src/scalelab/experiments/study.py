@@ -154,7 +154,7 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, say: Callable[
 
     from scalelab.errors import ScalelabError
     from scalelab.experiments.basic import ExperimentResult
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed
 
     results = {}
     for i, name in enumerate(spec.experiments, 1):
