@@ -30,9 +30,9 @@ from scalelab.cli_experiments import app as experiments_app
 from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
+from scalelab.analysis import keys
 from scalelab.errors import ScalelabError
 from scalelab.store import open_store
-from scalelab.analysis import keys
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")

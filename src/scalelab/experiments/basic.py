@@ -159,10 +159,10 @@ def iterate_epoch(cfg: TrainConfig) -> float:
 
 def loss_curves(store: Store, runs: list[dict], hue: str) -> pd.DataFrame:
     """Rank 0's per-step training loss of each run, labelled by a config field."""
-    from scalelab.store import read_jsonl
+    from scalelab.store import RunDir
 
     rows = []
     for run in runs:
-        for rec in read_jsonl(store.run_dir(run["run_id"]) / "steps.rank0.jsonl"):
+        for rec in RunDir(store.run_dir(run["run_id"])).read_steps(0):
             rows.append({hue: run["config"][hue], "step": rec["step"], "loss": rec.get("loss")})
     return pd.DataFrame(rows, columns=[hue, "step", "loss"])

@@ -47,7 +47,7 @@ from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_f
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.grid import Cell, cell_key, run_grid, study_runs, with_fields
-from scalelab.store import Store, read_json, write_json_atomic
+from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
 STAGES = ("forward", "backward", "optimizer", "other")
@@ -151,7 +151,7 @@ def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
     slowest rank's time, as in its results table, but averaged instead of the median."""
     from scalelab.measure.commbench import iteration_times
 
-    data = read_json(run_dir / "timings.json")
+    data = RunDir(run_dir).read_timings()
     groups: dict[int, list[dict]] = {}
     for rec in data["records"]:
         if rec["op"] == "allreduce" and not rec.get("skipped"):

@@ -15,7 +15,7 @@ from scalelab.errors import ConfigError
 from scalelab.experiments.basic import ExperimentResult
 from scalelab.experiments.grid import Cell, run_grid, study_runs, with_fields, write_table
 from scalelab.report import figures
-from scalelab.store import Store, read_json, read_jsonl
+from scalelab.store import RunDir, Store
 from scalelab.train.lr import RULES
 
 
@@ -80,8 +80,8 @@ def lr_scaling(base: TrainConfig, batches: list[int], rules: list[str], workers:
     name = "lr_scaling"
     run_grid(f"{study}/{name}", cells, store, say=say)
     runs = study_runs(store, f"{study}/{name}")
-    curves = pd.concat([curves_frame(r, read_json(store.run_dir(r["run_id"]) / "result.rank0.json")["evals"],
-                                     read_jsonl(store.run_dir(r["run_id"]) / "steps.rank0.jsonl")) for r in runs],
+    curves = pd.concat([curves_frame(r, RunDir(store.run_dir(r["run_id"])).read_result(0)["evals"],
+                                     RunDir(store.run_dir(r["run_id"])).read_steps(0)) for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
     curves = _share_base_runs(curves, base.global_batch, rules)
     table = lr_table(curves, target) if len(curves) else pd.DataFrame()

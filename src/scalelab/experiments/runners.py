@@ -12,7 +12,7 @@ import pandas as pd
 
 from scalelab.experiments import basic
 from scalelab.experiments.basic import ExperimentResult
-from scalelab.store import Store
+from scalelab.store import RunDir, Store
 
 Say = Callable[[str], None]
 
@@ -106,7 +106,7 @@ def _comm(spec, store: Store, out: Path, say: Say) -> ExperimentResult:
     table = read_results(run_dir)
     paths = write_table(table, out, "comm")
     figure = out / "comm_busbw.png"
-    shutil.copyfile(run_dir / "busbw.png", figure)
+    shutil.copyfile(RunDir(run_dir).busbw_plot, figure)
     return ExperimentResult("comm", {"comm": table}, [paths["csv"], paths["json"], figure],
                             {"run": run_dir.name})
 

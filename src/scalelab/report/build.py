@@ -167,10 +167,10 @@ def build_report(spec, results: dict, provenance: dict, command: str,
 
 def system_frame(run_dir: Path) -> pd.DataFrame:
     """All ranks' system samples of one run, with loopback bytes/s derived from the counters."""
-    from scalelab.store import read_jsonl
+    from scalelab.store import RunDir, read_jsonl
 
     frames = []
-    for path in sorted(run_dir.glob("system.rank*.jsonl")):
+    for path in RunDir(run_dir).system_files():
         f = pd.DataFrame(read_jsonl(path))
         if "lo_sent(bytes)" in f and len(f) > 1:
             f["lo_sent(bytes/s)"] = f["lo_sent(bytes)"].diff() / f["t(s)"].diff()
@@ -186,7 +186,7 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
         for frame in result.tables.values():
             for run_id in frame.get("run_id", pd.Series(dtype=str)).dropna():
                 run_dir = store.run_dir(run_id)
-                if len(list(run_dir.glob("system.rank*.jsonl"))) >= 2:
+                if len(RunDir(run_dir).system_files()) >= 2:
                     samples = system_frame(run_dir)
                     fig = system_metrics(samples, out_dir / "system.png")
                     per_rank = samples.groupby("rank")["cpu_process(%)"].mean()
