@@ -12,6 +12,7 @@ import pandas as pd
 
 from scalelab.analysis import interpret
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
+from scalelab.store import RunDir
 
 DEFINITIONS = [
     "Warm-up steps are excluded from every timing; on CUDA every stage boundary synchronises the device.",
@@ -167,7 +168,7 @@ def build_report(spec, results: dict, provenance: dict, command: str,
 
 def system_frame(run_dir: Path) -> pd.DataFrame:
     """All ranks' system samples of one run, with loopback bytes/s derived from the counters."""
-    from scalelab.store import RunDir, read_jsonl
+    from scalelab.store import read_jsonl
 
     frames = []
     for path in RunDir(run_dir).system_files():
