@@ -48,8 +48,8 @@ def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
 
 def precision_table(runs: list[dict]) -> pd.DataFrame:
     """fp32 vs bf16 vs fp16: final accuracy, loss, peak memory and time (seed 001 part 2c)."""
-    metrics = [keys.EVAL_ACC, keys.EVAL_LOSS, keys.TRAIN_LOSS, keys.MEMORY_PEAK_RSS_GIB, keys.MEMORY_CUDA_MAX_ALLOCATED_GIB,
-               keys.EPOCH_S, keys.THROUGHPUT, *SPREAD]
+    metrics = [keys.EVAL_ACC, keys.EVAL_LOSS, keys.TRAIN_LOSS, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.EPOCH_S, keys.THROUGHPUT, *SPREAD]
     frame = runs_frame(runs, ["precision", "device"], metrics).dropna(axis=1, how="all")
     if len(frame) and "fp32" in set(frame["precision"]):
         base = frame.loc[frame["precision"] == "fp32", keys.THROUGHPUT].iloc[0]
