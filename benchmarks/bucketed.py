@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from scalelab.config import TrainConfig
-from scalelab.runner import execute
+from scalelab.run.execute import execute
 from scalelab.store import Store
 
 

@@ -47,7 +47,7 @@ def plain_worker(args) -> None:
 
 
 def run_plain(args, tmp: Path) -> float:
-    from scalelab.launch import free_port, run_torchrun
+    from scalelab.run.launch import free_port, run_torchrun
 
     out = tmp / f"plain-{time.time_ns()}.json"
     argv = ["--nnodes", "1", "--nproc-per-node", str(RANKS), "--rdzv-backend", "static",
@@ -58,7 +58,8 @@ def run_plain(args, tmp: Path) -> float:
 
 
 def run_scalelab(args, store) -> float:
-    from scalelab.measure.commbench import CommBenchConfig, run_commbench
+    from scalelab.measure.commbench import CommBenchConfig
+    from scalelab.run.execute import run_commbench
 
     cfg = CommBenchConfig(ops="allreduce", begin=args.size, end=args.size, warmup=args.warmup, iters=args.iters,
                           ranks=RANKS, backend="gloo")

@@ -64,7 +64,7 @@ def bare_worker(args) -> None:
 
 
 def run_bare(args, port_dir: Path) -> float:
-    from scalelab.launch import free_port, run_torchrun
+    from scalelab.run.launch import free_port, run_torchrun
 
     out = port_dir / f"bare-{time.time_ns()}.json"
     argv = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
@@ -77,7 +77,7 @@ def run_bare(args, port_dir: Path) -> float:
 
 def run_scalelab(args, store) -> float:
     from scalelab.config import TrainConfig
-    from scalelab.runner import execute
+    from scalelab.run.execute import execute
 
     cfg = TrainConfig(model="resnet18", dataset="synthetic", samples=args.samples, eval_samples=16, ranks=2,
                       global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup, eval_every=10**9,

@@ -19,8 +19,8 @@ import torch
 from conftest import cli_env, faulty_model, run_cli
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
-from scalelab.runner import RunFailed, execute, resume_run
-from scalelab.store import Store, read_json, read_jsonl
+from scalelab.run.execute import RunFailed, execute, resume_run
+from scalelab.store import RunDir, Store, read_json, read_jsonl
 from scalelab.train import checkpoint
 
 def _losses(run_dir, rank=0):
@@ -39,7 +39,7 @@ def _flaky(tmp_path, armed: bool) -> str:
 def test_resumed_run_matches_an_uninterrupted_one_step_by_step(tmp_path, store):
     common = dict(samples=96, eval_samples=32, global_batch=8, epochs=2, lr=0.1, seed=3, warmup_steps=0)
     whole = execute(TrainConfig(model=_flaky(tmp_path, False), **common), store, say=lambda s: None)
-    assert not (whole.run_dir / checkpoint.DIR).exists()
+    assert not (RunDir(whole.run_dir).checkpoints).exists()
 
     cfg = TrainConfig(model=_flaky(tmp_path, True), checkpoint_every=4, **common)
     with pytest.raises(RunFailed) as err:
@@ -47,7 +47,7 @@ def test_resumed_run_matches_an_uninterrupted_one_step_by_step(tmp_path, store):
     run_id = err.value.run_id
     run_dir = store.run_dir(run_id)
     assert checkpoint.latest_step(run_dir) == 8  # the crash came in step 10
-    assert sorted(p.name for p in (run_dir / checkpoint.DIR).iterdir()) == ["latest.json", "step-00000008"]
+    assert sorted(p.name for p in (RunDir(run_dir).checkpoints).iterdir()) == ["latest.json", "step-00000008"]
 
     resumed = resume_run(run_id, store, say=lambda s: None)
     assert resumed.run_id == run_id and store.get(run_id)["status"] == "completed"
@@ -97,10 +97,10 @@ class _Boom:
 def test_a_crafted_checkpoint_is_refused_without_running_code(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
-    (run_dir / checkpoint.DIR / "step-00000004").mkdir(parents=True)
-    with open(run_dir / checkpoint.DIR / "step-00000004" / "state.pt", "wb") as f:
+    (RunDir(run_dir).checkpoints / "step-00000004").mkdir(parents=True)
+    with open(RunDir(run_dir).checkpoints / "step-00000004" / "state.pt", "wb") as f:
         pickle.dump({"step": 4, "model": _Boom()}, f)
-    (run_dir / checkpoint.DIR / "latest.json").write_text('{"step": 4, "dir": "step-00000004"}')
+    (RunDir(run_dir).checkpoints / "latest.json").write_text('{"step": 4, "dir": "step-00000004"}')
     with pytest.raises(ScalelabError, match="checkpoint cannot be loaded"):
         checkpoint.load(run_dir, 0, torch.device("cpu"))
     assert not (tmp_path / "pwned").exists()
@@ -111,8 +111,8 @@ def test_latest_only_names_a_complete_checkpoint(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     checkpoint.save(tmp_path, rank=0, step=4, epoch=0, model=model, optimizer=opt, scaler=None, evals=[])
     # a kill while step 8 was being written: its files exist in part, latest.json still names step 4
-    (tmp_path / checkpoint.DIR / "step-00000008").mkdir()
-    (tmp_path / checkpoint.DIR / "step-00000008" / ".state.pt.tmp123").write_bytes(b"\x80\x04trunc")
+    (RunDir(tmp_path).checkpoints / "step-00000008").mkdir()
+    (RunDir(tmp_path).checkpoints / "step-00000008" / ".state.pt.tmp123").write_bytes(b"\x80\x04trunc")
     ckpt = checkpoint.load(tmp_path, 0, torch.device("cpu"))
     assert ckpt.step == 4 and torch.equal(ckpt.state["model"]["weight"], model.weight.detach())
 
@@ -131,14 +131,14 @@ def test_two_ranks_killed_then_resumed_reach_the_uninterrupted_loss(tmp_path, sl
     deadline = time.monotonic() + 120
     latest = None
     while time.monotonic() < deadline and proc.poll() is None:
-        found = [p for p in root.glob(f"runs/*/{checkpoint.DIR}/latest.json")]
+        found = [p for p in root.glob(f"runs/*/{RunDir('').checkpoints.name}/latest.json")]
         if found and read_json(found[0])["step"] >= 16:
             latest = found[0]
             break
         time.sleep(0.1)
     assert latest is not None, "no checkpoint at step 16 before the run ended"
     rank1 = [c for c in psutil.Process(proc.pid).children(recursive=True)
-             if "scalelab.worker" in " ".join(c.cmdline()) and c.environ().get("RANK") == "1"]
+             if "scalelab.run.worker" in " ".join(c.cmdline()) and c.environ().get("RANK") == "1"]
     os.kill(rank1[0].pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 1 and "SIGKILL" in err

@@ -11,9 +11,11 @@ from scalelab.cli import main
 from scalelab.errors import ConfigError
 from scalelab.measure import commbench_worker as cw
 from scalelab.measure.commbench import (
-    COLUMNS, OPS, CommBenchConfig, algbw_gbps, build_table, busbw_factor, busbw_gbps, commbench_argv, format_size,
-    iteration_times, message_count, parse_ops, parse_size, read_results, run_commbench, size_sweep,
+    COLUMNS, OPS, CommBenchConfig, algbw_gbps, build_table, busbw_factor, busbw_gbps, format_size,
+    iteration_times, message_count, parse_ops, parse_size, read_results, size_sweep,
     summarize_table, wrong_reason)
+from scalelab.run.execute import run_commbench
+from scalelab.run.kinds import commbench_argv
 from scalelab.store import read_json
 
 pytestmark = pytest.mark.timeout(120)
@@ -182,7 +184,7 @@ def test_an_api_the_backend_refuses_falls_through_and_all_refused_is_a_skip_with
 
 
 def test_busbw_plot_draws_measured_ops_and_names_skipped_ones(tmp_path):
-    from scalelab.report.plots import plot_busbw
+    from scalelab.run.exports import plot_busbw
 
     path = plot_busbw(build_table(_records(), ranks=2, dtype="float32"), tmp_path / "busbw.png", title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

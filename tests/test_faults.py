@@ -35,8 +35,8 @@ def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
     """The pid of the given rank: a worker process (not a loader worker) whose RANK is `rank`."""
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "scalelab.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank) \
-                    and "scalelab.worker" not in " ".join(child.parent().cmdline()):
+            if "scalelab.run.worker" in " ".join(child.cmdline()) and child.environ().get("RANK") == str(rank) \
+                    and "scalelab.run.worker" not in " ".join(child.parent().cmdline()):
                 return child.pid
         except psutil.NoSuchProcess:
             continue
@@ -90,7 +90,7 @@ def test_ranks_end_when_scalelab_itself_is_killed(tmp_path, sleepy_model):
     proc = _start(["--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
                    "--epochs", "3"], root)
     run_dir = _wait_for_steps(proc, root, rank=1)
-    ranks = [p for p in _run_processes(proc)[1:] if "scalelab.worker" in " ".join(p.cmdline())]
+    ranks = [p for p in _run_processes(proc)[1:] if "scalelab.run.worker" in " ".join(p.cmdline())]
     assert len(ranks) == 2
     proc.kill()
     proc.communicate(timeout=30)
@@ -136,7 +136,7 @@ def test_root_cause_skips_ranks_that_failed_because_of_their_peer(tmp_path):
     first, yet the root cause is the rank that aborted; a rank the agent stopped with SIGTERM never is."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from scalelab.runner import failure_reason
+    from scalelab.run.execute import failure_reason
 
     reset = "RuntimeError: [pair.cc:537] Read error [127.0.0.1]:33996: Connection reset by peer."
     failures = {0: _failure(tmp_path, 0, 1, reset, timestamp=100),

@@ -1,7 +1,7 @@
 import socket
 
 from scalelab.config import TrainConfig
-from scalelab.launch import free_port, slurm_script, torchrun_argv, worker_env
+from scalelab.run.launch import free_port, slurm_script, torchrun_argv, worker_env
 
 
 def test_one_node_argv_is_a_static_loopback_rendezvous(tmp_path):
@@ -9,7 +9,7 @@ def test_one_node_argv_is_a_static_loopback_rendezvous(tmp_path):
     argv = torchrun_argv(cfg, tmp_path, port=29999)
     assert argv == ["--nnodes", "1", "--nproc-per-node", "2", "--node-rank", "0", "--rdzv-backend", "static",
                     "--rdzv-endpoint", "127.0.0.1:29999", "--max-restarts", "0", "--monitor-interval", "0.2",
-                    "--module", "scalelab.worker", "--run-dir", str(tmp_path)]
+                    "--module", "scalelab.run.worker", "--run-dir", str(tmp_path)]
 
 
 def test_multi_node_argv_passes_the_endpoint_and_node_rank_through(tmp_path):

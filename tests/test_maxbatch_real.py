@@ -9,7 +9,7 @@ import pytest
 from conftest import PER_SAMPLE, faulty_model, hungry_model as model_file, quiet_cells
 from scalelab.config import TrainConfig
 from scalelab.experiments.max_batch import max_batch
-from scalelab.runner import RunFailed
+from scalelab.run.execute import RunFailed
 
 pytestmark = pytest.mark.timeout(240)
 def test_finds_the_exact_limit_within_log2_plus_3_trials(store, tmp_path):

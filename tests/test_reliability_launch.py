@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from conftest import cli_env, run_cli
-from scalelab import launch
+from scalelab.run import launch
 from scalelab.config import TrainConfig
 from scalelab.experiments.cells import cell_key
 from scalelab.store import Store, read_json
@@ -208,7 +208,7 @@ def test_loopback_store_takes_another_port_when_the_wished_one_is_taken():
 
 @pytest.mark.timeout(180)
 def test_a_run_succeeds_when_the_port_free_port_chose_is_taken(tmp_path, monkeypatch, sleepy_model):
-    from scalelab.runner import execute
+    from scalelab.run.execute import execute
 
     wished = []
     real = launch.loopback_store

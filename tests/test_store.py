@@ -16,7 +16,7 @@ from scalelab.store import (Store, new_run_id, read_json, read_jsonl, write_json
                             write_jsonl_atomic)
 
 CFG = {"model": "resnet18", "dataset": "cifar10", "ranks": 4, "global_batch": 256,
-       "strategy": "ddp", "precision": "bf16", "lr": 0.1}
+       "wrapper": "ddp", "sync": "bucketed", "precision": "bf16", "lr": 0.1}
 
 
 def _one_line(err) -> str:
@@ -124,8 +124,8 @@ def test_create_finish_get_roundtrip(tmp_path):
 
     row = st.get(rid)
     assert row["status"] == "running" and row["kind"] == "train" and row["study"] == "s1"
-    assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["strategy"],
-            row["precision"]) == ("resnet18", "cifar10", 4, 256, "ddp", "bf16")
+    assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["wrapper"], row["sync"],
+            row["precision"]) == ("resnet18", "cifar10", 4, 256, "ddp", "bucketed", "bf16")
     assert row["config"] == CFG and row["summary"] is None
 
     summary = {"throughput": 1234.5, "time": {"epoch(s)": 12.0, "step(ms)": 80.1}, "note": "ok"}
@@ -150,17 +150,33 @@ def test_create_finish_get_roundtrip(tmp_path):
     assert Store(tmp_path / "store").get(rid)["status"] == "failed"
 
 
-def test_nested_config_is_denormalised(tmp_path):
+def test_config_is_denormalised(tmp_path):
     st = Store(tmp_path)
-    cfg = {"model": {"name": "gpt-tiny", "layers": 2}, "data": {"dataset": "tinyshakespeare"},
-           "dist": {"world_size": 2, "strategy": "fsdp"}, "train": {"global_batch_size": 64, "precision": "fp32"}}
-    row = st.get(st.create_run(cfg, {}))
-    assert (row["model"], row["dataset"], row["ranks"], row["global_batch"], row["strategy"],
-            row["precision"]) == ("gpt-tiny", "tinyshakespeare", 2, 64, "fsdp", "fp32")
     row = st.get(st.create_run({**CFG, "ranks": 2, "nnodes": 3}, {}))
     assert row["ranks"] == 6  # ranks per node x nodes
     row = st.get(st.create_run({}, {}))
     assert row["model"] is None and row["ranks"] is None
+    row = st.get(st.create_run({**CFG, "wrapper": "single", "sync": "auto"}, {}))
+    assert (row["wrapper"], row["sync"]) == ("single", None)  # one process: nothing is synchronised
+
+
+def test_a_catalog_of_scalelab_0_1_gains_wrapper_and_sync_from_the_stored_configs(tmp_path):
+    import shutil
+    import sqlite3
+
+    root = tmp_path / "old"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "store_v0", root)
+    columns = {r[1] for r in sqlite3.connect(root / "catalog.sqlite").execute("PRAGMA table_info(runs)")}
+    assert "strategy" in columns and "sync" not in columns
+    st = Store(root)
+    rows = st.list_runs()
+    by_sync = dict(zip(rows["run_id"], rows["sync"]))
+    configs = {r: st.get(r)["config"] for r in rows["run_id"]}
+    for run_id, config in configs.items():
+        assert st.get(run_id)["wrapper"] == config.get("strategy")
+        want = config.get("sync") if config.get("strategy") == "ddp" and config.get("sync") != "auto" else None
+        assert by_sync[run_id] == want
+    assert {"bucketed", "allreduce", "noop", "ddp"} <= set(by_sync.values())
 
 
 def test_get_prefix_unknown_and_ambiguous(tmp_path):

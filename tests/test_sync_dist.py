@@ -100,7 +100,7 @@ def _rank_main(rank: int, root: str, port: int, models: dict) -> None:
     """One spawned rank: join the gloo group on loopback and run every scenario in order."""
     import torch.distributed as dist
 
-    from scalelab.launch import DistContext
+    from scalelab.distenv import DistContext
 
     os.environ.update(GLOO_SOCKET_IFNAME="lo", RANK=str(rank), WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -128,7 +128,7 @@ def runs(tmp_path_factory, models):
     """Every scenario on 2 spawned gloo ranks (one process group for all)."""
     import torch.multiprocessing as mp
 
-    from scalelab.launch import free_port
+    from scalelab.run.launch import free_port
 
     root = tmp_path_factory.mktemp("sync_runs")
     ranks = mp.start_processes(_rank_main, args=(str(root), free_port(), models), nprocs=2, start_method="spawn",
@@ -148,7 +148,7 @@ def runs(tmp_path_factory, models):
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, models):
     """One process on the global batch: the reference every exact strategy must reproduce."""
-    from scalelab.launch import DistContext
+    from scalelab.distenv import DistContext
 
     root = tmp_path_factory.mktemp("single")
     ctx = DistContext(0, 1, 0, 1, torch.device("cpu"))

@@ -75,7 +75,7 @@ def _rank_main(rank: int, out: str, port: int) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from scalelab.launch import DistContext
+    from scalelab.distenv import DistContext
     from scalelab.sync.meter import CommMeter
 
     os.environ.update(GLOO_SOCKET_IFNAME="lo", RANK=str(rank), WORLD_SIZE="2")
@@ -127,7 +127,7 @@ def _rank_main(rank: int, out: str, port: int) -> None:
 def test_noop_collectives_keep_the_wrapper_but_issue_and_meter_no_collective(tmp_path):
     import torch.multiprocessing as mp
 
-    from scalelab.launch import free_port
+    from scalelab.run.launch import free_port
 
     ranks = mp.start_processes(_rank_main, args=(str(tmp_path), free_port()), nprocs=2, start_method="spawn",
                                join=False)

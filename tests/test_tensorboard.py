@@ -1,7 +1,7 @@
 import pytest
 
 from scalelab.config import TrainConfig
-from scalelab.runner import execute
+from scalelab.run.execute import execute
 
 
 def test_scalars_are_written_from_the_records(store):

@@ -1,6 +1,6 @@
 import pytest
 
-from scalelab.report.trace import trace_events
+from scalelab.run.exports import trace_events
 
 
 def test_stage_spans_are_laid_end_to_end_and_collectives_placed_on_the_wall_clock():

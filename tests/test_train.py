@@ -11,7 +11,7 @@ import pytest
 
 from conftest import cli_env, run_cli
 from scalelab.config import TrainConfig
-from scalelab.runner import RunFailed, execute
+from scalelab.run.execute import RunFailed, execute
 from scalelab.store import read_jsonl
 
 pytestmark = pytest.mark.timeout(240)
@@ -72,7 +72,7 @@ def test_two_gloo_ranks_end_to_end_through_the_cli(tmp_path):
 
 
 def test_two_agents_as_two_nodes_on_loopback(tmp_path):
-    from scalelab.launch import free_port
+    from scalelab.run.launch import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from scalelab.config import TrainConfig
-from scalelab.runner import execute
+from scalelab.run.execute import execute
 from scalelab.store import read_json, read_jsonl
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,9 @@ import pytest
 
 from conftest import cli_env, faulty_model
 from scalelab.store import Store, write_json_atomic
-from scalelab.watchdog import Heartbeat, Watchdog, diagnose, heartbeat_path
+from scalelab.run.watchdog import Watchdog, diagnose
+from scalelab.store import RunDir
+from scalelab.train.heartbeat import Heartbeat
 
 
 def beat(step, stage, progress=1):
@@ -48,10 +50,10 @@ def test_watchdog_measures_idle_time_on_its_own_clock(tmp_path):
     aborted = []
     dog = Watchdog(tmp_path, [0, 1], 10, abort=aborted.append, clock=lambda: now[0])
     for r in (0, 1):
-        write_json_atomic(heartbeat_path(tmp_path, r), {**beat(3, "forward", progress=4), "rank": r})
+        write_json_atomic(RunDir(tmp_path).heartbeat_file(r), {**beat(3, "forward", progress=4), "rank": r})
     assert dog.check() is None
     now[0] = 109.0
-    write_json_atomic(heartbeat_path(tmp_path, 0), {**beat(3, "backward", progress=5), "rank": 0})
+    write_json_atomic(RunDir(tmp_path).heartbeat_file(0), {**beat(3, "backward", progress=5), "rank": 0})
     assert dog.check() is None  # rank 0 moved at 109
     now[0] = 115.0
     assert dog.check() is None  # rank 0 idle only 6 s
@@ -67,10 +69,10 @@ def test_heartbeat_publishes_progress(tmp_path):
     time.sleep(0.3)
     from scalelab.store import read_json
 
-    seen = read_json(heartbeat_path(tmp_path, 3))
+    seen = read_json(RunDir(tmp_path).heartbeat_file(3))
     assert (seen["rank"], seen["step"], seen["stage"], seen["progress"]) == (3, 2, "forward", 1)
     hb.stop()
-    assert read_json(heartbeat_path(tmp_path, 3))["stage"] == "done"
+    assert read_json(RunDir(tmp_path).heartbeat_file(3))["stage"] == "done"
 
 
 @pytest.mark.timeout(180)

@@ -29,6 +29,7 @@ from scalelab.cli_experiments import app as experiments_app, compare_app
 from scalelab.cli_study import app as study_app
 from scalelab.cli_predict import app as predict_app
 from scalelab.config import TrainConfig, load_yaml
+from scalelab.analysis import keys
 from scalelab.errors import ScalelabError, renamed_to
 from scalelab.sync import registry as sync_registry
 from scalelab.store import open_store
@@ -107,7 +108,7 @@ def train(
     """Train once, measuring every step's stages; store the run and print its summary."""
     flags = {k: v for k, v in locals().items() if k not in ("config", "store", "study", "resume") and v is not None}
     from scalelab.experiments.base import parse_bytes
-    from scalelab.runner import RunFailed, execute, resume_run
+    from scalelab.run.execute import RunFailed, execute, resume_run
 
     if resume is not None and (flags or config or study):
         extra = ", ".join(f"--{k.replace('_', '-')}" for k in [*flags, *(["config"] if config else []),
@@ -133,11 +134,10 @@ def print_summary(run_id: str, summary: dict) -> None:
     table = Table(title=f"run {run_id}", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    wanted = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", "time/step_median(ms)",
-              "stage/data(ms)", "stage/h2d(ms)", "stage/forward(ms)", "stage/backward(ms)", "stage/comm(ms)",
-              "stage/optimizer(ms)", "stage/eval(ms)", "stage/other(ms)", "comm/time(ms)", "comm/bytes_per_step",
-              "comm/busbw(GB/s)", "memory/peak_rss(GiB)",
-              "memory/cuda_max_allocated(GiB)", "train/loss", "eval/loss", "eval/acc", "steps/timed"]
+    wanted = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.STEP_MEDIAN_MS,
+              *(keys.stage_ms(s) for s in ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")),
+              keys.COMM_TIME_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_BUSBW, keys.MEMORY_PEAK_RSS_GIB,
+              keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.TRAIN_LOSS, keys.EVAL_LOSS, keys.EVAL_ACC, keys.STEPS_TIMED]
     for key in wanted:
         if key in summary:
             value = summary[key]
@@ -159,7 +159,7 @@ def runs_list(
     st.mark_stale()
     frame = st.list_runs(status=status, kind=kind, where={"model": model} if model else None, limit=limit)
     cols = [c for c in ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch",
-                        "strategy", "precision", "reason") if c in frame]  # strategy: the catalog column of the wrapper
+                        "wrapper", "sync", "precision", "reason") if c in frame]
     if as_json:
         print(frame[cols].to_json(orient="records"))
         return
@@ -200,7 +200,7 @@ def slurm(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default stdout)."),
 ) -> None:
     """Write an sbatch script that runs `scalelab train` under torchrun on every node."""
-    from scalelab.launch import slurm_script
+    from scalelab.run.launch import slurm_script
 
     load_yaml(config)  # fail now, not on the cluster, if the file is missing or not YAML
     script = slurm_script(str(config.resolve()), nodes=nodes, gpus_per_node=gpus_per_node, time=time,
@@ -226,8 +226,9 @@ def bench_comm(
     store: Optional[Path] = StoreOpt,
 ) -> None:
     """Time collectives over a size sweep (algbw, busbw as nccl-tests), check every result element, store the run."""
-    from scalelab.measure.commbench import CommBenchConfig, results_rich_table, run_commbench
-    from scalelab.runner import RunFailed
+    from scalelab.measure.commbench import CommBenchConfig, results_rich_table
+    from scalelab.run.execute import run_commbench
+    from scalelab.run.execute import RunFailed
 
     cfg = CommBenchConfig(ops=ops, begin=begin, end=end, factor=factor, warmup=warmup, iters=iters, ranks=ranks,
                           backend=backend, dtype=dtype)

@@ -115,7 +115,7 @@ def predict_cmd(
     from scalelab.cli_experiments import _store_and_out, experiment_context
     from scalelab.experiments.calibration import MEASURED
     from scalelab.experiments.prediction import run_prediction
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed
 
     # every input is checked before anything runs
     base = predict_base(config, set_, model=model, dataset=dataset, ranks=ranks, steps=steps)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-COMM_METRICS = ["comm/time(ms)", "comm/blocking(ms)", "comm/bytes_per_step", "comm/algbw(GB/s)",
-                "comm/busbw(GB/s)", "comm/collectives_per_step", "comm/loopback_bytes_per_step"]
+from scalelab.analysis import keys
+
+COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
+                keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
 
 
 def strong_speedup(t1: float, tn: float) -> float:
@@ -32,10 +34,10 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
         workers = c["ranks"] * c.get("nnodes", 1)
         rows.append({"run_id": run["run_id"], "workers": workers, "global_batch": c["global_batch"],
                      "per_worker_batch": c["global_batch"] // workers,
-                     "epoch(s)": s.get("time/epoch(s)"), "step(ms)": s.get("time/step_median(ms)"),
-                     "step_min(ms)": s.get("time/step_min(ms)"), "step_max(ms)": s.get("time/step_max(ms)"),
-                     "throughput(samples/s)": s.get("throughput(samples/s)"),
-                     "compute(ms)": compute_ms(s), "skew(slowest/median)": s.get("time/skew(slowest/median)"),
+                     "epoch(s)": s.get(keys.EPOCH_S), "step(ms)": s.get(keys.STEP_MEDIAN_MS),
+                     "step_min(ms)": s.get(keys.STEP_MIN_MS), "step_max(ms)": s.get(keys.STEP_MAX_MS),
+                     keys.THROUGHPUT: s.get(keys.THROUGHPUT),
+                     "compute(ms)": compute_ms(s), "skew(slowest/median)": s.get(keys.SKEW),
                      **{m: s.get(m) for m in COMM_METRICS}})
     frame = pd.DataFrame(rows)
     if not len(frame):
@@ -52,7 +54,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
             speedups.append(sp)
             effs.append(sp / row.workers)
         else:
-            x1, xn = base["throughput(samples/s)"].iloc[0], frame.at[row.Index, "throughput(samples/s)"]
+            x1, xn = base[keys.THROUGHPUT].iloc[0], frame.at[row.Index, keys.THROUGHPUT]
             speedups.append(xn / x1)
             effs.append(weak_efficiency(x1, xn, row.workers))
     frame["speedup"] = speedups
@@ -67,16 +69,16 @@ def add_exposed_comm(table: pd.DataFrame, ablation: list[dict]) -> pd.DataFrame:
     `ablation` are the `noop` runs of the same cells (same workers and global batch); overlap = 1 - exposed / comm.
     """
     noop = {(r["config"]["ranks"] * r["config"].get("nnodes", 1), r["config"]["global_batch"]):
-            (r["summary"] or {}).get("time/step_median(ms)") for r in ablation}
+            (r["summary"] or {}).get(keys.STEP_MEDIAN_MS) for r in ablation}
     table = table.copy()
     table["step_no_sync(ms)"] = [noop.get((w, b)) for w, b in zip(table["workers"], table["global_batch"])]
     table["exposed_comm(ms)"] = (table["step(ms)"] - table["step_no_sync(ms)"]).clip(lower=0)
-    comm = table["comm/time(ms)"].astype(float)
+    comm = table[keys.COMM_TIME_MS].astype(float)
     table["overlap"] = (1 - table["exposed_comm(ms)"] / comm).where(comm > 0)
     return table
 
 
 def compute_ms(summary: dict) -> float | None:
     """Forward + backward + optimizer per step (with DDP, backward's span also holds the exposed wait)."""
-    parts = [summary.get(f"stage/{s}(ms)") for s in ("forward", "backward", "optimizer")]
+    parts = [summary.get(keys.stage_ms(s)) for s in ("forward", "backward", "optimizer")]
     return None if any(p is None for p in parts) else sum(parts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.analysis import keys
 from scalelab.measure.timer import STAGES
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
@@ -57,46 +58,46 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
     """The run's summary metrics; keys carry their unit."""
     frame = steps_frame(records)
     steps = per_step(frame)
-    out: dict = {"steps/timed": int(len(steps)), "steps/total": int(frame["step"].nunique()),
-                 "steps/per_epoch": int(steps_per_epoch)}
+    out: dict = {keys.STEPS_TIMED: int(len(steps)), keys.STEPS_TOTAL: int(frame["step"].nunique()),
+                 keys.STEPS_PER_EPOCH: int(steps_per_epoch)}
     if len(steps):
         wall = steps["train(s)"]
         no_data = wall - steps["data_wait(s)"]
         total, samples = float(wall.sum()), float(steps["samples"].sum())
         out.update({
-            "time/step_median(ms)": 1e3 * float(wall.median()),
-            "time/step_min(ms)": 1e3 * float(wall.min()),
-            "time/step_max(ms)": 1e3 * float(wall.max()),
-            "time/epoch(s)": float(wall.mean()) * steps_per_epoch,
-            "time/epoch_no_data(s)": float(no_data.mean()) * steps_per_epoch,
-            "throughput(samples/s)": samples / total if total > 0 else 0.0,
+            keys.STEP_MEDIAN_MS: 1e3 * float(wall.median()),
+            keys.STEP_MIN_MS: 1e3 * float(wall.min()),
+            keys.STEP_MAX_MS: 1e3 * float(wall.max()),
+            keys.EPOCH_S: float(wall.mean()) * steps_per_epoch,
+            keys.EPOCH_NO_DATA_S: float(no_data.mean()) * steps_per_epoch,
+            keys.THROUGHPUT: samples / total if total > 0 else 0.0,
             "throughput_no_data(samples/s)": samples / float(no_data.sum()) if no_data.sum() > 0 else 0.0,
-            "time/skew(slowest/median)": skew(frame),
+            keys.SKEW: skew(frame),
         })
         for col in STAGE_COLUMNS:
-            out[f"stage/{col[:-3]}(ms)"] = 1e3 * float(steps[col].mean())
+            out[keys.stage_ms(col[:-3])] = 1e3 * float(steps[col].mean())
     last = frame.sort_values("step").groupby("rank").tail(1)
     if "loss" in last:
-        out["train/loss"] = float(last["loss"].mean())
-        out["train/acc"] = float(last["acc"].mean())
+        out[keys.TRAIN_LOSS] = float(last["loss"].mean())
+        out[keys.TRAIN_ACC] = float(last["acc"].mean())
     if evals:
-        out["eval/loss"] = float(evals[-1]["loss"])
-        out["eval/acc"] = float(evals[-1]["acc"])
+        out[keys.EVAL_LOSS] = float(evals[-1]["loss"])
+        out[keys.EVAL_ACC] = float(evals[-1]["acc"])
     out.update(comm_summary(frame))
     added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
     if added:
-        out["memory/train_added(bytes)"] = max(added)  # what training adds on top of set-up (max over ranks)
+        out[keys.MEMORY_TRAIN_ADDED_BYTES] = max(added)  # what training adds on top of set-up (max over ranks)
     for key in ("peak_rss(bytes)", "cuda_max_allocated(bytes)"):
         values = [m[key] for m in memory or [] if key in m]
         if values:
-            out[f"memory/{key.split('(')[0]}(GiB)"] = max(values) / 2**30
+            out[keys.memory_gib(key.split('(')[0])] = max(values) / 2**30
     return out
 
 
-COMM_PER_STEP = {"comm/collectives_per_step": "collectives", "comm/bytes_per_step": "comm_bytes",
-                 "comm/bytes_forward_per_step": "comm_bytes_forward",
-                 "comm/bytes_backward_per_step": "comm_bytes_backward",
-                 "comm/bytes_optimizer_per_step": "comm_bytes_optimizer"}
+COMM_PER_STEP = {keys.COMM_COLLECTIVES_PER_STEP: "collectives", keys.COMM_BYTES_PER_STEP: "comm_bytes",
+                 keys.COMM_BYTES_FORWARD_PER_STEP: "comm_bytes_forward",
+                 keys.COMM_BYTES_BACKWARD_PER_STEP: "comm_bytes_backward",
+                 keys.COMM_BYTES_OPTIMIZER_PER_STEP: "comm_bytes_optimizer"}
 
 
 def comm_summary(frame: pd.DataFrame) -> dict:
@@ -108,11 +109,11 @@ def comm_summary(frame: pd.DataFrame) -> dict:
         return {}
     by_step = timed.groupby("step")
     out = {key: float(by_step[col].mean().mean()) for key, col in COMM_PER_STEP.items()}
-    out["comm/time(ms)"] = 1e3 * float(by_step["comm_total(s)"].mean().mean())
-    out["comm/blocking(ms)"] = 1e3 * float(by_step["comm(s)"].mean().mean())
+    out[keys.COMM_TIME_MS] = 1e3 * float(by_step["comm_total(s)"].mean().mean())
+    out[keys.COMM_BLOCKING_MS] = 1e3 * float(by_step["comm(s)"].mean().mean())
     seconds = float(timed["comm_total(s)"].sum())
-    out["comm/algbw(GB/s)"] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
-    out["comm/busbw(GB/s)"] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
+    out[keys.COMM_ALGBW] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
+    out[keys.COMM_BUSBW] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     return out
 
 

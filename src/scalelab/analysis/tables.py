@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-SPREAD = ["time/step_min(ms)", "time/step_median(ms)", "time/step_max(ms)"]
+from scalelab.analysis import keys
+
+SPREAD = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MAX_MS]
 
 
 def runs_frame(runs: list[dict], config_keys: list[str], metrics: list[str]) -> pd.DataFrame:
@@ -24,8 +26,8 @@ def runs_frame(runs: list[dict], config_keys: list[str], metrics: list[str]) -> 
 
 def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
     """Per global batch size: epoch time with and without data loading, throughput, peak memory (seed 000 T1)."""
-    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", "memory/peak_rss(GiB)",
-               "memory/cuda_max_allocated(GiB)", *SPREAD, "steps/timed"]
+    metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.STEPS_TIMED]
     frame = runs_frame(runs, ["global_batch", "ranks"], metrics)
     return frame.dropna(axis=1, how="all")
 
@@ -36,9 +38,9 @@ def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
     rows = []
     for run in runs:
         summary = run["summary"] or {}
-        total = sum(summary.get(f"stage/{s}(ms)", 0.0) for s in stages)
+        total = sum(summary.get(keys.stage_ms(s), 0.0) for s in stages)
         for s in stages:
-            ms = summary.get(f"stage/{s}(ms)", 0.0)
+            ms = summary.get(keys.stage_ms(s), 0.0)
             rows.append({"run_id": run["run_id"], "stage": s, "time(ms)": ms,
                          "share(%)": 100.0 * ms / total if total else 0.0})
     return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", "share(%)"])
@@ -46,29 +48,29 @@ def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
 
 def precision_table(runs: list[dict]) -> pd.DataFrame:
     """fp32 vs bf16 vs fp16: final accuracy, loss, peak memory and time (seed 001 part 2c)."""
-    metrics = ["eval/acc", "eval/loss", "train/loss", "memory/peak_rss(GiB)", "memory/cuda_max_allocated(GiB)",
-               "time/epoch(s)", "throughput(samples/s)", *SPREAD]
+    metrics = [keys.EVAL_ACC, keys.EVAL_LOSS, keys.TRAIN_LOSS, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.EPOCH_S, keys.THROUGHPUT, *SPREAD]
     frame = runs_frame(runs, ["precision", "device"], metrics).dropna(axis=1, how="all")
     if len(frame) and "fp32" in set(frame["precision"]):
-        base = frame.loc[frame["precision"] == "fp32", "throughput(samples/s)"].iloc[0]
-        frame["speedup_vs_fp32"] = frame["throughput(samples/s)"] / base
+        base = frame.loc[frame["precision"] == "fp32", keys.THROUGHPUT].iloc[0]
+        frame["speedup_vs_fp32"] = frame[keys.THROUGHPUT] / base
     return frame
 
 
 def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
     """Activation checkpointing segments vs peak memory and step time (seed 001 part 1b)."""
-    metrics = ["memory/peak_rss(GiB)", "memory/cuda_max_allocated(GiB)", *SPREAD, "throughput(samples/s)"]
+    metrics = [keys.MEMORY_PEAK_RSS_GIB, keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.THROUGHPUT]
     frame = runs_frame(runs, ["checkpoint_segments", "global_batch"], metrics).dropna(axis=1, how="all")
     if len(frame):
         base = frame[frame["checkpoint_segments"] == 0]
         if len(base):
-            frame["step_time_vs_off"] = frame["time/step_median(ms)"] / base["time/step_median(ms)"].iloc[0]
+            frame["step_time_vs_off"] = frame[keys.STEP_MEDIAN_MS] / base[keys.STEP_MEDIAN_MS].iloc[0]
     return frame
 
 
 def loader_table(runs: list[dict]) -> pd.DataFrame:
     """DataLoader settings vs data-wait share of training steps and throughput (seed 001 part 2a)."""
-    metrics = ["stage/data(ms)", "time/step_median(ms)", "time/epoch(s)", "throughput(samples/s)"]
+    metrics = [keys.stage_ms("data"), keys.STEP_MEDIAN_MS, keys.EPOCH_S, keys.THROUGHPUT]
     frame = runs_frame(runs, ["num_workers", "pin_memory", "prefetch_factor"], metrics)
     if len(frame):
         shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}
@@ -78,21 +80,21 @@ def loader_table(runs: list[dict]) -> pd.DataFrame:
 
 def data_share(summary: dict) -> float:
     """Data wait as a fraction of the mean step (the stage means sum to the mean step time)."""
-    stages = [v for k, v in summary.items() if k.startswith("stage/")]
+    stages = [v for k, v in summary.items() if k.startswith(keys.STAGE_PREFIX)]
     total = sum(stages)
-    return summary.get("stage/data(ms)", 0.0) / total if total else 0.0
+    return summary.get(keys.stage_ms("data"), 0.0) / total if total else 0.0
 
 
 def best_loader_setting(table: pd.DataFrame) -> dict:
     """The fastest setting, preferring fewer workers when within 5 % of the best throughput."""
     if not len(table):
         return {}
-    best = table["throughput(samples/s)"].max()
-    near = table[table["throughput(samples/s)"] >= 0.95 * best].sort_values(["num_workers"], kind="stable")
+    best = table[keys.THROUGHPUT].max()
+    near = table[table[keys.THROUGHPUT] >= 0.95 * best].sort_values(["num_workers"], kind="stable")
     row = near.iloc[0]
     return {"num_workers": int(row["num_workers"]), "pin_memory": bool(row["pin_memory"]),
             "prefetch_factor": None if pd.isna(row["prefetch_factor"]) else int(row["prefetch_factor"]),
-            "throughput(samples/s)": float(row["throughput(samples/s)"]),
-            "speedup_vs_0_workers": float(row["throughput(samples/s)"] /
-                                          table.loc[table["num_workers"] == 0, "throughput(samples/s)"].max())
+            keys.THROUGHPUT: float(row[keys.THROUGHPUT]),
+            "speedup_vs_0_workers": float(row[keys.THROUGHPUT] /
+                                          table.loc[table["num_workers"] == 0, keys.THROUGHPUT].max())
             if (table["num_workers"] == 0).any() else None}

@@ -47,7 +47,7 @@ from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_f
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.cells import Cell, Cells, cell_key, with_fields
-from scalelab.store import Store, read_json, write_json_atomic
+from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
 STAGES = ("forward", "backward", "optimizer", "other")
@@ -151,7 +151,7 @@ def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
     slowest rank's time, as in its results table, but averaged instead of the median."""
     from scalelab.measure.commbench import iteration_times
 
-    data = read_json(run_dir / "timings.json")
+    data = RunDir(run_dir).read_timings()
     groups: dict[int, list[dict]] = {}
     for rec in data["records"]:
         if rec["op"] == "allreduce" and not rec.get("skipped"):
@@ -268,7 +268,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
               bench=None) -> Calibration:
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
     `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed
 
     param_bytes, parameters = gradient_sizes(base)
     compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)

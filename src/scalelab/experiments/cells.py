@@ -131,7 +131,7 @@ def executor(kind: str) -> Callable[[Executor], Executor]:
 
 @executor("train")
 def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
-    from scalelab.runner import RunFailed, execute
+    from scalelab.run.execute import RunFailed, execute
 
     try:
         return Outcome(execute(cell.config, store, study=study, say=say, isolate=cell.isolate).run_id)
@@ -141,8 +141,7 @@ def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], No
 
 @executor("bench")
 def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
-    from scalelab.measure.commbench import run_commbench
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed, run_commbench
 
     try:
         out = run_commbench(cell.config, store, study=study, say=say)

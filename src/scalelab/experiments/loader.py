@@ -21,7 +21,7 @@ def iterate_epoch(cfg: TrainConfig) -> float:
     """Seconds to iterate one epoch of the training loader alone."""
     import torch
 
-    from scalelab.launch import DistContext
+    from scalelab.distenv import DistContext
     from scalelab.train.loop import make_loader
     from scalelab.train.setup import build_bundle
 

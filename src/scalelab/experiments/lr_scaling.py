@@ -15,7 +15,7 @@ from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
-from scalelab.store import read_json, read_jsonl
+from scalelab.store import RunDir
 from scalelab.train.lr import RULES
 
 
@@ -85,10 +85,8 @@ def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: l
 
 
 def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
-    from pathlib import Path
-
-    curves = pd.concat([curves_frame(r, read_json(Path(r["dir"]) / "result.rank0.json")["evals"],
-                                     read_jsonl(Path(r["dir"]) / "steps.rank0.jsonl")) for r in runs],
+    curves = pd.concat([curves_frame(r, RunDir(r["dir"]).read_result(0)["evals"], RunDir(r["dir"]).read_steps(0))
+                        for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
     curves = _share_base_runs(curves, base.global_batch, opts["rules"])
     table = lr_table(curves, opts["target"]) if len(curves) else pd.DataFrame()

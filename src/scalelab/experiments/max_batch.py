@@ -118,7 +118,7 @@ def does_not_fit(cfg: TrainConfig, lenient: bool):
 
 def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = False) -> Trial:
     """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused)."""
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed
 
     [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=True,
                             outcome_failure=does_not_fit(cfg, lenient))], group=group)

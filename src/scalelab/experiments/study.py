@@ -159,7 +159,7 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     from scalelab.errors import ScalelabError
     from scalelab.experiments.base import Context, Result
     from scalelab.experiments.cells import Cells
-    from scalelab.runner import RunFailed
+    from scalelab.run.execute import RunFailed
 
     progress = progress or PlainProgress()
     cells = Cells(store, spec.name, progress=progress)

@@ -4,8 +4,8 @@
     scalelab bench comm --ops allreduce --begin 1M --end 256M --iters 50 --ranks 4
     python -m scalelab.measure.commbench_worker --run-dir DIR   # one rank (torchrun starts it)
 
-The parent records a run of kind "bench" in the Store, starts the ranks through torchrun's own machinery (static
-rendezvous on 127.0.0.1, a free port), and marks the run completed or failed. Rank 0 writes timings.json (every
+This module holds the benchmark's math, config and tables; the run itself (record a run of kind "bench", start
+the ranks under torchrun on 127.0.0.1, mark it) goes through run/execute.py like every run (run/kinds.py: BENCH). Rank 0 writes timings.json (every
 rank's per-iteration times), results.csv and results.json; the parent adds busbw.png and summary.json.
 
 Definitions (nccl-tests): S is the total buffer size in bytes (allreduce and broadcast: the buffer; allgather:
@@ -18,21 +18,18 @@ from __future__ import annotations
 import dataclasses
 import re
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from scalelab import config as _config
-from scalelab.config import default_threads
 from scalelab.errors import ConfigError, StoreError
-from scalelab.launch import LOOPBACK, LOOPBACK_ENV, environ, free_port, run_torchrun
+from scalelab.store.rundir import RunDir
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 BACKENDS = ("auto", "gloo", "nccl")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element
-WORKER_MODULE = "scalelab.measure.commbench_worker"
 # Columns of results.csv / results.json, in order; times are the slowest rank's per iteration.
 COLUMNS = ("op", "impl", "size(B)", "count", "dtype", "ranks", "iters", "time_min(us)", "time_median(us)",
            "time_max(us)", "algbw(GB/s)", "busbw(GB/s)", "busbw_min(GB/s)", "busbw_max(GB/s)", "wrong",
@@ -242,73 +239,14 @@ class CommBenchConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-# ---------------------------------------------------------------- launch and record
-
-@dataclass(frozen=True)
-class BenchOutcome:
-    run_id: str
-    run_dir: Path
-    table: pd.DataFrame
-    summary: dict
-    status: str  # "completed", or "failed" when the correctness check found wrong elements
-    reason: str | None
-
-
-def commbench_argv(cfg: CommBenchConfig, run_dir: Path, *, port: int | None = None) -> list[str]:
-    """torchrun arguments for the benchmark's ranks: one node, static rendezvous on 127.0.0.1, a free port."""
-    return [
-        "--nnodes", "1",
-        "--nproc-per-node", str(cfg.ranks),
-        "--node-rank", "0",
-        "--rdzv-backend", "static",
-        "--rdzv-endpoint", f"{LOOPBACK}:{port or free_port()}",
-        "--max-restarts", "0",
-        "--monitor-interval", "0.2",
-        "--module", WORKER_MODULE,
-        "--run-dir", str(run_dir),
-    ]
-
-
-def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
-    """Threads split over the ranks; collectives kept on loopback (the bench runs on one node)."""
-    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), **LOOPBACK_ENV}
-
+# ---------------------------------------------------------------- stored results
 
 def read_results(run_dir: Path) -> pd.DataFrame:
     """The results table rank 0 stored, as a DataFrame with COLUMNS."""
-    from scalelab.store import read_json
-
-    path = run_dir / "results.json"
-    if not path.exists():
-        raise StoreError(f"run {run_dir.name}: rank 0 wrote no results.json")
-    return pd.DataFrame(read_json(path)["rows"], columns=list(COLUMNS)).astype({"wrong": "Int64"})
-
-
-def run_commbench(cfg: CommBenchConfig, store, *, argv: list[str] | None = None, study: str | None = None,
-                  say: Callable[[str], None] = print) -> BenchOutcome:
-    """Record, launch and finish one benchmark run; raises runner.RunFailed when a rank fails."""
-    from scalelab.provenance import collect_provenance
-    from scalelab.report.plots import plot_busbw
-    from scalelab.runner import marking_failures
-
-    cfg = dataclasses.replace(cfg, backend=cfg.resolved_backend)  # store what actually runs
-    run_id = store.create_run(cfg.to_dict(), collect_provenance(argv), kind="bench", study=study,
-                              run_id=cfg.run_id)
-    run_dir = store.run_dir(run_id)
-    say(f"run {run_id}: bench comm {','.join(cfg.ops)}, {format_size(cfg.begin)}..{format_size(cfg.end)} "
-        f"×{cfg.factor}, {cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
-    with marking_failures(store, run_id):
-        with environ(commbench_env(cfg)):
-            run_torchrun(commbench_argv(cfg, run_dir))
-        table = read_results(run_dir)
-        plot_busbw(table, run_dir / "busbw.png",
-                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters} iterations per point")
-        summary = summarize_table(table)
-    # A bandwidth measured on wrong results means nothing: the run is kept, with its table, but marked failed.
-    reason = wrong_reason(table)
-    status = "failed" if reason else "completed"
-    store.finish_run(run_id, status, reason=reason, summary=summary)
-    return BenchOutcome(run_id, run_dir, table, summary, status, reason)
+    rundir = RunDir(run_dir)
+    if not rundir.results_json.exists():
+        raise StoreError(f"run {rundir.run_id}: rank 0 wrote no results.json")
+    return pd.DataFrame(rundir.read_results_table()["rows"], columns=list(COLUMNS)).astype({"wrong": "Int64"})
 
 
 def results_rich_table(table: pd.DataFrame, title: str | None = None):

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from scalelab.launch import dist_context
+from scalelab.distenv import dist_context
 from scalelab.measure.commbench import DTYPES, CommBenchConfig, build_table, message_count
-from scalelab.store import _write_text_atomic, read_json, write_json_atomic
+from scalelab.store.rundir import RunDir
 
 CORRUPT_ENV = "SCALELAB_COMMBENCH_CORRUPT"
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -185,11 +185,12 @@ def run_sweep(cfg: CommBenchConfig, rank: int, world: int, device: torch.device,
 
 def write_results(run_dir: Path, records: list[dict], cfg: CommBenchConfig, world: int) -> None:
     """Rank 0: raw timings, then the table as CSV and JSON, each written atomically."""
-    write_json_atomic(run_dir / "timings.json", {"ranks": world, "records": records})
+    rundir = RunDir(run_dir)
+    rundir.write_timings({"ranks": world, "records": records})
     table = build_table(records, world, cfg.dtype)
-    _write_text_atomic(run_dir / "results.csv", table.to_csv(index=False))
     clean = table.astype(object).where(table.notna(), None)  # NaN/NA → null: results.json stays valid JSON
-    write_json_atomic(run_dir / "results.json", {"columns": list(table.columns), "rows": clean.to_dict("records")})
+    rundir.write_results_table(table.to_csv(index=False),
+                               {"columns": list(table.columns), "rows": clean.to_dict("records")})
 
 
 def run_rank(cfg: CommBenchConfig, run_dir: Path) -> None:
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    run_rank(CommBenchConfig.from_dict(read_json(args.run_dir / "config.json")), args.run_dir)
+    run_rank(CommBenchConfig.from_dict(RunDir(args.run_dir).read_config()), args.run_dir)
 
 
 if __name__ == "__main__":

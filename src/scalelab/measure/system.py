@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from scalelab.store import write_jsonl_atomic
+from scalelab.store.files import write_jsonl_atomic
 
 
 def _nvml_reader(device_index: int) -> Callable[[], dict] | None:

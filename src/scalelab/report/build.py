@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
+from scalelab.store import RunDir
 
 DEFINITIONS = [
     "Warm-up steps are excluded from every timing; on CUDA every stage boundary synchronises the device.",
@@ -91,7 +92,7 @@ def system_frame(run_dir: Path) -> pd.DataFrame:
     from scalelab.store import read_jsonl
 
     frames = []
-    for path in sorted(run_dir.glob("system.rank*.jsonl")):
+    for path in RunDir(run_dir).system_files():
         f = pd.DataFrame(read_jsonl(path))
         if "lo_sent(bytes)" in f and len(f) > 1:
             f["lo_sent(bytes/s)"] = f["lo_sent(bytes)"].diff() / f["t(s)"].diff()
@@ -107,7 +108,7 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
         for frame in result.tables.values():
             for run_id in frame.get("run_id", pd.Series(dtype=str)).dropna():
                 run_dir = store.run_dir(run_id)
-                if len(list(run_dir.glob("system.rank*.jsonl"))) >= 2:
+                if len(RunDir(run_dir).system_files()) >= 2:
                     samples = system_frame(run_dir)
                     fig = system_metrics(samples, out_dir / "system.png")
                     per_rank = samples.groupby("rank")["cpu_process(%)"].mean()

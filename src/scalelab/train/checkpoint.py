@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from scalelab.errors import ScalelabError
-from scalelab.store import read_json, write_json_atomic
+from scalelab.store.files import read_json, write_json_atomic
+from scalelab.store.rundir import RunDir
 
-DIR = "checkpoints"
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _rng_state() -> dict:
 def save(run_dir: Path, *, rank: int, step: int, epoch: int, model: torch.nn.Module,
          optimizer: torch.optim.Optimizer, scaler, evals: list[dict]) -> None:
     """Write this rank's part of the checkpoint at `step`; rank 0 then publishes it and drops older ones."""
-    root = run_dir / DIR
+    root = RunDir(run_dir).checkpoints
     here = root / f"step-{step:08d}"
     here.mkdir(parents=True, exist_ok=True)
     _save_atomic(_rng_state(), here / f"rng.rank{rank}.pt")
@@ -77,16 +77,16 @@ def save(run_dir: Path, *, rank: int, step: int, epoch: int, model: torch.nn.Mod
 
 def latest_step(run_dir: Path) -> int | None:
     """The step of the newest complete checkpoint, or None."""
-    path = run_dir / DIR / "latest.json"
+    path = RunDir(run_dir).checkpoints / "latest.json"
     return int(read_json(path)["step"]) if path.exists() else None
 
 
 def load(run_dir: Path, rank: int, device: torch.device) -> Checkpoint:
     """The newest complete checkpoint, as this rank needs it."""
-    path = run_dir / DIR / "latest.json"
+    path = RunDir(run_dir).checkpoints / "latest.json"
     if not path.exists():
         raise ScalelabError(f"{run_dir.name}: no checkpoint to resume from (the run needs --checkpoint-every)")
-    here = run_dir / DIR / read_json(path)["dir"]
+    here = RunDir(run_dir).checkpoints / read_json(path)["dir"]
     try:
         state = torch.load(here / "state.pt", map_location=device, weights_only=True)
         rng_file = here / f"rng.rank{rank}.pt"

@@ -19,15 +19,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from scalelab.config import TrainConfig
-from scalelab.launch import DistContext
+from scalelab.distenv import DistContext
 from scalelab.measure.memory import peak_memory, reset_peak
 from scalelab.measure.timer import StepTimer
-from scalelab.store import read_jsonl, write_jsonl_atomic
+from scalelab.store.files import read_jsonl, write_jsonl_atomic
+from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
 from scalelab.train.lr import lr_at, set_lr
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
-from scalelab.watchdog import Heartbeat
+from scalelab.train.heartbeat import Heartbeat
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
 PROGRESS_EVERY_S = 2.0
@@ -142,7 +143,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     epochs = math.ceil(n_steps / steps_per_epoch)
     timer = StepTimer(clock, sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
                       on_enter=heartbeat.enter if heartbeat else None)
-    log = StepLog(run_dir / f"steps.rank{ctx.rank}.jsonl")
+    log = StepLog(RunDir(run_dir).steps_file(ctx.rank))
     evals: list[dict] = []
     step = 0
     if resume:

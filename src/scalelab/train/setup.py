@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from scalelab.config import TrainConfig
-from scalelab.launch import DistContext
+from scalelab.distenv import DistContext
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):

@@ -1,8 +1,5 @@
-"""Run directories and the sqlite catalog that lists them.
-
-Layout: ``<root>/runs/<run_id>/{config,provenance,status,summary}.json`` plus per-rank
-``steps.rank<r>.jsonl`` / ``system.rank<r>.jsonl`` written by the workers, and
-``<root>/catalog.sqlite`` with one row per run. Files are replaced atomically so a crash never
+"""The sqlite catalog of runs: ``<root>/catalog.sqlite`` with one row per run directory ``<root>/runs/<run_id>``
+(whose files `rundir.RunDir` names). Files are replaced atomically so a crash never
 leaves a half-written JSON file; the catalog uses WAL and a busy timeout so several processes
 can create and finish runs at the same time.
 """
@@ -17,27 +14,26 @@ import secrets
 import shutil
 import socket
 import sqlite3
-import tempfile
 import time
-from pathlib import Path, PurePath
-from typing import Any, Iterable, Iterator
+from pathlib import Path
+from typing import Iterator
 
 import pandas as pd
 
-from .errors import StoreError
+from scalelab.errors import StoreError
+from scalelab.store.files import dumps
+from scalelab.store.liveness import own_create_time, pid_alive
+from scalelab.store.rundir import RunDir
 
 STATUSES = ("running", "completed", "failed", "interrupted")
 FINAL_STATUSES = ("completed", "failed", "interrupted")
 # Columns copied out of config.json so runs can be listed and filtered without parsing JSON.
-DENORM_COLUMNS = ("model", "dataset", "ranks", "global_batch", "strategy", "precision")
+# wrapper: single / dp / ddp (called strategy in catalogs of scalelab 0.1); sync: the gradient-sync method.
+DENORM_COLUMNS = ("model", "dataset", "ranks", "global_batch", "wrapper", "sync", "precision")
 LIST_COLUMNS = ("run_id", "created", "finished", "kind", "study", "status", "reason") + DENORM_COLUMNS
 COMPARE_ID_COLUMNS = ("run_id",) + DENORM_COLUMNS + ("status",)
-# Other spellings a config may use for the denormalised fields.
-_ALIASES = {
-    "ranks": ("world_size", "ranks", "nprocs"),
-    "global_batch": ("global_batch", "global_batch_size"),
-    "strategy": ("wrapper", "strategy"),  # TrainConfig's model wrapper (called strategy before 0.2)
-}
+# A row as `get` returns it (a 0.1 catalog keeps its unused `strategy` column; it is not read).
+ROW_COLUMNS = LIST_COLUMNS + ("summary_json", "config_json")
 _RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _BUSY_TIMEOUT_S = 10.0
 
@@ -54,7 +50,8 @@ CREATE TABLE IF NOT EXISTS runs (
     dataset TEXT,
     ranks INTEGER,
     global_batch INTEGER,
-    strategy TEXT,
+    wrapper TEXT,
+    sync TEXT,
     precision TEXT,
     summary_json TEXT,
     config_json TEXT
@@ -62,103 +59,6 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_created ON runs(created);
 CREATE INDEX IF NOT EXISTS runs_study ON runs(study);
 """
-
-
-# ---------------------------------------------------------------- atomic files
-
-def _json_default(obj: Any) -> Any:
-    """Serialise the non-JSON values that metrics code tends to produce (numpy, tensors, paths)."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, PurePath):
-        return str(obj)
-    if isinstance(obj, (_dt.datetime, _dt.date)):
-        return obj.isoformat()
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def _dumps(obj: Any, indent: int | None = None) -> str:
-    return json.dumps(obj, indent=indent, default=_json_default)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    tmp_name = None
-    try:
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp_name, path)
-        tmp_name = None
-        _fsync_dir(path.parent)
-    except OSError as e:
-        raise StoreError(f"{path}: cannot write ({e.strerror or e})") from e
-    finally:
-        if tmp_name is not None:  # the rename did not happen: leave no stray temp file behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` via temp file + fsync + rename."""
-    _write_text_atomic(path, _dumps(obj, indent=2) + "\n")
-
-
-def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
-    """Write one JSON object per line to ``path`` via temp file + fsync + rename."""
-    _write_text_atomic(path, "".join(_dumps(r) + "\n" for r in records))
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise StoreError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise StoreError(f"{path}: cannot read ({e})") from e
-
-
-def read_json(path: Path) -> dict:
-    """Read a JSON object; StoreError (one line, naming the file) if missing, corrupt or not an object."""
-    try:
-        obj = json.loads(_read_text(path))
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{path}: corrupt JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise StoreError(f"{path}: expected a JSON object, found {type(obj).__name__}")
-    return obj
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Read one JSON object per line; blank lines are allowed, any other bad line is a StoreError naming file:line."""
-    out = []
-    for no, line in enumerate(_read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise StoreError(f"{path}:{no}: corrupt JSON line ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise StoreError(f"{path}:{no}: expected a JSON object, found {type(rec).__name__}")
-        out.append(rec)
-    return out
 
 
 def new_run_id(prefix: str = "run") -> str:
@@ -183,27 +83,17 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _find_key(config: dict, names: tuple[str, ...]) -> Any:
-    """First value under one of ``names``, at top level or in nested sections (breadth first)."""
-    level = [config]
-    for _ in range(3):
-        for d in level:
-            for n in names:
-                if n in d and d[n] is not None:
-                    return d[n]
-        level = [v for d in level for v in d.values() if isinstance(v, dict)]
-    return None
-
-
 def _denormalise(config: dict) -> dict:
+    """The catalog's columns from a flat config as scalelab writes them (TrainConfig, CommBenchConfig)."""
     out = {}
     for col in DENORM_COLUMNS:
-        v = _find_key(config, _ALIASES.get(col, (col,)))
-        if isinstance(v, dict):  # e.g. {"model": {"name": "resnet18", ...}}
-            v = v.get("name")
-        nnodes = _find_key(config, ("nnodes",))
-        if col == "ranks" and _find_key(config, ("world_size",)) is None and isinstance(nnodes, int):
-            v = v * nnodes if isinstance(v, int) else v  # TrainConfig's ranks are per node
+        v = config.get(col)
+        if col == "ranks" and isinstance(v, int) and isinstance(config.get("nnodes"), int):
+            v *= config["nnodes"]  # TrainConfig's ranks are per node
+        if col == "wrapper" and v is None:
+            v = config.get("strategy")  # the wrapper's name in configs of scalelab 0.1
+        if col == "sync" and (config.get("wrapper", config.get("strategy")) != "ddp" or v == "auto"):
+            v = None  # no process group, nothing synchronised
         if col in ("ranks", "global_batch"):
             v = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         elif v is not None:
@@ -212,25 +102,28 @@ def _denormalise(config: dict) -> dict:
     return out
 
 
-def _pid_alive(pid: int, create_time: float | None) -> bool:
-    import psutil
+def _migrate(conn: sqlite3.Connection) -> None:
+    """A catalog written by scalelab 0.1 has a `strategy` column and no `wrapper` / `sync`: add them, filled from
+    each run's stored config (the catalog is an index of the run directories; nothing else changes)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    missing = [c for c in ("wrapper", "sync") if c not in have]
+    if not missing:
+        return
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        p = psutil.Process(pid)
-        # A zombie has exited; a process that started at another time merely reused the pid.
-        return p.status() != psutil.STATUS_ZOMBIE and (
-            create_time is None or abs(p.create_time() - create_time) <= 1.0)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
-def _own_create_time() -> float | None:
-    import psutil
-    try:
-        return psutil.Process(os.getpid()).create_time()
-    except psutil.Error:
-        return None
+        have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}  # another process may have done it
+        for col in [c for c in missing if c not in have]:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {col} TEXT")
+        for run_id, text in conn.execute("SELECT run_id, config_json FROM runs").fetchall():
+            try:
+                den = _denormalise(json.loads(text or "{}"))
+            except (json.JSONDecodeError, TypeError, AttributeError):
+                continue
+            conn.execute("UPDATE runs SET wrapper=?, sync=? WHERE run_id=?", (den["wrapper"], den["sync"], run_id))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _use_wal(conn: sqlite3.Connection) -> None:
@@ -266,6 +159,7 @@ class Store:
         with self._connect() as conn:
             _use_wal(conn)
             conn.executescript(_SCHEMA)
+            _migrate(conn)
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -324,12 +218,13 @@ class Store:
         else:
             raise StoreError(f"{self.root}: could not find an unused run id")
         d, created = self.run_dir(rid), _now_iso()
+        rd = RunDir(d)
         try:
-            write_json_atomic(d / "config.json", config)
-            write_json_atomic(d / "provenance.json", provenance)
-            write_json_atomic(d / "status.json", {
+            rd.write_config(config)
+            rd.write_provenance(provenance)
+            rd.write_status({
                 "run_id": rid, "status": "running", "reason": None, "kind": kind, "created": created,
-                "pid": os.getpid(), "pid_create_time": _own_create_time(), "host": socket.gethostname()})
+                "pid": os.getpid(), "pid_create_time": own_create_time(), "host": socket.gethostname()})
             den = _denormalise(config)
             with self._connect() as conn:
                 try:
@@ -337,7 +232,7 @@ class Store:
                         "INSERT INTO runs (run_id, created, kind, study, status, config_json, "
                         + ", ".join(DENORM_COLUMNS) + ") VALUES (?, ?, ?, ?, 'running', ?"
                         + ", ?" * len(DENORM_COLUMNS) + ")",
-                        (rid, created, kind, study, _dumps(config), *(den[c] for c in DENORM_COLUMNS)))
+                        (rid, created, kind, study, dumps(config), *(den[c] for c in DENORM_COLUMNS)))
                 except sqlite3.IntegrityError:
                     raise StoreError(f"run: {rid!r} already exists in the catalog {self.catalog_path}") from None
         except BaseException:
@@ -352,15 +247,15 @@ class Store:
         if status not in FINAL_STATUSES:
             raise StoreError(f"status: {status!r} is not allowed; one of {', '.join(FINAL_STATUSES)}")
         rid = self._resolve(run_id)
-        d, finished = self.run_dir(rid), _now_iso()
+        finished = _now_iso()
         # summary first: a "completed" status.json then always has its summary next to it.
         if summary is not None:
-            write_json_atomic(d / "summary.json", summary)
+            RunDir(self.run_dir(rid)).write_summary(summary)
         self._write_status(rid, status, reason, finished)
         sets, args = ["status=?", "reason=?", "finished=?"], [status, reason, finished]
         if summary is not None:
             sets.append("summary_json=?")
-            args.append(_dumps(summary))
+            args.append(dumps(summary))
         with self._connect() as conn:
             conn.execute(f"UPDATE runs SET {', '.join(sets)} WHERE run_id=?", (*args, rid))
 
@@ -368,29 +263,29 @@ class Store:
         """A failed or interrupted run goes back to "running" in this process (it is being resumed); the reason it
         stopped is kept in status.json's history."""
         rid = self._resolve(run_id)
-        path = self.run_dir(rid) / "status.json"
-        st = read_json(path)
+        rd = RunDir(self.run_dir(rid))
+        st = rd.read_status()
         history = [*st.get("history", []), {k: st.get(k) for k in ("status", "reason", "finished")}]
         st.update(status="running", reason=None, finished=None, history=history, pid=os.getpid(),
-                  pid_create_time=_own_create_time(), host=socket.gethostname())
-        write_json_atomic(path, st)
+                  pid_create_time=own_create_time(), host=socket.gethostname())
+        rd.write_status(st)
         with self._connect() as conn:
             conn.execute("UPDATE runs SET status='running', reason=NULL, finished=NULL WHERE run_id=?", (rid,))
 
     def _write_status(self, rid: str, status: str, reason: str | None, finished: str) -> None:
-        path = self.run_dir(rid) / "status.json"
+        rd = RunDir(self.run_dir(rid))
         try:
-            st = read_json(path)
+            st = rd.read_status()
         except StoreError:
             st = {"run_id": rid}  # keep going: the new status is what matters
         st.update(status=status, reason=reason, finished=finished)
-        write_json_atomic(path, st)
+        rd.write_status(st)
 
     def get(self, run_id: str) -> dict:
         """The catalog row as a dict, with ``config`` and ``summary`` parsed and ``dir`` added."""
         rid = self._resolve(run_id)
         with self._connect() as conn:
-            row = dict(conn.execute("SELECT * FROM runs WHERE run_id=?", (rid,)).fetchone())
+            row = dict(conn.execute(f"SELECT {', '.join(ROW_COLUMNS)} FROM runs WHERE run_id=?", (rid,)).fetchone())
         for key in ("config", "summary"):
             text = row.pop(f"{key}_json")
             try:
@@ -456,18 +351,18 @@ class Store:
         with self._connect() as conn:
             running = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE status='running'")]
         for rid in running:
+            rd = RunDir(self.run_dir(rid))
             try:
-                st = read_json(self.run_dir(rid) / "status.json")
+                st = rd.read_status()
             except StoreError:
                 continue  # cannot tell who owns it; leave it for a human
             if st.get("status") in FINAL_STATUSES:
-                summary_path = self.run_dir(rid) / "summary.json"
-                summary = read_json(summary_path) if summary_path.exists() else None
+                summary = rd.read_summary()
                 changed += self._set_if_running(rid, st["status"], st.get("reason"),
                                                 st.get("finished") or _now_iso(), summary)
                 continue
             pid = st.get("pid")
-            if st.get("host") != host or not isinstance(pid, int) or _pid_alive(pid, st.get("pid_create_time")):
+            if st.get("host") != host or not isinstance(pid, int) or pid_alive(pid, st.get("pid_create_time")):
                 continue
             reason, finished = f"process {pid} no longer running", _now_iso()
             if self._set_if_running(rid, "interrupted", reason, finished, None):
@@ -482,7 +377,7 @@ class Store:
             cur = conn.execute(
                 "UPDATE runs SET status=?, reason=?, finished=?, summary_json=COALESCE(?, summary_json) "
                 "WHERE run_id=? AND status='running'",
-                (status, reason, finished, _dumps(summary) if summary is not None else None, rid))
+                (status, reason, finished, dumps(summary) if summary is not None else None, rid))
             return cur.rowcount
 
 

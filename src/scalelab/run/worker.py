@@ -1,4 +1,4 @@
-"""Entry point of one rank: `python -m scalelab.worker --run-dir DIR` (torchrun starts it; so can a test).
+"""Entry point of one rank: `python -m scalelab.run.worker --run-dir DIR` (torchrun starts it; so can a test).
 
 The rank reads the run's config.json, trains, and writes its own files into the run directory:
 steps.rank<r>.jsonl, system.rank<r>.jsonl and result.rank<r>.json. The parent process summarises them.
@@ -18,14 +18,14 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
-from scalelab.launch import DistContext, dist_context
+from scalelab.distenv import DistContext, dist_context
 from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
-from scalelab.store import read_json, write_json_atomic
+from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
 from scalelab.train.loop import train
 from scalelab.train.setup import build_inputs
-from scalelab.watchdog import Heartbeat
+from scalelab.train.heartbeat import Heartbeat
 
 
 def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False) -> dict:
@@ -34,7 +34,8 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     torch.set_num_threads(cfg.threads or default_threads(ctx.local_world))
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    sampler = SystemSampler(run_dir / f"system.rank{ctx.rank}.jsonl", cfg.sample_interval_s, rank=ctx.rank,
+    rundir = RunDir(run_dir)
+    sampler = SystemSampler(rundir.system_file(ctx.rank), cfg.sample_interval_s, rank=ctx.rank,
                             gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
@@ -53,7 +54,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,
                        resume=ckpt)
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
-        write_json_atomic(run_dir / f"result.rank{ctx.rank}.json", result)
+        rundir.write_result(ctx.rank, result)
         return result
     finally:
         sampler.stop()
@@ -103,13 +104,13 @@ def _end_with_parent(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
 
 @record
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m scalelab.worker")
+    parser = argparse.ArgumentParser(prog="python -m scalelab.run.worker")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _end_with_parent()
-    cfg = TrainConfig.from_dict(read_json(args.run_dir / "config.json"))
+    cfg = TrainConfig.from_dict(RunDir(args.run_dir).read_config())
     run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume)
 
 

@@ -1,17 +1,18 @@
 """Where ranks come from: local ranks and multi-node runs through torchrun's own machinery, Slurm scripts.
 
-This module is the one place that reads rank, world size and device from the environment (`dist_context`).
+Ranks read their place (rank, world size, device) from the environment in `scalelab.distenv` only.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime
 import errno
+import logging
 import os
 import shlex
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,9 @@ import torch
 
 from scalelab.config import TrainConfig, default_threads
 from scalelab.errors import ScalelabError
+from scalelab.store.rundir import RunDir
+
+TRAIN_WORKER = "scalelab.run.worker"
 
 LOOPBACK = "127.0.0.1"
 # One node: collectives never leave the host. gloo's sockets, and NCCL's bootstrap sockets (its data goes over
@@ -31,29 +35,6 @@ class PortInUse(ScalelabError):
     """Node 0 of a multi-node run cannot host the rendezvous store: its --rdzv-endpoint port is taken."""
 
 
-@dataclass(frozen=True)
-class DistContext:
-    rank: int
-    world: int
-    local_rank: int
-    local_world: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def dist_context(device_kind: str) -> DistContext:
-    """Read the rank layout torchrun put in the environment (single process when it is absent)."""
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
-    return DistContext(rank, world, local_rank, local_world, device)
-
-
 def free_port(host: str = LOOPBACK) -> int:
     """A port that was free a moment ago on `host` (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -61,31 +42,79 @@ def free_port(host: str = LOOPBACK) -> int:
         return s.getsockname()[1]
 
 
-def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, quiet: bool = False,
-                  resume: bool = False) -> list[str]:
-    """The torchrun arguments that start this run's ranks on this node, each running `scalelab.worker`.
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launcher needs to start a run's ranks on this node; nothing in it is specific to torchrun."""
+
+    module: str  # the worker module every rank runs (`python -m module --run-dir DIR ...args`)
+    run_dir: Path
+    nproc_per_node: int
+    env: dict[str, str]  # set for the ranks (threads, loopback interfaces, allocator)
+    nnodes: int = 1
+    node_rank: int = 0
+    endpoint: str | None = None  # the rendezvous host:port of a multi-node run; None: one node on loopback
+    quiet: bool = False  # the ranks' stdout/stderr go to the run's logs/ and the agent says nothing
+    args: tuple[str, ...] = ()  # more arguments for the worker module
+
+
+# A launcher starts the ranks of a LaunchSpec and returns when they are done; raises when one failed.
+Launcher = Callable[[LaunchSpec], None]
+
+
+def torchrun_args(spec: LaunchSpec, *, port: int | None = None) -> list[str]:
+    """The torchrun arguments that start `spec`'s ranks on this node.
 
     One node: a static rendezvous on 127.0.0.1 with a free port. Several nodes: the same command on each node with
     the shared endpoint and this node's rank; node 0 hosts the rendezvous store.
     """
-    if cfg.nnodes == 1:
-        endpoint = f"{LOOPBACK}:{port or free_port()}"
-    else:
-        endpoint = cfg.rdzv_endpoint
+    endpoint = spec.endpoint if spec.nnodes > 1 else f"{LOOPBACK}:{port or free_port()}"
     return [
-        "--nnodes", str(cfg.nnodes),
-        "--nproc-per-node", str(cfg.ranks),
-        "--node-rank", str(cfg.node_rank),
+        "--nnodes", str(spec.nnodes),
+        "--nproc-per-node", str(spec.nproc_per_node),
+        "--node-rank", str(spec.node_rank),
         "--rdzv-backend", "static",
         "--rdzv-endpoint", endpoint,
         "--max-restarts", "0",
         "--monitor-interval", "0.2",
         # quiet: the ranks' stdout/stderr go to files under the run directory instead of the terminal
-        *(["--redirects", "3", "--log-dir", str(run_dir / "logs")] if quiet else []),
-        "--module", "scalelab.worker",
-        "--run-dir", str(run_dir),
-        *(["--resume"] if resume else []),  # continue from the run's last checkpoint
+        *(["--redirects", "3", "--log-dir", str(RunDir(spec.run_dir).logs)] if spec.quiet else []),
+        "--module", spec.module,
+        "--run-dir", str(spec.run_dir),
+        *spec.args,
     ]
+
+
+def torchrun_launch(spec: LaunchSpec) -> None:
+    """The default launcher: torchrun's elastic agent in this process, with the spec's environment."""
+    with environ(spec.env), _agent_log_level(logging.CRITICAL if spec.quiet else None):
+        run_torchrun(torchrun_args(spec))
+
+
+@contextlib.contextmanager
+def _agent_log_level(level: int | None):
+    """Silence torchrun's agent for quiet runs (their failures are expected and recorded in the run)."""
+    logger = logging.getLogger("torch.distributed.elastic")
+    old = logger.level
+    if level is not None:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
+
+
+def train_launch_spec(cfg: TrainConfig, run_dir: Path, *, quiet: bool = False, resume: bool = False) -> LaunchSpec:
+    """A training run's ranks on this node, each running `scalelab.run.worker`."""
+    return LaunchSpec(module=TRAIN_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=worker_env(cfg),
+                      nnodes=cfg.nnodes, node_rank=cfg.node_rank,
+                      endpoint=cfg.rdzv_endpoint if cfg.nnodes > 1 else None, quiet=quiet,
+                      args=("--resume",) if resume else ())  # continue from the run's last checkpoint
+
+
+def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, quiet: bool = False,
+                  resume: bool = False) -> list[str]:
+    """The torchrun arguments of a training run on this node (`train_launch_spec` through `torchrun_args`)."""
+    return torchrun_args(train_launch_spec(cfg, run_dir, quiet=quiet, resume=resume), port=port)
 
 
 def worker_env(cfg: TrainConfig) -> dict[str, str]:

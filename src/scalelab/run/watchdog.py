@@ -1,4 +1,4 @@
-"""Hang detection: each rank publishes a heartbeat; the launching process watches them and fails a stuck run.
+"""Hang detection: each rank publishes a heartbeat (train/heartbeat.py); the launching process watches them and fails a stuck run.
 
 A rank that sleeps or skips a collective does not crash: it leaves the other ranks blocked in a collective
 that gloo only times out after 30 minutes. So every rank runs a `Heartbeat` thread that writes, about once a
@@ -15,7 +15,6 @@ must exceed the longest stage (default 300 s; 0 turns the watchdog off).
 """
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import threading
@@ -24,53 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scalelab.measure.timer import STAGES
-from scalelab.store import read_json, write_json_atomic
+from scalelab.store.rundir import RunDir
 
 ORDER = {name: i for i, name in enumerate(("setup", *STAGES, "done"))}
-
-
-def heartbeat_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"heartbeat.rank{rank}.json"
-
-
-class Heartbeat:
-    """Rank side: the loop calls `enter(stage)` and sets `step`; a daemon thread publishes them."""
-
-    def __init__(self, run_dir: Path, rank: int, interval_s: float = 1.0):
-        self.path = heartbeat_path(run_dir, rank)
-        self.rank, self.interval_s = rank, interval_s
-        self.step, self.stage, self.progress = 0, "setup", 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{rank}", daemon=True)
-
-    def enter(self, stage: str) -> None:
-        # Plain attribute writes: the GIL makes them atomic, and the writer thread only reads them.
-        self.stage = stage
-        self.progress += 1
-
-    def start(self) -> "Heartbeat":
-        self._write()
-        self._thread.start()
-        return self
-
-    def stop(self, done: bool = True) -> None:
-        if done:
-            self.enter("done")
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._write()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._write()
-
-    def _write(self) -> None:
-        try:
-            write_json_atomic(self.path, {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(),
-                                          "step": self.step, "stage": self.stage, "progress": self.progress,
-                                          "t(unix_s)": time.time()})
-        except OSError:
-            pass  # a full disk must not kill training; the watchdog then sees a stale heartbeat
 
 
 def diagnose(beats: dict[int, dict | None], idle_s: dict[int, float], timeout_s: float,
@@ -134,7 +89,7 @@ class Watchdog:
     def check(self) -> str | None:
         """One look at the heartbeats; returns (and keeps) the verdict when the run is stuck."""
         now = self.clock()
-        beats = {r: _read_beat(heartbeat_path(self.run_dir, r)) for r in self.ranks}
+        beats = {r: _read_beat(RunDir(self.run_dir), r) for r in self.ranks}
         idle: dict[int, float] = {}
         for r, beat in beats.items():
             # Progress is (counter, stage); a wedged interpreter stops it changing just as a sleeping rank does.
@@ -156,9 +111,9 @@ class Watchdog:
                 return
 
 
-def _read_beat(path: Path) -> dict | None:
+def _read_beat(rundir: RunDir, rank: int) -> dict | None:
     try:
-        return read_json(path)
+        return rundir.read_heartbeat(rank)
     except Exception:  # noqa: BLE001 - not written yet, or being replaced: no news this round
         return None
 

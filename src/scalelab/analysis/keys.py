@@ -1,0 +1,49 @@
+"""Metric keys of a run's summary, as named constants. The unit is part of the key (torchtitan's habit); stored
+summaries use these exact strings, so they never change."""
+from __future__ import annotations
+
+STEPS_TIMED = "steps/timed"
+STEPS_TOTAL = "steps/total"
+STEPS_PER_EPOCH = "steps/per_epoch"
+
+STEP_MEDIAN_MS = "time/step_median(ms)"
+STEP_MIN_MS = "time/step_min(ms)"
+STEP_MAX_MS = "time/step_max(ms)"
+EPOCH_S = "time/epoch(s)"
+EPOCH_NO_DATA_S = "time/epoch_no_data(s)"
+SKEW = "time/skew(slowest/median)"
+THROUGHPUT = "throughput(samples/s)"
+
+TRAIN_LOSS = "train/loss"
+TRAIN_ACC = "train/acc"
+EVAL_LOSS = "eval/loss"
+EVAL_ACC = "eval/acc"
+
+MEMORY_TRAIN_ADDED_BYTES = "memory/train_added(bytes)"
+MEMORY_PEAK_RSS_GIB = "memory/peak_rss(GiB)"
+MEMORY_CUDA_MAX_ALLOCATED_GIB = "memory/cuda_max_allocated(GiB)"
+
+COMM_TIME_MS = "comm/time(ms)"
+COMM_BLOCKING_MS = "comm/blocking(ms)"
+COMM_ALGBW = "comm/algbw(GB/s)"
+COMM_BUSBW = "comm/busbw(GB/s)"
+COMM_COLLECTIVES_PER_STEP = "comm/collectives_per_step"
+COMM_BYTES_PER_STEP = "comm/bytes_per_step"
+COMM_BYTES_FORWARD_PER_STEP = "comm/bytes_forward_per_step"
+COMM_BYTES_BACKWARD_PER_STEP = "comm/bytes_backward_per_step"
+COMM_BYTES_OPTIMIZER_PER_STEP = "comm/bytes_optimizer_per_step"
+COMM_LOOPBACK_BYTES_PER_STEP = "comm/loopback_bytes_per_step"
+
+RANKS_REPORTED = "ranks/reported"
+
+STAGE_PREFIX = "stage/"
+
+
+def stage_ms(stage: str) -> str:
+    """The mean time of a step's stage: "stage/<stage>(ms)"."""
+    return f"{STAGE_PREFIX}{stage}(ms)"
+
+
+def memory_gib(name: str) -> str:
+    """A memory peak in GiB: "memory/<name>(GiB)"."""
+    return f"memory/{name}(GiB)"

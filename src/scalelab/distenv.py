@@ -1,0 +1,34 @@
+"""A rank's place in the job: the one place that reads rank, world size and device from the environment.
+
+torchrun (and any launcher after it) puts RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in each rank's
+environment; `dist_context` reads them, everything else receives the `DistContext`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def dist_context(device_kind: str) -> DistContext:
+    """Read the rank layout torchrun put in the environment (single process when it is absent)."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
+    return DistContext(rank, world, local_rank, local_world, device)

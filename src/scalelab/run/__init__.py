@@ -1,0 +1,1 @@
+"""Run execution: every kind of run recorded, launched, summarised, exported and marked (`execute`)."""

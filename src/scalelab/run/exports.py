@@ -1,0 +1,139 @@
+"""Exports of a finished run, written from its stored files alone: a Chrome / Perfetto trace, TensorBoard scalars,
+and a benchmark's busbw plot.
+
+The trace puts every rank's stage spans and collectives on one timeline. Open `trace.json` in https://ui.perfetto.dev or chrome://tracing. Each rank is a process row with two threads:
+"stages" (data, h2d, forward, backward, comm, optimizer, eval, laid end to end from the step's start in the
+order the loop runs them; micro-steps of accumulation are merged into one forward and one backward span) and
+"collectives" (each collective from launch to completion as its caller saw it; they may overlap backward).
+Times come from each rank's wall clock (unix time), so ranks on one host line up.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from scalelab.store.rundir import RunDir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TRACE_ORDER = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
+
+
+def trace_events(records: list[dict]) -> list[dict]:
+    """Chrome trace events (complete events, microseconds) for the step records of any ranks."""
+    events: list[dict] = []
+    for rec in records:
+        rank, end = rec["rank"], rec["t_end(unix_s)"]
+        t = end - rec["wall(s)"]
+        events.append({"name": f"step {rec['step']}", "ph": "X", "pid": rank, "tid": "steps", "ts": t * 1e6,
+                       "dur": rec["wall(s)"] * 1e6, "args": {"warmup": rec.get("warmup", False)}})
+        for stage in TRACE_ORDER:
+            dur = rec.get(f"{stage}(s)", 0.0)
+            if dur > 0:
+                events.append({"name": stage, "ph": "X", "pid": rank, "tid": "stages", "ts": t * 1e6,
+                               "dur": dur * 1e6})
+            t += dur
+        perf_end = rec.get("t_end(perf_s)")
+        for op, phase, start, seconds, nbytes in rec.get("comm_events", []) if perf_end is not None else []:
+            events.append({"name": op, "ph": "X", "pid": rank, "tid": "collectives",
+                           "ts": (end - (perf_end - start)) * 1e6, "dur": seconds * 1e6,
+                           "args": {"phase": phase, "bytes": nbytes}})
+    for rank in sorted({r["rank"] for r in records}):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+    return events
+
+
+def write_trace(run_dir: Path) -> Path:
+    """Write `trace.json` for a stored run from its step records alone."""
+    rundir = RunDir(run_dir)
+    return rundir.write_trace({"traceEvents": trace_events(rundir.read_steps()), "displayTimeUnit": "ms"})
+
+
+TB_STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")
+
+
+def write_scalars(run_dir: Path) -> Path | None:
+    """Rank 0's per-step loss, accuracy, lr, step and stage times (ms), bytes, and the evaluations, into
+    `run_dir/tensorboard`. Returns None (and writes nothing) when tensorboard is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional: pip install 'scalelab[tensorboard]'
+        return None
+    rundir = RunDir(run_dir)
+    if not rundir.steps_file(0).is_file():
+        return None
+    out = rundir.tensorboard
+    writer = SummaryWriter(log_dir=str(out))
+    try:
+        for rec in rundir.read_steps(0):
+            s = rec["step"]
+            for key in ("loss", "acc", "lr"):
+                if key in rec:
+                    writer.add_scalar(f"train/{key}", rec[key], s)
+            writer.add_scalar("time/step(ms)", 1e3 * rec["wall(s)"], s)
+            for stage in TB_STAGES:
+                if f"{stage}(s)" in rec:
+                    writer.add_scalar(f"stage/{stage}(ms)", 1e3 * rec[f"{stage}(s)"], s)
+            if "comm_bytes" in rec:
+                writer.add_scalar("comm/bytes", rec["comm_bytes"], s)
+        for ev in rundir.read_result(0)["evals"] if rundir.result_file(0).is_file() else []:
+            writer.add_scalar("eval/loss", ev["loss"], ev["step"])
+            writer.add_scalar("eval/acc", ev["acc"], ev["step"])
+    finally:
+        writer.close()
+    return out
+
+
+# ---------------------------------------------------------------- busbw plot
+
+_BUSBW_COLUMNS = ("op", "size(B)", "busbw(GB/s)", "busbw_min(GB/s)", "busbw_max(GB/s)", "status")
+
+
+def _bytes_label(x: float) -> str:
+    """1K, 64M, 1G for powers of 1024 (the units of the size sweep), the plain number otherwise."""
+    for unit, scale in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if x >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
+
+
+def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> Path:
+    """busbw (median over iterations) against message size, log-x, one line per op, a band from min to max.
+
+    `table` has the columns of commbench's results; ops whose rows are all skipped appear in the legend as such.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display is needed, and none is touched when one exists
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    missing = [c for c in _BUSBW_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"table: missing column {missing[0]!r}; needs {', '.join(_BUSBW_COLUMNS)}")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        for op, rows in table.groupby("op", sort=False):
+            ok = rows[rows["status"] == "ok"].sort_values("size(B)")
+            if ok.empty:
+                ax.plot([], [], linestyle="none", label=f"{op} (skipped)")
+                continue
+            sizes = ok["size(B)"].astype(float)
+            line, = ax.plot(sizes, ok["busbw(GB/s)"].astype(float), marker="o", markersize=3, label=op)
+            ax.fill_between(sizes, ok["busbw_min(GB/s)"].astype(float), ok["busbw_max(GB/s)"].astype(float),
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _bytes_label(x)))
+        ax.set_xlabel("message size S (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend()
+        ax.set_title((title + "\n" if title else "") + "line: median over iterations; band: min..max", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+    return Path(path)

@@ -1,0 +1,219 @@
+"""The kinds of run (`RunKind`): what differs between a training run and a benchmark run, behind one interface.
+
+run/execute.py takes every run through the same steps (record → launch → summarise → export → finish) and asks
+the kind for its parts: how to check and resolve its config, how its ranks are started, how its stored files
+are summarised, what it exports. Adding a kind is one class here; the steps do not change.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Protocol
+
+from scalelab.analysis import keys
+from scalelab.analysis.summary import loopback_bytes_per_step, summarize
+from scalelab.config import TrainConfig, default_threads
+from scalelab.errors import ConfigError, StoreError
+from scalelab.measure import commbench
+from scalelab.measure.commbench import CommBenchConfig
+from scalelab.run.exports import plot_busbw, write_scalars, write_trace
+from scalelab.run.launch import LOOPBACK_ENV, LaunchSpec, torchrun_args, train_launch_spec
+from scalelab.store.rundir import RunDir
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A finished run's summary and the status it ends with (a benchmark with wrong results is "failed")."""
+
+    summary: dict
+    status: str = "completed"
+    reason: str | None = None
+
+
+class RunKind(Protocol):
+    name: str  # the catalog's kind column
+
+    def prepare(self, cfg: Any) -> Any:
+        """Check what can be checked before a run is recorded; return the config as it will run."""
+
+    def seed(self, cfg: Any) -> int | None:
+        """The seed recorded in the provenance."""
+
+    def joins(self, cfg: Any) -> bool:
+        """Whether this process joins a run directory another node created (multi-node on a shared filesystem)."""
+
+    def describe(self, run_id: str, cfg: Any) -> str:
+        """The line said when the run starts."""
+
+    def launch_spec(self, cfg: Any, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec | None:
+        """How the ranks are started; None: one rank in this process (`run_here`)."""
+
+    def run_here(self, cfg: Any, run_dir: Path, *, resume: bool) -> None:
+        """Run the single rank in this process."""
+
+    def watched(self, cfg: Any) -> tuple[list[int], float]:
+        """The ranks of this node the hang watchdog watches, and its timeout (0: no watchdog)."""
+
+    def summarise(self, cfg: Any, run_dir: Path) -> Verdict:
+        """The run's summary from its stored files alone."""
+
+    def export(self, cfg: Any, run_dir: Path) -> None:
+        """Files derived from a finished run (trace, TensorBoard, plots)."""
+
+    def on_failure(self, run_dir: Path) -> None:
+        """Best-effort exports of a failed run; must not raise."""
+
+
+# ---------------------------------------------------------------- train
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
+    from scalelab.train.setup import build_inputs
+
+    try:
+        bundle, _ = build_inputs(cfg)
+    except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as RuntimeError
+        if not isinstance(err, MemoryError) and "allocate" not in str(err):
+            raise
+        raise ConfigError("samples", cfg.samples, "the dataset does not fit in this machine's memory; "
+                          "allowed: fewer samples") from None
+    n = len(bundle.train)
+    if cfg.drop_last and n < cfg.global_batch:  # no full batch: an epoch of zero steps
+        raise ConfigError("global_batch", cfg.global_batch, f"more than the {n} training samples of "
+                          f"{cfg.dataset} with drop_last; allowed: at most {n}, or keep the last batch")
+
+
+def collect_summary(run_dir: Path) -> dict:
+    """Summarise a training run from its stored per-rank files alone."""
+    rundir = RunDir(run_dir)
+    results = rundir.read_results()
+    if not results:
+        raise StoreError(f"run {rundir.run_id}: no rank wrote a result file")
+    records = rundir.read_steps()
+    main = min(results, key=lambda r: r["rank"])
+    summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
+                        memory=[r["memory"] for r in results])
+    summary[keys.RANKS_REPORTED] = len(results)
+    if keys.COMM_BYTES_PER_STEP in summary and rundir.system_file(0).exists():
+        # beside the metered bytes: what the host's loopback carried (gloo on one node runs over it)
+        loopback = loopback_bytes_per_step(rundir.read_system(0), records)
+        if loopback is not None:
+            summary[keys.COMM_LOOPBACK_BYTES_PER_STEP] = loopback
+    return summary
+
+
+class TrainKind:
+    name = "train"
+
+    def prepare(self, cfg: TrainConfig) -> TrainConfig:
+        check_inputs(cfg)
+        # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
+        return cfg.resolved()
+
+    def seed(self, cfg: TrainConfig) -> int | None:
+        return cfg.seed
+
+    def joins(self, cfg: TrainConfig) -> bool:
+        return cfg.node_rank > 0 and bool(cfg.run_id)
+
+    def describe(self, run_id: str, cfg: TrainConfig) -> str:
+        return (f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch "
+                f"{cfg.global_batch}, {cfg.resolved_wrapper}/{cfg.resolved_backend if cfg.distributed else '-'}, "
+                f"{cfg.precision}")
+
+    def launch_spec(self, cfg: TrainConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec | None:
+        # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
+        # max-batch trial whose out-of-memory must not touch the caller): then torchrun starts it as one rank.
+        if not (cfg.distributed or bool(cfg.memory_limit) or isolate):
+            return None
+        return train_launch_spec(cfg, run_dir, quiet=isolate, resume=resume)
+
+    def run_here(self, cfg: TrainConfig, run_dir: Path, *, resume: bool) -> None:
+        import torch
+
+        from scalelab.distenv import DistContext
+        from scalelab.run.worker import run_rank
+
+        device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
+        run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
+
+    def watched(self, cfg: TrainConfig) -> tuple[list[int], float]:
+        return list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks)), cfg.hang_timeout_s
+
+    def summarise(self, cfg: TrainConfig, run_dir: Path) -> Verdict:
+        return Verdict(collect_summary(run_dir))
+
+    def export(self, cfg: TrainConfig, run_dir: Path) -> None:
+        write_trace(run_dir)
+        write_scalars(run_dir)
+
+    def on_failure(self, run_dir: Path) -> None:
+        """The trace of whatever a failed run recorded; a failure to write it must not hide the run's own."""
+        try:
+            write_trace(run_dir)
+        except Exception:  # noqa: BLE001 - best effort on an already failed run
+            pass
+
+
+# ---------------------------------------------------------------- bench
+
+BENCH_WORKER = "scalelab.measure.commbench_worker"
+
+
+def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
+    """Threads split over the ranks; collectives kept on loopback (the bench runs on one node)."""
+    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), **LOOPBACK_ENV}
+
+
+def bench_launch_spec(cfg: CommBenchConfig, run_dir: Path) -> LaunchSpec:
+    """The benchmark's ranks: one node, loopback."""
+    return LaunchSpec(module=BENCH_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=commbench_env(cfg))
+
+
+def commbench_argv(cfg: CommBenchConfig, run_dir: Path, *, port: int | None = None) -> list[str]:
+    """torchrun arguments for the benchmark's ranks: one node, static rendezvous on 127.0.0.1, a free port."""
+    return torchrun_args(bench_launch_spec(cfg, run_dir), port=port)
+
+
+class BenchKind:
+    name = "bench"
+
+    def prepare(self, cfg: CommBenchConfig) -> CommBenchConfig:
+        return dataclasses.replace(cfg, backend=cfg.resolved_backend)  # store what actually runs
+
+    def seed(self, cfg: CommBenchConfig) -> int | None:
+        return None
+
+    def joins(self, cfg: CommBenchConfig) -> bool:
+        return False
+
+    def describe(self, run_id: str, cfg: CommBenchConfig) -> str:
+        fs = commbench.format_size
+        return (f"run {run_id}: bench comm {','.join(cfg.ops)}, {fs(cfg.begin)}..{fs(cfg.end)} ×{cfg.factor}, "
+                f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
+
+    def launch_spec(self, cfg: CommBenchConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec:
+        return bench_launch_spec(cfg, run_dir)
+
+    def run_here(self, cfg: CommBenchConfig, run_dir: Path, *, resume: bool) -> None:
+        raise NotImplementedError("a benchmark always runs its ranks under a launcher")
+
+    def watched(self, cfg: CommBenchConfig) -> tuple[list[int], float]:
+        return list(range(cfg.ranks)), 0.0  # the benchmark's ranks publish no heartbeat
+
+    def summarise(self, cfg: CommBenchConfig, run_dir: Path) -> Verdict:
+        table = commbench.read_results(run_dir)
+        # A bandwidth measured on wrong results means nothing: the run is kept, with its table, but marked failed.
+        reason = commbench.wrong_reason(table)
+        return Verdict(commbench.summarize_table(table), "failed" if reason else "completed", reason)
+
+    def export(self, cfg: CommBenchConfig, run_dir: Path) -> None:
+        plot_busbw(commbench.read_results(run_dir), RunDir(run_dir).busbw_plot,
+                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters} iterations per point")
+
+    def on_failure(self, run_dir: Path) -> None:
+        pass
+
+
+TRAIN = TrainKind()
+BENCH = BenchKind()

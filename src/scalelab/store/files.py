@@ -1,0 +1,113 @@
+"""Atomic writes (temp file + fsync + rename) and strict readers of JSON, JSON Lines and text files.
+
+A crash at any moment leaves either the old file or the new one, never half of one; a reader that finds a file
+missing, corrupt or of the wrong shape raises StoreError naming the file (and the line, for JSON Lines).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path, PurePath
+from typing import Any, Iterable
+
+from scalelab.errors import StoreError
+
+
+def _json_default(obj: Any) -> Any:
+    """Serialise the non-JSON values that metrics code tends to produce (numpy, tensors, paths)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if isinstance(obj, (_dt.datetime, _dt.date)):
+        return obj.isoformat()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """JSON text of `obj`, numpy values, tensors, paths and dates included."""
+    return json.dumps(obj, indent=indent, default=_json_default)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform/filesystem allows opening a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` via temp file + fsync + rename; StoreError naming the file when it cannot."""
+    path = Path(path)
+    tmp_name = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, path)
+        tmp_name = None
+        _fsync_dir(path.parent)
+    except OSError as e:
+        raise StoreError(f"{path}: cannot write ({e.strerror or e})") from e
+    finally:
+        if tmp_name is not None:  # the rename did not happen: leave no stray temp file behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` via temp file + fsync + rename."""
+    write_text_atomic(path, dumps(obj, indent=2) + "\n")
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
+    """Write one JSON object per line to ``path`` via temp file + fsync + rename."""
+    write_text_atomic(path, "".join(dumps(r) + "\n" for r in records))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: cannot read ({e})") from e
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON object; StoreError (one line, naming the file) if missing, corrupt or not an object."""
+    try:
+        obj = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: corrupt JSON at line {e.lineno} column {e.colno} ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise StoreError(f"{path}: expected a JSON object, found {type(obj).__name__}")
+    return obj
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Read one JSON object per line; blank lines are allowed, any other bad line is a StoreError naming file:line."""
+    out = []
+    for no, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise StoreError(f"{path}:{no}: corrupt JSON line ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise StoreError(f"{path}:{no}: expected a JSON object, found {type(rec).__name__}")
+        out.append(rec)
+    return out
