@@ -170,7 +170,7 @@ def test_a_catalog_of_scalelab_0_1_gains_wrapper_and_sync_from_the_stored_config
     assert "strategy" in columns and "sync" not in columns
     st = Store(root)
     rows = st.list_runs()
-    by_sync = dict(zip(rows["run_id"], rows["sync"]))
+    by_sync = {r: (None if s != s else s) for r, s in zip(rows["run_id"], rows["sync"])}  # NaN: no value
     configs = {r: st.get(r)["config"] for r in rows["run_id"]}
     for run_id, config in configs.items():
         assert st.get(run_id)["wrapper"] == config.get("strategy")
@@ -234,8 +234,8 @@ def test_compare(tmp_path):
                                            "status": "weird"})
     df = st.compare([a, b[:-1], c])
     assert list(df["run_id"]) == [a, b, c]
-    assert list(df.columns[:8]) == ["run_id", "model", "dataset", "ranks", "global_batch",
-                                    "strategy", "precision", "status"]
+    assert list(df.columns[:9]) == ["run_id", "model", "dataset", "ranks", "global_batch",
+                                    "wrapper", "sync", "precision", "status"]
     assert {"throughput", "time/epoch(s)", "time/comm(s)", "summary/status"} <= set(df.columns)
     assert list(df["ranks"]) == [1, 2, 4]
     assert df.loc[1, "time/epoch(s)"] == 5.5 and df.loc[1, "status"] == "completed"
@@ -244,7 +244,7 @@ def test_compare(tmp_path):
     assert df.loc[2, "status"] == "running"
 
     only = st.compare([a, b], metrics=["time/epoch(s)"])
-    assert list(only.columns[8:]) == ["time/epoch(s)"]
+    assert list(only.columns[9:]) == ["time/epoch(s)"]
     assert list(only["time/epoch(s)"]) == [10.0, 5.5]
     with pytest.raises(StoreError, match="throughpt"):
         st.compare([a], metrics=["throughpt"])
