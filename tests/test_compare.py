@@ -14,8 +14,16 @@ import pytest
 import yaml
 
 from conftest import TINY_MLP, run_experiment
-from scalelab.analysis.compare import (BACKENDS, STRATEGIES, backends_table, exposed_comm, overlap, strategies_table,
-                                       strategy_of)
+from scalelab.analysis import compare as pure
+from scalelab.analysis.compare import BACKENDS, backends_table, exposed_comm, overlap
+from scalelab.sync.registry import variant_of as strategy_of
+from scalelab.sync.registry import variants
+
+STRATEGIES = variants()
+
+
+def strategies_table(runs, noop_runs):
+    return pure.strategies_table(runs, noop_runs, variant_of=strategy_of, order=variants())
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError

@@ -9,7 +9,7 @@ import pytest
 from scalelab.analysis.hardware import (LINKS, PRESETS, Hardware, collective_cost, collective_time, cost_terms,
                                         fit_alpha_beta, hardware_from_dict, hardware_from_fit,
                                         hierarchical_allreduce)
-from scalelab.analysis.perfmodel import (COLUMNS, DDP_FIRST_BUCKET_BYTES, MIB, STRATEGIES, ComputeModel, Linear,
+from scalelab.perf.perfmodel import (COLUMNS, DDP_FIRST_BUCKET_BYTES, MIB, STRATEGIES, ComputeModel, Linear,
                                          bucket_sizes, compute_frame, efficiency_threshold, exposed_after_overlap,
                                          Emulation, fit_compute, fit_compute_model, launch_times,
                                          options_for_efficiency, predict, sync_cost, validate)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import TINY_MLP, quiet_cells
-from scalelab.analysis import perfmodel as pm
+from scalelab.perf import perfmodel as pm
 from scalelab.analysis.hardware import PRESETS, hardware_from_fit
 from scalelab.cli import main
 from scalelab.config import TrainConfig

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalelab.analysis import compare, perfmodel
 from scalelab.analysis.synccost import SyncCost
+from scalelab.experiments import registry as experiments
+from scalelab.experiments.strategies import strategy_fields
+from scalelab.perf import perfmodel
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.sync import registry
@@ -53,7 +55,9 @@ def ring():
 
 def test_a_registered_strategy_is_accepted_by_the_config_and_listed_by_compare_and_perfmodel(ring):
     assert TrainConfig(sync="ring", ranks=2).resolved_sync == "ring"
-    assert compare.STRATEGIES.index("ring") == compare.STRATEGIES.index("bucketed") + 1  # registry order
+    assert registry.variants().index("ring") == registry.variants().index("bucketed") + 1  # registry order
+    assert experiments.get("strategies").option_values({"strategies": "ring,noop"})["strategies"] == ["ring", "noop"]
+    assert strategy_fields("ring", 2)["sync"] == "ring"  # the compare experiment can run it
     assert "ring" in perfmodel.STRATEGIES
     assert perfmodel.sync_cost("ring", param_bytes=[4.0], n=2, hardware=None, backward_s=1.0) == SyncCost(1.0, 0.5, 1)
     with pytest.raises(ValueError, match="already registered"):

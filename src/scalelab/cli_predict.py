@@ -45,7 +45,7 @@ def predict_base(config: Optional[Path], sets: Optional[list[str]], **flags) -> 
 
 def predictable_syncs() -> tuple[str, ...]:
     """The sync strategies `predict` models and measures: every registered one with a cost, except noop."""
-    from scalelab.analysis.perfmodel import modelled_syncs
+    from scalelab.perf.perfmodel import modelled_syncs
 
     return tuple(s for s in modelled_syncs() if s != "noop")
 
@@ -111,7 +111,7 @@ def predict_cmd(
 ) -> None:
     """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
     from scalelab.analysis.hardware import PRESETS, hardware_from_dict
-    from scalelab.analysis.perfmodel import COMPRESSION
+    from scalelab.perf.perfmodel import COMPRESSION
     from scalelab.cli_experiments import _store_and_out, experiment_context
     from scalelab.experiments.calibration import MEASURED
     from scalelab.experiments.prediction import run_prediction

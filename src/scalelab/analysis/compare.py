@@ -12,15 +12,15 @@ Definitions (DESIGN.md, "Measurement definitions"):
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
 Inputs are stored runs as dicts {run_id, config, summary, status, reason}; a backend that could not run is a dict
-{backend, status: "skipped", reason}. The sync variants and their order come from scalelab.sync.registry.
+{backend, status: "skipped", reason}. The sync variant of a run and the variants' order are given by the caller
+(they come from scalelab.sync.registry, a layer above this one).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import pandas as pd
-
-from scalelab.sync import registry
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -47,17 +47,6 @@ BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(m
                    "busbw(GB/s)", "algbw(GB/s)", "collectives_per_step", "bytes_per_step", "bytes_forward_per_step",
                    "bytes_backward_per_step", "bytes_optimizer_per_step", "loopback_bytes_per_step",
                    "loopback/payload", "train_loss", "run_id", "noop_run_id"]
-
-
-def __getattr__(name: str):
-    if name == "STRATEGIES":  # the sync variants, read from the registry each time (a later registration counts)
-        return registry.variants()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def strategy_of(config: dict) -> str:
-    """The sync variant (one of STRATEGIES, e.g. ddp+fp16) a stored run's config describes."""
-    return registry.variant_of(config)
 
 
 def exposed_comm(step_ms: float | None, noop_step_ms: float | None) -> float | None:
@@ -93,22 +82,23 @@ def with_baseline(row: dict, noop: dict | None) -> dict:
     return row
 
 
-def strategies_table(runs: list[dict], noop_runs: list[dict]) -> pd.DataFrame:
-    """One row per run (column sync: the variant; sync_config: the config's sync value), in STRATEGIES order;
-    each against the noop run with the same accumulation."""
+def strategies_table(runs: list[dict], noop_runs: list[dict], *, variant_of: Callable[[dict], str],
+                     order: Sequence[str]) -> pd.DataFrame:
+    """One row per run (column sync: the variant `variant_of(config)`; sync_config: the config's sync value), in
+    `order`; each against the noop run with the same accumulation."""
     baselines = {r["config"].get("accumulate", 1): r for r in noop_runs if r.get("status", "completed") == "completed"}
     rows = []
     for run in runs:
         c = run["config"]
         k = c.get("accumulate", 1)
-        row = {"sync": strategy_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
+        row = {"sync": variant_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
                "sync_config": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
                "micro_batch_per_rank": c["global_batch"] // (c["ranks"] * c.get("nnodes", 1)) / k,
                "global_batch": c["global_batch"], "run_id": run["run_id"], **run_metrics(run)}
         rows.append(with_baseline(row, baselines.get(k)))
     frame = pd.DataFrame(rows, columns=STRATEGY_COLUMNS)
-    order = {s: i for i, s in enumerate(registry.variants())}
-    frame = frame.sort_values("sync", key=lambda s: s.map(order), kind="stable")
+    rank = {s: i for i, s in enumerate(order)}
+    frame = frame.sort_values("sync", key=lambda s: s.map(rank), kind="stable")
     return frame.reset_index(drop=True)
 
 

@@ -2,6 +2,9 @@
 summaries use these exact strings, so they never change."""
 from __future__ import annotations
 
+# The named stages of a step, in order (`other` is the part of a step outside all of them).
+STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
+
 STEPS_TIMED = "steps/timed"
 STEPS_TOTAL = "steps/total"
 STEPS_PER_EPOCH = "steps/per_epoch"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.measure.timer import STAGES
+from scalelab.analysis.keys import STAGES
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import perfmodel as pm
+from scalelab.perf import perfmodel as pm
 from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import perfmodel as pm
+from scalelab.perf import perfmodel as pm
 from scalelab.analysis.hardware import PRESETS, Hardware, hardware_from_dict
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError

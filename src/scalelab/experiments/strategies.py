@@ -10,15 +10,16 @@ per_rank_batch / K samples and syncs once, so its compute baseline is a no-op ru
 """
 from __future__ import annotations
 
-import pandas as pd
+from collections.abc import Sequence
 
 from scalelab.analysis import interpret
-from scalelab.analysis.compare import STRATEGIES, strategies_table
+from scalelab.analysis.compare import strategies_table
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
+from scalelab.sync import registry as syncs
 
 DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
 EXPOSED_NOTE = ("exposed comm = median step - median step of the noop run of the same config (clipped at 0); "
@@ -30,24 +31,22 @@ LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sample
 
 def strategy_fields(name: str, accumulate: int) -> dict:
     """Config fields that select a sync variant (everything else comes from the base config)."""
-    from scalelab.sync.registry import ACCUMULATE, variant_fields
-
     try:
-        sync, fields = variant_fields(name)
+        sync, fields = syncs.variant_fields(name)
     except ValueError:
-        raise ConfigError("strategies", name, f"allowed: {', '.join(STRATEGIES)}") from None
-    fields = {k: accumulate if v == ACCUMULATE else v for k, v in fields.items()}
+        raise ConfigError("strategies", name, f"allowed: {', '.join(syncs.variants())}") from None
+    fields = {k: accumulate if v == syncs.ACCUMULATE else v for k, v in fields.items()}
     return {"sync": sync, "ddp_hook": "none", "accumulate": 1, **fields}
 
 
-def ordered(names: list[str] | None, allowed: tuple[str, ...]) -> list[str]:
+def ordered(names: list[str] | None, allowed: Sequence[str]) -> list[str]:
     """The names to run, in the canonical order (all when None)."""
     return list(allowed) if names is None else [n for n in allowed if n in names]
 
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     accumulate = opts["accumulate"]
-    chosen = ordered(opts["strategies"], STRATEGIES)
+    chosen = ordered(opts["strategies"], syncs.variants())
     if "noop" not in chosen:
         chosen.append("noop")  # the compute baseline of every row
     # every config is validated before anything runs
@@ -57,7 +56,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
                       with_fields(base, **{**strategy_fields("noop", 1), "accumulate": k})) for k in k_values]
     runs = ctx.cells.rows(ctx.cells.run([*cells, *baselines], group="compare"))
     noop_runs = [r for r in runs if r["config"].get("sync") == "noop"]
-    table = strategies_table(runs[:len(cells)], noop_runs)
+    table = strategies_table(runs[:len(cells)], noop_runs, variant_of=syncs.variant_of, order=syncs.variants())
     notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
     if k_values:
         per_rank = base.per_rank_batch
@@ -86,8 +85,8 @@ EXPERIMENT = Experiment(
              "does it hide? (seed 003 tasks 2a/2b/3, seed 000 Q5/Q7, seed 004 exp 5)",
     help="Every gradient-sync strategy on one config: step, compute, comm, exposed comm, overlap, bytes, bandwidth.",
     options=(Option(name="strategies", default=None,
-                    help=f"Comma-separated subset (default all): {', '.join(STRATEGIES)} (noop always runs).",
-                    parse=lambda v, n: name_list(v, n, STRATEGIES)),
+                    help=f"Comma-separated subset (default all; noop always runs): {', '.join(syncs.variants())}.",
+                    parse=lambda v, n: name_list(v, n, syncs.variants())),
              Option(name="accumulate", default=2, help="Micro-steps K of ddp+accumulate (>= 2; the global batch is "
                                                        "kept, each micro-step gets 1/K of it).",
                     parse=number(2, integer=True))),

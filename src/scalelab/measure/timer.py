@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
+from scalelab.analysis.keys import STAGES  # the stage names are metric names too
 
 
 class StepTimer:
