@@ -50,7 +50,7 @@ def main() -> int:
 
     import pandas as pd
 
-    from scalelab.analysis import perfmodel as pm
+    from scalelab.perf import perfmodel as pm
     from scalelab.config import TrainConfig
     from scalelab.experiments.base import write_table
     from scalelab.experiments.cells import Cell, Cells, with_fields
