@@ -1,6 +1,8 @@
 """The threads experiment: the cells it plans, its table on runs with known step times, and one real tiny sweep."""
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -9,7 +11,8 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments import registry
 from scalelab.experiments.base import Context
-from scalelab.experiments.threads import USED, default_threads, thread_cells, threads_table
+from scalelab.analysis.keys import THREADS_USED as USED
+from scalelab.experiments.threads import default_threads, thread_cells, threads_table
 
 
 def tiny(**kw) -> TrainConfig:
@@ -66,10 +69,12 @@ def test_real_sweep_writes_its_table_and_figure(store, tmp_path):
     res = exp.execute(ctx, tiny(), exp.option_values({"threads": [1, 2]}))
     t = res.tables["threads"]
     assert list(t["threads"]) == [1, 2]
-    # each row is the stored run of that thread count (runs do not report threads/used yet: column left out)
+    # each row is the stored run of that thread count, and the rank really ran with that many torch threads
     assert [store.get(i)["config"]["threads"] for i in t["run_id"]] == [1, 2]
+    assert list(t[USED]) == [1, 2]
     assert t.at[0, "speedup"] == 1.0
     assert t.at[1, "speedup"] == t.at[0, "time/step_median(ms)"] / t.at[1, "time/step_median(ms)"]
+    assert list(t["oversubscribed"]) == [1 > (os.cpu_count() or 1), 2 > (os.cpu_count() or 1)]
     assert len(store.list_runs(study="st/threads", status="completed")) == 2
     assert (out / "threads.csv").is_file() and (out / "threads.png").is_file()
     assert {p.name for p in res.files} >= {"threads.csv", "threads.json", "threads.png"}

@@ -38,6 +38,7 @@ COMM_BYTES_OPTIMIZER_PER_STEP = "comm/bytes_optimizer_per_step"
 COMM_LOOPBACK_BYTES_PER_STEP = "comm/loopback_bytes_per_step"
 
 RANKS_REPORTED = "ranks/reported"
+THREADS_USED = "threads/used"  # torch.get_num_threads() of the lowest rank, as it trained
 
 STAGE_PREFIX = "stage/"
 

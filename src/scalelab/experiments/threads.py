@@ -7,13 +7,13 @@ import os
 
 import pandas as pd
 
+from scalelab.analysis import keys
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import Experiment, Option, Result, int_list
 from scalelab.experiments.cells import Cell, with_fields
 
-USED = "threads/used"  # torch.get_num_threads() inside the run, as the rank reported it
 
 
 def default_threads(cores: int | None = None) -> list[int]:
@@ -36,7 +36,7 @@ def thread_cells(base: TrainConfig, threads: list[int]) -> list[Cell]:
 
 def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
     """Per thread count: epoch time, throughput, step spread, speedup over the fewest threads, oversubscribed."""
-    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", *SPREAD, USED]
+    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", *SPREAD, keys.THREADS_USED]
     frame = runs_frame(runs, ["threads"], metrics)
     if not len(frame):
         return frame

@@ -94,6 +94,8 @@ def collect_summary(run_dir: Path) -> dict:
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
                         memory=[r["memory"] for r in results])
     summary[keys.RANKS_REPORTED] = len(results)
+    if "threads" in main:
+        summary[keys.THREADS_USED] = main["threads"]
     if keys.COMM_BYTES_PER_STEP in summary and rundir.system_file(0).exists():
         # beside the metered bytes: what the host's loopback carried (gloo on one node runs over it)
         loopback = loopback_bytes_per_step(rundir.read_system(0), records)

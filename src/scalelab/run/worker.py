@@ -54,6 +54,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,
                        resume=ckpt)
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
+        result["threads"] = torch.get_num_threads()  # what the rank ran with, as torch reports it
         rundir.write_result(ctx.rank, result)
         return result
     finally:
