@@ -19,6 +19,7 @@ class Progress(Protocol):
     def cell_waiting(self, label: str) -> None: ...
     def cell_done(self, label: str, outcome: str, *, seconds: float | None = None, reused: bool = False) -> None: ...
     def run_line(self, line: str) -> None: ...
+    def run_started(self, files) -> None: ...
     def say(self, line: str) -> None: ...
     def close(self) -> None: ...
 
@@ -71,6 +72,9 @@ class PlainProgress:
         if not self.quiet_runs:
             self.write(line)
 
+    def run_started(self, files) -> None:
+        """The current cell's run has its directory (`files`: its RunDir): a live display follows its step."""
+
     def say(self, line: str) -> None:
         self.write(line)
 
@@ -88,6 +92,7 @@ class LiveProgress(PlainProgress):
         self.console = Console()
         super().__init__(lambda line: self.console.print(line, markup=False, highlight=False, soft_wrap=True))
         self.current = ""
+        self.files = None  # RunDir of the cell's run, once it exists
         self.cell_began = time.monotonic()
         self.live = Live(self._status(), console=self.console, refresh_per_second=2, transient=True,
                          get_renderable=self._status)
@@ -101,16 +106,27 @@ class LiveProgress(PlainProgress):
         parts = [f"{self.name or 'study'}: {self.done}/{self.to_run} cells",
                  f"elapsed {_clock(now - self.started)}"]
         if self.current:
-            parts.insert(1, f"now: {self.current} ({_clock(now - self.cell_began)})")
+            parts.insert(1, f"now: {self.current}{self._step()} ({_clock(now - self.cell_began)})")
         if eta is not None:
             parts.append(f"ETA {_clock(max(0.0, eta - (now - self.cell_began)))}")
         return Text(" · ".join(parts), style="bold")
 
+    def _step(self) -> str:
+        """", step 12 (backward)" from rank 0's heartbeat, when the run writes one."""
+        try:
+            beat = self.files.read_heartbeat(0) if self.files is not None else None
+        except Exception:  # noqa: BLE001 - not written yet, or being replaced: show no step this time
+            beat = None
+        return f", step {beat['step']} ({beat['stage']})" if beat and beat.get("step") is not None else ""
+
+    def run_started(self, files) -> None:
+        self.files = files
+
     def cell_started(self, label: str) -> None:
-        self.current, self.cell_began = label, time.monotonic()
+        self.current, self.cell_began, self.files = label, time.monotonic(), None
 
     def cell_done(self, label: str, outcome: str, *, seconds: float | None = None, reused: bool = False) -> None:
-        self.current = ""
+        self.current, self.files = "", None
         super().cell_done(label, outcome, seconds=seconds, reused=reused)
 
     def close(self) -> None:
