@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
 import yaml
 
 from scalelab.errors import ConfigError
+from scalelab.sizes import parse_bytes
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Wrapper = Literal["auto", "single", "dp", "ddp"]
@@ -29,6 +30,16 @@ LRRule = Literal["none", "linear", "sqrt", "linear_warmup", "lars"]
 LEGACY_KEYS = {"strategy": "wrapper"}
 
 
+def doc(default: Any, help: str, *, flag: tuple[str, ...] | None = None, parse=None) -> Any:
+    """A config field's default with its metadata, the single source the CLI is generated from.
+
+    help   the text `--help` shows; flag: the CLI spelling when it is not --name-with-dashes (a boolean's
+    "--on/--off" pair, a short alias); parse: (text, field name) -> value for fields given as text (sizes).
+    """
+    metadata = {"help": help, **({"flag": flag} if flag else {}), **({"parse": parse} if parse else {})}
+    return field(default=default, metadata=metadata)
+
+
 def cuda_device_count() -> int:
     """Number of visible CUDA devices (0 without CUDA). A function so tests can monkeypatch it."""
     import torch
@@ -40,62 +51,69 @@ def cuda_device_count() -> int:
 class TrainConfig:
     """One training run. Sizes are global unless the name says per-rank."""
 
-    model: str = "cnn"  # a built-in name or module:function / path/file.py:function
-    dataset: str = "synthetic"  # a built-in name or module:function / path/file.py:function
-    data_path: str | None = None  # directory for on-disk datasets (cifar10, mnist, imagefolder)
-    samples: int | None = None  # training samples of a generated dataset (None: the dataset's default)
-    eval_samples: int | None = None  # evaluation samples of a generated dataset
-    augment: bool = False  # per-sample random crop + flip for image datasets that decode per sample
+    model: str = doc("cnn", "Model: mlp, cnn, resnet18, vgg11, vit_tiny, gpt_tiny, or module:function / "
+                            "path/file.py:function.")
+    dataset: str = doc("synthetic", "Dataset: synthetic, synthetic_tokens, synthetic_jpeg, mnist1d, cifar10, mnist, "
+                                    "imagefolder, or module:function / path/file.py:function.")
+    data_path: str | None = doc(None, "Directory of an on-disk dataset (cifar10, mnist, imagefolder).")
+    samples: int | None = doc(None, "Training samples of a generated dataset (default: the dataset's).")
+    eval_samples: int | None = doc(None, "Evaluation samples of a generated dataset (default: the dataset's).")
+    augment: bool = doc(False, "Per-sample random crop + flip for image datasets that decode per sample.")
 
-    global_batch: int = 64  # samples per optimizer step summed over all ranks
-    epochs: int = 1
-    steps: int | None = None  # train exactly this many optimizer steps (epochs is then ignored)
-    optimizer: Optimizer = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 0.0
+    global_batch: int = doc(64, "Samples per optimizer step summed over all ranks.", flag=("--global-batch", "-b"))
+    epochs: int = doc(1, "Epochs to train.")
+    steps: int | None = doc(None, "Train exactly this many optimizer steps (epochs is then ignored).")
+    optimizer: Optimizer = doc("sgd", "Optimizer.")
+    lr: float = doc(0.05, "Learning rate (tuned at base_batch when an LR rule scales it).")
+    momentum: float = doc(0.9, "SGD momentum, 0 <= momentum < 1.")
+    weight_decay: float = doc(0.0, "Weight decay.")
 
-    ranks: int = 1  # processes per node
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None  # host:port of node 0 for multi-node runs
-    backend: Backend = "auto"  # auto: nccl on CUDA, gloo on CPU
-    wrapper: Wrapper = "auto"  # the model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp
-    # with several ranks, else single
-    device: Device = "auto"
+    ranks: int = doc(1, "Processes per node.", flag=("--ranks", "-n"))
+    nnodes: int = doc(1, "Nodes in the run (each node runs the same command).")
+    node_rank: int = doc(0, "This node's rank, 0..nnodes-1.")
+    rdzv_endpoint: str | None = doc(None, "host:port of node 0 for multi-node runs.")
+    backend: Backend = doc("auto", "Process-group backend; auto: nccl on CUDA, gloo on CPU.")
+    wrapper: Wrapper = doc("auto", "Model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp "
+                                   "with several ranks or a sync strategy, else single.")
+    device: Device = doc("auto", "Device; auto: cuda when a GPU is visible, else cpu.")
 
-    # Gradient sync across ranks: auto (= ddp) or a strategy of scalelab.sync.registry; any value but auto needs a
-    # process group, so it makes the run distributed even with one rank.
-    sync: str = "auto"
-    bucket_mb: float = 25.0  # MiB per gradient bucket: DDP's bucket_cap_mb and the bucketed strategy's size
-    accumulate: int = 1  # micro-steps per optimizer step (gradient accumulation); sync once per optimizer step
-    ddp_hook: DDPHook = "none"  # DDP comm hook: none (plain allreduce), fp16 / bf16 compression, powersgd
-    powersgd_rank: int = 1  # PowerSGD matrix approximation rank
-    net_latency_ms: float = 0.0  # emulated latency added to every collective (caller-side, see sync/meter.py)
-    net_bandwidth_gbps: float | None = None  # emulated bandwidth cap in Gbit/s for every collective
-    # keep the sync strategy's work but skip its collectives: the baseline for exposed communication
-    noop_collectives: bool = False
+    sync: str = doc("auto", "Gradient sync across ranks: auto (= ddp) or a strategy of scalelab.sync.registry; "
+                            "any value but auto makes the run distributed, even with one rank.")
+    bucket_mb: float = doc(25.0, "MiB per gradient bucket: DDP's bucket_cap_mb and the bucketed strategy's size.",
+                           flag=("--bucket-mb",))
+    accumulate: int = doc(1, "Micro-steps per optimizer step (gradient accumulation); sync once per optimizer step.")
+    ddp_hook: DDPHook = doc("none", "DDP comm hook: none (plain allreduce), fp16 / bf16 compression, powersgd.")
+    powersgd_rank: int = doc(1, "PowerSGD matrix approximation rank.")
+    net_latency_ms: float = doc(0.0, "Emulated latency (ms) added to every collective, on the caller's side.",
+                                flag=("--net-latency-ms",))
+    net_bandwidth_gbps: float | None = doc(None, "Emulated bandwidth cap (Gbit/s) for every collective.")
+    noop_collectives: bool = doc(False, "Keep the sync strategy's work but skip its collectives: the baseline for "
+                                        "exposed communication.", flag=("--noop-collectives/--real-collectives",))
 
-    precision: Precision = "fp32"
-    checkpoint_segments: int = 0  # activation checkpointing segments (0 = off)
-    num_workers: int = 0
-    pin_memory: bool = False
-    prefetch_factor: int | None = None  # batches prefetched per loader worker (needs num_workers > 0)
-    drop_last: bool = False
+    precision: Precision = doc("fp32", "Precision; fp16 (with GradScaler) needs CUDA.")
+    checkpoint_segments: int = doc(0, "Activation checkpointing segments (0 = off).")
+    num_workers: int = doc(0, "DataLoader worker processes per rank.")
+    pin_memory: bool = doc(False, "Pinned host memory for the loader (helps on CUDA).",
+                           flag=("--pin-memory/--no-pin-memory",))
+    prefetch_factor: int | None = doc(None, "Batches prefetched per loader worker (needs num_workers > 0).")
+    drop_last: bool = doc(False, "Drop an incomplete last batch.", flag=("--drop-last/--keep-last",))
 
-    lr_rule: LRRule = "none"  # large-batch rule: lr is tuned at base_batch and scaled to global_batch
-    base_batch: int | None = None  # the batch `lr` was tuned for (None: global_batch, i.e. no scaling)
-    lr_warmup_steps: int = 0  # linear warm-up from lr to the scaled lr (linear_warmup and lars)
-    memory_limit: int | None = None  # bytes a rank may add to its set-up footprint (CPU: address-space cap)
+    lr_rule: LRRule = doc("none", "Large-batch rule: lr is tuned at base_batch and scaled to global_batch.")
+    base_batch: int | None = doc(None, "The global batch lr was tuned for (default: global_batch, i.e. no scaling).")
+    lr_warmup_steps: int = doc(0, "Linear warm-up steps from lr to the scaled lr (linear_warmup and lars).")
+    memory_limit: int | None = doc(None, "Bytes a rank may add to its set-up footprint, e.g. 4GiB (CPU: an "
+                                         "address-space cap).", parse=parse_bytes)
 
-    seed: int = 0
-    warmup_steps: int = 2  # first steps excluded from every timing
-    eval_every: int = 0  # evaluate every N steps; 0 = at the end of each epoch
-    threads: int | None = None  # torch intra-op threads per rank (None: cores / local ranks)
-    sample_interval_s: float = 0.5  # system sampler period
-    run_id: str | None = None  # fixed run id (multi-node runs share one)
-    hang_timeout_s: float = 300.0  # fail the run when no rank makes progress for this long (0 = no watchdog)
-    checkpoint_every: int = 0  # write a resumable checkpoint every N optimizer steps (0 = never)
+    seed: int = doc(0, "Random seed.")
+    warmup_steps: int = doc(2, "First steps excluded from every timing.")
+    eval_every: int = doc(0, "Evaluate every N steps; 0 = at the end of each epoch.")
+    threads: int | None = doc(None, "Torch intra-op threads per rank (default: cores / local ranks).")
+    sample_interval_s: float = doc(0.5, "System sampler period in seconds.", flag=("--sample-interval",))
+    run_id: str | None = doc(None, "Fixed run id (the nodes of one multi-node run share it).")
+    hang_timeout_s: float = doc(300.0, "Fail the run, naming the stuck rank, when no rank makes progress for this "
+                                       "many seconds (0 = no watchdog).", flag=("--hang-timeout",))
+    checkpoint_every: int = doc(0, "Write a resumable checkpoint every N optimizer steps (0 = never).",
+                                flag=("--checkpoint-every",))
 
     def __post_init__(self) -> None:
         _check_types(self)

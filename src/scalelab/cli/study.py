@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from scalelab.cli.common import console
+from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
 
 app = typer.Typer()
-console = Console()
 
 
-def _write(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
+def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
+    """The study's report from its answered experiments; returns the HTML file's path."""
     from scalelab.report.build import build_report, system_section
     from scalelab.report.render import write_report
 
@@ -32,7 +33,7 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
               only: Optional[str] = typer.Option(None, help="Comma-separated experiments to run (default: all)."),
               name: Optional[str] = typer.Option(None, help="Study name (finished cells of a study are skipped)."),
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
-              store: Optional[Path] = typer.Option(None, "--store", help="Run store (env SCALELAB_STORE).")) -> None:
+              store: Optional[Path] = store_option()) -> None:
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
     from scalelab.experiments.progress import progress_for_output
     from scalelab.experiments.registry import names
@@ -62,7 +63,7 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
         answered = run_experiments(spec, st, out_dir, progress)
     finally:
         progress.close()
-    html = _write(spec, st, out_dir, answered, provenance, command)
+    html = write_study_report(spec, st, out_dir, answered, provenance, command)
     console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s")
     console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "
                   f"{out_dir / 'report' / 'tables'})", highlight=False)
@@ -83,5 +84,5 @@ def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds
     saved = read_json(study_dir / "provenance.json")
     with replay_only():
         answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None))
-    html = _write(spec, st, study_dir, answered, saved["provenance"], saved["command"])
+    html = write_study_report(spec, st, study_dir, answered, saved["provenance"], saved["command"])
     console.print(f"report rebuilt from stored runs: {html}", highlight=False)

@@ -1,0 +1,51 @@
+"""What the command modules share: consoles, progress lines, an experiment's context and its printed result."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def say(line: str) -> None:
+    """Progress lines are plain text: '[study 1/3]' must not be read as rich markup."""
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def run_failed(err: Exception) -> typer.Exit:
+    """Print a failed run as one line (however long); the caller raises the returned exit code 1."""
+    err_console.print(f"error: {err}", highlight=False, soft_wrap=True)
+    return typer.Exit(1)
+
+
+def store_and_out(store: Path | None, study: str, out: Path | None):
+    """The run store and an experiment's output folder (default STORE/studies/STUDY)."""
+    from scalelab.store import open_store
+
+    st = open_store(store)
+    return st, out or st.root / "studies" / study
+
+
+def experiment_context(store, study: str, out_dir: Path, write=say):
+    """A one-experiment context: the study's cell engine with progress lines, tables and plots into `out_dir`."""
+    from scalelab.experiments.base import Context
+    from scalelab.experiments.cells import Cells
+    from scalelab.experiments.progress import PlainProgress
+
+    progress = PlainProgress(write)
+    return Context(Cells(store, study, progress=progress), out_dir, progress.say)
+
+
+def show_result(result) -> None:
+    """Each table in full (pandas does not squeeze columns to the terminal width), then notes and files."""
+    for name, frame in result.tables.items():
+        if name.endswith("_curves"):
+            continue
+        console.rule(name)
+        print(frame.drop(columns=["run_id"], errors="ignore").to_string(index=False, float_format="{:,.4g}".format))
+    for key, value in result.notes.items():
+        console.print(f"{key}: {value}")
+    console.print("wrote " + ", ".join(str(p) for p in result.files))

@@ -1,0 +1,62 @@
+"""The `scalelab` command: parse flags, build a config, call one function. Bad input: one line, exit code 2.
+
+    scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1   (train.py)
+    scalelab runs list | show RUN | compare RUN RUN...                                       (runs.py)
+    scalelab study [--quick] | report DIR                                                    (study.py)
+    scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling | threads
+    scalelab compare strategies|backends                       (experiments.py, generated from the registry)
+    scalelab bench comm | predict | slurm                      (bench.py, predict.py, slurm.py)
+
+Every command that starts from a training config takes every config field as a flag (options.py), and builds the
+config by one rule: defaults < YAML file (--config) < --set FIELD=VALUE < flags.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+try:  # typer >= 0.24 vendors its own click; its errors are not click's classes
+    from typer._click.exceptions import UsageError as TyperUsageError
+except ImportError:  # pragma: no cover - older typer uses click itself
+    TyperUsageError = click.UsageError
+
+from scalelab.cli import bench, experiments, predict, runs, slurm, study, train
+from scalelab.errors import ScalelabError
+
+USAGE_ERRORS = (click.UsageError, TyperUsageError)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
+app.command("train")(train.train)
+app.add_typer(runs.app, name="runs")
+app.add_typer(experiments.app)  # batch-sweep, profile, amp, checkpointing, loader-sweep, scale, max-batch, ...
+app.add_typer(study.app)  # study, report
+app.add_typer(bench.app, name="bench")
+app.add_typer(experiments.compare_app, name="compare")  # strategies, backends
+app.command("predict")(predict.predict_cmd)
+app.command("slurm")(slurm.slurm)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one line and exit code 2 for bad input, 1 for a failed run, 130 for Ctrl-C."""
+    try:
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except (click.exceptions.Exit, typer.Exit) as e:
+        sys.exit(e.exit_code)
+    except USAGE_ERRORS as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `scalelab` / `scalelab runs`: show the help
+            print(e.format_message())
+            sys.exit(0)
+        hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
+        print(f"error: {e.format_message()}{hint}", file=sys.stderr)
+        sys.exit(2)
+    except ScalelabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,185 @@
+"""`scalelab predict`: calibrate the performance model on this machine, predict step time, speedup and efficiency
+on more workers and other hardware, and check the model against measured runs.
+
+    scalelab predict --model cnn                                   # measured, 10gbe, ib_hdr, nvlink3; weak
+    scalelab predict --model resnet18 --hardware 100gbe --hardware nvlink3 --per-rank-batch 64
+    scalelab predict --mode strong --global-batch 8192 --workers 1,2,4,8,16,32,64,128,256,512,1024
+    scalelab predict --hardware-file cluster.yaml --sync allreduce --target-efficiency 0.7
+    scalelab predict --net-latency-ms 5 --net-bandwidth-gbps 1 --sync bucketed    # validate on an emulated network
+
+Every config field is a flag as in `scalelab train`, except the three predict reads itself: --global-batch (strong
+mode's batch), --sync (the strategy to predict) and --bucket-mb; set the base config's with --set or the YAML file.
+The calibration (runs without sync at several per-rank batches, in-situ allreduce and bucketed runs with 2+ ranks,
+a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the
+chosen sync.
+"""
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
+from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
+from scalelab.config import load_yaml
+from scalelab.errors import ConfigError
+from scalelab.experiments.base import int_list
+from scalelab.sync import registry as sync_registry
+
+DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
+DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
+DEFAULTS = {"ranks": 2, "steps": 20}  # per calibration run, below the YAML file, --set and flags
+SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "exposed_comm(ms)", "step(ms)",
+         "speedup", "efficiency"]
+
+
+def predictable_syncs() -> tuple[str, ...]:
+    """The sync strategies `predict` models and measures: every registered one with a cost, except noop."""
+    from scalelab.perf.perfmodel import modelled_syncs
+
+    return tuple(s for s in modelled_syncs() if s != "noop")
+
+
+def check_choice(field: str, value: str, allowed) -> str:
+    if value not in allowed:
+        raise ConfigError(field, value, f"allowed: {', '.join(allowed)}")
+    return value
+
+
+def default_calibration_batches(per_rank: int, accumulate: int) -> list[int]:
+    """b/4, b/2, b, 2b (rounded to multiples of accumulate, at least two different values)."""
+    out = sorted({max(accumulate, int(per_rank * f) // accumulate * accumulate) for f in (0.25, 0.5, 1, 2)})
+    return out if len(out) > 1 else [accumulate, 2 * accumulate, 4 * accumulate]
+
+
+def shown_rows(table, limit: int = 8):
+    """At most `limit` worker counts per hardware, spread over the list (first and last always)."""
+    counts = sorted(table["workers"].unique())
+    step = max(1, -(-len(counts) // limit))
+    keep = set(counts[::step]) | {counts[-1]}
+    return table[table["workers"].isin(keep)]
+
+
+def own(name: str, annotation: Any, option: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, KEYWORD, annotation=annotation, default=option)
+
+
+PREDICT_OPTIONS = [
+    own("workers", Optional[str], typer.Option(None, help="Worker counts to predict (default 1,2,4,...,4096).")),
+    own("gpus_per_node", Optional[int], typer.Option(None, "--gpus-per-node", help="Ranks per node for every "
+                                                     "hardware (default: the preset's; 1 for measured).")),
+    own("hardware", Optional[list[str]], typer.Option(None, "--hardware", help="Hardware preset (repeatable): "
+        "measured (this machine's fit), 10gbe, 25gbe, 100gbe, ib_hdr, nvlink3, pcie4_x16. Default: measured, 10gbe, "
+        "ib_hdr, nvlink3.")),
+    own("hardware_file", Optional[Path], typer.Option(None, "--hardware-file", help="YAML hardware: preset, "
+        "intra/inter links, latency_*(us), bandwidth_*(GB/s), gpus_per_node, overlap (0..1).")),
+    own("mode", str, typer.Option("weak", help="strong (global batch fixed) or weak (per-rank batch fixed).")),
+    own("global_batch", Optional[int], typer.Option(None, "--global-batch", help="Strong mode: the global batch "
+                                                    "(default: the config's).")),
+    own("per_rank_batch", Optional[int], typer.Option(None, "--per-rank-batch", help="Weak mode: the per-rank batch "
+                                                      "(default: the config's).")),
+    own("sync", str, typer.Option("ddp", help="Gradient sync the model predicts: " + ", ".join(
+        s for s in sync_registry.names() if sync_registry.get(s).cost is not None and s != "noop") + ".")),
+    own("bucket_mb", Optional[float], typer.Option(None, "--bucket-mb", help="Bucket size in MiB (default: the "
+                                                   "config's).")),
+    own("compression", str, typer.Option("none", help="Gradient compression on the wire: none, fp16 or bf16.")),
+    own("target_efficiency", float, typer.Option(0.5, "--target-efficiency", help="Efficiency the options must "
+                                                 "keep.")),
+    own("calibration_batches", Optional[str], typer.Option(None, "--calibration-batches", help="Per-rank batches "
+                                                           "of the compute runs (default b/4, b/2, b, 2b).")),
+    own("validate", bool, typer.Option(True, "--validate/--no-validate", help="Measure the sync at the calibration "
+                                       "batches on this machine and compare with the prediction.")),
+]
+OWN = {p.name for p in PREDICT_OPTIONS}
+
+
+def predict_cmd(**kw) -> None:
+    """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
+    from scalelab.analysis.hardware import PRESETS, hardware_from_dict
+    from scalelab.perf.perfmodel import COMPRESSION
+    from scalelab.experiments.calibration import MEASURED
+    from scalelab.experiments.prediction import run_prediction
+    from scalelab.run.execute import RunFailed
+
+    mode, sync, workers = kw["mode"], kw["sync"], kw["workers"]
+    global_batch, per_rank_batch, bucket_mb = kw["global_batch"], kw["per_rank_batch"], kw["bucket_mb"]
+    # every input is checked before anything runs
+    flags = {k: v for k, v in config_values(kw).items() if k not in OWN}
+    base = merge(DEFAULTS, kw["config"], kw["set_"], flags)
+    check_choice("mode", mode, ("strong", "weak"))
+    check_choice("sync", sync, predictable_syncs())
+    check_choice("compression", kw["compression"], tuple(COMPRESSION))
+    if not 0 < kw["target_efficiency"] <= 1:
+        raise ConfigError("target_efficiency", kw["target_efficiency"], "allowed: a number in (0, 1]")
+    names = kw["hardware"] if kw["hardware"] else ([] if kw["hardware_file"] else DEFAULT_HARDWARE)
+    for name in names:
+        check_choice("hardware", name, (MEASURED, *PRESETS))
+    hw_file = load_yaml(kw["hardware_file"]) if kw["hardware_file"] else None
+    if hw_file is not None:
+        hardware_from_dict(hw_file)
+    if kw["gpus_per_node"] is not None and kw["gpus_per_node"] < 1:
+        raise ConfigError("gpus_per_node", kw["gpus_per_node"], "allowed: an integer >= 1")
+    if bucket_mb is not None and bucket_mb <= 0:
+        raise ConfigError("bucket_mb", bucket_mb, "allowed: a number of MiB > 0")
+    counts = int_list(workers, "workers") if workers else list(DEFAULT_WORKERS)
+    if min(counts) < 1:
+        raise ConfigError("workers", workers, "allowed: worker counts >= 1, e.g. 1,2,4,8")
+    if mode == "strong":
+        if per_rank_batch is not None:
+            raise ConfigError("per_rank_batch", per_rank_batch, "allowed only with --mode weak (use --global-batch)")
+        batch = global_batch if global_batch is not None else base.global_batch
+        most = batch // base.accumulate
+        if workers is None:  # the default list stops where a rank would get less than one sample
+            counts = [n for n in counts if n <= most]
+        elif max(counts) > most:
+            raise ConfigError("workers", max(counts), f"strong scaling with global batch {batch} allows at most "
+                                                      f"{most} workers")
+    else:
+        if global_batch is not None:
+            raise ConfigError("global_batch", global_batch, "allowed only with --mode strong (use --per-rank-batch)")
+        batch = per_rank_batch if per_rank_batch is not None else base.per_rank_batch
+    if batch < 1:
+        raise ConfigError("per_rank_batch" if mode == "weak" else "global_batch", batch, "allowed: an integer >= 1")
+    cal_batches = (int_list(kw["calibration_batches"], "calibration_batches") if kw["calibration_batches"]
+                   else default_calibration_batches(base.per_rank_batch, base.accumulate))
+    st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
+    try:
+        result = run_prediction(experiment_context(st, kw["study"], out_dir, console.print), base, hardware=names,
+                                hardware_file=hw_file, gpus_per_node=kw["gpus_per_node"], workers=counts, mode=mode,
+                                batch=batch, strategy=sync,
+                                bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
+                                compression=kw["compression"], target=kw["target_efficiency"],
+                                calibration_batches=cal_batches, validate=kw["validate"], say=console.print)
+    except RunFailed as err:
+        raise run_failed(err)
+    from scalelab.experiments.registry import get
+
+    get("predict").write(result, out_dir)
+    show(result)
+
+
+predict_cmd.__signature__ = inspect.Signature([
+    *PREDICT_OPTIONS, *config_params(skip=OWN, renamed={"--strategy": "--sync"}), *place_params("predict")])
+
+
+def show(result) -> None:
+    fmt = "{:,.4g}".format
+    pred = result.tables["prediction"]
+    console.rule(f"prediction ({pred['mode'].iloc[0]} scaling, {pred['strategy'].iloc[0]}, "
+                 f"compression {pred['compression'].iloc[0]}; every row in prediction.csv)")
+    print(shown_rows(pred)[SHOWN].to_string(index=False, float_format=fmt))
+    if "validation" in result.tables:
+        console.rule("validation: predicted vs measured median step (ms) on this machine")
+        cols = ["sync", "per_rank_batch", "net_latency_ms", "net_bandwidth_gbps", "compute(ms)",
+                "exposed_comm(ms)", "predicted", "measured", "error(%)"]
+        print(result.tables["validation"][cols].to_string(index=False, float_format=fmt))
+    for key, value in result.notes.items():
+        if isinstance(value, dict):
+            console.print(f"{key}:", highlight=False)
+            for hw, text in value.items():
+                console.print(f"  {hw}: {text}", highlight=False)
+        else:
+            console.print(f"{key}: {value}", highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in result.files), highlight=False)

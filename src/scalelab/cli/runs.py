@@ -1,0 +1,63 @@
+"""`scalelab runs list | show | compare`: read the run store."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from scalelab.cli.common import console
+from scalelab.cli.options import store_option
+
+app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
+
+
+@app.command("list")
+def runs_list(
+    status: Optional[str] = typer.Option(None, help="running, completed, failed or interrupted."),
+    kind: Optional[str] = typer.Option(None, help="Kind of run (train, ...)."),
+    model: Optional[str] = typer.Option(None, help="Only runs of this model."),
+    limit: int = typer.Option(50, help="At most this many runs, newest first."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    store: Optional[Path] = store_option(),
+) -> None:
+    """List stored runs, newest first."""
+    from scalelab.store import open_store
+
+    st = open_store(store)
+    st.mark_stale()
+    frame = st.list_runs(status=status, kind=kind, where={"model": model} if model else None, limit=limit)
+    cols = [c for c in ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch",
+                        "wrapper", "sync", "precision", "reason") if c in frame]
+    if as_json:
+        print(frame[cols].to_json(orient="records"))
+        return
+    table = Table(show_header=True)
+    for c in cols:
+        table.add_column(c)
+    for row in frame[cols].itertuples(index=False):
+        table.add_row(*["" if v is None else str(v) for v in row])
+    console.print(table)
+
+
+@app.command("show")
+def runs_show(run: str = typer.Argument(..., help="Run id or a unique prefix."),
+              store: Optional[Path] = store_option()) -> None:
+    """Show one run: status, config and summary."""
+    from scalelab.store import open_store
+
+    print(json.dumps(open_store(store).get(run), indent=2, default=str))
+
+
+@app.command("compare")
+def runs_compare(
+    runs: list[str] = typer.Argument(..., help="Run ids or unique prefixes."),
+    metric: Optional[list[str]] = typer.Option(None, "--metric", "-m", help="Summary metrics to show (default: all)."),
+    store: Optional[Path] = store_option(),
+) -> None:
+    """Compare runs side by side: one row per run, one column per metric."""
+    from scalelab.store import open_store
+
+    console.print(open_store(store).compare(runs, metric or None).T.to_string())
