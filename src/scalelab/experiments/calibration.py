@@ -147,12 +147,12 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
              with_fields(c.config, sync="bucketed", bucket_mb=bucket_mb)))]
 
 
-def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
-    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows: per iteration the
-    slowest rank's time, as in its results table, but averaged instead of the median."""
+def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
+    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows (`files`: the run's
+    RunDir): per iteration the slowest rank's time, as in its results table, but averaged instead of the median."""
     from scalelab.measure.commbench import iteration_times
 
-    data = RunDir(run_dir).read_timings()
+    data = files.read_timings()
     groups: dict[int, list[dict]] = {}
     for rec in data["records"]:
         if rec["op"] == "allreduce" and not rec.get("skipped"):
@@ -299,7 +299,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     points = compute_points([by_key[c.key] for c in compute])
     fit = pm.fit_compute_model(points)
     bench_run = runs[-1]["run_id"]
-    sizes, means, ranks = bench_means(Path(runs[-1]["dir"]))
+    sizes, means, ranks = bench_means(runs[-1]["files"])
     alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
     cal = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,

@@ -15,7 +15,6 @@ from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
-from scalelab.store import RunDir
 from scalelab.train.lr import RULES
 
 
@@ -85,8 +84,7 @@ def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: l
 
 
 def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
-    curves = pd.concat([curves_frame(r, RunDir(r["dir"]).read_result(0)["evals"], RunDir(r["dir"]).read_steps(0))
-                        for r in runs],
+    curves = pd.concat([curves_frame(r, r["files"].read_result(0)["evals"], r["files"].read_steps(0)) for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
     curves = _share_base_runs(curves, base.global_batch, opts["rules"])
     table = lr_table(curves, opts["target"]) if len(curves) else pd.DataFrame()
