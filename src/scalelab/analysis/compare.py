@@ -22,19 +22,21 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
+from scalelab.analysis import keys
+
 BACKENDS = ("gloo", "nccl", "mpi")
 
 # table column -> summary key (scalelab.analysis.summary)
 SUMMARY_COLUMNS = {
-    "step(ms)": "time/step_median(ms)", "step_min(ms)": "time/step_min(ms)", "step_max(ms)": "time/step_max(ms)",
-    "comm(ms)": "comm/time(ms)", "comm_blocking(ms)": "comm/blocking(ms)",
-    "collectives_per_step": "comm/collectives_per_step", "bytes_per_step": "comm/bytes_per_step",
-    "bytes_forward_per_step": "comm/bytes_forward_per_step",
-    "bytes_backward_per_step": "comm/bytes_backward_per_step",
-    "bytes_optimizer_per_step": "comm/bytes_optimizer_per_step",
-    "algbw(GB/s)": "comm/algbw(GB/s)", "busbw(GB/s)": "comm/busbw(GB/s)",
-    "loopback_bytes_per_step": "comm/loopback_bytes_per_step", "train_loss": "train/loss",
-    "timed_steps": "steps/timed",
+    "step(ms)": keys.STEP_MEDIAN_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
+    "comm(ms)": keys.COMM_TIME_MS, "comm_blocking(ms)": keys.COMM_BLOCKING_MS,
+    "collectives_per_step": keys.COMM_COLLECTIVES_PER_STEP, "bytes_per_step": keys.COMM_BYTES_PER_STEP,
+    "bytes_forward_per_step": keys.COMM_BYTES_FORWARD_PER_STEP,
+    "bytes_backward_per_step": keys.COMM_BYTES_BACKWARD_PER_STEP,
+    "bytes_optimizer_per_step": keys.COMM_BYTES_OPTIMIZER_PER_STEP,
+    "algbw(GB/s)": keys.COMM_ALGBW, "busbw(GB/s)": keys.COMM_BUSBW,
+    "loopback_bytes_per_step": keys.COMM_LOOPBACK_BYTES_PER_STEP, "train_loss": keys.TRAIN_LOSS,
+    "timed_steps": keys.STEPS_TIMED,
 }
 STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                     "global_batch", "timed_steps", "step(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)",
@@ -75,7 +77,7 @@ def run_metrics(run: dict) -> dict:
 def with_baseline(row: dict, noop: dict | None) -> dict:
     """Add compute (the noop run's median step), exposed comm and overlap to a row of run_metrics."""
     compute = (noop or {}).get("summary", {}) or {}
-    row["compute(ms)"] = compute.get("time/step_median(ms)")
+    row["compute(ms)"] = compute.get(keys.STEP_MEDIAN_MS)
     row["noop_run_id"] = (noop or {}).get("run_id")
     row["exposed_comm(ms)"] = exposed_comm(row.get("step(ms)"), row["compute(ms)"])
     row["overlap"] = overlap(row["exposed_comm(ms)"], row.get("comm(ms)"))

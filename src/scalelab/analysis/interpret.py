@@ -9,6 +9,8 @@ import math
 
 import pandas as pd
 
+from scalelab.analysis import keys
+
 
 def _fmt(x: float, unit: str = "", digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -21,16 +23,16 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
         return [], None
     t = table.sort_values("global_batch")
     lo, hi = t.iloc[0], t.iloc[-1]
-    best = t.loc[t["throughput(samples/s)"].idxmax()]
-    gain = hi["throughput(samples/s)"] / lo["throughput(samples/s)"]
+    best = t.loc[t[keys.THROUGHPUT].idxmax()]
+    gain = hi[keys.THROUGHPUT] / lo[keys.THROUGHPUT]
     out = [f"Going from batch {int(lo.global_batch)} to {int(hi.global_batch)} changes throughput "
-           f"{gain:.2f}x ({_fmt(lo['throughput(samples/s)'])} to {_fmt(hi['throughput(samples/s)'])} samples/s) "
-           f"and the epoch from {_fmt(lo['time/epoch(s)'])} s to {_fmt(hi['time/epoch(s)'])} s.",
+           f"{gain:.2f}x ({_fmt(lo[keys.THROUGHPUT])} to {_fmt(hi[keys.THROUGHPUT])} samples/s) "
+           f"and the epoch from {_fmt(lo[keys.EPOCH_S])} s to {_fmt(hi[keys.EPOCH_S])} s.",
            f"The highest throughput is at batch {int(best.global_batch)}: "
-           f"{_fmt(best['throughput(samples/s)'])} samples/s."]
-    share = 1 - t["time/epoch_no_data(s)"] / t["time/epoch(s)"]
+           f"{_fmt(best[keys.THROUGHPUT])} samples/s."]
+    share = 1 - t[keys.EPOCH_NO_DATA_S] / t[keys.EPOCH_S]
     out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
-    return out, f"Use batch {int(best.global_batch)} for throughput ({_fmt(best['throughput(samples/s)'])} samples/s)."
+    return out, f"Use batch {int(best.global_batch)} for throughput ({_fmt(best[keys.THROUGHPUT])} samples/s)."
 
 
 def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
@@ -56,12 +58,12 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
     base = table[table["precision"] == "fp32"].iloc[0]
     out = []
     for d in table[table["precision"] != "fp32"].to_dict("records"):
-        speed = d["throughput(samples/s)"] / base["throughput(samples/s)"]
+        speed = d[keys.THROUGHPUT] / base[keys.THROUGHPUT]
         out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
-                   f"{100 * d['eval/acc']:.1f} % vs {100 * base['eval/acc']:.1f} % (fp32).")
-    best = table.loc[table["throughput(samples/s)"].idxmax()]
-    ok = best["eval/acc"] >= base["eval/acc"] - 0.01
-    rec = (f"Train in {best.precision}: {best['throughput(samples/s)'] / base['throughput(samples/s)']:.2f}x fp32 "
+                   f"{100 * d[keys.EVAL_ACC]:.1f} % vs {100 * base[keys.EVAL_ACC]:.1f} % (fp32).")
+    best = table.loc[table[keys.THROUGHPUT].idxmax()]
+    ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
+    rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32 "
            f"with accuracy within 1 point." if ok and best.precision != "fp32"
            else "Keep fp32: no lower precision was both faster and as accurate here.")
     return out, rec
@@ -86,21 +88,22 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
     out = []
     if len(zero):
         out.append(f"With no loader workers, steps wait for data {zero['data_wait(%)'].iloc[0]:.1f} % of the time.")
-    out.append(f"num_workers={best['num_workers']} reaches {_fmt(best['throughput(samples/s)'])} samples/s"
+    out.append(f"num_workers={best['num_workers']} reaches {_fmt(best[keys.THROUGHPUT])} samples/s"
                + (f" ({best['speedup_vs_0_workers']:.2f}x no workers)." if best.get("speedup_vs_0_workers") else "."))
     prefetch = "" if best["prefetch_factor"] is None else f", prefetch_factor={best['prefetch_factor']}"
     return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
 
 
 def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
-    mem = "memory/cuda_max_allocated(GiB)" if "memory/cuda_max_allocated(GiB)" in table else "memory/peak_rss(GiB)"
+    cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
+    mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
     if not len(table) or 0 not in set(table["checkpoint_segments"]):
         return [], None
     off = table[table["checkpoint_segments"] == 0].iloc[0]
     out = []
     for d in table[table["checkpoint_segments"] > 0].to_dict("records"):
         out.append(f"{d['checkpoint_segments']} segments: peak memory {d[mem] / off[mem]:.2f}x and step time "
-                   f"{d['time/step_median(ms)'] / off['time/step_median(ms)']:.2f}x of no checkpointing.")
+                   f"{d[keys.STEP_MEDIAN_MS] / off[keys.STEP_MEDIAN_MS]:.2f}x of no checkpointing.")
     return out, None
 
 
@@ -230,7 +233,7 @@ def predict_result(result) -> tuple[list[str], str | None]:
         first = f"falls below 50 % at {int(below['workers'].iloc[0])} workers" if len(below) else \
             f"stays above 50 % up to {int(top['workers'])} workers"
         out.append(f"{hw}: predicted efficiency {100 * top['efficiency']:.0f} % at {int(top['workers'])} workers "
-                   f"({_fmt(top['throughput(samples/s)'])} samples/s); efficiency {first}.")
+                   f"({_fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
     val = result.tables.get("validation")
     if val is not None and len(val):
         out.append(f"Validated on {len(val)} measured runs of this machine: median |error| "

@@ -15,7 +15,9 @@ STEP_MAX_MS = "time/step_max(ms)"
 EPOCH_S = "time/epoch(s)"
 EPOCH_NO_DATA_S = "time/epoch_no_data(s)"
 SKEW = "time/skew(slowest/median)"
+EPOCH_ITERATION_S = "time/epoch_iteration(s)"  # loader runs: one epoch of the training loader alone
 THROUGHPUT = "throughput(samples/s)"
+THROUGHPUT_NO_DATA = "throughput_no_data(samples/s)"
 
 TRAIN_LOSS = "train/loss"
 TRAIN_ACC = "train/acc"

@@ -71,7 +71,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
             keys.EPOCH_S: float(wall.mean()) * steps_per_epoch,
             keys.EPOCH_NO_DATA_S: float(no_data.mean()) * steps_per_epoch,
             keys.THROUGHPUT: samples / total if total > 0 else 0.0,
-            "throughput_no_data(samples/s)": samples / float(no_data.sum()) if no_data.sum() > 0 else 0.0,
+            keys.THROUGHPUT_NO_DATA: samples / float(no_data.sum()) if no_data.sum() > 0 else 0.0,
             keys.SKEW: skew(frame),
         })
         for col in STAGE_COLUMNS:

@@ -19,12 +19,9 @@ def _chosen(base, opts) -> list[str]:
 
 
 def loss_curves(runs: list[dict], hue: str) -> pd.DataFrame:
-    """Rank 0's per-step training loss of each run, labelled by a config field."""
-    from scalelab.store import read_jsonl
-    from pathlib import Path
-
+    """Rank 0's per-step training loss of each run (read through its `files`), labelled by a config field."""
     rows = [{hue: run["config"][hue], "step": rec["step"], "loss": rec.get("loss")}
-            for run in runs for rec in read_jsonl(Path(run["dir"]) / "steps.rank0.jsonl")]
+            for run in runs for rec in run["files"].read_steps(0)]
     return pd.DataFrame(rows, columns=[hue, "step", "loss"])
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.perf import perfmodel as pm
+from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
@@ -146,12 +147,12 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
              with_fields(c.config, sync="bucketed", bucket_mb=bucket_mb)))]
 
 
-def bench_means(run_dir: Path) -> tuple[list[float], list[float], int]:
-    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows: per iteration the
-    slowest rank's time, as in its results table, but averaged instead of the median."""
+def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
+    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows (`files`: the run's
+    RunDir): per iteration the slowest rank's time, as in its results table, but averaged instead of the median."""
     from scalelab.measure.commbench import iteration_times
 
-    data = RunDir(run_dir).read_timings()
+    data = files.read_timings()
     groups: dict[int, list[dict]] = {}
     for rec in data["records"]:
         if rec["op"] == "allreduce" and not rec.get("skipped"):
@@ -191,8 +192,8 @@ def compute_points(runs: list[dict]) -> pd.DataFrame:
     rows = []
     for run in runs:
         cfg, s = run["config"], run["summary"] or {}
-        stages = {st: s.get(f"stage/{st}(ms)", 0.0) for st in STAGES[:3]}
-        step = s["time/step_median(ms)"]
+        stages = {st: s.get(keys.stage_ms(st), 0.0) for st in STAGES[:3]}
+        step = s[keys.STEP_MEDIAN_MS]
         rows.append({"run_id": run["run_id"], "per_rank_batch": cfg["global_batch"] / (cfg["ranks"] * cfg["nnodes"]),
                      "accumulate": cfg.get("accumulate", 1), **{f"{k}(ms)": v for k, v in stages.items()},
                      "other(ms)": max(0.0, step - sum(stages.values())), "step(ms)": step})
@@ -211,9 +212,9 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
         summary, plain = run["summary"], by_batch.get(b)
         if plain is None:
             continue
-        spans = sum(summary.get(f"stage/{st}(ms)", 0.0) for st in STAGES[:3])
+        spans = sum(summary.get(keys.stage_ms(st), 0.0) for st in STAGES[:3])
         plain_spans = sum(plain[f"{st}(ms)"] for st in STAGES[:3])
-        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": summary["time/step_median(ms)"],
+        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": summary[keys.STEP_MEDIAN_MS],
                      "compute_step(ms)": plain["step(ms)"], "bench_comm(ms)": bench,
                      "compute_ratio": spans / plain_spans if plain_spans > 0 else math.nan})
     if not rows:
@@ -239,7 +240,7 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
         b = cfg["global_batch"] / cfg["ranks"]
         if b not in by_batch:
             continue
-        measured = summary["time/step_median(ms)"] - cal.compute_scale * by_batch[b]["step(ms)"]
+        measured = summary[keys.STEP_MEDIAN_MS] - cal.compute_scale * by_batch[b]["step(ms)"]
         backward_s = cal.compute_scale * model.backward(b) / 1e3
 
         def exposed(overlap: float) -> float:
@@ -298,7 +299,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     points = compute_points([by_key[c.key] for c in compute])
     fit = pm.fit_compute_model(points)
     bench_run = runs[-1]["run_id"]
-    sizes, means, ranks = bench_means(Path(runs[-1]["dir"]))
+    sizes, means, ranks = bench_means(runs[-1]["files"])
     alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
     cal = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,

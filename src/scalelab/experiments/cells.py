@@ -30,7 +30,7 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.experiments.progress import Progress, PlainProgress
-from scalelab.store import Store
+from scalelab.store import RunDir, Store
 
 # Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.
 _REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar("scalelab_replay", default=False)
@@ -271,14 +271,14 @@ class Cells:
 
     def runs(self, results: Sequence[CellResult], *, all_repeats: bool = False) -> list[dict]:
         """The stored runs of cells that have one, in cell order, as {run_id, config, summary, status, reason,
-        label}: what analyses get."""
+        label, files}: what analyses get. `files` is the run's RunDir: analyses read a run's files through it."""
         out = []
         for res in results:
             for run_id in (res.run_ids if all_repeats else res.run_ids[-1:]):
                 row = self.store.get(run_id)
                 out.append({"run_id": row["run_id"], "config": row["config"], "summary": row["summary"] or {},
                             "status": row["status"], "reason": row.get("reason"), "label": res.label,
-                            "dir": row["dir"]})
+                            "files": RunDir(row["dir"])})
         return out
 
     def rows(self, results: Sequence[CellResult]) -> list[dict]:

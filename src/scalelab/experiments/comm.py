@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from pathlib import Path
 
 from scalelab.analysis import interpret
 from scalelab.experiments.base import Context, Experiment, Option, Result
@@ -24,12 +23,12 @@ def _run(ctx: Context, base, opts: dict) -> Result:
     [res] = ctx.cells.run([Cell("bench comm", bench_config(opts), kind="bench")], group="comm")
     if res.status == "missing":
         return Result("comm", {}, notes={"missing": f"{ctx.cells.study}/comm"})
-    run_dir = Path(ctx.cells.runs([res])[0]["dir"])
-    result = Result("comm", {"comm": read_results(run_dir)}, notes={"run": run_dir.name})
+    rundir = ctx.cells.runs([res])[0]["files"]
+    result = Result("comm", {"comm": read_results(rundir.path)}, notes={"run": rundir.run_id})
     if res.status == "failed":
         result.notes["failed"] = res.reason
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    result.files.append(shutil.copyfile(run_dir / "busbw.png", ctx.out_dir / "comm_busbw.png"))
+    result.files.append(shutil.copyfile(rundir.busbw_plot, ctx.out_dir / "comm_busbw.png"))
     return result
 
 

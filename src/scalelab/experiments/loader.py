@@ -8,13 +8,11 @@ import time
 
 import pandas as pd
 
-from scalelab.analysis import interpret, tables
+from scalelab.analysis import interpret, keys, tables
 from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, bool_list, int_list
 from scalelab.experiments.cells import Cell, Outcome, cell_key, executor, stored_kind, with_fields
 from scalelab.report import figures
-
-ITERATION = "time/epoch_iteration(s)"
 
 
 def iterate_epoch(cfg: TrainConfig) -> float:
@@ -49,7 +47,7 @@ def _execute_loader(cell: Cell, store, study: str, say) -> Outcome:
     except BaseException:
         store.finish_run(run_id, "interrupted", reason="interrupted")
         raise
-    store.finish_run(run_id, "completed", summary={"cell": cell.key, ITERATION: seconds})
+    store.finish_run(run_id, "completed", summary={"cell": cell.key, keys.EPOCH_ITERATION_S: seconds})
     return Outcome(run_id)
 
 
@@ -81,7 +79,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     for (_, cfg), res in zip(settings, alone):
         seconds = float("nan")
         if res.status == "completed":
-            seconds = ctx.cells.runs([res])[0]["summary"][ITERATION]
+            seconds = ctx.cells.runs([res])[0]["summary"][keys.EPOCH_ITERATION_S]
         iteration[(cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)] = seconds
     table["epoch_iteration(s)"] = [iteration.get((int(r.num_workers), bool(r.pin_memory), _none(r.prefetch_factor)))
                                    for r in table.itertuples()]

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import interpret
+from scalelab.analysis import interpret, keys
 from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
-from scalelab.store import RunDir
 from scalelab.train.lr import RULES
 
 
@@ -28,7 +27,7 @@ def curves_frame(run: dict, evals: list[dict], steps: list[dict]) -> pd.DataFram
     c = run["config"]
     return pd.DataFrame([{"lr_rule": c["lr_rule"], "global_batch": c["global_batch"], "workers": c["ranks"],
                           "epoch": e["epoch"] + 1, "step": e["step"], "time(s)": elapsed.get(e["step"]),
-                          "eval/acc": e["acc"], "eval/loss": e["loss"]} for e in evals])
+                          keys.EVAL_ACC: e["acc"], keys.EVAL_LOSS: e["loss"]} for e in evals])
 
 
 def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
@@ -36,9 +35,9 @@ def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     rows = []
     for (rule, batch, workers), g in curves.groupby(["lr_rule", "global_batch", "workers"], sort=True):
         g = g.sort_values("step")
-        hit = g[g["eval/acc"] >= target]
+        hit = g[g[keys.EVAL_ACC] >= target]
         rows.append({"lr_rule": rule, "global_batch": batch, "workers": workers,
-                     "final_acc": float(g["eval/acc"].iloc[-1]), "best_acc": float(g["eval/acc"].max()),
+                     "final_acc": float(g[keys.EVAL_ACC].iloc[-1]), "best_acc": float(g[keys.EVAL_ACC].max()),
                      f"time_to_{target:.0%}(s)": float(hit["time(s)"].iloc[0]) if len(hit) else float("nan"),
                      f"epochs_to_{target:.0%}": int(hit["epoch"].iloc[0]) if len(hit) else float("nan"),
                      "train_time(s)": float(g["time(s)"].iloc[-1])})
@@ -85,8 +84,7 @@ def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: l
 
 
 def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
-    curves = pd.concat([curves_frame(r, RunDir(r["dir"]).read_result(0)["evals"], RunDir(r["dir"]).read_steps(0))
-                        for r in runs],
+    curves = pd.concat([curves_frame(r, r["files"].read_result(0)["evals"], r["files"].read_steps(0)) for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
     curves = _share_base_runs(curves, base.global_batch, opts["rules"])
     table = lr_table(curves, opts["target"]) if len(curves) else pd.DataFrame()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis import interpret
+from scalelab.analysis import interpret, keys
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number, parse_bytes
@@ -126,7 +126,7 @@ def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = Fal
         raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store ({cells.study}/{group})")
     if res.status == "completed":
         summary = cells.runs([res])[0]["summary"]
-        return Trial(cfg.global_batch, True, summary.get("memory/train_added(bytes)"), res.run_id)
+        return Trial(cfg.global_batch, True, summary.get(keys.MEMORY_TRAIN_ADDED_BYTES), res.run_id)
     if res.cell.accepts("failed", res.reason):
         return Trial(cfg.global_batch, False, None, res.run_id, res.reason)
     if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both

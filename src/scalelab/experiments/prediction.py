@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.perf import perfmodel as pm
+from scalelab.analysis import keys
 from scalelab.analysis.hardware import PRESETS, Hardware, hardware_from_dict
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -128,7 +129,7 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         cfg, summary = run["config"], run["summary"] or {}
         if run.get("status", "completed") != "completed":
             continue
-        if (cfg["model"], cfg["dataset"]) != (cal.model, cal.dataset) or "time/step_median(ms)" not in summary:
+        if (cfg["model"], cfg["dataset"]) != (cal.model, cal.dataset) or keys.STEP_MEDIAN_MS not in summary:
             continue
         p = predict_run(cal, cfg)
         if p is None:
@@ -136,10 +137,10 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
             continue
         n = cfg["ranks"] * cfg.get("nnodes", 1)
         one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
-        step = summary["time/step_median(ms)"]
+        step = summary[keys.STEP_MEDIAN_MS]
         pred.append({"run_id": run["run_id"], "predicted": p["step(ms)"], "compute(ms)": p["compute(ms)"],
                      "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"]})
-        meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get("comm/time(ms)"),
+        meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
                      "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
                      "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),
                      "ddp_hook": cfg.get("ddp_hook"), "net_latency_ms": cfg.get("net_latency_ms", 0.0),

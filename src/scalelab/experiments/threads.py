@@ -36,12 +36,12 @@ def thread_cells(base: TrainConfig, threads: list[int]) -> list[Cell]:
 
 def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
     """Per thread count: epoch time, throughput, step spread, speedup over the fewest threads, oversubscribed."""
-    metrics = ["time/epoch(s)", "time/epoch_no_data(s)", "throughput(samples/s)", *SPREAD, keys.THREADS_USED]
+    metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, *SPREAD, keys.THREADS_USED]
     frame = runs_frame(runs, ["threads"], metrics)
     if not len(frame):
         return frame
     first = frame.iloc[0]
-    frame["speedup"] = first["time/step_median(ms)"] / frame["time/step_median(ms)"]
+    frame["speedup"] = first[keys.STEP_MEDIAN_MS] / frame[keys.STEP_MEDIAN_MS]
     frame["cores"] = cores
     frame["oversubscribed"] = frame["threads"] > cores
     return frame
@@ -52,15 +52,15 @@ def interpret_threads(result: Result) -> tuple[list[str], str | None]:
     if not len(t):
         return [], None
     fair = t[~t["oversubscribed"]]
-    best = (fair if len(fair) else t).sort_values("time/step_median(ms)").iloc[0]
-    out = [f"With {int(best.threads)} threads a step takes {best['time/step_median(ms)']:.3g} ms, "
+    best = (fair if len(fair) else t).sort_values(keys.STEP_MEDIAN_MS).iloc[0]
+    out = [f"With {int(best.threads)} threads a step takes {best[keys.STEP_MEDIAN_MS]:.3g} ms, "
            f"{best.speedup:.2f}x the {int(t.iloc[0].threads)}-thread step ({int(best.cores)} cores here)."]
     over = t[t["oversubscribed"]]
     if len(over):
         worst = over.sort_values("threads").iloc[-1]
         out.append(f"Oversubscribed ({int(worst.threads)} threads on {int(worst.cores)} cores): "
-                   f"{worst['time/step_median(ms)']:.3g} ms per step.")
-    return out, f"Use {int(best.threads)} torch threads per process ({best['time/step_median(ms)']:.3g} ms per step)."
+                   f"{worst[keys.STEP_MEDIAN_MS]:.3g} ms per step.")
+    return out, f"Use {int(best.threads)} torch threads per process ({best[keys.STEP_MEDIAN_MS]:.3g} ms per step)."
 
 
 def _figures(result: Result, out) -> list:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from scalelab.analysis.keys import STEP_MEDIAN_MS, THROUGHPUT, stage_ms
 from scalelab.analysis.hardware import Hardware, nnls, placement
 from scalelab.analysis.synccost import (DDP_FIRST_BUCKET_BYTES, MIB, CostQuery, Emulation,  # noqa: F401 - re-exported
                                         SyncCost, bucket_sizes, completion_with_floors, exposed_after_overlap,
@@ -33,7 +34,7 @@ from scalelab.errors import ConfigError
 from scalelab.sync import registry
 COMPRESSION = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # bytes on the wire per fp32 gradient byte
 COLUMNS = ["workers", "nodes", "per_rank_batch", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "step(ms)",
-           "throughput(samples/s)", "speedup", "efficiency"]
+           THROUGHPUT, "speedup", "efficiency"]
 
 
 # ---------------------------------------------------------------- compute
@@ -77,7 +78,7 @@ class ComputeModel:
 
 
 def _stage(frame: pd.DataFrame, stage: str) -> pd.Series | None:
-    for col in (f"stage/{stage}(ms)", f"{stage}(ms)"):
+    for col in (stage_ms(stage), f"{stage}(ms)"):
         if col in frame:
             return frame[col].astype(float)
     return None
@@ -208,11 +209,11 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
         step = compute + 1e3 * cost.exposed_s
         return {"workers": n, "nodes": placement(n, hardware.gpus_per_node)[0], "per_rank_batch": b,
                 "compute(ms)": compute, "comm(ms)": 1e3 * cost.comm_s, "exposed_comm(ms)": 1e3 * cost.exposed_s,
-                "step(ms)": step, "throughput(samples/s)": n * b / (step / 1e3) if step > 0 else math.inf}
+                "step(ms)": step, THROUGHPUT: n * b / (step / 1e3) if step > 0 else math.inf}
 
-    base = row(1)["throughput(samples/s)"]
+    base = row(1)[THROUGHPUT]
     frame = pd.DataFrame([row(n) for n in ns], columns=COLUMNS[:-2])
-    frame["speedup"] = frame["throughput(samples/s)"] / base
+    frame["speedup"] = frame[THROUGHPUT] / base
     frame["efficiency"] = frame["speedup"] / frame["workers"]
     return frame
 
@@ -236,7 +237,7 @@ def options_for_efficiency(model: ComputeModel, hardware: Hardware, workers: int
             p = predict(model, hardware, [workers], per_rank_batch=b, mode="weak", strategy=strategy,
                         **kwargs).iloc[0]
             rows.append({"strategy": strategy, "per_rank_batch": b, "efficiency": p["efficiency"],
-                         "step(ms)": p["step(ms)"], "throughput(samples/s)": p["throughput(samples/s)"],
+                         "step(ms)": p["step(ms)"], THROUGHPUT: p[THROUGHPUT],
                          "meets_target": bool(p["efficiency"] >= target)})
     frame = pd.DataFrame(rows)
     order = frame.assign(_miss=~frame["meets_target"], _eff=-frame["efficiency"])
@@ -250,7 +251,7 @@ def validate(predicted: pd.DataFrame, measured: pd.DataFrame, keys: Sequence[str
              predicted_col: str = "step(ms)", measured_col: str | None = None) -> pd.DataFrame:
     """Predicted vs measured at the points both have (inner join on `keys`): columns *keys, predicted, measured,
     error(%) = 100·(predicted − measured)/measured. attrs["median_abs_error(%)"] = median |error(%)|."""
-    measured_col = measured_col or (predicted_col if predicted_col in measured else "time/step_median(ms)")
+    measured_col = measured_col or (predicted_col if predicted_col in measured else STEP_MEDIAN_MS)
     for frame, col, name in ((predicted, predicted_col, "predicted_col"), (measured, measured_col, "measured_col")):
         if col not in frame:
             raise ConfigError(name, col, f"allowed: a column of the frame ({', '.join(map(str, frame.columns))})")

@@ -87,12 +87,13 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
                   definitions=DEFINITIONS, environment=environment(provenance, command), command=command)
 
 
-def system_frame(run_dir: Path) -> pd.DataFrame:
-    """All ranks' system samples of one run, with loopback bytes/s derived from the counters."""
+def system_frame(files: RunDir) -> pd.DataFrame:
+    """All ranks' system samples of one run (`files`: its RunDir), with loopback bytes/s derived from the
+    counters."""
     from scalelab.store import read_jsonl
 
     frames = []
-    for path in RunDir(run_dir).system_files():
+    for path in files.system_files():
         f = pd.DataFrame(read_jsonl(path))
         if "lo_sent(bytes)" in f and len(f) > 1:
             f["lo_sent(bytes/s)"] = f["lo_sent(bytes)"].diff() / f["t(s)"].diff()
@@ -107,9 +108,9 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
     for result in results.values():
         for frame in result.tables.values():
             for run_id in frame.get("run_id", pd.Series(dtype=str)).dropna():
-                run_dir = store.run_dir(run_id)
-                if len(RunDir(run_dir).system_files()) >= 2:
-                    samples = system_frame(run_dir)
+                files = RunDir(store.run_dir(run_id))
+                if len(files.system_files()) >= 2:
+                    samples = system_frame(files)
                     fig = system_metrics(samples, out_dir / "system.png")
                     per_rank = samples.groupby("rank")["cpu_process(%)"].mean()
                     sentences = [f"Run {run_id}: mean process CPU " + ", ".join(

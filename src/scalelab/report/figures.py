@@ -13,6 +13,8 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from scalelab.analysis import keys  # noqa: E402
+
 
 def _save(fig, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,7 +27,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def _spread(frame: pd.DataFrame) -> list | None:
-    cols = ["time/step_min(ms)", "time/step_median(ms)", "time/step_max(ms)"]
+    cols = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MAX_MS]
     if not all(c in frame for c in cols):
         return None
     return [frame[cols[1]] - frame[cols[0]], frame[cols[2]] - frame[cols[1]]]
@@ -34,11 +36,11 @@ def _spread(frame: pd.DataFrame) -> list | None:
 def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     """Epoch time with and without data loading, and step time with its spread, vs global batch."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(table["global_batch"], table["time/epoch(s)"], "o-", label="with data loading")
-    ax1.plot(table["global_batch"], table["time/epoch_no_data(s)"], "s--", label="without data loading")
+    ax1.plot(table["global_batch"], table[keys.EPOCH_S], "o-", label="with data loading")
+    ax1.plot(table["global_batch"], table[keys.EPOCH_NO_DATA_S], "s--", label="without data loading")
     ax1.set(xscale="log", xlabel="global batch (samples)", ylabel="epoch time (s)", title="Epoch time")
     ax1.legend()
-    ax2.errorbar(table["global_batch"], table["time/step_median(ms)"], yerr=_spread(table), fmt="o-", capsize=3)
+    ax2.errorbar(table["global_batch"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="o-", capsize=3)
     ax2.set(xscale="log", xlabel="global batch (samples)", ylabel="step time (ms): median, bars min..max",
             title="Step time over timed steps")
     for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
@@ -75,12 +77,13 @@ def loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
 
 def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
     """Peak memory and step time vs activation-checkpointing segments."""
-    mem = "memory/cuda_max_allocated(GiB)" if "memory/cuda_max_allocated(GiB)" in table else "memory/peak_rss(GiB)"
+    cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
+    mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
     fig, ax1 = plt.subplots(figsize=(7, 4))
     ax1.plot(table["checkpoint_segments"], table[mem], "o-", color="tab:blue")
     ax1.set(xlabel="checkpoint segments (0 = off)", ylabel=f"{mem.split('/')[1]}")
     ax2 = ax1.twinx()
-    ax2.errorbar(table["checkpoint_segments"], table["time/step_median(ms)"], yerr=_spread(table), fmt="s--",
+    ax2.errorbar(table["checkpoint_segments"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--",
                  color="tab:red", capsize=3)
     ax2.set_ylabel("step time (ms): median, bars min..max")
     ax1.set_title("Activation checkpointing: memory vs time")
@@ -92,7 +95,7 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     labels = [f"w{int(r.num_workers)}{' pin' if r.pin_memory else ''}"
               f"{'' if pd.isna(r.prefetch_factor) else f' pf{int(r.prefetch_factor)}'}" for r in table.itertuples()]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.bar(labels, table["throughput(samples/s)"])
+    ax1.bar(labels, table[keys.THROUGHPUT])
     ax1.set(ylabel="training throughput (samples/s)", title="Throughput per loader setting")
     ax2.bar(labels, table["data_wait(%)"], color="tab:orange")
     ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
@@ -123,8 +126,8 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
     ax.bar(labels, compute, label="compute (step with no sync)")
     ax.bar(labels, exposed, bottom=compute, label="exposed communication")
-    if "comm/time(ms)" in table:
-        ax.plot(labels, table["comm/time(ms)"], "kD", label="time inside collectives")
+    if keys.COMM_TIME_MS in table:
+        ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
@@ -152,7 +155,7 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
     for ax, b in zip(axes[0], batches):
         sub = curves[(curves["global_batch"] == b) & (curves["workers"] == curves["workers"].min())]
         for rule, g in sub.groupby("lr_rule"):
-            ax.plot(g["epoch"], 100 * g["eval/acc"], label=rule)
+            ax.plot(g["epoch"], 100 * g[keys.EVAL_ACC], label=rule)
         ax.set(title=f"batch {b}", xlabel="epoch")
     axes[0][0].set_ylabel("test accuracy (%)")
     axes[0][-1].legend()
@@ -288,7 +291,7 @@ def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
 def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     """Step time with its spread vs torch threads; the core count as a dashed line (past it: oversubscribed)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(table["threads"], table["time/step_median(ms)"], yerr=_spread(table), fmt="o-", capsize=3)
+    ax.errorbar(table["threads"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="o-", capsize=3)
     ax.axvline(int(table["cores"].iloc[0]), linestyle="--", color="grey", label="core count")
     ax.set(xscale="log", xlabel="torch threads (one process)", ylabel="step time (ms): median, bars min..max",
            title="Step time vs threads")
