@@ -123,3 +123,22 @@ def test_cell_identity_is_the_resolved_config_and_kind():
     assert Cell("a", tiny()).key == Cell("b", tiny(run_id="x", device="cpu")).key
     assert Cell("a", tiny()).key != Cell("a", with_fields(tiny(), global_batch=8)).key
     assert Cell("a", tiny()).key != Cell("a", tiny(), kind="loader").key
+
+
+def test_progress_counts_cells_and_follows_the_running_run(store):
+    from scalelab.experiments.progress import PlainProgress
+
+    lines, followed = [], []
+
+    class Recorder(PlainProgress):
+        def run_started(self, files) -> None:
+            followed.append(files)
+
+    cells = engine.Cells(store, "p", progress=Recorder(lines.append))
+    results = cells.run([Cell("a", tiny()), Cell("b", tiny(seed=1))], group="g")
+    assert [f.run_id for f in followed] == [r.run_id for r in results]  # each run's own directory, in order
+    assert [f.path for f in followed] == [store.run_dir(r.run_id) for r in results]
+    done = [line for line in lines if ": done in " in line]
+    assert [line.split("]")[0] for line in done] == ["[g 1/2", "[g 2/2"]
+    again = engine.Cells(store, "p", progress=Recorder(lines.append)).run([Cell("a", tiny())], group="g")
+    assert again[0].reused and lines[-1].startswith("[g] a: already done")

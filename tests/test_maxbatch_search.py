@@ -60,3 +60,31 @@ def test_oom_reasons():
     assert is_oom("rank 1 killed by signal SIGKILL")
     assert is_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 314.00 MiB")
     assert not is_oom("ValueError: bad shape")
+
+
+def test_cuda_libraries_wording_of_a_failed_allocation_is_out_of_memory():
+    # as an H100 reported them at the edge of its memory (resnet18, batch 17664)
+    assert is_oom("rank 0 exited with code 1: RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+                  "`cublasCreate(handle)`")
+    assert is_oom("cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+
+
+def test_on_cuda_a_failure_above_a_fitting_batch_counts_as_not_fitting(monkeypatch):
+    """cuDNN words a failed workspace allocation as CUDNN_STATUS_INTERNAL_ERROR: once a smaller batch fitted on
+    CUDA, any failure above it is memory (as under a CPU cap); before any fit, it stays an error."""
+    from scalelab import config as config_module
+    from scalelab.config import TrainConfig
+    from scalelab.experiments import max_batch as mb
+
+    monkeypatch.setattr(config_module, "cuda_device_count", lambda: 1)
+    seen = []
+
+    def fake_trial(cells, cfg, group, *, lenient=False):
+        seen.append((cfg.global_batch, lenient))
+        return Trial(cfg.global_batch, cfg.global_batch <= 4)
+
+    monkeypatch.setattr(mb, "run_trial", fake_trial)
+    result = mb.max_batch(TrainConfig(device="cuda", model="mlp"), cells=None, group="g", say=lambda s: None)
+    assert result.max_batch == 4
+    assert seen[0] == (1, False)  # nothing fitted yet: an error is an error
+    assert all(lenient for batch, lenient in seen[1:])

@@ -27,8 +27,9 @@ def loss_curves(runs: list[dict], hue: str) -> pd.DataFrame:
 
 def _analyse(runs, base, opts) -> Result:
     skipped = sorted(set(PRECISIONS) - set(_chosen(base, opts)))
+    notes = {"skipped": {p: "fp16 with GradScaler needs CUDA" for p in skipped}} if skipped else {}
     return Result("amp", {"amp": tables.precision_table(runs), "amp_curves": loss_curves(runs, "precision")},
-                  notes={"skipped": {p: "fp16 with GradScaler needs CUDA" for p in skipped}})
+                  notes=notes)
 
 
 EXPERIMENT = Experiment(

@@ -22,6 +22,7 @@ import contextvars
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from scalelab.store import RunDir, Store
 
 # Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.
 _REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar("scalelab_replay", default=False)
+
+_RUN_LINE = re.compile(r"run ([A-Za-z0-9][A-Za-z0-9._-]*): ")
 
 # How a run is operated, not what it measures: left out of a cell's identity.
 OPERATIONAL = ("run_id", "hang_timeout_s", "checkpoint_every")
@@ -217,7 +220,7 @@ class Cells:
                 return None
             self.progress.cell_started(cell.label)
             began = time.monotonic()
-            outcome = _EXECUTORS[cell.kind](cell, self.store, study, self.progress.run_line)
+            outcome = _EXECUTORS[cell.kind](cell, self.store, study, self._run_say)
         self._known.discard(outcome.run_id)  # index it now
         self._refresh()
         accepted = outcome.failure is None or cell.accepts("failed", outcome.failure)
@@ -225,6 +228,13 @@ class Cells:
                                 f"{'does not fit' if accepted else 'failed'}: {outcome.failure}",
                                 seconds=time.monotonic() - began)
         return None if accepted else outcome.failure
+
+    def _run_say(self, line: str) -> None:
+        """A run's own lines; its first ("run ID: ...") tells the progress where the run's files are."""
+        match = _RUN_LINE.match(line)
+        if match and (self.store.root / "runs" / match.group(1)).is_dir():
+            self.progress.run_started(RunDir(self.store.run_dir(match.group(1))))
+        self.progress.run_line(line)
 
     def _result(self, cell: Cell, missing_before: int, failure: str | None) -> CellResult:
         rows = self._finished(cell)[-cell.repeats:]

@@ -22,8 +22,9 @@ from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number, parse_bytes
 from scalelab.experiments.cells import Cell, Cells, with_fields
 
+# cuBLAS and cuDNN word a failed allocation their own way (seen on an H100 at the edge of its memory).
 OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot allocate memory", "signal sigkill",
-             "std::bad_alloc", "outofmemoryerror")
+             "std::bad_alloc", "outofmemoryerror", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,11 @@ def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int 
     def trial(batch: int) -> Trial:
         cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
                           memory_limit=cap, samples=max(batch, base.samples or batch))
-        t = run_trial(cells, cfg, group, lenient=cap is not None and any(b < batch for b in fitted))
+        # Once a smaller batch fitted, the config is known to work: a failure above it is memory. Under a CPU cap
+        # native code may crash instead of raising; on CUDA, cuDNN reports a failed workspace allocation as
+        # CUDNN_STATUS_INTERNAL_ERROR (seen on an H100 at batch 17522 of resnet18, between fits and OOMs).
+        bounded = cap is not None or cfg.resolved_device == "cuda"
+        t = run_trial(cells, cfg, group, lenient=bounded and any(b < batch for b in fitted))
         if t.fits:
             fitted.append(batch)
         return t

@@ -90,7 +90,8 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "profile": {"set": {"ranks": 2}},
         "threads": {},  # 1, 2, 4, ... up to 2x cores, one process each
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
-        "max_batch": {"memory_limit": 96 * 2**20 if q else 256 * 2**20, "segments": 2,
+        # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
+        "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 256 * 2**20, "segments": 2,
                       "variants": ["base"] if q else ["base", "amp", "checkpointing"],
                       "set": {"model": "resnet18"}},
         "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
