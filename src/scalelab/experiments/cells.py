@@ -167,7 +167,7 @@ class Cells:
     def _in_study(self, study) -> bool:
         return isinstance(study, str) and (study == self.study or study.startswith(self.study + "/"))
 
-    def _refresh(self, kind_of: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    def _refresh(self) -> dict[str, list[dict]]:
         """Index every stored run of the study not indexed yet by cell key (runs of other processes too)."""
         if self._index is None:
             self._index = {}
@@ -200,12 +200,15 @@ class Cells:
         for r in range(rounds):
             for cell in cells:
                 target = r + 1 if interleave else cell.repeats
-                while cell.key not in failures and len(self._finished(cell)) < min(target, cell.repeats):
+                while cell.key not in failures and (done := len(self._finished(cell))) < min(target, cell.repeats):
                     if replaying():
                         break
                     failure = self._run_one(cell, study)
                     if failure is not None:
                         failures[cell.key] = failure
+                    elif len(self._finished(cell)) <= done:  # never loop on a run the index cannot see
+                        raise ScalelabError(f"cell {cell.label}: its run finished but is not found in study "
+                                            f"{self.study} of {self.store.root}")
         return [self._result(c, needed[c.key], failures.get(c.key)) for c in cells]
 
     def _missing(self, cell: Cell) -> int:
