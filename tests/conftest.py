@@ -1,4 +1,9 @@
-"""Shared fixtures: a store in tmp, tiny configs, and teardown of any process group a test left behind."""
+"""Shared fixtures: a store in tmp, tiny configs, and teardown of any process group a test left behind.
+
+Layout: tests/unit/<package>/ mirrors src/scalelab (one process; single-process runs are fine), tests/cli/ drives
+the command line, tests/dist/ starts real process groups or several processes (every test there is marked `dist`,
+so `pytest -m "not dist"` is the fast tier). Test files import these helpers with `from conftest import ...`
+(pyproject's `pythonpath = ["tests"]`)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +14,15 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+DIST = Path(__file__).resolve().parent / "dist"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/dist is a `dist` test: real process groups or several processes."""
+    for item in items:
+        if DIST in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.dist)
 
 
 @pytest.fixture(autouse=True)
@@ -158,6 +172,13 @@ def faulty_model(tmp_path, name: str, *, call: int, fault: str, rank: int | None
     path = tmp_path / f"{name}.py"
     path.write_text(FAULTY.format(call=call, rank=rank, fault=fault))
     return f"{path}:make"
+
+
+def step_losses(run_dir, rank=0):
+    """Per-step training loss of one rank of a run: {step: loss}, from its steps.rank<N>.jsonl."""
+    from scalelab.store import read_jsonl
+
+    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / f"steps.rank{rank}.jsonl")}
 
 
 def quiet_cells(store, study: str):

@@ -13,10 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import FIXTURES
 from scalelab.cli import main
 
-FIXTURE = Path(__file__).parent / "fixtures" / "store_v0"
-EXPECTED = Path(__file__).parent / "fixtures" / "store_v0_expected"
+FIXTURE = FIXTURES / "store_v0"
+EXPECTED = FIXTURES / "store_v0_expected"
 # `runs list` / `runs show`: the catalog's "strategy" column was the model wrapper; a "sync" column is new.
 RENAMED: dict[str, str] = {"strategy": "wrapper"}
 ADDED = {"sync"}

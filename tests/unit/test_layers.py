@@ -4,7 +4,7 @@ Every runtime import between scalelab's packages is read from the source (import
 annotations, not dependencies). A package may import its own modules, packages of a lower layer, and the base.
 Run as a script to print the layers and every edge that breaks them:
 
-    python tests/test_layers.py [SRC_DIR]
+    python tests/unit/test_layers.py [SRC_DIR]
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import ast
 import sys
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 # Higher layers may import lower ones, never the other way round. A module of the package root (config.py) is its
 # own package here.

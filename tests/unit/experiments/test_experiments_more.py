@@ -1,4 +1,4 @@
-"""Scaling and LR-scaling experiments end to end on tiny configs (real runs, 1 and 2 gloo ranks), and the scaling
+"""The LR-scaling experiment end to end on a tiny config (real 1-rank runs), and the scaling and LR
 arithmetic on runs with known times."""
 from __future__ import annotations
 
@@ -48,22 +48,6 @@ def test_exposed_comm_is_the_step_minus_the_no_sync_step_clipped_at_zero():
     assert list(t["step_no_sync(ms)"]) == [25.0, 22.0]
     assert list(t["exposed_comm(ms)"]) == [5.0, 0.0]  # 20 - 22 is noise, not negative communication
     assert list(t["overlap"]) == [0.5, 1.0]
-
-
-def test_scale_strong_and_weak_with_no_sync_ablation(store, tmp_path):
-    base = TrainConfig(model="mlp", samples=128, eval_samples=16, steps=4, warmup_steps=1)
-    res = run_experiment("scale", base, store, "sc", tmp_path, workers=[1, 2], batches=[32])
-    strong, weak = res.tables["scale_strong"], res.tables["scale_weak"]
-    assert list(strong["workers"]) == [1, 2] and list(strong["global_batch"]) == [32, 32]
-    assert list(weak["global_batch"]) == [32, 64]
-    two = strong[strong["workers"] == 2].iloc[0]
-    assert two["comm/bytes_per_step"] > 0 and two["step_no_sync(ms)"] > 0
-    [nosync_id] = store.list_runs(study="sc/scale_strong_nosync")["run_id"]
-    nosync = store.get(nosync_id)
-    assert (nosync["config"]["sync"], nosync["config"]["ranks"], nosync["config"]["global_batch"]) == ("noop", 2, 32)
-    assert two["step_no_sync(ms)"] == nosync["summary"]["time/step_median(ms)"]  # the ablation of this very cell
-    assert len(store.list_runs(study="sc/scale_strong")) == 2
-    assert any(p.name == "scale_strong.png" for p in res.files)
 
 
 def test_lr_table_time_to_target_on_fixed_curves():

@@ -1,0 +1,128 @@
+"""`compare strategies` / `compare backends` on real 2-rank gloo runs.
+
+The real runs share one store (module fixture): backends first (gloo + its noop: 2 runs), then every strategy
+(ddp and noop are the same cells as gloo's, so 8 new runs), then the same strategies again through the CLI
+(nothing new runs). Model: Flatten -> Linear(3072, 16) -> Linear(16, 16) -> Linear(16, 10), no biases, no
+buffers: gradient bytes per step (fp32) = (3072*16 + 16*16 + 16*10) * 4 = 198272, one DDP bucket.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import TINY_MLP, run_experiment
+from scalelab.analysis.compare import BACKENDS
+from scalelab.cli import main
+from scalelab.config import TrainConfig
+from scalelab.experiments import backends as backends_exp
+from scalelab.sync.registry import variants
+
+STRATEGIES = variants()
+GRAD_BYTES = (3072 * 16 + 16 * 16 + 16 * 10) * 4
+
+
+# ---------------------------------------------------------------- real 2-rank gloo runs
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    from scalelab.store import Store
+
+    root = tmp_path_factory.mktemp("compare")
+    (root / "tiny.py").write_text(TINY_MLP)
+    fields = dict(model=f"{root / 'tiny.py'}:make", dataset="synthetic", samples=64, eval_samples=16,
+                  global_batch=16, steps=4, warmup_steps=1, ranks=2, sample_interval_s=0.1)
+    (root / "tiny.yaml").write_text(yaml.safe_dump(fields))
+    base = TrainConfig(**fields)
+    store, out = Store(root / "store"), root / "out"
+    backends = run_experiment("backends", base, store, "s", out)
+    after_backends = len(store.list_runs())
+    strategies = run_experiment("strategies", base, store, "s", out, accumulate=2)
+    return {"root": root, "store": store, "out": out, "backends": backends, "strategies": strategies,
+            "after_backends": after_backends}
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_strategy_table_bytes_follow_the_meter_conventions(measured):
+    table = measured["strategies"].tables["compare_strategies"].set_index("sync")
+    assert list(table.index) == list(STRATEGIES)
+    assert (table["status"] == "completed").all()
+    b = table["bytes_per_step"]
+    assert b["ddp"] == b["allreduce"] == b["bucketed"] == b["ddp+accumulate"] == GRAD_BYTES
+    assert b["ddp+fp16"] == b["ddp+bf16"] == GRAD_BYTES / 2
+    assert b["gather_scatter"] == 2 * b["allreduce"]  # S gathered + S scattered per rank (n = 2)
+    assert 0 < b["ddp+powersgd"] < b["ddp"]
+    assert b["noop"] == 0 and table.at["noop", "collectives_per_step"] == 0
+    assert (table["bytes_forward_per_step"] == 0).all() and (table["bytes_optimizer_per_step"] == 0).all()
+    assert (table["bytes_backward_per_step"] == b).all()
+    assert table.at["allreduce", "collectives_per_step"] == 3  # one per parameter
+    assert table.at["ddp", "collectives_per_step"] == 1  # one bucket
+    assert (table.drop(index="noop")["busbw(GB/s)"] > 0).all()
+    assert table["train_loss"].notna().all()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_strategy_table_compute_is_the_noop_run_of_the_same_config(measured):
+    table = measured["strategies"].tables["compare_strategies"].set_index("sync")
+    noop_step = table.at["noop", "step(ms)"]
+    for name in STRATEGIES:
+        if name == "ddp+accumulate":
+            continue
+        row = table.loc[name]
+        assert row["compute(ms)"] == noop_step  # every row's compute is the noop cell's stored step
+        assert row["noop_run_id"] == table.at["noop", "run_id"]
+    acc = table.loc["ddp+accumulate"]
+    # its own baseline: a noop run with 2 micro-steps of 4 samples per rank (the global batch is kept)
+    assert (acc["accumulate"], acc["micro_batch_per_rank"], acc["global_batch"]) == (2, 4, 16)
+    assert acc["noop_run_id"] != table.at["noop", "run_id"]
+    baseline = measured["store"].get(acc["noop_run_id"])
+    assert (baseline["config"]["sync"], baseline["config"]["accumulate"]) == ("noop", 2)
+    assert acc["compute(ms)"] == baseline["summary"]["time/step_median(ms)"]
+    assert "keeps the global batch 16" in measured["strategies"].notes["accumulate"]
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
+    table = measured["backends"].tables["compare_backends"].set_index("backend")
+    facts = backends_exp.runtime_facts()
+    assert list(table.index) == list(BACKENDS)
+    assert table.at["gloo", "status"] == "completed"
+    assert table.at["gloo", "bytes_per_step"] == GRAD_BYTES and table.at["gloo", "busbw(GB/s)"] > 0
+    assert table.at["gloo", "compute(ms)"] > 0 and not math.isnan(table.at["gloo", "exposed_comm(ms)"])
+    if facts["gpus"] < 2:
+        assert table.at["nccl", "status"] == "skipped"
+        assert table.at["nccl", "reason"] == f"needs CUDA with >= 2 GPUs (found {facts['gpus']})"
+    if not facts["mpi"]:
+        assert table.at["mpi", "status"] == "skipped"
+        assert table.at["mpi", "reason"] == "torch.distributed.is_mpi_available() is False"
+    assert measured["after_backends"] == 2  # gloo and its noop
+    # the strategies reused gloo's cells (same config): ddp is gloo's run, noop its noop
+    strat = measured["strategies"].tables["compare_strategies"].set_index("sync")
+    assert strat.at["ddp", "run_id"] == table.at["gloo", "run_id"]
+    assert strat.at["noop", "run_id"] == table.at["gloo", "noop_run_id"]
+    assert len(measured["store"].list_runs()) == 2 + 8
+    names = {p.name for p in measured["backends"].files + measured["strategies"].files}
+    assert {"compare_backends.csv", "compare_backends.json", "compare_backends.png", "compare_strategies.csv",
+            "compare_strategies.json", "compare_strategies.png", "compare_strategies_bytes.png"} <= names
+    assert all(p.exists() for p in measured["strategies"].files)
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
+    store, root = measured["store"], measured["root"]
+    before = len(store.list_runs())
+    main(["compare", "strategies", "--config", str(root / "tiny.yaml"), "--accumulate", "2", "--study", "s",
+          "--store", str(store.root), "--out", str(root / "again")])
+    out = capsys.readouterr().out
+    assert len(store.list_runs()) == before
+    assert out.count("already done") == len(STRATEGIES) + 1  # every strategy and the accumulate baseline
+    assert "[compare] gather_scatter: already done" in out
+    again = pd.read_csv(root / "again" / "compare_strategies.csv")
+    first = measured["strategies"].tables["compare_strategies"]
+    assert list(again["run_id"]) == list(first["run_id"])
+    assert list(again["bytes_per_step"]) == list(first["bytes_per_step"])
