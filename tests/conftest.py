@@ -197,3 +197,22 @@ def run_experiment(name: str, base, store, study: str, out_dir: Path, **options)
     experiment = registry.get(name)
     ctx = Context(quiet_cells(store, study), Path(out_dir), lambda line: None)
     return experiment.execute(ctx, base, experiment.option_values(options))
+
+
+def spawn_ranks(main, args: tuple, *, nprocs: int = 2, timeout_s: float = 120) -> None:
+    """Run `main(rank, *args)` in `nprocs` spawned processes and wait for all of them; a failed rank raises, a
+    hung one is killed after `timeout_s` (a rank left running would keep pytest from exiting)."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ranks = mp.start_processes(main, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ranks.join(timeout=1):  # raises when a rank fails
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {nprocs} ranks did not finish within {timeout_s:g} s (a hung collective?)")
+    finally:
+        for proc in ranks.processes:
+            if proc.is_alive():
+                proc.kill()

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY_MLP, run_cli
+from conftest import TINY_MLP, run_cli, spawn_ranks
 from scalelab.store import read_jsonl
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
@@ -126,22 +125,10 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, models):
     """Every scenario on 2 spawned gloo ranks (one process group for all)."""
-    import torch.multiprocessing as mp
-
     from scalelab.run.launch import free_port
 
     root = tmp_path_factory.mktemp("sync_runs")
-    ranks = mp.start_processes(_rank_main, args=(str(root), free_port(), models), nprocs=2, start_method="spawn",
-                               join=False)
-    deadline = time.monotonic() + 120
-    try:
-        while not ranks.join(timeout=1):  # raises when a rank fails
-            if time.monotonic() > deadline:
-                raise TimeoutError("the 2 ranks did not finish within 120 s (a hung collective?)")
-    finally:
-        for proc in ranks.processes:  # a rank left running would keep pytest from exiting
-            if proc.is_alive():
-                proc.kill()
+    spawn_ranks(_rank_main, (str(root), free_port(), models))
     return root
 
 

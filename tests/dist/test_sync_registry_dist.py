@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import spawn_ranks
 from scalelab.config import TrainConfig
 from scalelab.sync import registry
 
@@ -75,21 +75,9 @@ def _rank_main(rank: int, out: str, port: int) -> None:
 @pytest.mark.dist
 @pytest.mark.timeout(150)
 def test_noop_collectives_keep_the_wrapper_but_issue_and_meter_no_collective(tmp_path):
-    import torch.multiprocessing as mp
-
     from scalelab.run.launch import free_port
 
-    ranks = mp.start_processes(_rank_main, args=(str(tmp_path), free_port()), nprocs=2, start_method="spawn",
-                               join=False)
-    deadline = time.monotonic() + 120
-    try:
-        while not ranks.join(timeout=1):  # raises when a rank fails
-            if time.monotonic() > deadline:
-                raise TimeoutError("the 2 ranks did not finish within 120 s (a hung collective?)")
-    finally:
-        for proc in ranks.processes:
-            if proc.is_alive():
-                proc.kill()
+    spawn_ranks(_rank_main, (str(tmp_path), free_port()))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for case in NOOP_CASES:
         real, noop = r0[f"{case}/False"], r0[f"{case}/True"]

@@ -17,6 +17,9 @@ def test_strong_speedup_and_efficiency_are_exact():
     assert list(t["workers"]) == [1, 2, 4]
     assert list(t["speedup"]) == pytest.approx([1.0, 10 / 6, 2.5])
     assert list(t["efficiency"]) == pytest.approx([1.0, 10 / 12, 0.625])
+    # no 1-worker run of that global batch: no baseline, no speedup
+    alone = scaling_table([run("d", 2, 128, 5.0, 200, 30)], "strong")
+    assert alone["speedup"].isna().all() and alone["efficiency"].isna().all()
 
 
 def test_weak_efficiency_compares_throughput():
@@ -33,3 +36,12 @@ def test_exposed_comm_by_ablation_and_overlap():
     row = t[t["workers"] == 2].iloc[0]
     assert row["exposed_comm(ms)"] == pytest.approx(10.0)
     assert row["overlap"] == pytest.approx(0.5)
+
+
+def test_exposed_comm_is_clipped_at_zero_when_the_no_sync_step_is_slower():
+    runs = [run("s2", 2, 32, 6.0, 150.0, 30.0, comm=10.0), run("s4", 4, 32, 4.0, 250.0, 20.0, comm=8.0)]
+    t = add_exposed_comm(scaling_table(runs, "strong"), [run("n2", 2, 32, 5.0, 160.0, 25.0),
+                                                          run("n4", 4, 32, 3.0, 300.0, 22.0)])
+    assert list(t["step_no_sync(ms)"]) == [25.0, 22.0]
+    assert list(t["exposed_comm(ms)"]) == [5.0, 0.0]  # 20 - 22 is noise, not negative communication
+    assert list(t["overlap"]) == [0.5, 1.0]
