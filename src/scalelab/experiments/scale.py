@@ -36,7 +36,8 @@ def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[i
 
 def _modes(value, name: str) -> list[str]:
     """"both", "strong", "weak", or a list of strong / weak."""
-    return list(MODES) if value == "both" else name_list(value, name, MODES)
+    modes = name_list(value, name, (*MODES, "both"))
+    return list(MODES) if "both" in modes else [m for m in MODES if m in modes]
 
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:

@@ -88,7 +88,6 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
     comm_model = {"model": "mlp", "steps": 6 if q else 12}
     options = {
         "profile": {"set": {"ranks": 2}},
-        "threads": {},  # 1, 2, 4, ... up to 2x cores, one process each
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
         # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
         "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 256 * 2**20, "segments": 2,
