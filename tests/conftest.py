@@ -216,3 +216,23 @@ def spawn_ranks(main, args: tuple, *, nprocs: int = 2, timeout_s: float = 120) -
         for proc in ranks.processes:
             if proc.is_alive():
                 proc.kill()
+
+
+def leave_group(folder, rank: int, world: int = 2, timeout_s: float = 30) -> None:
+    """End a spawned rank's process group without a teardown race: when one rank's process exits while its peer
+    is still tearing gloo down, the peer's gloo thread can see the closed socket and abort ("terminate called
+    without an active exception", SIGABRT; seen under load). Every rank destroys its group, then waits until all
+    have, and only then leaves (os._exit: no interpreter teardown touches torch's threads afterwards)."""
+    import os
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    Path(folder, f".left.rank{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not all(Path(folder, f".left.rank{r}").exists() for r in range(world)):
+        time.sleep(0.05)
+    os._exit(0)

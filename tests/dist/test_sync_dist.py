@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY_MLP, run_cli, spawn_ranks
+from conftest import TINY_MLP, leave_group, run_cli, spawn_ranks
 from scalelab.store import read_jsonl
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(150)]
@@ -108,8 +108,10 @@ def _rank_main(rank: int, root: str, port: int, models: dict) -> None:
         ctx = DistContext(rank, 2, rank, 2, torch.device("cpu"))
         for name, kw in SCENARIOS.items():
             run_scenario(config(models, ranks=2, **kw), ctx, Path(root) / name)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group(root, rank)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import spawn_ranks
+from conftest import leave_group, spawn_ranks
 from scalelab.config import TrainConfig
 from scalelab.sync import registry
 
@@ -67,9 +67,10 @@ def _rank_main(rank: int, out: str, port: int) -> None:
                                              "collectives": totals["collectives"], "calls": calls,
                                              "grad": torch.cat([g.flatten() for g in grad]).tolist()}
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()  # neither rank tears the group down while the other still uses it
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group(out, rank)
 
 
 @pytest.mark.dist
