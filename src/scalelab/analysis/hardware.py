@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from itertools import combinations
+from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
@@ -264,16 +265,63 @@ def _link(field: str, name: str) -> Link:
     return LINKS[name]
 
 
-PRESETS = {
-    # network presets: one rank per node, so every collective crosses the network
-    **{k: hardware(k, k, 1, name=f"{LINKS[k].name}, one rank per node") for k in ("10gbe", "25gbe", "100gbe",
-                                                                                    "ib_hdr")},
-    "nvlink3": hardware("nvlink3", "ib_hdr", 8, inter_links=8,
-                        note="NVIDIA DGX A100 User Guide: 8 A100 on NVLink 3 (NVSwitch), 8 single-port HDR "
-                             "adapters for compute traffic. "),
-    "pcie4_x16": hardware("pcie4_x16", "100gbe", 4,
-                          note="Node layout assumed (a typical PCIe server: 4 GPUs, one 100 GbE NIC). "),
-}
+@dataclass(frozen=True, kw_only=True)
+class PresetEntry:
+    """One named hardware preset.
+
+    name         what --hardware and a hardware file's `preset:` name.
+    hardware     the Hardware (its own `name` is the label the tables show, `source` where the numbers come from).
+    description  one line, for help.
+    """
+
+    name: str
+    hardware: Hardware
+    description: str
+
+
+class Presets:
+    """The hardware preset registry: name -> PresetEntry, in listing order. Read it through `presets`."""
+
+    def __init__(self, entries: tuple[PresetEntry, ...]):
+        self._entries = {e.name: e for e in entries}
+        if len(self._entries) != len(entries):
+            raise RuntimeError(f"two hardware presets share a name: {sorted(e.name for e in entries)}")
+
+    def entries(self) -> tuple[PresetEntry, ...]:
+        return tuple(self._entries.values())
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def get(self, name: str, field: str = "hardware") -> PresetEntry:
+        """The entry of `name`; ConfigError(field) naming the allowed presets otherwise."""
+        if not isinstance(name, str) or name not in self._entries:
+            raise ConfigError(field, name, f"allowed: {', '.join(self._entries)}")
+        return self._entries[name]
+
+    def describe(self) -> str:
+        """One line per preset for help: "name: description"."""
+        return "; ".join(f"{e.name}: {e.description}" for e in self.entries())
+
+
+def _network(link: str) -> PresetEntry:
+    """A network preset: one rank per node, so every collective crosses `link`."""
+    name = f"{LINKS[link].name}, one rank per node"
+    return PresetEntry(name=link, hardware=hardware(link, link, 1, name=name), description=name)
+
+
+presets = Presets((
+    *(_network(k) for k in ("10gbe", "25gbe", "100gbe", "ib_hdr")),
+    PresetEntry(name="nvlink3", description="DGX A100 nodes: 8 GPUs on NVLink 3, 8 HDR InfiniBand links per node",
+                hardware=hardware("nvlink3", "ib_hdr", 8, inter_links=8,
+                                  note="NVIDIA DGX A100 User Guide: 8 A100 on NVLink 3 (NVSwitch), 8 single-port "
+                                       "HDR adapters for compute traffic. ")),
+    PresetEntry(name="pcie4_x16", description="PCIe 4.0 x16 servers: 4 GPUs per node, one 100 GbE NIC",
+                hardware=hardware("pcie4_x16", "100gbe", 4,
+                                  note="Node layout assumed (a typical PCIe server: 4 GPUs, one 100 GbE NIC). ")),
+))
+# name -> Hardware, read-only: a view of the registry for code that only wants the numbers
+PRESETS = MappingProxyType({e.name: e.hardware for e in presets.entries()})
 
 
 def hardware_from_fit(alpha: float, beta: float, *, gpus_per_node: int = 1, name: str = "loopback (this machine)",
@@ -300,9 +348,8 @@ def hardware_from_dict(d: dict) -> Hardware:
             raise ConfigError(f"hardware.{key}", d[key], f"unknown key; allowed: {', '.join(ALLOWED_KEYS)}")
     values: dict = {}
     if "preset" in d:
-        if d["preset"] not in PRESETS:
-            raise ConfigError("hardware.preset", d["preset"], f"allowed: {', '.join(PRESETS)}")
-        values = {f.name: getattr(PRESETS[d["preset"]], f.name) for f in fields(Hardware)}
+        preset = presets.get(d["preset"], field="hardware.preset").hardware
+        values = {f.name: getattr(preset, f.name) for f in fields(Hardware)}
     links = _integer(d, "inter_links", 1)
     if "inter_links" in d and "inter" not in d:
         raise ConfigError("hardware.inter_links", d["inter_links"], "allowed only with an inter link preset")

@@ -97,7 +97,7 @@ OWN = {p.name for p in PREDICT_OPTIONS}
 
 def predict_cmd(**kw) -> None:
     """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
-    from scalelab.analysis.hardware import PRESETS, hardware_from_dict
+    from scalelab.analysis.hardware import hardware_from_dict, presets
     from scalelab.perf.perfmodel import COMPRESSION
     from scalelab.experiments.calibration import MEASURED
     from scalelab.experiments.prediction import run_prediction
@@ -115,7 +115,7 @@ def predict_cmd(**kw) -> None:
         raise ConfigError("target_efficiency", kw["target_efficiency"], "allowed: a number in (0, 1]")
     names = kw["hardware"] if kw["hardware"] else ([] if kw["hardware_file"] else DEFAULT_HARDWARE)
     for name in names:
-        check_choice("hardware", name, (MEASURED, *PRESETS))
+        check_choice("hardware", name, (MEASURED, *presets.names()))
     hw_file = load_yaml(kw["hardware_file"]) if kw["hardware_file"] else None
     if hw_file is not None:
         hardware_from_dict(hw_file)

@@ -16,7 +16,7 @@ import pandas as pd
 
 from scalelab.perf import perfmodel as pm
 from scalelab.analysis import keys
-from scalelab.analysis.hardware import PRESETS, Hardware, hardware_from_dict
+from scalelab.analysis.hardware import Hardware, hardware_from_dict, presets
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path
@@ -28,16 +28,17 @@ from scalelab.experiments.cells import Cell, with_fields
 
 def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | None = None,
                      gpus_per_node: int | None = None) -> list[Hardware]:
-    """Hardware presets by name (`PRESETS` plus "measured" = this machine's fit), then the one of `file`
-    (`hardware_from_dict`); `gpus_per_node` overrides every preset's node size."""
+    """Hardware presets by name (the `presets` registry plus "measured" = this machine's fit), then the one of
+    `file` (`hardware_from_dict`); `gpus_per_node` overrides every preset's node size."""
+    allowed = ", ".join((MEASURED, *presets.names()))
     out = []
     for name in names:
         if name == MEASURED:
             out.append(cal.hardware(gpus_per_node or 1))
             continue
-        if name not in PRESETS:
-            raise ConfigError("hardware", name, f"allowed: {MEASURED}, {', '.join(PRESETS)}")
-        out.append(PRESETS[name])
+        if name not in presets.names():
+            raise ConfigError("hardware", name, f"allowed: {allowed}")
+        out.append(presets.get(name).hardware)
     if file is not None:
         out.append(hardware_from_dict(file))
     if gpus_per_node is not None:
@@ -45,7 +46,7 @@ def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | Non
             raise ConfigError("gpus_per_node", gpus_per_node, "allowed: an integer >= 1")
         out = [dataclasses.replace(h, gpus_per_node=gpus_per_node) for h in out]
     if not out:
-        raise ConfigError("hardware", list(names), f"give at least one of {MEASURED}, {', '.join(PRESETS)}")
+        raise ConfigError("hardware", list(names), f"give at least one of {allowed}")
     return out
 
 
