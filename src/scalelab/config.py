@@ -51,11 +51,10 @@ def cuda_device_count() -> int:
 class TrainConfig:
     """One training run. Sizes are global unless the name says per-rank."""
 
-    model: str = doc("cnn", "Model: mlp, cnn, resnet18, vgg11, vit_tiny, gpt_tiny, or module:function / "
-                            "path/file.py:function.")
-    dataset: str = doc("synthetic", "Dataset: synthetic, synthetic_tokens, synthetic_jpeg, mnist1d, cifar10, mnist, "
-                                    "imagefolder, or module:function / path/file.py:function.")
-    data_path: str | None = doc(None, "Directory of an on-disk dataset (cifar10, mnist, imagefolder).")
+    # the built-in names are listed by the CLI's help from the zoo registries (cli.options.registry_help)
+    model: str = doc("cnn", "Model: a built-in one, or module:function / path/file.py:function.")
+    dataset: str = doc("synthetic", "Dataset: a built-in one, or module:function / path/file.py:function.")
+    data_path: str | None = doc(None, "Directory of an on-disk dataset.")
     samples: int | None = doc(None, "Training samples of a generated dataset (default: the dataset's).")
     eval_samples: int | None = doc(None, "Evaluation samples of a generated dataset (default: the dataset's).")
     augment: bool = doc(False, "Per-sample random crop + flip for image datasets that decode per sample.")

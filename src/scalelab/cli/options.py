@@ -2,8 +2,9 @@
 
 Every config field is exactly one flag: `--name-with-dashes` unless the field's metadata names another spelling
 (`config.doc`), its help is the field's help, a Literal field (and `sync`, from the sync registry) lists its
-choices. Every command that starts from a training config takes all of them (`config_params`) and builds its
-config with `merge`, the only place the precedence rule is written:
+choices, `model`, `dataset` and `data_path` list the names of the zoo registries. Every command that starts from a
+training config takes all of them (`config_params`) and builds its config with `merge`, the only place the
+precedence rule is written:
 
     defaults < YAML file (--config) < --set FIELD=VALUE < flags
 """
@@ -46,6 +47,19 @@ def sync_choices() -> tuple[str, ...]:
     return ("auto", *registry.names())
 
 
+def registry_help(field: str) -> str:
+    """The names a field's help lists from the zoo registries ("" for other fields)."""
+    if field not in ("model", "dataset", "data_path"):
+        return ""
+    from scalelab.zoo.registry import datasets, models  # imports the zoo (and torch) when asked
+
+    if field == "model":
+        return f" Built-in: {', '.join(models.names())}."
+    if field == "dataset":
+        return f" Built-in: {', '.join(datasets.names())}."
+    return f" On-disk datasets: {', '.join(e.name for e in datasets.entries() if e.on_disk)}."
+
+
 @cache
 def config_flags() -> tuple[ConfigFlag, ...]:
     """One ConfigFlag per TrainConfig field, in the dataclass's order."""
@@ -60,7 +74,7 @@ def config_flags() -> tuple[ConfigFlag, ...]:
             kind = str
         dashed = f.name.replace("_", "-")
         decls = tuple(f.metadata.get("flag") or ((f"--{dashed}/--no-{dashed}",) if kind is bool else (f"--{dashed}",)))
-        text = f.metadata["help"]
+        text = f.metadata["help"] + registry_help(f.name)
         if choices:
             text += f" Choices: {', '.join(choices)}."
         if f.default is not None:

@@ -1,4 +1,5 @@
-"""Dataset registry: ``build_data(name, ...)`` gives a DataBundle of train/eval datasets and their DataSpec.
+"""Built-in datasets and their registry entries (`ENTRIES`, read by `scalelab.zoo.registry`): ``build_data(name, ...)``
+gives a DataBundle of train/eval datasets and their DataSpec.
 
 Every dataset is deterministic for a given seed and identical on every process that builds it, so
 data-parallel ranks can each build their own copy. Samples are ``(x, y)`` tensors.
@@ -19,15 +20,9 @@ from torch.utils.data import Dataset, TensorDataset
 
 from scalelab.errors import ConfigError, DataError, ModelError
 from scalelab.zoo import formats, mnist1d
+from scalelab.zoo.registry import DatasetEntry, datasets
 from scalelab.zoo.spec import DataSpec
 
-DATASETS: tuple[str, ...] = ("synthetic", "synthetic_tokens", "synthetic_jpeg", "mnist1d", "cifar10", "mnist",
-                             "imagefolder")
-_ON_DISK = {"cifar10": "a directory holding data_batch_1..5 and test_batch (cifar-10-batches-py)",
-            "mnist": "a directory holding the four MNIST IDX files (optionally .gz)",
-            "imagefolder": "a directory root/<class>/<images> (optionally root/train and root/val)"}
-_IMAGE_SETS = {"synthetic", "synthetic_jpeg", "cifar10", "mnist", "imagefolder"}
-USER_REF_HINT = "module:function or path/file.py:function"
 
 # synthetic images: per-pixel signal amplitude and noise std (calibrated so a small CNN reaches
 # roughly 70-95 % in a few hundred SGD steps, not 100 % at once)
@@ -217,7 +212,8 @@ def _check_args(samples, eval_samples, image_size, seq_len, vocab, seed) -> None
 def build_data(name: str, *, path: str | None = None, samples: int = 4096, eval_samples: int = 1024,
                seed: int = 0, image_size: int = 32, seq_len: int = 64, vocab: int = 64,
                augment: bool = False) -> DataBundle:
-    """Build a built-in dataset (see DATASETS) or a user one (``module:function`` / ``path/file.py:function``).
+    """Build a registered dataset (`registry.datasets`) or a user one (``module:function`` /
+    ``path/file.py:function``).
 
     - samples / eval_samples size the synthetic sets. mnist1d treats the defaults (4096 / 1024) as
       "the paper's split" and makes 4000 / 1000; any other value is used as given. On-disk sets
@@ -230,61 +226,100 @@ def build_data(name: str, *, path: str | None = None, samples: int = 4096, eval_
       sets; synthetic_jpeg always augments its train split, since that is its purpose.
     """
     if not isinstance(name, str) or not name:
-        raise ConfigError("dataset", name, f"allowed: {', '.join(DATASETS)} or {USER_REF_HINT}")
+        raise ConfigError("dataset", name, datasets.allowed())
     _check_args(samples, eval_samples, image_size, seq_len, vocab, seed)
+    options = dict(path=path, samples=samples, eval_samples=eval_samples, seed=seed, image_size=image_size,
+                   seq_len=seq_len, vocab=vocab, augment=augment)
     if ":" in name:
-        return _user_data(name, dict(path=path, samples=samples, eval_samples=eval_samples, seed=seed,
-                                     image_size=image_size, seq_len=seq_len, vocab=vocab, augment=augment))
-    if name not in DATASETS:
-        raise ConfigError("dataset", name, f"allowed: {', '.join(DATASETS)} or {USER_REF_HINT}")
-    if name in _ON_DISK and not path:
-        raise ConfigError("data_path", path, f"{name} needs {_ON_DISK[name]}")
-    if name not in _ON_DISK and path:
+        return _user_data(name, options)
+    entry = datasets.get(name)
+    if entry.on_disk and not path:
+        raise ConfigError("data_path", path, f"{name} needs {entry.data_path}")
+    if not entry.on_disk and path:
         raise ConfigError("data_path", path, f"{name} is generated in memory and takes no data path")
-    if augment and name not in _IMAGE_SETS:
+    if augment and not entry.augments:
         raise ConfigError("augment", augment, f"augmentation exists for image datasets only, not {name}")
+    return entry.builder(**options)
 
-    if name == "synthetic":
-        xtr, ytr = _synthetic_images(samples, seed, 1, image_size)
-        xte, yte = _synthetic_images(eval_samples, seed, 2, image_size)
-        train = ArrayImages(xtr.numpy(), ytr, augment=True, seed=seed) if augment else TensorDataset(xtr, ytr)
-        return DataBundle(train, TensorDataset(xte, yte), DataSpec(kind="image", shape=(3, image_size, image_size),
-                                                                   num_classes=10))
-    if name == "synthetic_tokens":
-        tr, te = (_synthetic_tokens(n, seed, s, seq_len, vocab) for n, s in ((samples, 1), (eval_samples, 2)))
-        return DataBundle(TensorDataset(tr[:, :-1], tr[:, 1:]), TensorDataset(te[:, :-1], te[:, 1:]),
-                          DataSpec(kind="tokens", shape=(seq_len,), num_classes=vocab))
-    if name == "synthetic_jpeg":
-        norm = dict(dataset=name, image_size=image_size, mean=(0.0,) * 3, std=(1.0,) * 3, offset=128.0,
-                    scale=JPEG_SCALE, seed=seed, resample=4)  # 4 = Image.BOX: 2x2 block mean
-        (xtr, ytr), (xte, yte) = (_synthetic_images(n, seed, s, image_size) for n, s in ((samples, 1),
-                                                                                          (eval_samples, 2)))
-        return DataBundle(EncodedImages(_encode_images(xtr), ytr, augment=True, **norm),
-                          EncodedImages(_encode_images(xte), yte, augment=False, **norm),
-                          DataSpec(kind="image", shape=(3, image_size, image_size), num_classes=10))
-    if name == "mnist1d":
-        n_train = 4000 if samples == 4096 else samples
-        n_test = 1000 if eval_samples == 1024 else eval_samples
-        if 42 + seed >= 2**32:  # numpy's RandomState takes 32-bit seeds only
-            raise ConfigError("seed", seed, f"mnist1d seeds RandomState(42 + seed); allowed: 0..{2**32 - 43}")
-        xtr, ytr, xte, yte = _mnist1d_cached(n_train, n_test, 42 + seed)
-        return DataBundle(TensorDataset(torch.tensor(xtr[:, None]), torch.tensor(ytr)),
-                          TensorDataset(torch.tensor(xte[:, None]), torch.tensor(yte)),
-                          DataSpec(kind="seq1d", shape=(1, xtr.shape[1]), num_classes=10))
-    if name in ("cifar10", "mnist"):
-        xtr, ytr, xte, yte = (formats.read_cifar10 if name == "cifar10" else formats.read_mnist)(path)
-        mean, std = (CIFAR_MEAN, CIFAR_STD) if name == "cifar10" else (MNIST_MEAN, MNIST_STD)
+
+# ---------------------------------------------------------------- registry entries: one builder per dataset
+# Each takes build_data's checked options as keywords and ignores the ones it has no use for.
+
+def _synthetic(*, samples, eval_samples, seed, image_size, augment, **_) -> DataBundle:
+    xtr, ytr = _synthetic_images(samples, seed, 1, image_size)
+    xte, yte = _synthetic_images(eval_samples, seed, 2, image_size)
+    train = ArrayImages(xtr.numpy(), ytr, augment=True, seed=seed) if augment else TensorDataset(xtr, ytr)
+    return DataBundle(train, TensorDataset(xte, yte), DataSpec(kind="image", shape=(3, image_size, image_size),
+                                                               num_classes=10))
+
+
+def _synthetic_token_set(*, samples, eval_samples, seed, seq_len, vocab, **_) -> DataBundle:
+    tr, te = (_synthetic_tokens(n, seed, s, seq_len, vocab) for n, s in ((samples, 1), (eval_samples, 2)))
+    return DataBundle(TensorDataset(tr[:, :-1], tr[:, 1:]), TensorDataset(te[:, :-1], te[:, 1:]),
+                      DataSpec(kind="tokens", shape=(seq_len,), num_classes=vocab))
+
+
+def _synthetic_jpeg(*, samples, eval_samples, seed, image_size, **_) -> DataBundle:
+    norm = dict(dataset="synthetic_jpeg", image_size=image_size, mean=(0.0,) * 3, std=(1.0,) * 3, offset=128.0,
+                scale=JPEG_SCALE, seed=seed, resample=4)  # 4 = Image.BOX: 2x2 block mean
+    (xtr, ytr), (xte, yte) = (_synthetic_images(n, seed, s, image_size) for n, s in ((samples, 1),
+                                                                                      (eval_samples, 2)))
+    return DataBundle(EncodedImages(_encode_images(xtr), ytr, augment=True, **norm),
+                      EncodedImages(_encode_images(xte), yte, augment=False, **norm),
+                      DataSpec(kind="image", shape=(3, image_size, image_size), num_classes=10))
+
+
+def _mnist1d(*, samples, eval_samples, seed, **_) -> DataBundle:
+    n_train = 4000 if samples == 4096 else samples
+    n_test = 1000 if eval_samples == 1024 else eval_samples
+    if 42 + seed >= 2**32:  # numpy's RandomState takes 32-bit seeds only
+        raise ConfigError("seed", seed, f"mnist1d seeds RandomState(42 + seed); allowed: 0..{2**32 - 43}")
+    xtr, ytr, xte, yte = _mnist1d_cached(n_train, n_test, 42 + seed)
+    return DataBundle(TensorDataset(torch.tensor(xtr[:, None]), torch.tensor(ytr)),
+                      TensorDataset(torch.tensor(xte[:, None]), torch.tensor(yte)),
+                      DataSpec(kind="seq1d", shape=(1, xtr.shape[1]), num_classes=10))
+
+
+def _array_files(read, mean, std):
+    """Builder of an on-disk set read whole into (N, C, H, W) uint8 arrays by `read(path)`."""
+    def build(*, path, seed, augment, **_) -> DataBundle:
+        xtr, ytr, xte, yte = read(path)
         return DataBundle(ArrayImages(xtr, ytr, mean=mean, std=std, augment=augment, seed=seed),
                           ArrayImages(xte, yte, mean=mean, std=std),
                           DataSpec(kind="image", shape=tuple(xtr.shape[1:]), num_classes=10))
-    # imagefolder
+    return build
+
+
+def _imagefolder(*, path, seed, image_size, augment, **_) -> DataBundle:
     train, evals, classes = formats.scan_imagefolder(path, seed)
-    formats.decode_image(train[0][0], name, train[0][0])  # fail now, not mid-epoch, if images are not images
-    common = dict(dataset=name, image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, seed=seed,
+    formats.decode_image(train[0][0], "imagefolder", train[0][0])  # fail now, not mid-epoch, if images are not images
+    common = dict(dataset="imagefolder", image_size=image_size, mean=IMAGENET_MEAN, std=IMAGENET_STD, seed=seed,
                   resample=2)  # 2 = Image.BILINEAR (antialiased when shrinking)
     return DataBundle(EncodedImages([p for p, _ in train], [y for _, y in train], augment=augment, **common),
                       EncodedImages([p for p, _ in evals], [y for _, y in evals], **common),
                       DataSpec(kind="image", shape=(3, image_size, image_size), num_classes=len(classes)))
+
+
+# The built-in datasets, in listing order.
+ENTRIES = (
+    DatasetEntry(name="synthetic", builder=_synthetic, kind="image",
+                 description="generated 10-class images: a smooth template per class under noise"),
+    DatasetEntry(name="synthetic_tokens", builder=_synthetic_token_set, kind="tokens",
+                 description="generated token sequences: next = a fixed permutation of the previous, with noise"),
+    DatasetEntry(name="synthetic_jpeg", builder=_synthetic_jpeg, kind="image", decodes=True,
+                 description="the synthetic images stored as JPEG, decoded and augmented per sample"),
+    DatasetEntry(name="mnist1d", builder=_mnist1d, kind="seq1d",
+                 description="MNIST-1D (Greydanus 2020): 40-step 1-D digit signals, generated"),
+    DatasetEntry(name="cifar10", builder=_array_files(formats.read_cifar10, CIFAR_MEAN, CIFAR_STD), kind="image",
+                 data_path="a directory holding data_batch_1..5 and test_batch (cifar-10-batches-py)",
+                 description="CIFAR-10 from its Python pickles"),
+    DatasetEntry(name="mnist", builder=_array_files(formats.read_mnist, MNIST_MEAN, MNIST_STD), kind="image",
+                 data_path="a directory holding the four MNIST IDX files (optionally .gz)",
+                 description="MNIST from its IDX files"),
+    DatasetEntry(name="imagefolder", builder=_imagefolder, kind="image", decodes=True,
+                 data_path="a directory root/<class>/<images> (optionally root/train and root/val)",
+                 description="image files in one folder per class, decoded and resized per sample"),
+)
 
 
 # ---------------------------------------------------------------- user datasets

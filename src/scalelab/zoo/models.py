@@ -1,4 +1,4 @@
-"""Built-in models (no torchvision) and the name -> model registry.
+"""Built-in models (no torchvision) and their registry entries (`ENTRIES`, read by `scalelab.zoo.registry`).
 
 Every model keeps its repeated body in `blocks: nn.Sequential` and runs it through `run_blocks`, so
 activation checkpointing can be switched on for any of them with `set_checkpoint_segments`.
@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint_sequential
 
 from scalelab.errors import ConfigError, ModelError
+from scalelab.zoo.registry import ModelEntry, models
 from scalelab.zoo.spec import DataSpec
-
-USER_REF_HINT = "module:function / path/file.py:function"
 
 
 def run_blocks(blocks: nn.Sequential, x: torch.Tensor, segments: int) -> torch.Tensor:
@@ -243,33 +240,13 @@ class GPTTiny(_Body):
         return self.head(self.norm(self.body(self.tok_embed(x) + self.pos_embed[:, :t])))
 
 
-# ---------------------------------------------------------------- registry
-def _require(name: str, spec: DataSpec, kinds: tuple[str, ...]) -> None:
-    if spec.kind not in kinds:
-        raise ConfigError("model", name, f"{name} needs {' or '.join(kinds)} data; dataset gives {spec.kind}")
-
-
-def mlp(spec: DataSpec, **kw) -> nn.Module:
-    """Deep, wide MLP. Overrides: width=1024, depth=4 (hidden layers), embed=64 (tokens only)."""
-    _require("mlp", spec, ("image", "seq1d", "tokens"))
-    return MLP(spec, **kw)
-
-
-def cnn(spec: DataSpec, **kw) -> nn.Module:
-    """Small CNN. Overrides: width (25 seq1d / 32 image), depth=3, first_kernel (5 / 3), kernel=3."""
-    _require("cnn", spec, ("image", "seq1d"))
-    return SmallCNN(spec, **kw)
-
-
-def resnet18(spec: DataSpec, **kw) -> nn.Module:
-    """CIFAR ResNet-18. Overrides: width=64, layers=(2, 2, 2, 2)."""
-    _require("resnet18", spec, ("image",))
-    return ResNet18(spec, **kw)
+# ---------------------------------------------------------------- registry entries
+def _options(cls: type) -> tuple[str, ...]:
+    return tuple(p for p in inspect.signature(cls).parameters if p != "spec")
 
 
 def vgg11(spec: DataSpec, **kw) -> nn.Module:
-    """CIFAR VGG-11-BN. Overrides: width=64. Images must be at least 32x32 (five 2x poolings)."""
-    _require("vgg11", spec, ("image",))
+    """CIFAR VGG-11-BN; images must be at least 32x32 (five 2x poolings)."""
     if min(spec.shape[1:]) < 32:
         raise ConfigError("model", "vgg11", f"vgg11 needs images of at least 32x32; dataset gives "
                                             f"{spec.shape[1]}x{spec.shape[2]}")
@@ -277,8 +254,7 @@ def vgg11(spec: DataSpec, **kw) -> nn.Module:
 
 
 def vit_tiny(spec: DataSpec, **kw) -> nn.Module:
-    """ViT-Tiny. Overrides: patch=4, dim=192, depth=6, heads=3, dropout=0.0. H, W must divide by patch."""
-    _require("vit_tiny", spec, ("image",))
+    """ViT-Tiny; H and W must divide by the patch."""
     patch = kw.get("patch", 4)
     if spec.shape[1] % patch or spec.shape[2] % patch:
         raise ConfigError("model", "vit_tiny", f"vit_tiny needs image sides divisible by patch {patch}; "
@@ -286,24 +262,28 @@ def vit_tiny(spec: DataSpec, **kw) -> nn.Module:
     return ViTTiny(spec, **kw)
 
 
-def gpt_tiny(spec: DataSpec, **kw) -> nn.Module:
-    """Tiny GPT. Overrides: dim=128, depth=4, heads=4, context=T, dropout=0.0."""
-    _require("gpt_tiny", spec, ("tokens",))
-    return GPTTiny(spec, **kw)
-
-
-MODELS: dict[str, Callable[[DataSpec], nn.Module]] = {
-    "mlp": mlp, "cnn": cnn, "resnet18": resnet18, "vgg11": vgg11, "vit_tiny": vit_tiny, "gpt_tiny": gpt_tiny,
-}
-
-_CLASSES = {"mlp": MLP, "cnn": SmallCNN, "resnet18": ResNet18, "vgg11": VGG11, "vit_tiny": ViTTiny,
-            "gpt_tiny": GPTTiny}
+# The built-in models, in listing order; their size options and defaults are the builders' keyword parameters.
+ENTRIES = (
+    ModelEntry(name="mlp", builder=MLP, inputs=("image", "seq1d", "tokens"),
+               description="deep, wide MLP (applied per position on tokens)"),
+    ModelEntry(name="cnn", builder=SmallCNN, inputs=("image", "seq1d"),
+               description="small stride-2 CNN, Conv1d on sequences (MNIST-1D ConvBase), Conv2d on images"),
+    ModelEntry(name="resnet18", builder=ResNet18, inputs=("image",),
+               description="CIFAR-style ResNet-18 (3x3 stem, no maxpool)"),
+    ModelEntry(name="vgg11", builder=vgg11, options=_options(VGG11), inputs=("image",),
+               description="CIFAR-style VGG-11 with BatchNorm; images of at least 32x32"),
+    ModelEntry(name="vit_tiny", builder=vit_tiny, options=_options(ViTTiny), inputs=("image",),
+               description="ViT-Tiny (patch embedding, cls token); image sides divisible by the patch"),
+    ModelEntry(name="gpt_tiny", builder=GPTTiny, inputs=("tokens",),
+               description="tiny decoder-only GPT, next-token logits per position"),
+)
 
 
 def build_model(name: str, spec: DataSpec, **overrides) -> nn.Module:
-    """Build a built-in model by name, or a user model from `module:function` / `path/file.py:function`.
+    """Build a registered model by name (`registry.models`), or a user model from `module:function` /
+    `path/file.py:function`.
 
-    `overrides` are size options of the built-in model (see each factory's docstring).
+    `overrides` are size options of the registered model (its entry's `options`).
     """
     if ":" in name:
         if overrides:
@@ -311,10 +291,10 @@ def build_model(name: str, spec: DataSpec, **overrides) -> nn.Module:
         from scalelab.zoo.user import build_user_model  # lazy: user.py imports nothing from here
 
         return build_user_model(name, spec)
-    if name not in MODELS:
-        raise ConfigError("model", name, f"allowed: {', '.join(MODELS)} or {USER_REF_HINT}")
-    allowed = [p for p in inspect.signature(_CLASSES[name]).parameters if p != "spec"]
-    unknown = sorted(set(overrides) - set(allowed))
+    entry = models.get(name)
+    if spec.kind not in entry.inputs:
+        raise ConfigError("model", name, f"{name} needs {' or '.join(entry.inputs)} data; dataset gives {spec.kind}")
+    unknown = sorted(set(overrides) - set(entry.options))
     if unknown:
-        raise ConfigError("model options", unknown, f"{name} accepts: {', '.join(allowed)}")
-    return MODELS[name](spec, **overrides)
+        raise ConfigError("model options", unknown, f"{name} accepts: {', '.join(entry.options)}")
+    return entry.builder(spec, **overrides)

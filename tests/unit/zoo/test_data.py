@@ -14,7 +14,8 @@ from PIL import Image
 
 from scalelab.errors import ConfigError, DataError
 from scalelab.zoo import mnist1d
-from scalelab.zoo.data import DATASETS, DataBundle, build_data, crop_flip
+from scalelab.zoo.data import DataBundle, build_data, crop_flip
+from scalelab.zoo.registry import datasets
 from scalelab.zoo.spec import DataSpec
 
 
@@ -407,8 +408,8 @@ def test_config_errors():
     one_line_error(ConfigError, lambda: build_data("synthetic", eval_samples=-1), "eval_samples")
     one_line_error(ConfigError, lambda: build_data("synthetic_tokens", vocab=1), "vocab")
     one_line_error(ConfigError, lambda: build_data("mnist1d", augment=True), "augment", "mnist1d")
-    assert set(DATASETS) == {"synthetic", "synthetic_tokens", "synthetic_jpeg", "mnist1d", "cifar10", "mnist",
-                             "imagefolder"}
+    assert set(datasets.names()) == {"synthetic", "synthetic_tokens", "synthetic_jpeg", "mnist1d", "cifar10",
+                                     "mnist", "imagefolder"}
 
 
 USER_DATA = """

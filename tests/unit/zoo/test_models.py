@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from scalelab.errors import ConfigError, ModelError
-from scalelab.zoo.models import (MODELS, build_model, count_parameters, parameter_bytes, run_blocks,
-                                 set_checkpoint_segments)
+from scalelab.zoo.models import build_model, count_parameters, parameter_bytes, run_blocks, set_checkpoint_segments
+from scalelab.zoo.registry import models
 from scalelab.zoo.spec import DataSpec
 from scalelab.zoo.user import build_user_model, load_callable
 
@@ -36,7 +36,8 @@ def loss_of(logits, y):
 
 
 def test_registry_names():
-    assert set(MODELS) == set(COMPATIBLE)
+    assert set(models.names()) == set(COMPATIBLE)
+    assert {e.name: list(e.inputs) for e in models.entries()} == COMPATIBLE
 
 
 @pytest.mark.parametrize("name,kind", CASES)
@@ -151,7 +152,7 @@ def test_unknown_model_and_option():
     with pytest.raises(ConfigError) as err:
         build_model("resnet50", IMAGE)
     msg = str(err.value)
-    assert "resnet50" in msg and all(n in msg for n in MODELS) and "module:function" in msg
+    assert "resnet50" in msg and all(n in msg for n in models.names()) and "module:function" in msg
     with pytest.raises(ConfigError, match="colour.*dim, depth"):
         build_model("gpt_tiny", TOKENS, colour=3)
     with pytest.raises(ConfigError, match="32x32"):
