@@ -23,6 +23,7 @@ import typer
 
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
+from scalelab.analysis.hardware import presets
 from scalelab.config import load_yaml
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import int_list
@@ -71,8 +72,7 @@ PREDICT_OPTIONS = [
     own("gpus_per_node", Optional[int], typer.Option(None, "--gpus-per-node", help="Ranks per node for every "
                                                      "hardware (default: the preset's; 1 for measured).")),
     own("hardware", Optional[list[str]], typer.Option(None, "--hardware", help="Hardware preset (repeatable): "
-        "measured (this machine's fit), 10gbe, 25gbe, 100gbe, ib_hdr, nvlink3, pcie4_x16. Default: measured, 10gbe, "
-        "ib_hdr, nvlink3.")),
+        f"measured (this machine's fit), {', '.join(presets.names())}. Default: {', '.join(DEFAULT_HARDWARE)}.")),
     own("hardware_file", Optional[Path], typer.Option(None, "--hardware-file", help="YAML hardware: preset, "
         "intra/inter links, latency_*(us), bandwidth_*(GB/s), gpus_per_node, overlap (0..1).")),
     own("mode", str, typer.Option("weak", help="strong (global batch fixed) or weak (per-rank batch fixed).")),
