@@ -27,7 +27,7 @@ LAYERS = [
     ("sync", "measure", "zoo"),
     ("analysis",),  # pure functions over plain data
     ("store",),
-    ("errors", "distenv", "provenance", "sizes"),
+    ("errors", "distenv", "provenance", "sizes", "registry"),
 ]
 ENTRY = {"__main__", "__init__"}  # the entry point and the package marker belong to no layer
 

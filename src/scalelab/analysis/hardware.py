@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.errors import ConfigError
+from scalelab.registry import Registry
 
 
 
@@ -279,38 +280,13 @@ class PresetEntry:
     description: str
 
 
-class Presets:
-    """The hardware preset registry: name -> PresetEntry, in listing order. Read it through `presets`."""
-
-    def __init__(self, entries: tuple[PresetEntry, ...]):
-        self._entries = {e.name: e for e in entries}
-        if len(self._entries) != len(entries):
-            raise RuntimeError(f"two hardware presets share a name: {sorted(e.name for e in entries)}")
-
-    def entries(self) -> tuple[PresetEntry, ...]:
-        return tuple(self._entries.values())
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._entries)
-
-    def get(self, name: str, field: str = "hardware") -> PresetEntry:
-        """The entry of `name`; ConfigError(field) naming the allowed presets otherwise."""
-        if not isinstance(name, str) or name not in self._entries:
-            raise ConfigError(field, name, f"allowed: {', '.join(self._entries)}")
-        return self._entries[name]
-
-    def describe(self) -> str:
-        """One line per preset for help: "name: description"."""
-        return "; ".join(f"{e.name}: {e.description}" for e in self.entries())
-
-
 def _network(link: str) -> PresetEntry:
     """A network preset: one rank per node, so every collective crosses `link`."""
     name = f"{LINKS[link].name}, one rank per node"
     return PresetEntry(name=link, hardware=hardware(link, link, 1, name=name), description=name)
 
 
-presets = Presets((
+presets: Registry[PresetEntry] = Registry("hardware", PresetEntry, entries=(
     *(_network(k) for k in ("10gbe", "25gbe", "100gbe", "ib_hdr")),
     PresetEntry(name="nvlink3", description="DGX A100 nodes: 8 GPUs on NVLink 3, 8 HDR InfiniBand links per node",
                 hardware=hardware("nvlink3", "ib_hdr", 8, inter_links=8,

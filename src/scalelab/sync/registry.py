@@ -14,12 +14,12 @@ module and no user of the registry at import time.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from scalelab.registry import Registry
 
 # variant fields whose value is the experiment's own accumulation (the compare runs pick it)
 ACCUMULATE = "accumulate"
@@ -57,57 +57,35 @@ class SyncEntry:
                                                               for k, v in variants.items()}))
 
 
-_ENTRIES: dict[str, SyncEntry] = {}
-_discovered = False
+STRATEGIES: Registry[SyncEntry] = Registry("sync", SyncEntry, package="scalelab.sync", attribute="ENTRY",
+                                           order=lambda e: (e.order, e.name))
 
 
 def register(entry: SyncEntry) -> SyncEntry:
     """Add `entry` (a strategy defined outside this package, e.g. in a test); its name and variants must be new."""
-    _discover()
-    taken = {v for e in _ENTRIES.values() for v in e.variants}
-    if entry.name in _ENTRIES or taken & set(entry.variants):
+    if set(entry.variants) & set(variants()):
         raise ValueError(f"sync {entry.name!r} is already registered")
-    _ENTRIES[entry.name] = entry
-    return entry
+    return STRATEGIES.register(entry)
 
 
 def unregister(name: str) -> None:
     """Remove a strategy added by `register` (tests clean up with it)."""
-    _ENTRIES.pop(name, None)
-
-
-def _discover() -> None:
-    """Import every module of scalelab.sync once and collect its module-level ENTRY."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    import scalelab.sync as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        entry = getattr(module, "ENTRY", None)
-        if isinstance(entry, SyncEntry):
-            _ENTRIES.setdefault(entry.name, entry)
+    STRATEGIES.unregister(name)
 
 
 def entries() -> tuple[SyncEntry, ...]:
     """Every registered strategy, in listing order."""
-    _discover()
-    return tuple(sorted(_ENTRIES.values(), key=lambda e: (e.order, e.name)))
+    return STRATEGIES.entries()
 
 
 def names() -> tuple[str, ...]:
     """The `sync` values a config may name (besides "auto", which is ddp)."""
-    return tuple(e.name for e in entries())
+    return STRATEGIES.names()
 
 
 def get(name: str) -> SyncEntry:
-    """The entry of `name`; ValueError naming the allowed values otherwise."""
-    _discover()
-    if name not in _ENTRIES:
-        raise ValueError(f"sync {name!r}; allowed: {', '.join(names())}")
-    return _ENTRIES[name]
+    """The entry of `name`; ConfigError naming the allowed values otherwise."""
+    return STRATEGIES.get(name)
 
 
 def variants() -> tuple[str, ...]:

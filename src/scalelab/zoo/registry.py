@@ -14,14 +14,12 @@ help. This module imports no zoo module and no user of the registries at import 
 """
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from scalelab.errors import ConfigError
+from scalelab.registry import Registry
 from scalelab.zoo.spec import InputKind
 
 
@@ -85,72 +83,7 @@ def _keywords(fn: Callable, skip: int) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
 
 
-E = TypeVar("E", ModelEntry, DatasetEntry)
-
-
-class Registry(Generic[E]):
-    """name -> entry of one extension point, in registration order (zoo modules by name, then `register`)."""
-
-    def __init__(self, kind: str, entry_type: type[E], user_hint: str):
-        self.kind, self.entry_type, self.user_hint = kind, entry_type, user_hint  # user_hint: how a user one is named
-        self._entries: dict[str, E] = {}
-
-    def register(self, entry: E) -> E:
-        """Add `entry` (defined outside scalelab.zoo, e.g. in a test); its name must be new."""
-        _discover()
-        if not isinstance(entry, self.entry_type):
-            raise TypeError(f"{self.kind} registry takes {self.entry_type.__name__}, not {type(entry).__name__}")
-        if entry.name in self._entries or ":" in entry.name or not entry.name:
-            raise ValueError(f"{self.kind} {entry.name!r} is already registered or not a plain name")
-        self._entries[entry.name] = entry
-        return entry
-
-    def unregister(self, name: str) -> None:
-        """Remove an entry added by `register` (tests clean up with it)."""
-        self._entries.pop(name, None)
-
-    def entries(self) -> tuple[E, ...]:
-        _discover()
-        return tuple(self._entries.values())
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(e.name for e in self.entries())
-
-    def get(self, name: str) -> E:
-        """The entry of `name`; ConfigError naming the allowed values otherwise."""
-        _discover()
-        if name not in self._entries:
-            raise ConfigError(self.kind, name, self.allowed())
-        return self._entries[name]
-
-    def allowed(self) -> str:
-        """"allowed: a, b, c or <user hint>": the tail of every error about a bad name."""
-        return f"allowed: {', '.join(self.names())} or {self.user_hint}"
-
-    def describe(self) -> str:
-        """One line per entry for help: "name: description"."""
-        return "; ".join(f"{e.name}: {e.description}" for e in self.entries())
-
-
-models: Registry[ModelEntry] = Registry("model", ModelEntry, "module:function / path/file.py:function")
-datasets: Registry[DatasetEntry] = Registry("dataset", DatasetEntry, "module:function or path/file.py:function")
-_discovered = False
-
-
-def _discover() -> None:
-    """Import every module of scalelab.zoo once and collect the entries of its module-level ENTRIES."""
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    import scalelab.zoo as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        for entry in getattr(module, "ENTRIES", ()):
-            if not isinstance(entry, (ModelEntry, DatasetEntry)):
-                continue
-            registry = models if isinstance(entry, ModelEntry) else datasets
-            if entry.name in registry._entries:
-                raise RuntimeError(f"two {registry.kind}s share the name {entry.name!r}")
-            registry._entries[entry.name] = entry
+models: Registry[ModelEntry] = Registry("model", ModelEntry, package="scalelab.zoo", attribute="ENTRIES",
+                                        hint="module:function / path/file.py:function")
+datasets: Registry[DatasetEntry] = Registry("dataset", DatasetEntry, package="scalelab.zoo", attribute="ENTRIES",
+                                            hint="module:function or path/file.py:function")
