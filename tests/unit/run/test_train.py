@@ -32,12 +32,13 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
         return statistics.median(map(value, steps)) - statistics.median(map(value, fast_steps))
 
     # every step's wall time outside evaluation is its forward (the sleep, however long it took) plus the few ms
-    # the model takes without sleeping
-    for r in steps:
-        assert 0 <= r["wall(s)"] - r["eval(s)"] - r["forward(s)"] < 0.01  # a fifth of the sleep
-    assert abs(added("train(s)") - added("forward(s)")) < 0.01
+    # the model takes without sleeping. Margins are half the sleep: a sleep charged to the wrong stage would move
+    # 50 ms there, while a loaded machine's noise (seen: 19 ms in one step) stays below it.
+    assert 0 <= statistics.median(r["wall(s)"] - r["eval(s)"] - r["forward(s)"] for r in steps) < 0.025
+    assert added("forward(s)") >= 0.05 * 0.98  # a sleep never returns early
+    assert abs(added("train(s)") - added("forward(s)")) < 0.025
     for stage in ("data", "h2d", "backward", "comm", "optimizer", "other"):
-        assert abs(added(f"{stage}(s)")) < 0.01, stage  # under a fifth of the sleep
+        assert abs(added(f"{stage}(s)")) < 0.025, stage
     assert out.summary["stage/forward(ms)"] == pytest.approx(1e3 * statistics.mean(r["forward(s)"] for r in steps))
     row = store.get(out.run_id)
     assert row["status"] == "completed"
