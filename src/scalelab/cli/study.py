@@ -11,6 +11,7 @@ import typer
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
+from scalelab.experiments.registry import names as experiment_names
 
 app = typer.Typer()
 
@@ -30,7 +31,8 @@ def write_study_report(spec, store, out_dir: Path, answered: list[tuple], proven
 @app.command("study")
 def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study (about 2 minutes on 2 cores)."),
               config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML study file (see examples/)."),
-              only: Optional[str] = typer.Option(None, help="Comma-separated experiments to run (default: all)."),
+              only: Optional[str] = typer.Option(None, help="Comma-separated experiments to run (default: all): "
+                                                 f"{', '.join(experiment_names())}."),
               name: Optional[str] = typer.Option(None, help="Study name (finished cells of a study are skipped)."),
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
               store: Optional[Path] = store_option()) -> None:
