@@ -80,9 +80,10 @@ class BucketedSync:
     def _launch(self, b: int) -> None:
         flat = torch.cat([grad_or_zeros(self.params[i]).reshape(-1) for i in self.buckets[b]])
         if self.collectives:
-            start = self.meter.now()
+            start, mark = self.meter.now(), self.meter.device_mark()
             work = dist.all_reduce(flat, async_op=True)
-            fut = self.meter.track(work.get_future(), "allreduce", tensor_bytes(flat), phase="backward", start=start)
+            fut = self.meter.track(work.get_future(), "allreduce", tensor_bytes(flat), phase="backward", start=start,
+                                   mark=mark)
         else:  # the bucket as it was packed, already "complete"
             fut = torch.futures.Future()
             fut.set_result([flat])

@@ -139,12 +139,12 @@ class DDPSync:
                 nbytes = buffer.numel() * torch.finfo(wire_dtype).bits // 8
             compressing = hook == "powersgd" and state.iter >= state.start_powerSGD_iter
             before = state.total_numel_after_compression if compressing else 0
-            start = meter.now()
+            start, mark = meter.now(), meter.device_mark()
             fut = inner(state, bucket)
             if compressing:  # PowerSGDState counted what this bucket sends while launching
                 nbytes = (state.total_numel_after_compression - before) * buffer.element_size()
                 count = 3  # uncompressed tensors, then P, then Q
-            return meter.track(fut, "allreduce", nbytes, phase="backward", start=start, count=count)
+            return meter.track(fut, "allreduce", nbytes, phase="backward", start=start, count=count, mark=mark)
 
         if hook == "powersgd" and dist.get_backend() == "gloo":
             metered = one_chain_at_a_time(metered)

@@ -26,6 +26,7 @@ as the caller experiences it; it does not slow the bytes on the wire.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,8 +73,10 @@ class CommMeter:
         self._clock = clock
         self._sleep = sleep
         self._devices = devices  # for futures the meter creates on CUDA
+        self._cuda = bool(devices) and any(d.type == "cuda" for d in devices)
         self._lock = threading.Lock()  # async completions arrive on gloo / timer threads
         self._records: list[Collective] = []
+        self._pending: list[tuple] = []  # (record, start event, end event): CUDA times read at take_step
 
     @classmethod
     def from_config(cls, cfg, world: int, device: torch.device | None = None) -> "CommMeter":
@@ -95,30 +98,45 @@ class CommMeter:
     def now(self) -> float:
         return self._clock()
 
+    def device_mark(self):
+        """A CUDA event on the current stream (None off CUDA or when emulating a network): where the next
+        collective is enqueued. On CUDA a collective's time comes from events, not the host clock: NCCL returns at
+        launch, and gloo's host wait also covers every kernel queued before the collective."""
+        if not self._cuda or self.emulating:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     def record(self, op: str, nbytes: int, seconds: float, *, phase: str, alg_bytes: int | None = None,
-               count: int = 1) -> None:
+               count: int = 1, events: tuple | None = None) -> None:
         if phase not in PHASES:
             raise ValueError(f"phase {phase!r}; allowed: {', '.join(PHASES)}")
         bus_factor(op, self.world)  # unknown ops fail here, not later in the summary
         rec = Collective(op, phase, int(nbytes), float(seconds), int(nbytes if alg_bytes is None else alg_bytes),
                          count, self._clock())
         with self._lock:
-            self._records.append(rec)
+            if events is not None:  # (start, end) CUDA events: their elapsed time replaces `seconds` at take_step
+                self._pending.append((rec, *events))
+            else:
+                self._records.append(rec)
 
     @contextmanager
     def collective(self, op: str, nbytes: int, *, phase: str, alg_bytes: int | None = None,
                    count: int = 1) -> Iterator[None]:
         """Time a synchronous collective run in the body (plus the emulated remainder) and record it."""
-        start = self._clock()
+        start, mark = self._clock(), self.device_mark()
         yield
         if self.emulating:
             remaining = self.floor_s(nbytes, count) - (self._clock() - start)
             if remaining > 0:
                 self._sleep(remaining)
-        self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count)
+        # a synchronous collective has made the current stream wait for it: an event now marks its completion
+        self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count,
+                    events=None if mark is None else (mark, self.device_mark()))
 
     def track(self, fut: torch.futures.Future, op: str, nbytes: int, *, phase: str, start: float | None = None,
-              alg_bytes: int | None = None, count: int = 1) -> torch.futures.Future:
+              alg_bytes: int | None = None, count: int = 1, mark=None) -> torch.futures.Future:
         """Record an async collective when `fut` completes; returns the future the caller must wait on.
 
         Without emulation this is `fut.then(...)` (the completion time is taken in its callback). With emulation
@@ -127,7 +145,10 @@ class CommMeter:
         start = self._clock() if start is None else start
 
         def finish(value):
-            self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count)
+            # a CUDA future runs `then` callbacks on streams that wait for the collective, so an event recorded
+            # here marks its completion on the device, even where the callback runs at launch (NCCL)
+            self.record(op, nbytes, self._clock() - start, phase=phase, alg_bytes=alg_bytes, count=count,
+                        events=None if mark is None else (mark, self.device_mark()))
             return value
 
         if not self.emulating:
@@ -155,6 +176,11 @@ class CommMeter:
         """This step's totals (the per-step record fields) since the previous call; clears the records."""
         with self._lock:
             records, self._records = self._records, []
+            pending, self._pending = self._pending, []
+        for rec, begin, end in pending:  # the step has ended (device synchronised): these events are done
+            end.synchronize()
+            seconds = begin.elapsed_time(end) / 1e3
+            records.append(dataclasses.replace(rec, seconds=seconds, end=rec.end - rec.seconds + seconds))
         return step_totals(records, self.world)
 
 

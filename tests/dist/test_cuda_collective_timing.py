@@ -1,0 +1,115 @@
+"""On CUDA a collective's time is read from CUDA events on the stream that waits for it, not from the host clock
+(NCCL returns at launch; gloo's host wait also covers every kernel queued before the collective). Known truth: a
+`torch.cuda._sleep` of known length queued before the collective must not change the meter's time, while a
+device-synchronised wall clock around the same call includes it. Two ranks share one GPU over gloo (CUDA
+tensors); NCCL runs with one rank."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import leave_group, spawn_ranks
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.timeout(300)]
+
+SLEEP_S = 0.05
+NBYTES = 64 * 2**20
+
+
+def _cycles_for(seconds: float) -> int:
+    """torch.cuda._sleep cycles that take about `seconds` on this GPU (timed with events). _sleep counts clock
+    cycles and an idle GPU runs at a low clock, so the GPU is kept busy first and the last of a few probes counts;
+    the tests still time the sleep they queue."""
+    probe = 5 * 10**7
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+    return int(probe * seconds / (start.elapsed_time(end) / 1e3))
+
+
+def _measure(rank: int, world: int, cycles: int) -> dict:
+    """The meter's time and a synchronised wall clock of one allreduce, without and with a queued sleep."""
+    import torch.distributed as dist
+
+    from scalelab.sync.meter import CommMeter
+
+    t = torch.ones(NBYTES // 4, device="cuda")
+    out = {}
+    for label, sleep in (("plain", False), ("slept", True)) * 2:  # the second round counts (the first warms up)
+        meter = CommMeter(world, devices=[torch.device("cuda", 0)])
+        torch.cuda.synchronize()
+        dist.barrier()
+        slept = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        wall0 = time.perf_counter()
+        slept[0].record()
+        if sleep:
+            torch.cuda._sleep(cycles)
+        slept[1].record()
+        with meter.collective("allreduce", NBYTES, phase="backward"):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - wall0
+        step = meter.take_step()
+        out[label] = {"meter_s": step["comm_total(s)"], "wall_s": wall,
+                      "sleep_s": slept[0].elapsed_time(slept[1]) / 1e3}
+    return out
+
+
+def _gloo_rank(rank: int, folder: str, port: int) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    os.environ.update(GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        result = _measure(rank, 2, _cycles_for(SLEEP_S))
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    leave_group(folder, rank)
+
+
+def test_gloo_on_cuda_tensors_collective_time_excludes_kernels_queued_before_it(tmp_path):
+    from scalelab.run.launch import free_port
+
+    spawn_ranks(_gloo_rank, (str(tmp_path), free_port()), timeout_s=240)
+    r = json.loads((tmp_path / "rank0.json").read_text())
+    plain, slept = r["plain"], r["slept"]
+    # the event-timed collective matches a device-synchronised wall clock of the same collective
+    assert plain["meter_s"] == pytest.approx(plain["wall_s"], rel=0.3)
+    # the queued sleep (timed by its own events) is in the wall clock, not in the collective's own time
+    sleep = slept["sleep_s"]
+    assert sleep >= 0.5 * SLEEP_S  # a sleep long enough to tell apart
+    assert slept["wall_s"] >= plain["wall_s"] + 0.8 * sleep
+    assert abs(slept["meter_s"] - plain["meter_s"]) < 0.5 * sleep
+
+
+def test_nccl_one_rank_collective_is_timed_on_the_device(tmp_path):
+    """A smoke test of the NCCL path (one rank moves no bytes, so its time is near 0 either way): the meter's time
+    is read from events, finite and inside the synchronised wall clock, with or without a queued sleep."""
+    import torch.distributed as dist
+
+    from scalelab.run.launch import free_port
+
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        r = _measure(0, 1, _cycles_for(SLEEP_S))
+        sleep = r["slept"]["sleep_s"]
+        assert sleep >= 0.5 * SLEEP_S and r["slept"]["wall_s"] >= 0.8 * sleep
+        for case in ("plain", "slept"):
+            assert 0 <= r[case]["meter_s"] <= r[case]["wall_s"]
+        assert r["slept"]["meter_s"] < 0.5 * sleep  # the queued sleep is not the collective's
+    finally:
+        dist.destroy_process_group()
