@@ -22,7 +22,8 @@ DEFINITIONS = [
     "Throughput = global samples / time over the timed steps.",
     "speedup(N) = T(1) / T(N) for the same work; efficiency = speedup / N. Strong scaling keeps the global batch; "
     "weak scaling keeps the per-worker batch and compares throughput: efficiency = X(N) / (N·X(1)).",
-    "Communication time = time inside collectives as the caller sees it (async ones: launch to completion). "
+    "Communication time = time inside collectives as the caller sees it (async ones: launch to completion; on CUDA "
+    "between CUDA events on the stream that waits for the collective). "
     "Exposed communication = step time with real sync − step time with no sync (same config, measured). "
     "Overlap = 1 − exposed / communication.",
     "Bytes are payload bytes per collective and per step. algbw = S / t; busbw = algbw·2(n−1)/n for allreduce, "
