@@ -23,7 +23,6 @@ from typing import Any
 import pandas as pd
 
 from scalelab.errors import ConfigError
-from scalelab.sizes import parse_bytes  # noqa: F401 - experiments' option parser, defined with the config
 
 
 @dataclass
@@ -36,7 +35,6 @@ class Result:
     meta: dict = field(default_factory=dict)  # for the experiment's figures, not shown
 
 
-ExperimentResult = Result  # the name the rest of scalelab has used
 
 
 @dataclass(frozen=True, kw_only=True)

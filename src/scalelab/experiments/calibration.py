@@ -47,7 +47,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.cells import Cell, Cells, cell_key, with_fields
+from scalelab.experiments.cells import Cell, Cells, with_fields
 from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β

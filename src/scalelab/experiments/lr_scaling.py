@@ -5,14 +5,11 @@ evaluation that reaches it) and the accuracy curve per epoch (seed 000 Q4, seed 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-
 import pandas as pd
 
 from scalelab.analysis import interpret, keys
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
+from scalelab.experiments.base import Experiment, Option, Result, int_list, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 from scalelab.train.lr import RULES

@@ -40,13 +40,13 @@ def test_bad_study_files_are_one_line_errors(tmp_path):
 def test_default_study_validates_the_model_on_two_ranks_and_notes_read_as_prose():
     """The full default study calibrates and validates the performance model with 2 ranks (F14: validate on
     measured points); the quick one keeps to one rank. A note holding a mapping reads "key: value; key: value"."""
-    from scalelab.experiments.base import ExperimentResult
+    from scalelab.experiments.base import Result
     from scalelab.experiments.study import default_spec
     from scalelab.report.build import section_for
 
     assert default_spec().options["predict"]["set"]["ranks"] == 2
     assert default_spec(quick=True).options["predict"]["set"]["ranks"] == 1
     assert default_spec().config("predict").ranks == 2 and default_spec(quick=True).config("predict").ranks == 1
-    result = ExperimentResult("predict", {}, notes={"from": {"10 GbE": "4 workers", "ib": "never"}, "why": "ok"})
+    result = Result("predict", {}, notes={"from": {"10 GbE": "4 workers", "ib": "never"}, "why": "ok"})
     section, _ = section_for(get("predict"), result)
     assert section.notes == ["from: 10 GbE: 4 workers; ib: never", "why: ok"]
