@@ -27,6 +27,12 @@ EVAL_ACC = "eval/acc"
 MEMORY_TRAIN_ADDED_BYTES = "memory/train_added(bytes)"
 MEMORY_PEAK_RSS_GIB = "memory/peak_rss(GiB)"
 MEMORY_CUDA_MAX_ALLOCATED_GIB = "memory/cuda_max_allocated(GiB)"
+# memory by kind, per rank (max over ranks), measured on one warm-up step (scalelab.measure.activations)
+MEMORY_PARAMETERS_BYTES = "memory/parameters(bytes)"
+MEMORY_GRADIENTS_BYTES = "memory/gradients(bytes)"
+MEMORY_OPTIMIZER_BYTES = "memory/optimizer_state(bytes)"
+MEMORY_ACTIVATIONS_BYTES = "memory/activations_saved(bytes)"  # distinct storages saved for backward in forward
+MEMORY_ACTIVATIONS_PEAK_BYTES = "memory/activations_backward_peak(bytes)"  # incl. what checkpointing recomputes
 
 COMM_TIME_MS = "comm/time(ms)"
 COMM_BLOCKING_MS = "comm/blocking(ms)"
