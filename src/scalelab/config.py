@@ -75,6 +75,8 @@ class TrainConfig:
     wrapper: Wrapper = doc("auto", "Model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp "
                                    "with several ranks or a sync strategy, else single.")
     device: Device = doc("auto", "Device; auto: cuda when a GPU is visible, else cpu.")
+    sync_stages: bool = doc(False, "On CUDA, synchronise the device at every stage boundary (intrusive: the CPU can "
+                                   "no longer run ahead); default: stages bounded by CUDA events, one wait per step.")
 
     sync: str = doc("auto", "Gradient sync across ranks: auto (= ddp) or a strategy of scalelab.sync.registry; "
                             "any value but auto makes the run distributed, even with one rank.")

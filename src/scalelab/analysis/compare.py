@@ -1,13 +1,15 @@
 """Gradient-sync strategies and backends side by side (pure): one row per sync variant or backend.
 
 Definitions (DESIGN.md, "Measurement definitions"):
-- step = the run's median timed step (min and max beside it); compute = the median step of the no-op run of the
-  same config (no gradient sync at all: the ablation baseline);
-- comm = time inside collectives as the caller sees it (summary comm/time(ms); async collectives may overlap
-  compute and each other); blocking comm = the loop's "comm" span (comm/blocking(ms));
-- exposed comm = step - compute, clipped at 0 (as scalelab.analysis.scaling.add_exposed_comm: a negative
-  difference is noise between two runs); overlap = 1 - exposed / comm (empty when comm is 0). Overlap below 0
-  means the sync costs more than its collectives (casts, copies, rank 0's averaging);
+- step = the run's median timed step (min and max beside it); compute = the median step of its baseline: the same
+  config with no-op collectives (the strategy's own work kept: DDP's buckets, hooks and division; the bucketed
+  copies; rank 0's averaging), so only the collectives are missing;
+- comm = time inside collectives: the union of each step's collective intervals (summary comm/time(ms)); comm_sum
+  = their plain sum (overlapped intervals more than once); comm_wait = from the last gradient produced to the end
+  of the sync, the directly measured blocking wait, which means the same for every strategy;
+- exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
+  overlap = 1 - exposed / comm (empty when comm is 0), never clipped. `quality` is "ok", or says why not: an
+  exposed interval entirely below 0 or an overlap interval entirely outside [0, 1] is "implausible";
 - bytes are payload bytes per step as the CommMeter counts them (scalelab.sync.meter), averaged over ranks;
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
@@ -25,11 +27,14 @@ import pandas as pd
 from scalelab.analysis import keys
 
 BACKENDS = ("gloo", "nccl", "mpi")
+EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap", "overlap_ci_low",
+                   "overlap_ci_high", "quality"]
 
 # table column -> summary key (scalelab.analysis.summary)
 SUMMARY_COLUMNS = {
     "step(ms)": keys.STEP_MEDIAN_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
-    "comm(ms)": keys.COMM_TIME_MS, "comm_blocking(ms)": keys.COMM_BLOCKING_MS,
+    "comm(ms)": keys.COMM_TIME_MS, "comm_sum(ms)": keys.COMM_SUM_MS, "comm_wait(ms)": keys.COMM_WAIT_MS,
+    "comm_blocking(ms)": keys.COMM_BLOCKING_MS,
     "collectives_per_step": keys.COMM_COLLECTIVES_PER_STEP, "bytes_per_step": keys.COMM_BYTES_PER_STEP,
     "bytes_forward_per_step": keys.COMM_BYTES_FORWARD_PER_STEP,
     "bytes_backward_per_step": keys.COMM_BYTES_BACKWARD_PER_STEP,
@@ -40,29 +45,68 @@ SUMMARY_COLUMNS = {
 }
 STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                     "global_batch", "timed_steps", "step(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)",
-                    "comm(ms)", "comm_blocking(ms)", "exposed_comm(ms)", "overlap", "collectives_per_step",
+                    "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS,
+                    "collectives_per_step",
                     "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
                     "bytes_optimizer_per_step", "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step",
-                    "loopback/payload", "train_loss", "run_id", "noop_run_id"]
+                    "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
 BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(ms)", "step_min(ms)",
-                   "step_max(ms)", "compute(ms)", "comm(ms)", "comm_blocking(ms)", "exposed_comm(ms)", "overlap",
-                   "busbw(GB/s)", "algbw(GB/s)", "collectives_per_step", "bytes_per_step", "bytes_forward_per_step",
+                   "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)",
+                   *EXPOSED_COLUMNS, "busbw(GB/s)", "algbw(GB/s)", "collectives_per_step", "bytes_per_step", "bytes_forward_per_step",
                    "bytes_backward_per_step", "bytes_optimizer_per_step", "loopback_bytes_per_step",
-                   "loopback/payload", "train_loss", "run_id", "noop_run_id"]
+                   "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
 
 
-def exposed_comm(step_ms: float | None, noop_step_ms: float | None) -> float | None:
-    """Step time with real sync minus step time with no sync (the ablation), clipped at 0."""
-    if _missing(step_ms) or _missing(noop_step_ms):
+def exposed_comm(step_ms: float | None, baseline_step_ms: float | None) -> float | None:
+    """Step time with real sync minus step time of the same config with no-op collectives; not clipped (a negative
+    value is reported and flagged, not hidden)."""
+    if _missing(step_ms) or _missing(baseline_step_ms):
         return None
-    return max(0.0, step_ms - noop_step_ms)
+    return step_ms - baseline_step_ms
 
 
 def overlap(exposed_ms: float | None, comm_ms: float | None) -> float | None:
-    """1 - exposed / time inside collectives; None without communication."""
+    """1 - exposed / time inside collectives; None without communication; not clipped."""
     if _missing(exposed_ms) or _missing(comm_ms) or comm_ms <= 0:
         return None
     return 1.0 - exposed_ms / comm_ms
+
+
+def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None) -> dict:
+    """Exposed comm and overlap of a run against its baseline's summary, with conservative 95 % intervals (the
+    difference of the two medians' intervals: [low - baseline high, high - baseline low]) and a quality flag."""
+    exposed = exposed_comm(summary.get(keys.STEP_MEDIAN_MS), baseline.get(keys.STEP_MEDIAN_MS))
+    out = dict.fromkeys(EXPOSED_COLUMNS)
+    out["exposed_comm(ms)"], out["overlap"] = exposed, overlap(exposed, comm_ms)
+    if exposed is None:
+        return out
+    low = _diff(summary.get(keys.STEP_MEDIAN_CI_LOW_MS), baseline.get(keys.STEP_MEDIAN_CI_HIGH_MS))
+    high = _diff(summary.get(keys.STEP_MEDIAN_CI_HIGH_MS), baseline.get(keys.STEP_MEDIAN_CI_LOW_MS))
+    out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
+    if low is not None:
+        out["overlap_ci_low"], out["overlap_ci_high"] = overlap(high, comm_ms), overlap(low, comm_ms)
+    out["quality"] = plausibility(out)
+    return out
+
+
+def plausibility(row: dict) -> str:
+    """"ok", or why the exposed communication cannot be taken at face value (intervals missing: judged on the
+    point values)."""
+    low = row.get("exposed_ci_low(ms)")
+    high = row.get("exposed_ci_high(ms)")
+    low, high = (row["exposed_comm(ms)"],) * 2 if low is None else (low, high)
+    if high < 0:
+        return "implausible: the sync is faster than its no-op baseline beyond noise"
+    o_low, o_high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
+    if o_low is None and row.get("overlap") is not None:
+        o_low = o_high = row["overlap"]
+    if o_high is not None and (o_high < 0 or o_low > 1):
+        return "implausible: overlap outside [0, 1] beyond its interval"
+    return "ok"
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if _missing(a) or _missing(b) else a - b
 
 
 def run_metrics(run: dict) -> dict:
@@ -74,48 +118,51 @@ def run_metrics(run: dict) -> dict:
     return out
 
 
-def with_baseline(row: dict, noop: dict | None) -> dict:
-    """Add compute (the noop run's median step), exposed comm and overlap to a row of run_metrics."""
-    compute = (noop or {}).get("summary", {}) or {}
-    row["compute(ms)"] = compute.get(keys.STEP_MEDIAN_MS)
-    row["noop_run_id"] = (noop or {}).get("run_id")
-    row["exposed_comm(ms)"] = exposed_comm(row.get("step(ms)"), row["compute(ms)"])
-    row["overlap"] = overlap(row["exposed_comm(ms)"], row.get("comm(ms)"))
+def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
+    """Add compute (the baseline run's median step), exposed comm, overlap, their intervals and the quality flag
+    to a row of run_metrics."""
+    base = (baseline or {}).get("summary", {}) or {}
+    row["compute(ms)"] = base.get(keys.STEP_MEDIAN_MS)
+    row["baseline_run_id"] = (baseline or {}).get("run_id")
+    row.update(exposed_with_interval(run.get("summary") or {}, base, row.get("comm(ms)")))
     return row
 
 
-def strategies_table(runs: list[dict], noop_runs: list[dict], *, variant_of: Callable[[dict], str],
+def completed(run: dict | None) -> dict | None:
+    return run if run is not None and run.get("status", "completed") == "completed" else None
+
+
+def strategies_table(pairs: list[tuple[dict, dict | None]], *, variant_of: Callable[[dict], str],
                      order: Sequence[str]) -> pd.DataFrame:
-    """One row per run (column sync: the variant `variant_of(config)`; sync_config: the config's sync value), in
-    `order`; each against the noop run with the same accumulation."""
-    baselines = {r["config"].get("accumulate", 1): r for r in noop_runs if r.get("status", "completed") == "completed"}
+    """One row per (run, its baseline run) (column sync: the variant `variant_of(config)`; sync_config: the
+    config's sync value), in `order`."""
     rows = []
-    for run in runs:
+    for run, baseline in pairs:
         c = run["config"]
         k = c.get("accumulate", 1)
         row = {"sync": variant_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
                "sync_config": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
                "micro_batch_per_rank": c["global_batch"] // (c["ranks"] * c.get("nnodes", 1)) / k,
                "global_batch": c["global_batch"], "run_id": run["run_id"], **run_metrics(run)}
-        rows.append(with_baseline(row, baselines.get(k)))
+        rows.append(with_baseline(row, run, completed(baseline)))
     frame = pd.DataFrame(rows, columns=STRATEGY_COLUMNS)
     rank = {s: i for i, s in enumerate(order)}
     frame = frame.sort_values("sync", key=lambda s: s.map(rank), kind="stable")
     return frame.reset_index(drop=True)
 
 
-def backends_table(entries: list[dict], noop_runs: list[dict]) -> pd.DataFrame:
-    """One row per backend (BACKENDS order): a run against the noop run of the same backend, or a skip reason."""
-    baselines = {r["config"]["backend"]: r for r in noop_runs if r.get("status", "completed") == "completed"}
+def backends_table(entries: list[tuple[dict, dict | None]]) -> pd.DataFrame:
+    """One row per backend (BACKENDS order): (a run, its baseline run), or a skipped backend (a dict without
+    "config", with its reason) paired with None."""
     rows = []
-    for entry in entries:
+    for entry, baseline in entries:
         if "config" not in entry:  # a backend that cannot run here
             rows.append({"backend": entry["backend"], "status": entry["status"], "reason": entry["reason"]})
             continue
         c = entry["config"]
         row = {"backend": c["backend"], "status": entry.get("status", "completed"), "reason": entry.get("reason"),
                "sync": c.get("sync"), "run_id": entry["run_id"], **run_metrics(entry)}
-        rows.append(with_baseline(row, baselines.get(c["backend"])))
+        rows.append(with_baseline(row, entry, completed(baseline)))
     frame = pd.DataFrame(rows, columns=BACKEND_COLUMNS)
     order = {b: i for i, b in enumerate(BACKENDS)}
     frame = frame.sort_values("backend", key=lambda s: s.map(order), kind="stable")

@@ -45,10 +45,15 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
            f"({_fmt(worst['step(ms)'], ' ms')}, {worst['step(ms)'] / best['step(ms)']:.2f}x)."]
     if "overlap" in real:
         hidden = real.dropna(subset=["overlap"])
+        quality = hidden["quality"].fillna("ok") if "quality" in hidden else pd.Series("ok", index=hidden.index)
+        flagged = hidden[quality != "ok"]
+        hidden = hidden.drop(flagged.index)  # no conclusion from a figure flagged implausible
         if len(hidden):
             top = hidden.loc[hidden["overlap"].idxmax()]
             out.append(f"{top.sync} hides the most communication behind compute: overlap "
                        f"{100 * top['overlap']:.0f} % of {_fmt(top['comm(ms)'], ' ms')} inside collectives.")
+        for sync, why in zip(flagged["sync"], quality[flagged.index]):
+            out.append(f"{sync}'s overlap is not used: {why}.")
     return out, f"Use the {best.sync} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
 
 
@@ -72,7 +77,7 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
 def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
     if not len(table):
         return [], None
-    t = table.sort_values("time(ms)", ascending=False)
+    t = table[table["share(%)"].notna()].sort_values("time(ms)", ascending=False)  # the step's stages
     top = t.iloc[0]
     out = [f"{top.stage} takes the largest share of a step: {top['share(%)']:.1f} % ({_fmt(top['time(ms)'], ' ms')})."]
     fb = t.set_index("stage")

@@ -12,6 +12,11 @@ STEPS_PER_EPOCH = "steps/per_epoch"
 STEP_MEDIAN_MS = "time/step_median(ms)"
 STEP_MIN_MS = "time/step_min(ms)"
 STEP_MAX_MS = "time/step_max(ms)"
+# distribution-free 95 % interval of the median timed step (order statistics; `median_interval`)
+STEP_MEDIAN_CI_LOW_MS = "time/step_median_ci_low(ms)"
+STEP_MEDIAN_CI_HIGH_MS = "time/step_median_ci_high(ms)"
+EVAL_MS = "time/eval(ms)"  # one evaluation, outside the steps
+EVALS = "evals/count"
 EPOCH_S = "time/epoch(s)"
 EPOCH_NO_DATA_S = "time/epoch_no_data(s)"
 SKEW = "time/skew(slowest/median)"
@@ -34,8 +39,10 @@ MEMORY_OPTIMIZER_BYTES = "memory/optimizer_state(bytes)"
 MEMORY_ACTIVATIONS_BYTES = "memory/activations_saved(bytes)"  # distinct storages saved for backward in forward
 MEMORY_ACTIVATIONS_PEAK_BYTES = "memory/activations_backward_peak(bytes)"  # incl. what checkpointing recomputes
 
-COMM_TIME_MS = "comm/time(ms)"
-COMM_BLOCKING_MS = "comm/blocking(ms)"
+COMM_TIME_MS = "comm/time(ms)"  # union of the step's collective intervals, per rank
+COMM_SUM_MS = "comm/sum(ms)"  # sum of the collective intervals (overlapped stretches more than once)
+COMM_BLOCKING_MS = "comm/blocking(ms)"  # the loop's "comm" span (DDP waits inside backward: 0 there)
+COMM_WAIT_MS = "comm/wait(ms)"  # last gradient produced -> end of the sync: the blocking wait, every strategy
 COMM_ALGBW = "comm/algbw(GB/s)"
 COMM_BUSBW = "comm/busbw(GB/s)"
 COMM_COLLECTIVES_PER_STEP = "comm/collectives_per_step"

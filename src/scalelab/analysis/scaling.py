@@ -9,8 +9,9 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.compare import exposed_with_interval
 
-COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
+COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
 
 
@@ -36,8 +37,10 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
                      "per_worker_batch": c["global_batch"] // workers,
                      "epoch(s)": s.get(keys.EPOCH_S), "step(ms)": s.get(keys.STEP_MEDIAN_MS),
                      "step_min(ms)": s.get(keys.STEP_MIN_MS), "step_max(ms)": s.get(keys.STEP_MAX_MS),
+                     "step_ci_low(ms)": s.get(keys.STEP_MEDIAN_CI_LOW_MS),
+                     "step_ci_high(ms)": s.get(keys.STEP_MEDIAN_CI_HIGH_MS),
                      keys.THROUGHPUT: s.get(keys.THROUGHPUT),
-                     "compute(ms)": compute_ms(s), "skew(slowest/median)": s.get(keys.SKEW),
+                     "compute(ms)": None, "skew(slowest/median)": s.get(keys.SKEW),
                      **{m: s.get(m) for m in COMM_METRICS}})
     frame = pd.DataFrame(rows)
     if not len(frame):
@@ -63,22 +66,24 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     return frame.sort_values([key, "workers"], kind="stable").reset_index(drop=True)
 
 
-def add_exposed_comm(table: pd.DataFrame, ablation: list[dict]) -> pd.DataFrame:
-    """Exposed communication per cell = step time with real sync - step time of the same cell with no sync.
+def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict]) -> pd.DataFrame:
+    """Per cell: compute = the median step of its baseline (the same config with no-op collectives); exposed
+    communication = step - compute, overlap = 1 - exposed / time inside collectives, both with intervals and a
+    quality flag, never clipped (scalelab.analysis.compare.exposed_with_interval).
 
-    `ablation` are the `noop` runs of the same cells (same workers and global batch); overlap = 1 - exposed / comm.
+    `runs` are the table's runs, `baselines` the completed baseline runs of the same cells (same workers and global
+    batch); 1-worker cells have none.
     """
-    noop = {(r["config"]["ranks"] * r["config"].get("nnodes", 1), r["config"]["global_batch"]):
-            (r["summary"] or {}).get(keys.STEP_MEDIAN_MS) for r in ablation}
-    table = table.copy()
-    table["step_no_sync(ms)"] = [noop.get((w, b)) for w, b in zip(table["workers"], table["global_batch"])]
-    table["exposed_comm(ms)"] = (table["step(ms)"] - table["step_no_sync(ms)"]).clip(lower=0)
-    comm = table[keys.COMM_TIME_MS].astype(float)
-    table["overlap"] = (1 - table["exposed_comm(ms)"] / comm).where(comm > 0)
-    return table
+    def cell(r: dict) -> tuple[int, int]:
+        return r["config"]["ranks"] * r["config"].get("nnodes", 1), r["config"]["global_batch"]
 
-
-def compute_ms(summary: dict) -> float | None:
-    """Forward + backward + optimizer per step (with DDP, backward's span also holds the exposed wait)."""
-    parts = [summary.get(keys.stage_ms(s)) for s in ("forward", "backward", "optimizer")]
-    return None if any(p is None for p in parts) else sum(parts)
+    base = {cell(r): r for r in baselines}
+    summaries = {r["run_id"]: r["summary"] or {} for r in runs}
+    rows = []
+    for run_id, workers, batch, comm in zip(table["run_id"], table["workers"], table["global_batch"],
+                                            table[keys.COMM_TIME_MS]):
+        b = base.get((workers, batch))
+        b_summary = (b or {}).get("summary") or {}
+        rows.append({"compute(ms)": b_summary.get(keys.STEP_MEDIAN_MS), "baseline_run_id": (b or {}).get("run_id"),
+                     **exposed_with_interval(summaries.get(run_id, {}), b_summary, comm)})
+    return pd.concat([table.drop(columns=["compute(ms)"]), pd.DataFrame(rows, index=table.index)], axis=1)

@@ -4,19 +4,25 @@ Definitions (stated in every report):
 - Warm-up steps are excluded from every timing.
 - A step's time for the run is the slowest rank's wall time for that step (synchronous data parallelism waits
   for the slowest rank); stage times are averaged over ranks.
-- Training time of a step = its wall time minus evaluation (evaluation is reported as its own stage).
+- Training time of a step = its wall time; evaluation runs after a step ends and is reported on its own (time per
+  evaluation). Records of scalelab 0.1 timed evaluation inside the step: their evaluation is subtracted.
+- The median step carries a distribution-free 95 % interval from order statistics (`median_interval`).
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
   step's data wait.
 - Throughput = global samples of the timed steps / their summed step time.
 - Communication (runs with a process group): per rank and step, bytes and collective counts as the rank's
   CommMeter recorded them (conventions in scalelab.sync.meter), averaged over ranks, then over timed steps.
-  comm/time = time inside collectives (may overlap compute); comm/blocking = the loop's "comm" span.
-  algbw = sum of buffer sizes S / sum of collective time over the timed steps of all ranks; busbw = the same with
+  comm/time = the union of the step's collective intervals (may overlap compute, never counted twice); comm/sum =
+  their plain sum; comm/wait = from the last gradient produced to the end of the sync (the blocking wait, the same
+  meaning for every strategy); comm/blocking = the loop's "comm" span (DDP waits inside backward instead).
+  algbw = sum of buffer sizes S / summed union time over the timed steps of all ranks; busbw = the same with
   each S weighted by its nccl-tests factor (2(n-1)/n allreduce, (n-1)/n gather/scatter, 1 broadcast).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+from scipy import stats
 
 from scalelab.analysis import keys
 from scalelab.analysis.keys import STAGES
@@ -46,6 +52,20 @@ def per_step(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def median_interval(values, confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of `values`: [x_(k), x_(n-k+1)] (order statistics, 1-based)
+    with k the largest rank where P(Binomial(n, 1/2) <= k-1) stays within (1 - confidence) / 2, so it covers the
+    median with at least `confidence`; with too few values for that (n < 6 at 95 %) it is their whole range."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    if n == 0:
+        return float("nan"), float("nan")
+    k = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # P(Bin <= k-1) <= alpha/2 < P(Bin <= k)
+    if k < 1:
+        return float(x[0]), float(x[-1])
+    return float(x[k - 1]), float(x[n - k])
+
+
 def skew(frame: pd.DataFrame) -> float:
     """Slowest rank's total timed wall time over the median rank's (1.0 = perfectly even)."""
     timed = frame[~frame["warmup"].astype(bool)]
@@ -64,8 +84,11 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         wall = steps["train(s)"]
         no_data = wall - steps["data_wait(s)"]
         total, samples = float(wall.sum()), float(steps["samples"].sum())
+        low, high = median_interval(wall)
         out.update({
             keys.STEP_MEDIAN_MS: 1e3 * float(wall.median()),
+            keys.STEP_MEDIAN_CI_LOW_MS: 1e3 * low,
+            keys.STEP_MEDIAN_CI_HIGH_MS: 1e3 * high,
             keys.STEP_MIN_MS: 1e3 * float(wall.min()),
             keys.STEP_MAX_MS: 1e3 * float(wall.max()),
             keys.EPOCH_S: float(wall.mean()) * steps_per_epoch,
@@ -76,6 +99,11 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         })
         for col in STAGE_COLUMNS:
             out[keys.stage_ms(col[:-3])] = 1e3 * float(steps[col].mean())
+    if "evaluation(s)" in frame:  # evaluations after steps (every rank evaluates its shard: the slowest counts)
+        per_eval = frame.groupby("step")["evaluation(s)"].max().dropna()
+        if len(per_eval):
+            out[keys.EVAL_MS] = 1e3 * float(per_eval.mean())
+            out[keys.EVALS] = int(len(per_eval))
     last = frame.sort_values("step").groupby("rank").tail(1)
     if "loss" in last:
         out[keys.TRAIN_LOSS] = float(last["loss"].mean())
@@ -110,7 +138,11 @@ def comm_summary(frame: pd.DataFrame) -> dict:
     by_step = timed.groupby("step")
     out = {key: float(by_step[col].mean().mean()) for key, col in COMM_PER_STEP.items()}
     out[keys.COMM_TIME_MS] = 1e3 * float(by_step["comm_total(s)"].mean().mean())
+    if "comm_sum(s)" in timed:  # records of scalelab 0.1 summed the intervals into comm_total(s)
+        out[keys.COMM_SUM_MS] = 1e3 * float(by_step["comm_sum(s)"].mean().mean())
     out[keys.COMM_BLOCKING_MS] = 1e3 * float(by_step["comm(s)"].mean().mean())
+    if "wait(s)" in timed and timed["wait(s)"].notna().any():
+        out[keys.COMM_WAIT_MS] = 1e3 * float(by_step["wait(s)"].mean().mean())
     seconds = float(timed["comm_total(s)"].sum())
     out[keys.COMM_ALGBW] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     out[keys.COMM_BUSBW] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0

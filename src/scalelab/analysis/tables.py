@@ -32,17 +32,26 @@ def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
     return frame.dropna(axis=1, how="all")
 
 
+EVAL_OUTSIDE = "eval (outside the step, per evaluation)"
+
+
 def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
-    """Mean time per step of each stage and its share of the step (seed 001 part 2b)."""
+    """Mean time per step of each stage and its share of the step (seed 001 part 2b). Evaluation is its own line
+    after them: the time of one evaluation, outside every step, so it has no share. (Runs of scalelab 0.1 timed
+    evaluation inside the step: for them it stays a stage.)"""
     stages = ["data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other"]
     rows = []
     for run in runs:
         summary = run["summary"] or {}
-        total = sum(summary.get(keys.stage_ms(s), 0.0) for s in stages)
-        for s in stages:
+        inside = [s for s in stages if s != "eval" or summary.get(keys.stage_ms("eval"))]
+        total = sum(summary.get(keys.stage_ms(s), 0.0) for s in inside)
+        for s in inside:
             ms = summary.get(keys.stage_ms(s), 0.0)
             rows.append({"run_id": run["run_id"], "stage": s, "time(ms)": ms,
                          "share(%)": 100.0 * ms / total if total else 0.0})
+        if summary.get(keys.EVAL_MS) is not None:
+            rows.append({"run_id": run["run_id"], "stage": EVAL_OUTSIDE, "time(ms)": summary[keys.EVAL_MS],
+                         "share(%)": float("nan")})
     return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", "share(%)"])
 
 

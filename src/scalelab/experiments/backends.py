@@ -1,5 +1,6 @@
 """Communication backends side by side: the same config on gloo, NCCL and MPI (seed 004 exp 4). Backends that
-cannot run here are listed with the reason; each backend's no-op cell gives its exposed communication."""
+cannot run here are listed with the reason; each backend's baseline cell (no-op collectives) gives its exposed
+communication."""
 from __future__ import annotations
 
 from scalelab.analysis import interpret
@@ -8,8 +9,8 @@ from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, name_list
 from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, comm_figures, ordered, \
-    strategy_fields
+from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, \
+    ordered
 
 
 def runtime_facts() -> dict:
@@ -43,19 +44,19 @@ def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None
         reason = backend_skip_reason(backend, base, facts)
         if reason is None:
             try:
-                cfg = with_fields(base, backend=backend)
-                noop = with_fields(cfg, **{**strategy_fields("noop", 1), "accumulate": cfg.accumulate})
+                cell = Cell(backend, with_fields(base, backend=backend))
+                baseline = baseline_cells([cell])[0]
             except ConfigError as err:  # the config cannot run on this backend here: say why, do not drop it
                 reason = str(err)
         if reason is not None:
             ctx.say(f"[backends] {backend}: skipped: {reason}")
             skipped[backend] = reason
             continue
-        cells += [Cell(backend, cfg), Cell(f"{backend} noop", noop)]
+        cells += [cell, baseline]
     runs = ctx.cells.rows(ctx.cells.run(cells, group="compare"))
-    entries = runs[0::2] + [{"backend": b, "status": "skipped", "reason": why} for b, why in skipped.items()]
-    table = backends_table(entries, runs[1::2])  # cells come in pairs: the backend, then its noop
-    return Result("compare_backends", {"compare_backends": table},
+    pairs = list(zip(runs[0::2], runs[1::2]))  # cells come in pairs: the backend, then its baseline
+    pairs += [({"backend": b, "status": "skipped", "reason": why}, None) for b, why in skipped.items()]
+    return Result("compare_backends", {"compare_backends": backends_table(pairs)},
                   notes={"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped})
 
 

@@ -51,7 +51,7 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
 
 def stage_pie(table: pd.DataFrame, path: Path) -> Path:
     """Share of a step per stage (stages under 0.5 % are folded into 'rest')."""
-    run = table[table["run_id"] == table["run_id"].iloc[0]]
+    run = table[(table["run_id"] == table["run_id"].iloc[0]) & table["share(%)"].notna()]  # steps only
     big = run[run["share(%)"] >= 0.5]
     rest = run.loc[run["share(%)"] < 0.5, "time(ms)"].sum()
     labels = [f"{s} {t:.1f} ms" for s, t in zip(big["stage"], big["time(ms)"])]
@@ -119,13 +119,19 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
 
 
 def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
-    """Per cell: step time split into compute (the no-sync step) and exposed communication (stacked bars)."""
+    """Per cell: step time split into compute (the step with no-op collectives) and exposed communication (stacked
+    bars; a negative exposed part downwards), with the exposed part's 95 % interval."""
     labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
-    compute = table["step_no_sync(ms)"].fillna(table["step(ms)"])
-    exposed = table["exposed_comm(ms)"].fillna(0)
+    compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"])
+    exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
-    ax.bar(labels, compute, label="compute (step with no sync)")
+    ax.bar(labels, compute, label="compute (step with no-op collectives)")
     ax.bar(labels, exposed, bottom=compute, label="exposed communication")
+    if "exposed_ci_low(ms)" in table:
+        low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
+        ax.errorbar(labels, compute + exposed, yerr=[(exposed - low).clip(lower=0).fillna(0),
+                                                     (high - exposed).clip(lower=0).fillna(0)],
+                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
     if keys.COMM_TIME_MS in table:
         ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
@@ -163,9 +169,10 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
 
 
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
-    """Per strategy / backend (column `label`): compute (the noop step) + exposed communication, stacked; the
-    median step with its min..max spread, and the time inside collectives marked. Rows that did not run
-    (status skipped / failed) keep their slot, labelled with their status."""
+    """Per strategy / backend (column `label`): compute (the median step of the same config with no-op
+    collectives) + exposed communication, stacked (a negative exposed part is drawn downwards, not hidden), with
+    the exposed part's 95 % interval; the median step's min..max spread and the time inside collectives marked.
+    Rows that did not run (status skipped / failed) keep their slot, labelled with their status."""
     labels = [str(v) for v in table[label]]
     done = table["status"].eq("completed") if "status" in table else pd.Series(True, index=table.index)
     step = table["step(ms)"].astype(float).where(done)
@@ -174,8 +181,13 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     spread = [step - table["step_min(ms)"].astype(float), table["step_max(ms)"].astype(float) - step]
     reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
-    ax.bar(labels, compute, label="compute (median step with noop sync)")
-    ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - noop step)")
+    ax.bar(labels, compute, label="compute (median step, no-op collectives)")
+    ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - compute)")
+    if "exposed_ci_low(ms)" in table:
+        low, high = (table[c].astype(float).where(done) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
+        ax.errorbar([x + 0.2 for x in range(len(labels))], compute + exposed,
+                    yerr=[(exposed - low).clip(lower=0).fillna(0), (high - exposed).clip(lower=0).fillna(0)],
+                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
     ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
                 label="median step, bars min..max")
     ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")

@@ -35,6 +35,9 @@ def trace_events(records: list[dict]) -> list[dict]:
                 events.append({"name": stage, "ph": "X", "pid": rank, "tid": "stages", "ts": t * 1e6,
                                "dur": dur * 1e6})
             t += dur
+        if rec.get("evaluation(s)"):  # after the step's end, outside it
+            events.append({"name": "eval", "ph": "X", "pid": rank, "tid": "stages", "ts": end * 1e6,
+                           "dur": rec["evaluation(s)"] * 1e6})
         perf_end = rec.get("t_end(perf_s)")
         for op, phase, start, seconds, nbytes in rec.get("comm_events", []) if perf_end is not None else []:
             events.append({"name": op, "ph": "X", "pid": rank, "tid": "collectives",
@@ -76,6 +79,8 @@ def write_scalars(run_dir: Path) -> Path | None:
             for stage in TB_STAGES:
                 if f"{stage}(s)" in rec:
                     writer.add_scalar(f"stage/{stage}(ms)", 1e3 * rec[f"{stage}(s)"], s)
+            if "evaluation(s)" in rec:
+                writer.add_scalar("time/eval(ms)", 1e3 * rec["evaluation(s)"], s)
             if "comm_bytes" in rec:
                 writer.add_scalar("comm/bytes", rec["comm_bytes"], s)
         for ev in rundir.read_result(0)["evals"] if rundir.result_file(0).is_file() else []:

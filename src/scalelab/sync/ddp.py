@@ -16,9 +16,11 @@ a no_sync forward (so once per optimizer step, also with accumulation); that bro
 "forward" by wrapping the instance's `_distributed_broadcast_coalesced` (present in torch 2.13; without it the
 buffer bytes go unmetered, with a warning).
 
-The no-op variant (cfg.noop_collectives) registers torch's `noop_hook` instead (DDP still buckets, copies into
-its buckets and runs its hook machinery, but nothing is all-reduced) and skips the buffer broadcast; nothing is
-metered.
+The no-op variant (cfg.noop_collectives) registers `local_hook`: what the chosen hook does besides its collective
+(the division by the world size, and fp16 / bf16's casts to the wire dtype and back), so DDP still buckets,
+copies into its buckets, runs its hook machinery and divides, but nothing is all-reduced; the buffer broadcast is
+skipped and nothing is metered. torch's own `noop_hook` would skip the division too (the default hook divides
+before its all-reduce). PowerSGD's no-op is the plain division: its compression is billed as communication.
 """
 from __future__ import annotations
 
@@ -86,6 +88,23 @@ def one_chain_at_a_time(hook):
     return serialized
 
 
+def local_hook(wire_dtype: torch.dtype | None):
+    """A DDP comm hook doing everything torch's allreduce / fp16 / bf16 hooks do except the all-reduce: divide the
+    bucket by the world size (in the wire dtype when compressing, then copy back). Gradients stay each rank's own."""
+    def hook(state, bucket):  # DDP checks the parameter is named `bucket`
+        buffer = bucket.buffer()
+        world = dist.get_world_size()
+        if wire_dtype is None:
+            buffer.div_(world)
+        else:
+            buffer.copy_(buffer.to(wire_dtype).div_(world))
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+
+    return hook
+
+
 def _forward(src: torch.futures.Future, dst: torch.futures.Future) -> None:
     try:
         dst.set_result(src.value())
@@ -103,7 +122,7 @@ class DDPSync:
             self._register_hook(hook, powersgd_rank)
             self._meter_buffer_broadcast()
         else:
-            self._without_collectives()
+            self._without_collectives(hook)
 
     def wrap(self) -> nn.Module:
         return self.net
@@ -150,10 +169,8 @@ class DDPSync:
             metered = one_chain_at_a_time(metered)
         self.net.register_comm_hook(state, metered)
 
-    def _without_collectives(self) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-
-        self.net.register_comm_hook(None, noop_hook)
+    def _without_collectives(self, hook: str) -> None:
+        self.net.register_comm_hook(None, local_hook({"fp16": torch.float16, "bf16": torch.bfloat16}.get(hook)))
         if hasattr(self.net, "_distributed_broadcast_coalesced"):
             self.net._distributed_broadcast_coalesced = lambda tensors, buffer_size, authoritative_rank=0: None
 

@@ -13,6 +13,11 @@ from scalelab.sync.registry import SyncEntry
 
 
 class GatherScatterSync(PlainSync):
+    @staticmethod
+    def average(parts: list[torch.Tensor]) -> torch.Tensor:
+        """Rank 0's part of the sync: the mean of every rank's gradient."""
+        return torch.stack(parts).sum(0).div_(len(parts))
+
     def after_backward(self) -> None:
         world, rank = dist.get_world_size(), dist.get_rank()
         root = rank == 0
@@ -21,14 +26,13 @@ class GatherScatterSync(PlainSync):
             size = tensor_bytes(grad)
             wire = size * (world - 1) if root else size  # the root's own slice never leaves it
             if not self.collectives:  # the same buffers and the root's averaging, no gather / scatter
-                parts = [torch.zeros_like(grad) for _ in range(world)] if root else None
-                if root:
-                    torch.stack(parts).sum(0).div_(world)
+                if root:  # the root's own slice is local; the others would have arrived
+                    self.average([grad.clone(), *(torch.zeros_like(grad) for _ in range(world - 1))])
                 continue
             parts = [torch.empty_like(grad) for _ in range(world)] if root else None
             with self.meter.collective("gather", wire, phase="backward", alg_bytes=size * world):
                 dist.gather(grad, parts, dst=0)
-            mean = torch.stack(parts).sum(0).div_(world) if root else None
+            mean = self.average(parts) if root else None
             with self.meter.collective("scatter", wire, phase="backward", alg_bytes=size * world):
                 dist.scatter(grad, [mean] * world if root else None, src=0)
 

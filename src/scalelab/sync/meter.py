@@ -1,11 +1,13 @@
 """Communication accounting: every collective a sync strategy issues is recorded here, one CommMeter per rank.
 
 A record holds the op, the phase of the step it serves ("forward": DDP's buffer broadcast; "backward": gradient
-sync; "optimizer": reserved for optimizer-side collectives), payload bytes and the seconds inside the collective
-as the caller sees it:
+sync; "optimizer": reserved for optimizer-side collectives), payload bytes and the interval inside the collective:
 - synchronous collectives: from the call to its return (`collective`);
-- asynchronous ones: from launch to the moment the caller's future completes (`track`); these may overlap
-  compute and each other, so their sum can exceed the blocking `comm` span of the step.
+- asynchronous ones: from launch to the moment the caller's future completes (`track`);
+- on CUDA, between CUDA events on the stream that waits for the collective (read at `take_step`).
+Asynchronous collectives overlap compute and each other, so a step's time inside collectives is the length of the
+union of its intervals (`comm_total(s)`), never their sum (kept as `comm_sum(s)`, which counts overlapped
+stretches more than once).
 
 Byte conventions (S = bytes of the tensor this rank hands to the collective):
 - allreduce, broadcast: `nbytes` = S (the buffer every rank contributes and receives).
@@ -15,8 +17,8 @@ Byte conventions (S = bytes of the tensor this rank hands to the collective):
 - bandwidth uses the nccl-tests buffer size instead (`alg_bytes`): S for allreduce / broadcast, n*S (the
   gathered / scattered total) for gather / scatter / allgather / reduce_scatter.
 algbw = alg_bytes / t; busbw = algbw * factor(op, n) with factor 2(n-1)/n for allreduce, (n-1)/n for
-allgather / reduce_scatter / gather / scatter, 1 for broadcast. A step's (or a run's) algbw and busbw are
-aggregated as total (factor-weighted) bytes over total collective time.
+allgather / reduce_scatter / gather / scatter, 1 for broadcast; a collective's t is its own interval. A step's (or
+a run's) algbw and busbw are total (factor-weighted) bytes over the union of the collective intervals.
 
 Network emulation (`latency_s`, `bandwidth_Bps`) is done on the caller's side: after the real collective
 completes, the meter waits until at least count*latency + nbytes/bandwidth has passed since launch, so a
@@ -177,17 +179,34 @@ class CommMeter:
         with self._lock:
             records, self._records = self._records, []
             pending, self._pending = self._pending, []
-        for rec, begin, end in pending:  # the step has ended (device synchronised): these events are done
-            end.synchronize()
-            seconds = begin.elapsed_time(end) / 1e3
-            records.append(dataclasses.replace(rec, seconds=seconds, end=rec.end - rec.seconds + seconds))
+        if pending:  # the step has ended: these events are done (or soon are)
+            # one device timeline: every interval placed by its events relative to the first launch's event,
+            # anchored at that launch's host time (the host clock of the record, less its host-measured length)
+            first, anchor = pending[0][1], pending[0][0].end - pending[0][0].seconds
+            for rec, begin, end in pending:
+                end.synchronize()
+                start = anchor + first.elapsed_time(begin) / 1e3
+                seconds = begin.elapsed_time(end) / 1e3
+                records.append(dataclasses.replace(rec, seconds=seconds, end=start + seconds))
         return step_totals(records, self.world)
 
 
+def union_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (overlapping stretches counted once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def step_totals(records: list[Collective], world: int) -> dict:
-    """Per-step record fields: comm_total(s), collectives, bytes (all and per phase), algbw/busbw inputs."""
+    """Per-step record fields: comm_total(s) (union of the intervals), comm_sum(s), collectives, bytes (all and
+    per phase), algbw/busbw inputs."""
     out = {
-        "comm_total(s)": sum(r.seconds for r in records),
+        "comm_total(s)": union_seconds([(r.end - r.seconds, r.end) for r in records]),
+        "comm_sum(s)": sum(r.seconds for r in records),
         "collectives": sum(r.count for r in records),
         "comm_bytes": sum(r.nbytes for r in records),
         **{f"comm_bytes_{p}": sum(r.nbytes for r in records if r.phase == p) for p in PHASES},

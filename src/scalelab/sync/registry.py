@@ -11,6 +11,7 @@ module and no user of the registry at import time.
     registry.variants()               # (..., "ddp", "ddp+fp16", "ddp+bf16", "ddp+powersgd", "ddp+accumulate", "noop")
     registry.get("ddp").options       # ("bucket_mb", "ddp_hook", "powersgd_rank")
     sync = registry.build_sync(cfg, model, ctx, meter)
+    registry.baseline_fields(cfg)     # {"noop_collectives": True}: the baseline of exposed communication
 """
 from __future__ import annotations
 
@@ -115,6 +116,13 @@ def variant_of(config: Mapping[str, Any]) -> str:
 
     fitting = [(len(f), i, v) for i, (v, f) in enumerate(entry.variants.items()) if all(holds(k, w) for k, w in f.items())]
     return min(fitting, key=lambda t: (-t[0], t[1]))[2] if fitting else entry.name
+
+
+def baseline_fields(config) -> dict[str, Any]:
+    """Config fields of the exposed-communication baseline of `config` (a TrainConfig or a stored config dict):
+    the same strategy with no-op collectives; `noop` (no sync at all) is its own baseline."""
+    sync = config.get("sync", "auto") if isinstance(config, Mapping) else config.sync
+    return {} if sync == "noop" else {"noop_collectives": True}
 
 
 def describe() -> str:

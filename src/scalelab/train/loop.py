@@ -1,8 +1,9 @@
 """The one training loop: every rank runs it; every step is timed stage by stage.
 
-Host syncs: on CUDA the StepTimer synchronises at span boundaries (that is what per-stage attribution costs);
-loss and accuracy stay on the device and are read (a CPU-GPU sync point) only when records are flushed or
-progress is printed.
+Host syncs: on CUDA the StepTimer bounds stages with CUDA events and waits once per step, for the step's last
+event (with `sync_stages` it synchronises the device at every stage boundary instead); loss and accuracy stay on
+the device and are read (a CPU-GPU sync point) only when records are flushed or progress is printed. Evaluation
+runs after a step has ended: it is timed on its own, never inside a step.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
 from scalelab.measure.memory import peak_memory, reset_peak
-from scalelab.measure.timer import StepTimer
+from scalelab.measure.timer import CudaMarks, StepTimer
 from scalelab.store.files import read_jsonl, write_jsonl_atomic
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
@@ -127,6 +128,17 @@ def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
     return cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
 
 
+def step_timer(cfg: TrainConfig, device: torch.device, clock: Callable[[], float],
+               heartbeat: Heartbeat | None) -> StepTimer:
+    """Host clock on the CPU; CUDA events on CUDA, or a device-wide sync at every boundary with `sync_stages`."""
+    on_enter = heartbeat.enter if heartbeat else None
+    if device.type != "cuda":
+        return StepTimer(clock, on_enter=on_enter)
+    if cfg.sync_stages:
+        return StepTimer(clock, sync=lambda: torch.cuda.synchronize(device), on_enter=on_enter)
+    return StepTimer(on_enter=on_enter, marks=CudaMarks(device))
+
+
 def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
           *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print,
           heartbeat: Heartbeat | None = None, resume: checkpoint.Checkpoint | None = None) -> dict:
@@ -141,8 +153,10 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     steps_per_epoch = len(sampler)
     n_steps = total_steps(cfg, steps_per_epoch)
     epochs = math.ceil(n_steps / steps_per_epoch)
-    timer = StepTimer(clock, sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None,
-                      on_enter=heartbeat.enter if heartbeat else None)
+    timer = step_timer(cfg, device, clock, heartbeat)
+    # the blocking wait of the sync starts when the step's last gradient is produced, whatever the strategy
+    ready_hooks = [p.register_post_accumulate_grad_hook(lambda _p: timer.ready())
+                   for p in model.parameters() if p.requires_grad] if sync else []
     log = StepLog(RunDir(run_dir).steps_file(ctx.rank))
     evals: list[dict] = []
     step = 0
@@ -205,10 +219,6 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 last_of_epoch = i == steps_per_epoch - 1 or step == n_steps
                 due = (cfg.eval_every and step % cfg.eval_every == 0) or (
                     last_of_epoch and (not cfg.eval_every or step == n_steps))
-                if due:
-                    with timer.span("eval"):
-                        result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
-                    evals.append({"step": step, "epoch": epoch, **result})
                 times = timer.end_step()
                 record = {"step": step, "epoch": epoch, "rank": ctx.rank,
                           "warmup": step <= first_step + cfg.warmup_steps, "lr": lr,
@@ -217,6 +227,11 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                           "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
                 if sync:
                     record.update(sync.meter.take_step())
+                if due:  # after the step's end: evaluation is not a training stage
+                    began = time.perf_counter()
+                    result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
+                    record["evaluation(s)"] = time.perf_counter() - began
+                    evals.append({"step": step, "epoch": epoch, **result})
                 checkpointed = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps
                 if checkpointed:
                     # outside the step's timed wall: checkpointing is not a training stage
@@ -238,6 +253,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                         f"{rate:,.0f} samples/s")
     finally:
         log.flush()
+        for handle in ready_hooks:
+            handle.remove()
         if sync:
             sync.close()
     return {

@@ -14,8 +14,8 @@ from scalelab.sync.registry import variants
 STRATEGIES = variants()
 
 
-def strategies_table(runs, noop_runs):
-    return pure.strategies_table(runs, noop_runs, variant_of=strategy_of, order=variants())
+def strategies_table(pairs):
+    return pure.strategies_table(pairs, variant_of=strategy_of, order=variants())
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -24,21 +24,44 @@ from scalelab.experiments.cells import replay_only
 from scalelab.experiments.strategies import strategy_fields
 
 # ---------------------------------------------------------------- pure functions on fixed inputs
-def _run(run_id, step, comm=0.0, **config):
+def _run(run_id, step, comm=0.0, ci=None, **config):
     cfg = {"sync": "ddp", "ddp_hook": "none", "accumulate": 1, "global_batch": 16, "ranks": 2, "nnodes": 1,
            "backend": "gloo", **config}
+    low, high = ci or (step - 0.5, step + 0.5)
     summary = {"time/step_median(ms)": step, "time/step_min(ms)": step - 1, "time/step_max(ms)": step + 1,
+               "time/step_median_ci_low(ms)": low, "time/step_median_ci_high(ms)": high,
                "comm/time(ms)": comm, "comm/bytes_per_step": 1000.0, "comm/loopback_bytes_per_step": 2500.0}
     return {"run_id": run_id, "config": cfg, "summary": summary, "status": "completed"}
 
 
 def test_exposed_and_overlap_follow_the_definitions():
     assert exposed_comm(10.0, 4.0) == 6.0
-    assert exposed_comm(3.0, 4.0) == 0.0  # noise between two runs is not negative communication
+    assert exposed_comm(3.0, 4.0) == -1.0  # not clipped: reported and judged against its interval
     assert exposed_comm(None, 4.0) is None and exposed_comm(5.0, float("nan")) is None
     assert overlap(6.0, 8.0) == 0.25
     assert overlap(12.0, 8.0) == -0.5  # the sync costs more than its collectives
     assert overlap(0.0, 0.0) is None and overlap(1.0, None) is None
+
+
+def test_exposed_interval_is_the_conservative_difference_of_the_medians_intervals():
+    row = pure.exposed_with_interval(_run("s", 40.0, 20.0, ci=(38.0, 43.0))["summary"],
+                                     _run("b", 30.0, ci=(29.0, 32.0))["summary"], 20.0)
+    assert (row["exposed_comm(ms)"], row["exposed_ci_low(ms)"], row["exposed_ci_high(ms)"]) == (10.0, 6.0, 14.0)
+    assert (row["overlap"], row["overlap_ci_low"], row["overlap_ci_high"]) == (0.5, pytest.approx(0.3), 0.7)
+    assert row["quality"] == "ok"
+
+
+@pytest.mark.parametrize("step, ci, comm, quality", [
+    (25.0, (24.0, 26.0), 8.0, "implausible: the sync is faster than its no-op baseline beyond noise"),
+    (29.5, (28.0, 31.0), 8.0, "ok"),  # 0.5 ms faster, within noise: reported as -0.5 ms, not flagged
+    (45.0, (44.0, 46.0), 5.0, "implausible: overlap outside [0, 1] beyond its interval"),  # exposed 15 > comm 5
+    (45.0, (36.0, 50.0), 5.0, "ok"),  # the same point, but the interval reaches overlap 0: noise, not a finding
+])
+def test_quality_flags_what_lies_outside_the_definitions_beyond_noise(step, ci, comm, quality):
+    row = pure.exposed_with_interval(_run("s", step, comm, ci=ci)["summary"],
+                                     _run("b", 30.0, ci=(29.0, 31.0))["summary"], comm)
+    assert row["quality"] == quality
+    assert row["exposed_comm(ms)"] == step - 30.0  # never clipped
 
 
 def test_strategy_of_names_every_strategy():
@@ -47,27 +70,31 @@ def test_strategy_of_names_every_strategy():
     assert strategy_of({"sync": "auto"}) == "ddp"
 
 
-def test_strategies_table_takes_compute_from_the_noop_run_of_the_same_accumulation():
-    noop1, noop2 = _run("n1", 40.0, sync="noop"), _run("n2", 50.0, sync="noop", accumulate=2)
-    runs = [_run("acc", 80.0, 20.0, accumulate=2), _run("ddp", 70.0, 40.0), noop1]
-    table = strategies_table(runs, [noop1, noop2])
+def test_strategies_table_pairs_each_run_with_its_own_baseline():
+    acc, ddp, noop = _run("acc", 80.0, 20.0, accumulate=2), _run("ddp", 70.0, 40.0), _run("n", 40.0, sync="noop")
+    acc_base = _run("ab", 50.0, accumulate=2, noop_collectives=True)
+    ddp_base = _run("db", 40.0, noop_collectives=True)
+    table = strategies_table([(acc, acc_base), (ddp, ddp_base), (noop, noop)])
     assert list(table["sync"]) == ["ddp", "ddp+accumulate", "noop"]  # STRATEGIES order
     ddp, acc, noop = (table.iloc[i] for i in range(3))
-    assert (ddp["compute(ms)"], ddp["exposed_comm(ms)"], ddp["overlap"]) == (40.0, 30.0, 0.25)
-    assert (acc["compute(ms)"], acc["exposed_comm(ms)"], acc["overlap"], acc["noop_run_id"]) == (50.0, 30.0, -0.5, "n2")
+    assert (ddp["compute(ms)"], ddp["exposed_comm(ms)"], ddp["overlap"], ddp["baseline_run_id"]) == \
+        (40.0, 30.0, 0.25, "db")
+    assert (acc["compute(ms)"], acc["exposed_comm(ms)"], acc["overlap"], acc["baseline_run_id"]) == \
+        (50.0, 30.0, -0.5, "ab")
+    assert acc["quality"] == "implausible: overlap outside [0, 1] beyond its interval"
     assert (acc["micro_batch_per_rank"], ddp["micro_batch_per_rank"]) == (4, 8)
     assert noop["exposed_comm(ms)"] == 0.0 and pd.isna(noop["overlap"])
     assert ddp["loopback/payload"] == 2.5
-    # a strategy faster than its noop baseline (noise): exposed clipped to 0, all of its 8 ms of comm hidden
-    fast = strategies_table([_run("fast", 35.0, 8.0), noop1], [noop1]).iloc[0]
-    assert (fast["compute(ms)"], fast["exposed_comm(ms)"], fast["overlap"]) == (40.0, 0.0, 1.0)
+    # a failed baseline gives no compute and no exposed communication (nothing is made up)
+    lost = strategies_table([(_run("x", 35.0, 8.0), {**ddp_base, "status": "failed"})]).iloc[0]
+    assert pd.isna(lost["compute(ms)"]) and pd.isna(lost["exposed_comm(ms)"])
 
 
 def test_backends_table_keeps_skipped_backends_with_their_reason():
-    gloo, noop = _run("g", 30.0, 10.0), _run("gn", 25.0, sync="noop")
-    entries = [{"backend": "mpi", "status": "skipped", "reason": "no mpi"}, gloo,
-               {"backend": "nccl", "status": "skipped", "reason": "no gpu"}]
-    table = backends_table(entries, [noop])
+    gloo, base = _run("g", 30.0, 10.0), _run("gn", 25.0, noop_collectives=True)
+    entries = [({"backend": "mpi", "status": "skipped", "reason": "no mpi"}, None), (gloo, base),
+               ({"backend": "nccl", "status": "skipped", "reason": "no gpu"}, None)]
+    table = backends_table(entries)
     assert list(table["backend"]) == list(BACKENDS)
     assert list(table["status"]) == ["completed", "skipped", "skipped"]
     assert list(table["reason"])[1:] == ["no gpu", "no mpi"]

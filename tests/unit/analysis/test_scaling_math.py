@@ -5,6 +5,7 @@ from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 
 def run(rid, ranks, gb, epoch, thr, step, comm=None):
     s = {"time/epoch(s)": epoch, "throughput(samples/s)": thr, "time/step_median(ms)": step,
+         "time/step_median_ci_low(ms)": step - 1.0, "time/step_median_ci_high(ms)": step + 1.0,
          "stage/forward(ms)": 1.0, "stage/backward(ms)": 2.0, "stage/optimizer(ms)": 0.5}
     if comm is not None:
         s["comm/time(ms)"] = comm
@@ -31,17 +32,26 @@ def test_weak_efficiency_compares_throughput():
 
 
 def test_exposed_comm_by_ablation_and_overlap():
-    t = scaling_table([run("a", 1, 64, 1, 1, 50), run("b", 2, 64, 1, 1, 40.0, comm=20.0)], "strong")
-    t = add_exposed_comm(t, [run("n", 2, 64, 1, 1, 30.0)])
+    runs = [run("a", 1, 64, 1, 1, 50), run("b", 2, 64, 1, 1, 40.0, comm=20.0)]
+    t = add_exposed_comm(scaling_table(runs, "strong"), runs, [run("n", 2, 64, 1, 1, 30.0)])
     row = t[t["workers"] == 2].iloc[0]
+    assert row["compute(ms)"] == 30.0 and row["baseline_run_id"] == "n"
     assert row["exposed_comm(ms)"] == pytest.approx(10.0)
+    assert (row["exposed_ci_low(ms)"], row["exposed_ci_high(ms)"]) == (8.0, 12.0)
     assert row["overlap"] == pytest.approx(0.5)
+    assert row["quality"] == "ok"
+    one = t[t["workers"] == 1].iloc[0]  # a single worker has no sync and no baseline
+    assert one.isna()[["compute(ms)", "exposed_comm(ms)", "overlap"]].all()
 
 
-def test_exposed_comm_is_clipped_at_zero_when_the_no_sync_step_is_slower():
-    runs = [run("s2", 2, 32, 6.0, 150.0, 30.0, comm=10.0), run("s4", 4, 32, 4.0, 250.0, 20.0, comm=8.0)]
-    t = add_exposed_comm(scaling_table(runs, "strong"), [run("n2", 2, 32, 5.0, 160.0, 25.0),
-                                                          run("n4", 4, 32, 3.0, 300.0, 22.0)])
-    assert list(t["step_no_sync(ms)"]) == [25.0, 22.0]
-    assert list(t["exposed_comm(ms)"]) == [5.0, 0.0]  # 20 - 22 is noise, not negative communication
-    assert list(t["overlap"]) == [0.5, 1.0]
+def test_exposed_comm_is_never_clipped_and_flagged_only_beyond_its_interval():
+    runs = [run("s2", 2, 32, 6.0, 150.0, 30.0, comm=10.0), run("s4", 4, 32, 4.0, 250.0, 20.0, comm=8.0),
+            run("s8", 8, 32, 4.0, 250.0, 10.0, comm=8.0)]
+    t = add_exposed_comm(scaling_table(runs, "strong"), runs, [run("n2", 2, 32, 5.0, 160.0, 25.0),
+                                                                run("n4", 4, 32, 3.0, 300.0, 22.0),
+                                                                run("n8", 8, 32, 3.0, 300.0, 22.0)])
+    assert list(t["compute(ms)"]) == [25.0, 22.0, 22.0]
+    assert list(t["exposed_comm(ms)"]) == [5.0, -2.0, -12.0]  # reported as measured
+    assert list(t["overlap"]) == [0.5, 1.25, 2.5]
+    # -2 ms lies within noise (interval -4..0); -12 ms (interval -14..-10) does not
+    assert list(t["quality"]) == ["ok", "ok", "implausible: the sync is faster than its no-op baseline beyond noise"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import pandas as pd
 import pytest
 import torch
 
@@ -52,7 +53,8 @@ def test_a_synchronous_collective_is_timed_and_padded_to_the_emulated_link():
         clock.t += 0.050  # slower than the floor: nothing added
     assert clock.slept == [pytest.approx(0.016)]
     step = meter.take_step()
-    assert step == {"comm_total(s)": pytest.approx(0.020 + 0.050), "collectives": 2, "comm_bytes": 1_250_040,
+    assert step == {"comm_total(s)": pytest.approx(0.020 + 0.050), "comm_sum(s)": pytest.approx(0.070),
+                    "collectives": 2, "comm_bytes": 1_250_040,
                     "comm_bytes_forward": 40, "comm_bytes_backward": 1_250_000, "comm_bytes_optimizer": 0,
                     "comm_alg_bytes": 1_250_040, "comm_bus_bytes": pytest.approx(1_250_000 * 1.0 + 40),
                     "comm_events": [["allreduce", "backward", pytest.approx(100.0), pytest.approx(0.020), 1_250_000],
@@ -90,6 +92,44 @@ def test_an_async_collective_completes_no_earlier_than_the_emulated_floor():
     out.wait()
     step = meter.take_step()
     assert step["collectives"] == 2 and 0.06 <= step["comm_total(s)"] < 0.09
+
+
+def test_overlapping_async_collectives_count_once_in_the_union_and_bandwidth_uses_it():
+    """Three buckets in flight at once (known truth on a fixed clock): 0-30 ms, 10-40 ms, and 60-70 ms. Inside
+    collectives: the union, 40 + 10 = 50 ms, not the 70 ms sum; each keeps its own interval; busbw = bus bytes / 50 ms."""
+    clock = FakeClock()
+    meter = CommMeter(2, clock=clock, sleep=clock.sleep)
+    t0 = clock()
+    futs = [torch.futures.Future() for _ in range(3)]
+    outs = [meter.track(futs[0], "allreduce", 1000, phase="backward", start=t0),
+            meter.track(futs[1], "allreduce", 1000, phase="backward", start=t0 + 0.010)]
+    clock.t = t0 + 0.030
+    futs[0].set_result(None)
+    clock.t = t0 + 0.040
+    futs[1].set_result(None)
+    outs.append(meter.track(futs[2], "allreduce", 1000, phase="backward", start=t0 + 0.060))
+    clock.t = t0 + 0.070
+    futs[2].set_result(None)
+    for out in outs:
+        out.wait()
+    step = meter.take_step()
+    assert step["comm_total(s)"] == pytest.approx(0.050)
+    assert step["comm_sum(s)"] == pytest.approx(0.070)
+    assert [e[3] for e in step["comm_events"]] == [pytest.approx(0.030), pytest.approx(0.030), pytest.approx(0.010)]
+    from scalelab.analysis.summary import comm_summary
+    frame = pd.DataFrame([{"step": 1, "rank": 0, "warmup": False, "comm(s)": 0.0, **step}])
+    assert comm_summary(frame)["comm/busbw(GB/s)"] == pytest.approx(3000 * 1.0 / 0.050 / 1e9)
+    assert comm_summary(frame)["comm/time(ms)"] == pytest.approx(50.0)
+    assert comm_summary(frame)["comm/sum(ms)"] == pytest.approx(70.0)
+
+
+def test_union_of_intervals():
+    from scalelab.sync.meter import union_seconds
+
+    assert union_seconds([]) == 0
+    assert union_seconds([(0, 1), (2, 3)]) == 2
+    assert union_seconds([(0, 3), (1, 2)]) == 3  # nested
+    assert union_seconds([(1, 4), (0, 2), (3, 5)]) == 5  # chained, given out of order
 
 
 def test_an_async_failure_reaches_the_waiter():
@@ -141,7 +181,7 @@ def test_meter_from_config_converts_units(monkeypatch):
 
 
 def test_step_totals_of_nothing_are_zero():
-    assert step_totals([], 2) == {"comm_total(s)": 0, "collectives": 0, "comm_bytes": 0, "comm_bytes_forward": 0,
+    assert step_totals([], 2) == {"comm_total(s)": 0, "comm_sum(s)": 0, "collectives": 0, "comm_bytes": 0, "comm_bytes_forward": 0,
                                   "comm_bytes_backward": 0, "comm_bytes_optimizer": 0, "comm_alg_bytes": 0,
                                   "comm_bus_bytes": 0, "comm_events": []}
 
