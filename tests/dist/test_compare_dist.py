@@ -1,8 +1,8 @@
 """`compare strategies` / `compare backends` on real 2-rank gloo runs.
 
-The real runs share one store (module fixture): backends first (gloo + its noop: 2 runs), then every strategy
-(ddp and noop are the same cells as gloo's, so 8 new runs), then the same strategies again through the CLI
-(nothing new runs). Model: Flatten -> Linear(3072, 16) -> Linear(16, 16) -> Linear(16, 10), no biases, no
+The real runs share one store (module fixture): backends first (gloo + its baseline with no-op collectives: 2
+runs), then every strategy and its baseline (ddp and its baseline are the same cells as gloo's, and noop is its
+own baseline, so 9 + 8 - 2 = 15 new runs), then the same strategies again through the CLI (nothing new runs). Model: Flatten -> Linear(3072, 16) -> Linear(16, 16) -> Linear(16, 10), no biases, no
 buffers: gradient bytes per step (fp32) = (3072*16 + 16*16 + 16*10) * 4 = 198272, one DDP bucket.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_strategy_table_bytes_follow_the_meter_conventions(measured):
     table = measured["strategies"].tables["compare_strategies"].set_index("sync")
     assert list(table.index) == list(STRATEGIES)
@@ -64,28 +64,35 @@ def test_strategy_table_bytes_follow_the_meter_conventions(measured):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(240)
-def test_strategy_table_compute_is_the_noop_run_of_the_same_config(measured):
+@pytest.mark.timeout(480)
+def test_strategy_table_compute_is_the_same_config_with_no_op_collectives(measured):
     table = measured["strategies"].tables["compare_strategies"].set_index("sync")
-    noop_step = table.at["noop", "step(ms)"]
+    store = measured["store"]
     for name in STRATEGIES:
-        if name == "ddp+accumulate":
-            continue
         row = table.loc[name]
-        assert row["compute(ms)"] == noop_step  # every row's compute is the noop cell's stored step
-        assert row["noop_run_id"] == table.at["noop", "run_id"]
+        run, baseline = store.get(row["run_id"]), store.get(row["baseline_run_id"])
+        assert row["compute(ms)"] == baseline["summary"]["time/step_median(ms)"], name
+        assert row["exposed_comm(ms)"] == pytest.approx(row["step(ms)"] - row["compute(ms)"]), name  # not clipped
+        if name == "noop":  # no sync at all: its own baseline
+            assert baseline["run_id"] == run["run_id"] and row["exposed_comm(ms)"] == 0
+            continue
+        # the baseline is the very same config but for its collectives
+        differs = {k for k in run["config"] if run["config"][k] != baseline["config"].get(k)}
+        assert differs == {"noop_collectives"}, name
+        assert baseline["config"]["noop_collectives"] is True
+        assert baseline["summary"].get("comm/bytes_per_step", 0) == 0  # nothing was communicated
+        assert row["quality"] in ("ok",) or row["quality"].startswith("implausible"), name
+        assert row["exposed_ci_low(ms)"] <= row["exposed_comm(ms)"] <= row["exposed_ci_high(ms)"]
+        assert row["comm_wait(ms)"] > 0, name  # measured directly for every strategy, DDP included
     acc = table.loc["ddp+accumulate"]
-    # its own baseline: a noop run with 2 micro-steps of 4 samples per rank (the global batch is kept)
+    # its own baseline: 2 micro-steps of 4 samples per rank (the global batch is kept)
     assert (acc["accumulate"], acc["micro_batch_per_rank"], acc["global_batch"]) == (2, 4, 16)
-    assert acc["noop_run_id"] != table.at["noop", "run_id"]
-    baseline = measured["store"].get(acc["noop_run_id"])
-    assert (baseline["config"]["sync"], baseline["config"]["accumulate"]) == ("noop", 2)
-    assert acc["compute(ms)"] == baseline["summary"]["time/step_median(ms)"]
+    assert store.get(acc["baseline_run_id"])["config"]["accumulate"] == 2
     assert "keeps the global batch 16" in measured["strategies"].notes["accumulate"]
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
     table = measured["backends"].tables["compare_backends"].set_index("backend")
     facts = backends_exp.runtime_facts()
@@ -99,12 +106,12 @@ def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
     if not facts["mpi"]:
         assert table.at["mpi", "status"] == "skipped"
         assert table.at["mpi", "reason"] == "torch.distributed.is_mpi_available() is False"
-    assert measured["after_backends"] == 2  # gloo and its noop
-    # the strategies reused gloo's cells (same config): ddp is gloo's run, noop its noop
+    assert measured["after_backends"] == 2  # gloo and its baseline
+    # the strategies reused gloo's cells (same config): ddp is gloo's run, and its baseline gloo's baseline
     strat = measured["strategies"].tables["compare_strategies"].set_index("sync")
     assert strat.at["ddp", "run_id"] == table.at["gloo", "run_id"]
-    assert strat.at["noop", "run_id"] == table.at["gloo", "noop_run_id"]
-    assert len(measured["store"].list_runs()) == 2 + 8
+    assert strat.at["ddp", "baseline_run_id"] == table.at["gloo", "baseline_run_id"]
+    assert len(measured["store"].list_runs()) == 2 + 15
     names = {p.name for p in measured["backends"].files + measured["strategies"].files}
     assert {"compare_backends.csv", "compare_backends.json", "compare_backends.png", "compare_strategies.csv",
             "compare_strategies.json", "compare_strategies.png", "compare_strategies_bytes.png"} <= names
@@ -112,7 +119,7 @@ def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
 
 
 @pytest.mark.dist
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
     store, root = measured["store"], measured["root"]
     before = len(store.list_runs())
@@ -120,7 +127,7 @@ def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
           "--store", str(store.root), "--out", str(root / "again")])
     out = capsys.readouterr().out
     assert len(store.list_runs()) == before
-    assert out.count("already done") == len(STRATEGIES) + 1  # every strategy and the accumulate baseline
+    assert out.count("already done") == 2 * len(STRATEGIES)  # every strategy and its baseline (noop's is itself)
     assert "[compare] gather_scatter: already done" in out
     again = pd.read_csv(root / "again" / "compare_strategies.csv")
     first = measured["strategies"].tables["compare_strategies"]
