@@ -9,7 +9,8 @@ Definitions (DESIGN.md, "Measurement definitions"):
   of the sync, the directly measured blocking wait, which means the same for every strategy;
 - exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
   overlap = 1 - exposed / comm (empty when comm is 0), never clipped. `quality` is "ok", or says why not: an
-  exposed interval entirely below 0 or an overlap interval entirely outside [0, 1] is "implausible";
+  exposed interval entirely below 0, or an overlap interval entirely outside [0, 1] by more than OVERLAP_SLACK,
+  is "implausible";
 - bytes are payload bytes per step as the CommMeter counts them (scalelab.sync.meter), averaged over ranks;
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
@@ -27,6 +28,10 @@ import pandas as pd
 from scalelab.analysis import keys
 
 BACKENDS = ("gloo", "nccl", "mpi")
+# The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
+# collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
+# on 2 gloo ranks. An overlap is judged implausible only beyond this much outside [0, 1], past its interval.
+OVERLAP_SLACK = 0.05
 EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap", "overlap_ci_low",
                    "overlap_ci_high", "quality"]
 
@@ -100,7 +105,7 @@ def plausibility(row: dict) -> str:
     o_low, o_high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
     if o_low is None and row.get("overlap") is not None:
         o_low = o_high = row["overlap"]
-    if o_high is not None and (o_high < 0 or o_low > 1):
+    if o_high is not None and (o_high < -OVERLAP_SLACK or o_low > 1 + OVERLAP_SLACK):
         return "implausible: overlap outside [0, 1] beyond its interval"
     return "ok"
 

@@ -56,6 +56,9 @@ def test_exposed_interval_is_the_conservative_difference_of_the_medians_interval
     (29.5, (28.0, 31.0), 8.0, "ok"),  # 0.5 ms faster, within noise: reported as -0.5 ms, not flagged
     (45.0, (44.0, 46.0), 5.0, "implausible: overlap outside [0, 1] beyond its interval"),  # exposed 15 > comm 5
     (45.0, (36.0, 50.0), 5.0, "ok"),  # the same point, but the interval reaches overlap 0: noise, not a finding
+    (50.6, (50.5, 50.7), 20.0, "ok"),  # exposed 20.6 > comm 20 by 3 %: the sync's own bookkeeping, within the slack
+    (42.0, (41.5, 42.5), 20.0, "ok"),  # 40 % hidden
+    (31.0, (30.9, 31.1), 100.0, "ok"),  # 99 % hidden
 ])
 def test_quality_flags_what_lies_outside_the_definitions_beyond_noise(step, ci, comm, quality):
     row = pure.exposed_with_interval(_run("s", step, comm, ci=ci)["summary"],
