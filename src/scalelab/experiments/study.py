@@ -137,6 +137,10 @@ def load_spec(path: str | Path, *, quick: bool = False) -> StudySpec:
             merged["base"].update(value or {})
         else:
             merged[key] = value
+    own_max_batch = (data.get("options") or {}).get("max_batch") or {}
+    if merged["base"].get("device") == "cuda" and "memory_limit" not in own_max_batch:
+        # the default's CPU cap (an address-space limit) means nothing on a GPU, whose own memory is the limit
+        merged["options"].setdefault("max_batch", {})["memory_limit"] = None
     return StudySpec.from_dict(merged)
 
 

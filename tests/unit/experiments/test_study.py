@@ -1,6 +1,8 @@
 """Study specs: interpretation of the data, bad study files, the default study's options and notes."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -50,3 +52,18 @@ def test_default_study_validates_the_model_on_two_ranks_and_notes_read_as_prose(
     result = Result("predict", {}, notes={"from": {"10 GbE": "4 workers", "ib": "never"}, "why": "ok"})
     section, _ = section_for(get("predict"), result)
     assert section.notes == ["from: 10 GbE: 4 workers; ib: never", "why: ok"]
+
+
+def test_a_gpu_study_file_does_not_inherit_the_cpu_memory_cap(tmp_path, monkeypatch):
+    """The default spec caps max-batch trials' address space on a CPU machine; a study whose base runs on CUDA
+    (examples/study-multigpu.yaml) must not inherit that cap, unless it asks for one itself."""
+    from scalelab.experiments.study import default_spec, load_spec
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    if default_spec().options["max_batch"]["memory_limit"] is None:
+        pytest.skip("this machine has a GPU: the default spec has no CPU cap to inherit")
+    monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 8)  # the example's node, for validation only
+    assert load_spec(examples / "study-multigpu.yaml").options["max_batch"]["memory_limit"] is None
+    own = tmp_path / "own.yaml"
+    own.write_text("base: {device: cuda}\noptions: {max_batch: {memory_limit: 1G}}\n")
+    assert load_spec(own).options["max_batch"]["memory_limit"] == "1G"
