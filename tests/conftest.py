@@ -236,3 +236,19 @@ def leave_group(folder, rank: int, world: int = 2, timeout_s: float = 30) -> Non
     while time.monotonic() < deadline and not all(Path(folder, f".left.rank{r}").exists() for r in range(world)):
         time.sleep(0.05)
     os._exit(0)
+
+
+def cuda_sleep_cycles(seconds: float) -> int:
+    """torch.cuda._sleep cycles that take about `seconds` on this GPU (timed with events). _sleep counts clock
+    cycles and an idle GPU runs at a low clock, so the GPU is kept busy first and the last of a few probes counts;
+    the tests still time the sleep they queue."""
+    import torch
+
+    probe = 5 * 10**7
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+    return int(probe * seconds / (start.elapsed_time(end) / 1e3))

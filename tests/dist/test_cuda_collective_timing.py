@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import leave_group, spawn_ranks
+from conftest import cuda_sleep_cycles, leave_group, spawn_ranks
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -21,20 +21,6 @@ pytestmark = [pytest.mark.cuda,
 
 SLEEP_S = 0.05
 NBYTES = 64 * 2**20
-
-
-def _cycles_for(seconds: float) -> int:
-    """torch.cuda._sleep cycles that take about `seconds` on this GPU (timed with events). _sleep counts clock
-    cycles and an idle GPU runs at a low clock, so the GPU is kept busy first and the last of a few probes counts;
-    the tests still time the sleep they queue."""
-    probe = 5 * 10**7
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(probe)
-        end.record()
-        end.synchronize()
-    return int(probe * seconds / (start.elapsed_time(end) / 1e3))
 
 
 def _measure(rank: int, world: int, cycles: int) -> dict:
@@ -72,7 +58,7 @@ def _gloo_rank(rank: int, folder: str, port: int) -> None:
     os.environ.update(GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        result = _measure(rank, 2, _cycles_for(SLEEP_S))
+        result = _measure(rank, 2, cuda_sleep_cycles(SLEEP_S))
         Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
     except BaseException:
         dist.destroy_process_group()
@@ -105,7 +91,7 @@ def test_nccl_one_rank_collective_is_timed_on_the_device(tmp_path):
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
     try:
-        r = _measure(0, 1, _cycles_for(SLEEP_S))
+        r = _measure(0, 1, cuda_sleep_cycles(SLEEP_S))
         sleep = r["slept"]["sleep_s"]
         assert sleep >= 0.5 * SLEEP_S and r["slept"]["wall_s"] >= 0.8 * sleep
         for case in ("plain", "slept"):

@@ -1,0 +1,158 @@
+"""CUDA paths of the step timing, the blocking wait and the max-batch search (issue 12's GPU proof). They skip
+without a GPU; the collective timing itself is in test_cuda_collective_timing.py.
+
+Known truths: `torch.cuda._sleep` queues device work of a known length (timed by its own events) that the host
+does not wait for; a model that allocates a known number of bytes per sample on the GPU runs out of memory at a
+batch the GPU's size decides.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from conftest import cuda_sleep_cycles
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.timeout(600)]
+
+SLEEP_S = 0.05
+
+
+def _slept(cycles: int) -> float:
+    """Queue a _sleep and return how long it took on the device (its own events, waited for)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3
+
+
+def test_event_marks_charge_a_stage_for_the_kernels_it_queued_without_a_sync_per_stage():
+    from scalelab.measure.timer import CudaMarks, StepTimer
+
+    cycles = cuda_sleep_cycles(SLEEP_S)
+    sleep = _slept(cycles)
+    timer = StepTimer(marks=CudaMarks(torch.device("cuda", 0)))
+    timer.start_step()
+    host = time.perf_counter()
+    with timer.span("forward"):
+        torch.cuda._sleep(cycles)  # the host returns at once
+    with timer.span("backward"):
+        torch.cuda._sleep(cycles)
+    launched = time.perf_counter() - host
+    t = timer.end_step()
+    assert launched < 0.5 * sleep  # nothing waited for the device while the stages ran
+    assert t["forward"] == pytest.approx(sleep, rel=0.2)
+    assert t["backward"] == pytest.approx(sleep, rel=0.2)
+    assert t["wall"] >= 2 * 0.8 * sleep  # the step waited once, at its end
+
+
+def test_a_device_wide_sync_per_stage_gives_the_same_stages_when_asked_for():
+    from scalelab.measure.timer import StepTimer
+
+    cycles = cuda_sleep_cycles(SLEEP_S)
+    sleep = _slept(cycles)
+    timer = StepTimer(sync=torch.cuda.synchronize)
+    timer.start_step()
+    with timer.span("forward"):
+        torch.cuda._sleep(cycles)
+    assert timer.end_step()["forward"] == pytest.approx(sleep, rel=0.2)
+
+
+def test_the_wait_includes_device_work_queued_after_the_last_gradient_while_the_collective_excludes_it():
+    """One NCCL rank: the step's wait runs from the last gradient's event to the end of the sync on the device, so
+    a sleep queued between them is in it; the collective's own events exclude it."""
+    import torch.distributed as dist
+
+    from scalelab.measure.timer import CudaMarks, StepTimer
+    from scalelab.run.launch import free_port
+    from scalelab.sync.meter import CommMeter
+
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        cycles = cuda_sleep_cycles(SLEEP_S)
+        sleep = _slept(cycles)
+        t = torch.ones(2**20, device="cuda")
+        results = []
+        for _ in range(2):  # the second counts (NCCL's first call sets up its communicator)
+            meter = CommMeter(1, devices=[torch.device("cuda", 0)])
+            timer = StepTimer(marks=CudaMarks(torch.device("cuda", 0)))
+            timer.start_step()
+            with timer.span("backward"):
+                timer.ready()  # the last gradient
+            torch.cuda._sleep(cycles)  # queued work the sync has to wait behind
+            with timer.span("comm"):
+                with meter.collective("allreduce", t.numel() * 4, phase="backward"):
+                    dist.all_reduce(t)
+            results.append((timer.end_step(), meter.take_step()))
+        times, comm = results[-1]
+        assert times["wait"] >= 0.8 * sleep
+        assert comm["comm_total(s)"] < 0.5 * sleep
+    finally:
+        dist.destroy_process_group()
+
+
+def test_training_on_cuda_with_events_and_with_sync_stages(store):
+    """Both timings run the real loop end to end; stages and `other` still sum to the step."""
+    from scalelab.config import TrainConfig
+    from scalelab.run.execute import execute
+
+    for sync_stages in (False, True):
+        cfg = TrainConfig(model="cnn", dataset="synthetic", samples=256, eval_samples=32, global_batch=32, steps=6,
+                          warmup_steps=2, device="cuda", sync_stages=sync_stages)
+        out = execute(cfg, store, say=lambda line: None)
+        s = out.summary
+        assert s["stage/forward(ms)"] > 0 and s["stage/backward(ms)"] > 0, sync_stages
+        parts = sum(s[f"stage/{k}(ms)"] for k in ("data", "h2d", "forward", "backward", "comm", "optimizer", "other"))
+        assert parts == pytest.approx(1e3 * _mean_wall(out.run_dir), rel=1e-6), sync_stages
+
+
+def _mean_wall(run_dir) -> float:
+    from scalelab.store import read_jsonl
+
+    walls = [r["wall(s)"] for r in read_jsonl(run_dir / "steps.rank0.jsonl") if not r["warmup"]]
+    return sum(walls) / len(walls)
+
+
+CUDA_HUNGRY = """
+import torch
+from torch import nn
+
+class Hungry(nn.Module):
+    '''Allocates {per} bytes per training sample on the GPU in forward.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
+
+    def forward(self, x):
+        out = self.fc(x.flatten(1))
+        if self.training:
+            buf = torch.ones(x.shape[0], {per} // 4, device=x.device)
+            out = out + buf.mean(1, keepdim=True) * 0
+        return out
+
+def make(spec):
+    return Hungry(spec)
+"""
+
+
+def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
+    """A CUDA out-of-memory error ends a trial as "does not fit"; the largest batch that fits, times the bytes
+    per sample, lies within the GPU's memory."""
+    from conftest import run_experiment
+    from scalelab.config import TrainConfig
+
+    per = 2 * 2**30  # 2 GiB per sample: a handful of trials on any GPU
+    (tmp_path / "hungry.py").write_text(CUDA_HUNGRY.format(per=per))
+    base = TrainConfig(model=f"{tmp_path / 'hungry.py'}:make", dataset="synthetic", samples=256, eval_samples=16,
+                       global_batch=1, steps=2, warmup_steps=1, device="cuda")
+    result = run_experiment("max_batch", base, store, "mb", tmp_path / "out", variants=["base"], memory_limit=None)
+    table = result.tables["max_batch"]
+    best = int(table["max_batch"].iloc[0])
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert 1 <= best and best * per <= total < (best + 2) * per
