@@ -14,20 +14,28 @@ from scalelab.report.document import FigureBlock, Report, Section, TableBlock
 from scalelab.store import RunDir
 
 DEFINITIONS = [
-    "Warm-up steps are excluded from every timing; on CUDA every stage boundary synchronises the device.",
+    "Warm-up steps are excluded from every timing. On CUDA stages are bounded by CUDA events on the current stream "
+    "and each step waits once, at its end (with --sync-stages every boundary synchronises the device instead).",
     "A step runs from asking the loader for a batch to the end of the optimizer update; `other` is the part of a "
-    "step outside every named stage, so the stages sum to the step's wall time.",
-    "A step's time is the slowest rank's; stage times are averaged over ranks; training time excludes evaluation.",
+    "step outside every named stage, so the stages sum to the step's wall time. Evaluation runs after a step ends "
+    "and is reported on its own, per evaluation.",
+    "A step's time is the slowest rank's; stage times are averaged over ranks. A median step carries a "
+    "distribution-free 95 % interval (order statistics over the timed steps).",
     "Epoch time = mean step time × steps per epoch; without data loading each step's data wait is subtracted. "
     "Throughput = global samples / time over the timed steps.",
     "speedup(N) = T(1) / T(N) for the same work; efficiency = speedup / N. Strong scaling keeps the global batch; "
     "weak scaling keeps the per-worker batch and compares throughput: efficiency = X(N) / (N·X(1)).",
-    "Communication time = time inside collectives as the caller sees it (async ones: launch to completion; on CUDA "
-    "between CUDA events on the stream that waits for the collective). "
-    "Exposed communication = step time with real sync − step time with no sync (same config, measured). "
-    "Overlap = 1 − exposed / communication.",
-    "Bytes are payload bytes per collective and per step. algbw = S / t; busbw = algbw·2(n−1)/n for allreduce, "
-    "(n−1)/n for allgather / reduce_scatter, 1 for broadcast (the nccl-tests definitions).",
+    "Communication time = the union of each step's collective intervals per rank (overlapping asynchronous "
+    "collectives count once; async ones run from launch to completion; on CUDA between CUDA events on the stream "
+    "that waits for the collective). Blocking wait = from the last gradient produced to the end of the sync, the "
+    "same meaning for every strategy.",
+    "Exposed communication = step time with real sync − step time of the same config with no-op collectives (the "
+    "strategy's own work kept: DDP's buckets, hook and division, the bucketed copies, rank 0's averaging), never "
+    "clipped, with a conservative 95 % interval. Overlap = 1 − exposed / communication; an overlap outside [0, 1] "
+    "beyond its interval is flagged in the quality column, not clipped.",
+    "Bytes are payload bytes per collective and per step. algbw = S / t with t a collective's own interval, and for "
+    "a run S over the union; busbw = algbw·2(n−1)/n for allreduce, (n−1)/n for allgather / reduce_scatter, 1 for "
+    "broadcast (the nccl-tests definitions).",
     "Timing figures show the median over the timed steps with min..max bars unless they say otherwise.",
 ]
 
