@@ -94,7 +94,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                       "variants": ["base"] if q else ["base", "amp", "checkpointing"],
                       "set": {"model": "resnet18"}},
         "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
-        "strategies": {"strategies": ["allreduce", "bucketed", "ddp", "noop"] if q else None,
+        "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
         "backends": {"set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},  # shares cells with strategies
         "comm": {"begin": "4K", "end": "4M" if q else "32M", "iters": 5 if q else 10, "ranks": 2},
