@@ -76,17 +76,27 @@ def loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
 
 
 def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
-    """Peak memory and step time vs activation-checkpointing segments."""
+    """Saved activations, their backward peak and the process's peak memory (left), step time (right) vs
+    activation-checkpointing segments."""
     cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
     mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
-    fig, ax1 = plt.subplots(figsize=(7, 4))
-    ax1.plot(table["checkpoint_segments"], table[mem], "o-", color="tab:blue")
-    ax1.set(xlabel="checkpoint segments (0 = off)", ylabel=f"{mem.split('/')[1]}")
-    ax2 = ax1.twinx()
-    ax2.errorbar(table["checkpoint_segments"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--",
-                 color="tab:red", capsize=3)
-    ax2.set_ylabel("step time (ms): median, bars min..max")
-    ax1.set_title("Activation checkpointing: memory vs time")
+    segments = table["checkpoint_segments"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    lines = [(keys.MEMORY_ACTIVATIONS_BYTES, "saved for backward", "o-", 2**-20),  # bytes to MiB
+             (keys.MEMORY_ACTIVATIONS_PEAK_BYTES, "backward peak (with recomputation)", "^-", 2**-20),
+             (mem, "CUDA max allocated" if mem == cuda else "process peak RSS", "s--", 2**10)]  # GiB to MiB
+    for key, label, style, to_mib in lines:
+        if key in table:
+            ax1.plot(segments, table[key] * to_mib, style, label=label)
+    ax1.set(xlabel="checkpoint segments (0 = off)", ylabel="memory per rank (MiB)",
+            title="Activations vs the process's peak")
+    ax1.set_ylim(bottom=0)
+    ax1.legend()
+    ax2.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--", color="tab:red", capsize=3)
+    ax2.set(xlabel="checkpoint segments (0 = off)", ylabel="step time (ms): median, bars min..max",
+            title="Cost in time")
+    for ax in (ax1, ax2):
+        ax.set_xticks(sorted(segments.unique()))
     return _save(fig, path)
 
 
