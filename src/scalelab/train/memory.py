@@ -6,7 +6,8 @@
 - optimizer state: distinct storages of the tensors in `optimizer.state`, read when the run ends (a GradScaler may
   skip the first steps, which then create no state; the size does not change once it exists);
 - activations: `ActivationProbe` over the FIRST micro-step's forward + backward of the first step (with
-  accumulation, one micro-batch's activations: the memory a micro-step needs).
+  accumulation, one micro-batch's activations: the memory a micro-step needs; the micro-batches are views of the
+  rank's batch, so a saved input counts the whole batch's storage, which the loop holds anyway).
 
 The probed step is the run's first, a warm-up step when warmup_steps > 0; with warmup_steps = 0 its timing
 includes the probe's hooks (a few Python calls per saved tensor). No other step carries a hook.

@@ -1,6 +1,8 @@
 """Activation memory against byte counts worked out by hand: what each op saves for backward is known."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -129,6 +131,13 @@ def test_a_training_run_records_memory_by_kind(store, tmp_path):
     saved = batch * 3 * 32 * 32 * F32 + 2 * batch * 16 * F32 + batch * 10 * F32 + batch * 8 + F32
     assert summary[keys.MEMORY_ACTIVATIONS_BYTES] == saved
     assert summary[keys.MEMORY_ACTIVATIONS_PEAK_BYTES] == saved  # no checkpointing: all live as backward starts
+    # accumulation: the first micro-step (half the batch) is probed; its input and targets are views of the
+    # whole batch, whose storages count whole
+    half = batch // 2
+    micro = batch * 3 * 32 * 32 * F32 + 2 * half * 16 * F32 + half * 10 * F32 + batch * 8 + F32
+    summary = execute(dataclasses.replace(cfg, accumulate=2), store, say=lambda s: None).summary
+    assert summary[keys.MEMORY_ACTIVATIONS_BYTES] == micro
+    assert summary[keys.MEMORY_GRADIENTS_BYTES] == params
 
 
 @pytest.mark.cuda
