@@ -29,6 +29,7 @@ EXPERIMENT = Experiment(
                                "during backward (recomputation included), measured exactly on one step per rank; "
                                "the process's peak memory; step time. On CPU the process's peak RSS includes its "
                                "baseline and hides the activations; the saved bytes show the effect.",
-              "checkpointing.png": "Saved activations, backward peak and the process's peak memory (left) and step "
-                                   "time (right) vs checkpoint segments."},
+              "checkpointing.png": "Left: saved activations and their backward peak (left axis), the process's "
+                                   "peak memory (right axis, its own scale); right: step time; vs checkpoint "
+                                   "segments."},
 )
