@@ -11,16 +11,19 @@ Definitions:
 - saved: the distinct storages saved for backward during forward (`torch.autograd.graph.saved_tensors_hooks`),
   excluding the storages of the module's parameters and buffers; a storage saved twice counts once (the key is
   its device and `untyped_storage().data_ptr()`, its bytes `untyped_storage().nbytes()`). With non-reentrant
-  checkpointing the probe sees a segment's inputs (torch saves them for the recomputation) but not the segment's
-  internal saves: those go to checkpoint's own hooks, which is the memory checkpointing saves.
+  checkpointing the probe sees a segment's inputs (torch 2.13 saves them with `_make_saved_tensor`, under the
+  current hooks) but not the segment's internal saves: those go to checkpoint's own hooks, which is the memory
+  checkpointing saves. Under autocast, the low-precision weight copies that ops save count too (they are not
+  the parameters' storages, and live until backward like activations).
 - backward_peak: the largest live saved-for-backward bytes at any moment of backward, including what
   checkpointing recomputes. Live bytes fall as autograd frees each node's saved tensors (the probe's pack returns
   a holder that only autograd's SavedVariable owns; freeing it releases the storage's count). A non-reentrant
   segment's recomputation materialises all of its saved tensors at once (early stop) and releases them during
   that segment's backward, so that segment's peak is the live bytes at recomputation plus the recomputed storages
   not already live; they are taken as released before the next segment recomputes (backward runs segments in
-  reverse order). Saves made during backward outside a recompute context (reentrant checkpointing recomputes
-  under the probe's own hooks) are tracked as live, not counted as saved.
+  reverse order; checked on torch 2.13: at each recomputation no checkpoint frame still holds recomputed tensors).
+  Saves made during backward outside a recompute context (reentrant checkpointing recomputes under the probe's
+  own hooks) are tracked as live, not counted as saved.
 
 Private torch API: recomputed saves are seen inside torch's `_recomputation_hook`, by `recompute_context`
 (checkpoint's `context_fn` enters it there), which reads the current top hooks with
@@ -98,7 +101,9 @@ class ActivationProbe:
 
     def __init__(self, module: torch.nn.Module | None = None, *, device: torch.device | None = None):
         self.module, self.device = module, device
-        self._lock = threading.Lock()  # on CUDA, backward's hooks run in autograd's device thread
+        # on CUDA, backward's hooks run in autograd's device thread; reentrant: a holder freed by the garbage
+        # collector while the lock is held releases its count in the same thread
+        self._lock = threading.RLock()
         self._excluded: set[tuple[object, int]] = set()
         self._count: dict[tuple[object, int], int] = {}  # live holders per storage
         self._nbytes: dict[tuple[object, int], int] = {}

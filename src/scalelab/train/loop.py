@@ -166,7 +166,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
         step, evals = resume.step, list(resume.state["evals"])
         if log.path.exists():  # steps after the checkpoint are run again, so their old records go
             log.records = [r for r in read_jsonl(log.path) if r["step"] <= step]
-    memory = MemoryByKind(model, optimizer, device)
+    memory = MemoryByKind(model, optimizer, device, net=net)
     reset_peak(device)
     t_start, last_progress, first_step = time.monotonic(), time.monotonic(), step
     net.train()

@@ -9,6 +9,9 @@
   accumulation, one micro-batch's activations: the memory a micro-step needs; the micro-batches are views of the
   rank's batch, so a saved input counts the whole batch's storage, which the loop holds anyway).
 
+Not measured under nn.DataParallel over several GPUs: its replicas run forward in threads of their own, which
+saved-tensor hooks (thread-local) do not reach, so the probe would see almost nothing.
+
 The probed step is the run's first, a warm-up step when warmup_steps > 0; with warmup_steps = 0 its timing
 includes the probe's hooks (a few Python calls per saved tensor). No other step carries a hook.
 """
@@ -26,8 +29,11 @@ class MemoryByKind:
     """One rank's memory by kind: `probe()` around the first micro-step, `read_gradients()` after the first
     step's gradient sync, `result()` at the end (the keys of the rank result's "memory" dict)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, *,
+                 net: torch.nn.Module | None = None):
+        """`model` is the unwrapped model, `net` what the loop calls (a wrapper of it, or it)."""
         self.model, self.optimizer, self.device = model, optimizer, device
+        self.hooks_reach = not (isinstance(net, torch.nn.DataParallel) and len(net.device_ids) > 1)
         self.activations: ActivationProbe | None = None
         self.gradients: int | None = None
 
@@ -35,6 +41,9 @@ class MemoryByKind:
     def probe(self) -> Iterator[None]:
         """Measure the activations of the forward + backward inside; the model's checkpointed segments (zoo
         models: their `recompute_context`) report their recomputation to it."""
+        if not self.hooks_reach:
+            yield
+            return
         self.activations = ActivationProbe(self.model, device=self.device)
         reports = hasattr(self.model, "recompute_context")
         if reports:

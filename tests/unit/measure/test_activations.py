@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from conftest import TINY_MLP
 from scalelab.analysis import keys
@@ -55,6 +56,17 @@ def test_mlp_saved_and_backward_peak_by_hand(segments):
     result = measure(mlp(), segments)
     assert (result.saved, result.backward_peak) == EXPECTED[segments]
     assert result.recomputations == segments
+
+
+@pytest.mark.parametrize("segments", [1, 2])
+def test_reentrant_checkpointing_recomputes_under_the_probes_own_hooks(segments):
+    blocks, x = mlp(), torch.randn(B, D0, requires_grad=True)  # reentrant checkpoint needs an input with grad
+    probe = ActivationProbe(blocks)
+    with probe:
+        for start, stop in ((0, 5),) if segments == 1 else ((0, 3), (3, 5)):
+            x = checkpoint(blocks[start:stop], x, use_reentrant=True)
+        x.sum().backward()
+    assert (probe.result().saved, probe.result().backward_peak) == EXPECTED[segments]
 
 
 def test_two_segment_peak_sees_the_second_segment_input_freed():
@@ -108,6 +120,18 @@ def test_no_backward_no_peak_and_nothing_leaks():
     assert probe.result().saved == X + R1 + R2 and probe.result().backward_peak is None
     del out  # the probe's holders must not keep the graph alive (a cycle through the saved output)
     assert probe._live == 0
+
+
+def test_without_torchs_private_top_hooks_the_peak_is_not_reported(monkeypatch):
+    from scalelab.measure import activations
+
+    monkeypatch.setattr(activations, "_top_hooks", None)
+    monkeypatch.setattr(activations, "_warned_no_top_hooks", False)
+    with pytest.warns(UserWarning, match="_top_saved_tensors_default_hooks"):
+        checkpointed = measure(mlp(), 2)
+    assert (checkpointed.saved, checkpointed.backward_peak) == (EXPECTED[2][0], None)  # saved stays exact
+    plain = measure(mlp(), 0)  # nothing recomputed: the peak needs no private API
+    assert (plain.saved, plain.backward_peak) == EXPECTED[0]
 
 
 def test_storage_bytes_counts_distinct_storages():

@@ -36,3 +36,14 @@ def test_one_probed_step_of_a_checkpointed_mlp():
     x_bytes, r = batch * 40 * F32, batch * 8 * F32
     assert out["activations_saved(bytes)"] == x_bytes + 2 * r
     assert out["activations_backward_peak(bytes)"] == x_bytes + 2 * r
+
+
+def test_no_activations_under_data_parallel_over_several_gpus():
+    model = build_model("mlp", SPEC, width=8, depth=1)
+    net = torch.nn.DataParallel(model)
+    net.device_ids = [0, 1]  # as on a two-GPU node: replicas would run forward in threads the hooks do not reach
+    memory = MemoryByKind(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.device("cpu"), net=net)
+    with memory.probe():
+        model(torch.randn(2, 1, 40)).sum().backward()
+    out = memory.result()
+    assert "activations_saved(bytes)" not in out and out["parameters(bytes)"] > 0
