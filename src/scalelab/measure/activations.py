@@ -194,14 +194,17 @@ class ActivationProbe:
     @contextmanager
     def _recompute(self) -> Iterator[None]:
         global _warned_no_top_hooks
-        top = _top_hooks(False) if _top_hooks is not None else None
-        if top is None:
+        if _top_hooks is None:
             with self._lock:
                 self._unseen_recompute = True
             if not _warned_no_top_hooks:
                 _warned_no_top_hooks = True
                 warnings.warn("this torch has no torch._C._autograd._top_saved_tensors_default_hooks: "
                               "recomputed activations cannot be counted, backward peak not reported")
+            yield
+            return
+        top = _top_hooks(False)
+        if top is None:  # no hooks to wrap: not inside a recomputation, nothing is saved through here
             yield
             return
         pack, unpack = top
