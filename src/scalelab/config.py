@@ -92,7 +92,8 @@ class TrainConfig:
                                         "exposed communication.", flag=("--noop-collectives/--real-collectives",))
 
     precision: Precision = doc("fp32", "Precision; fp16 (with GradScaler) needs CUDA.")
-    checkpoint_segments: int = doc(0, "Activation checkpointing segments (0 = off).")
+    checkpoint_segments: int = doc(0, "Activation checkpointing: the model's blocks in this many contiguous segments, "
+                                      "each recomputed in backward (0 = off).")
     num_workers: int = doc(0, "DataLoader worker processes per rank.")
     pin_memory: bool = doc(False, "Pinned host memory for the loader (helps on CUDA).",
                            flag=("--pin-memory/--no-pin-memory",))

@@ -105,11 +105,34 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
     if not len(table) or 0 not in set(table["checkpoint_segments"]):
         return [], None
     off = table[table["checkpoint_segments"] == 0].iloc[0]
+    saved, peak = keys.MEMORY_ACTIVATIONS_BYTES, keys.MEMORY_ACTIVATIONS_PEAK_BYTES
+    name = "CUDA max allocated" if mem == cuda else "peak RSS"
     out = []
     for d in table[table["checkpoint_segments"] > 0].to_dict("records"):
-        out.append(f"{d['checkpoint_segments']} segments: peak memory {d[mem] / off[mem]:.2f}x and step time "
-                   f"{d[keys.STEP_MEDIAN_MS] / off[keys.STEP_MEDIAN_MS]:.2f}x of no checkpointing.")
+        parts = [f"saved activations {_mib(d[saved])} ({_ratio(d[saved], off[saved])} of no checkpointing)"
+                 if saved in d else None,
+                 f"backward peak {_mib(d[peak])} ({_ratio(d[peak], off[peak])})" if peak in d else None,
+                 f"{name} {_ratio(d[mem], off[mem])}" if mem in d else None,
+                 f"step time {_ratio(d[keys.STEP_MEDIAN_MS], off[keys.STEP_MEDIAN_MS])}"]
+        out.append(f"{d['checkpoint_segments']} segments: " + ", ".join(p for p in parts if p) + ".")
+    on = table[table["checkpoint_segments"] > 0]
+    if mem != cuda and saved in table and mem in table and len(on):
+        rss, act = on[mem] / off[mem], on[saved] / off[saved]
+        if rss.min() > act.min():  # the process fell less than its activations
+            out.append(f"On CPU the process's peak RSS went to {rss.min():.2f}x..{rss.max():.2f}x of no "
+                       f"checkpointing while the saved activations went to {act.min():.2f}x..{act.max():.2f}x: "
+                       "the RSS includes the process's baseline (libraries, data, allocator caches) and hides the "
+                       "activations; the saved bytes show the effect.")
     return out, None
+
+
+def _mib(nbytes: float) -> str:
+    return _fmt(nbytes / 2**20, " MiB")
+
+
+def _ratio(value: float, base: float) -> str:
+    ratio = value / base if base else float("nan")
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
 
 def scale_result(result) -> tuple[list[str], str | None]:

@@ -17,6 +17,8 @@ Definitions (stated in every report):
   meaning for every strategy); comm/blocking = the loop's "comm" span (DDP waits inside backward instead).
   algbw = sum of buffer sizes S / summed union time over the timed steps of all ranks; busbw = the same with
   each S weighted by its nccl-tests factor (2(n-1)/n allreduce, (n-1)/n gather/scatter, 1 broadcast).
+- Memory by kind (parameters, gradients, optimizer state, saved activations and their backward peak) is measured
+  on each rank's first step (scalelab.train.memory); the summary keeps the largest rank's value.
 """
 from __future__ import annotations
 
@@ -119,7 +121,18 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         values = [m[key] for m in memory or [] if key in m]
         if values:
             out[keys.memory_gib(key.split('(')[0])] = max(values) / 2**30
+    for key, field in MEMORY_BY_KIND.items():  # measured on one warm-up step per rank; the largest rank counts
+        values = [m[field] for m in memory or [] if field in m]
+        if values:
+            out[key] = max(values)
     return out
+
+
+# summary key -> the rank result's "memory" field (scalelab.train.memory)
+MEMORY_BY_KIND = {keys.MEMORY_PARAMETERS_BYTES: "parameters(bytes)", keys.MEMORY_GRADIENTS_BYTES: "gradients(bytes)",
+                  keys.MEMORY_OPTIMIZER_BYTES: "optimizer_state(bytes)",
+                  keys.MEMORY_ACTIVATIONS_BYTES: "activations_saved(bytes)",
+                  keys.MEMORY_ACTIVATIONS_PEAK_BYTES: "activations_backward_peak(bytes)"}
 
 
 COMM_PER_STEP = {keys.COMM_COLLECTIVES_PER_STEP: "collectives", keys.COMM_BYTES_PER_STEP: "comm_bytes",

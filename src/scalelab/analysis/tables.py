@@ -67,13 +67,19 @@ def precision_table(runs: list[dict]) -> pd.DataFrame:
 
 
 def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
-    """Activation checkpointing segments vs peak memory and step time (seed 001 part 1b)."""
-    metrics = [keys.MEMORY_PEAK_RSS_GIB, keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.THROUGHPUT]
+    """Activation checkpointing segments vs saved activations, their backward peak, the process's peak memory and
+    step time (seed 001 part 1b); ratios to no checkpointing where a run without it is there."""
+    metrics = [keys.MEMORY_ACTIVATIONS_BYTES, keys.MEMORY_ACTIVATIONS_PEAK_BYTES, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.THROUGHPUT]
     frame = runs_frame(runs, ["checkpoint_segments", "global_batch"], metrics).dropna(axis=1, how="all")
     if len(frame):
         base = frame[frame["checkpoint_segments"] == 0]
         if len(base):
-            frame["step_time_vs_off"] = frame[keys.STEP_MEDIAN_MS] / base[keys.STEP_MEDIAN_MS].iloc[0]
+            ratios = {"step_time_vs_off": keys.STEP_MEDIAN_MS, "activations_vs_off": keys.MEMORY_ACTIVATIONS_BYTES,
+                      "backward_peak_vs_off": keys.MEMORY_ACTIVATIONS_PEAK_BYTES}
+            for name, key in ratios.items():
+                if key in frame:
+                    frame[name] = frame[key] / base[key].iloc[0]
     return frame
 
 

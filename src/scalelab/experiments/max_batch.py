@@ -2,10 +2,15 @@
 rank), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
 that trial, never the search, and leaks nothing into the next trial.
 
-Search: a trial that fits reports how much memory training added on top of set-up; memory grows linearly in the
-batch (activations), so after two fitting trials the limit is predicted from that line and checked directly
-(b* must fit, b* + 1 must not). Where the prediction misses, the next guess is clamped inside the bracket
-[largest fit, smallest failure] and bisection takes over; without two measurements the batch doubles.
+Search: a trial that fits reports its memory by kind (scalelab.train.memory) and how much memory training added on
+top of set-up. Activations grow in proportion to the batch, the rest does not: after the first fitting trial the
+largest batch whose activations (bytes per sample of a rank's batch, the larger of saved and backward peak) plus
+the fixed part (parameters + gradients + optimizer state) fit under the limit is predicted, and the next trial aims
+at a quarter of it, at most 16x the first fit (the prediction omits the step's temporaries and any memory a model
+frees within the step; on CPU the cap counts from a baseline that already holds the parameters). After two fitting trials the limit is predicted from the line through their added
+memory and checked directly (b* must fit, b* + 1 must not). Where a prediction misses, the next guess is
+clamped inside the bracket [largest fit, smallest failure] and bisection takes over; without measurements the
+batch doubles.
 """
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot alloca
              "std::bad_alloc", "outofmemoryerror", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
 
 
+GUESS_SHARE = 4  # the first guess aims at 1/GUESS_SHARE of the batch the activations predict
+GUESS_JUMP = 16  # and goes at most this many times past the first fit
+
+
 @dataclass(frozen=True)
 class Trial:
     batch: int
@@ -35,6 +44,8 @@ class Trial:
     added_bytes: float | None = None  # memory training added on top of set-up (fitting trials)
     run_id: str | None = None
     reason: str | None = None
+    activation_bytes: float | None = None  # per rank: max(saved, backward peak) of its first micro-step
+    fixed_bytes: float | None = None  # per rank: parameters + gradients + optimizer state
 
 
 @dataclass
@@ -59,7 +70,18 @@ def next_guess(trials: list[Trial], limit_bytes: float | None, step: int) -> int
     measured = [t for t in fits if t.added_bytes is not None]
     # Predict only right after a fit: after a failed guess, bisection halves the bracket, so a curved memory
     # profile costs O(log) trials instead of creeping down from a too-high prediction.
-    if limit_bytes and len({t.batch for t in measured}) >= 2 and trials[-1].fits:
+    if limit_bytes and len(fits) == 1 and hi is None and trials[-1].fits:  # the first fit: from its activations
+        predicted = activation_guess(trials[-1], limit_bytes, step)
+        if predicted is not None:
+            # Aim at a quarter: activations omit the step's temporaries (gradients flowing back, workspaces; on
+            # CPU the added memory grew 1.1x (mlp) and 2.8x (cnn) as fast as the activations), so the full
+            # prediction overshoots; a fit well inside the limit gives the line below a second point far from
+            # the first, instead of extrapolating from two small batches. At most GUESS_JUMP x the first fit: a
+            # model's memory need not be in what it saves (buffers it frees in forward), and each halving back
+            # from an overshoot costs a failing trial.
+            guess = min(predicted // (GUESS_SHARE * step) * step, lo * GUESS_JUMP)
+            guess = max(guess, lo + step)
+    if guess is None and limit_bytes and len({t.batch for t in measured}) >= 2 and trials[-1].fits:
         slope, intercept = np.polyfit([t.batch for t in measured], [t.added_bytes for t in measured], 1)
         if slope > 0:
             predicted = math.floor((limit_bytes - intercept) / slope / step) * step
@@ -80,6 +102,15 @@ def next_guess(trials: list[Trial], limit_bytes: float | None, step: int) -> int
     if hi is not None:
         guess = min(max(guess, lo + step), hi - step)
     return max(guess, step)
+
+
+def activation_guess(trial: Trial, limit_bytes: float, step: int) -> int | None:
+    """The largest multiple of `step` whose activations, scaled from `trial`'s in proportion to the batch, plus its
+    fixed part fit in `limit_bytes`; None without those measurements."""
+    if not trial.activation_bytes or trial.fixed_bytes is None:
+        return None
+    per_sample = trial.activation_bytes / (trial.batch / step)  # bytes per sample of one rank's batch
+    return math.floor((limit_bytes - trial.fixed_bytes) / per_sample) * step
 
 
 def search(trial: Callable[[int], Trial], *, start: int = 1, step: int = 1, limit_bytes: float | None = None,
@@ -128,7 +159,8 @@ def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = Fal
         raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store ({cells.study}/{group})")
     if res.status == "completed":
         summary = cells.runs([res])[0]["summary"]
-        return Trial(cfg.global_batch, True, summary.get(keys.MEMORY_TRAIN_ADDED_BYTES), res.run_id)
+        return Trial(cfg.global_batch, True, summary.get(keys.MEMORY_TRAIN_ADDED_BYTES), res.run_id,
+                     **memory_by_kind(summary))
     if res.cell.accepts("failed", res.reason):
         return Trial(cfg.global_batch, False, None, res.run_id, res.reason)
     if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both
@@ -136,6 +168,17 @@ def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = Fal
                         f"{cfg.memory_limit / 2**20:.0f} MiB before any batch fitted ({res.reason}); if "
                         "that is memory, raise --memory-limit")
     raise RunFailed(res.run_id, res.reason or "failed")
+
+
+def memory_by_kind(summary: dict) -> dict:
+    """A fitting trial's activation and fixed bytes per rank, from its summary (None where a stored run from before
+    memory by kind lacks them)."""
+    activations = [summary.get(k) for k in (keys.MEMORY_ACTIVATIONS_BYTES, keys.MEMORY_ACTIVATIONS_PEAK_BYTES)]
+    activations = [v for v in activations if v is not None]
+    fixed = [summary.get(k) for k in (keys.MEMORY_PARAMETERS_BYTES, keys.MEMORY_GRADIENTS_BYTES,
+                                      keys.MEMORY_OPTIMIZER_BYTES)]
+    return {"activation_bytes": max(activations) if activations else None,
+            "fixed_bytes": sum(fixed) if None not in fixed else None}
 
 
 def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int | None = None,

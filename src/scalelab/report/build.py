@@ -36,6 +36,10 @@ DEFINITIONS = [
     "Bytes are payload bytes per collective and per step. algbw = S / t with t a collective's own interval, and for "
     "a run S over the union; busbw = algbw·2(n−1)/n for allreduce, (n−1)/n for allgather / reduce_scatter, 1 for "
     "broadcast (the nccl-tests definitions).",
+    "Memory by kind is measured per rank on its first step; the largest rank is reported. Activations = the "
+    "distinct storages saved for backward in forward (saved_tensors_hooks; parameters and buffers excluded, a "
+    "storage saved twice counted once); backward peak = the most of them live at once during backward, what "
+    "checkpointing recomputes included. Exact on CPU and CUDA; on CPU the process's peak RSS hides them.",
     "Timing figures show the median over the timed steps with min..max bars unless they say otherwise.",
 ]
 

@@ -76,17 +76,32 @@ def loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
 
 
 def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
-    """Peak memory and step time vs activation-checkpointing segments."""
+    """Saved activations and their backward peak (left axis), the process's peak memory (right axis, its own scale:
+    on CPU it is hundreds of times larger), and step time, vs activation-checkpointing segments."""
     cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
     mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
-    fig, ax1 = plt.subplots(figsize=(7, 4))
-    ax1.plot(table["checkpoint_segments"], table[mem], "o-", color="tab:blue")
-    ax1.set(xlabel="checkpoint segments (0 = off)", ylabel=f"{mem.split('/')[1]}")
-    ax2 = ax1.twinx()
-    ax2.errorbar(table["checkpoint_segments"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--",
-                 color="tab:red", capsize=3)
-    ax2.set_ylabel("step time (ms): median, bars min..max")
-    ax1.set_title("Activation checkpointing: memory vs time")
+    segments = table["checkpoint_segments"]
+    fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label, style in ((keys.MEMORY_ACTIVATIONS_BYTES, "saved for backward", "o-"),
+                              (keys.MEMORY_ACTIVATIONS_PEAK_BYTES, "backward peak (with recomputation)", "^-")):
+        if key in table:
+            ax1.plot(segments, table[key] / 2**20, style, label=label)
+    ax1.set(xlabel="checkpoint segments (0 = off)", ylabel="activations per rank (MiB)",
+            title="Activations vs the process's peak")
+    ax1.set_ylim(bottom=0)
+    handles, labels = ax1.get_legend_handles_labels()
+    if mem in table:
+        name = "CUDA max allocated" if mem == cuda else "process peak RSS"
+        ax2 = ax1.twinx()
+        handles += ax2.plot(segments, table[mem] * 2**10, "s--", color="tab:green")
+        labels.append(f"{name} (right axis)")
+        ax2.set(ylabel=f"{name} (MiB)", ylim=(0, None))
+    ax1.legend(handles, labels, loc="lower left", fontsize="small")
+    ax3.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--", color="tab:red", capsize=3)
+    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel="step time (ms): median, bars min..max",
+            title="Cost in time")
+    for ax in (ax1, ax3):
+        ax.set_xticks(sorted(segments.unique()))
     return _save(fig, path)
 
 

@@ -27,6 +27,7 @@ from scalelab.store.files import read_jsonl, write_jsonl_atomic
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
 from scalelab.train.lr import lr_at, set_lr
+from scalelab.train.memory import MemoryByKind
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
 from scalelab.train.heartbeat import Heartbeat
@@ -165,6 +166,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
         step, evals = resume.step, list(resume.state["evals"])
         if log.path.exists():  # steps after the checkpoint are run again, so their old records go
             log.records = [r for r in read_jsonl(log.path) if r["step"] <= step]
+    memory = MemoryByKind(model, optimizer, device, net=net)
     reset_peak(device)
     t_start, last_progress, first_step = time.monotonic(), time.monotonic(), step
     net.train()
@@ -187,7 +189,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 micro = micro_batches(x, y, cfg.accumulate)
                 for j, (xm, ym, weight) in enumerate(micro):
                     # no gradient sync on the first K-1 micro-steps: the forward must be inside for DDP's no_sync
-                    with sync.micro_step(last=j == len(micro) - 1) if sync else nullcontext():
+                    with (sync.micro_step(last=j == len(micro) - 1) if sync else nullcontext(),
+                          memory.probe() if step == first_step and j == 0 else nullcontext()):
                         with timer.span("forward"):
                             with autocast_for(cfg, device):
                                 logits = net(xm)
@@ -203,6 +206,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 if sync:
                     with timer.span("comm"):
                         sync.after_backward()
+                if step == first_step:  # the gradients as the optimizer gets them, before zero_grad frees them
+                    memory.read_gradients()
                 with timer.span("optimizer"):
                     lr = lr_at(step, rule=cfg.lr_rule, base_lr=cfg.lr, base_batch=cfg.base_batch or cfg.global_batch,
                                batch=cfg.global_batch, warmup=cfg.lr_warmup_steps)
@@ -263,6 +268,6 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
         "steps_per_epoch": steps_per_epoch,
         "epochs": epochs,
         "evals": evals,
-        "memory": peak_memory(device),
+        "memory": {**peak_memory(device), **memory.result()},
         "train_samples": len(bundle.train),
     }

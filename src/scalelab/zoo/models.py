@@ -7,20 +7,43 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from scalelab.errors import ConfigError, ModelError
 from scalelab.zoo.registry import ModelEntry, models
 from scalelab.zoo.spec import DataSpec
 
 
-def run_blocks(blocks: nn.Sequential, x: torch.Tensor, segments: int) -> torch.Tensor:
-    """Run `blocks` on x, checkpointed in `segments` pieces when training with grad (0 = plain)."""
-    if segments > 0 and blocks.training and torch.is_grad_enabled():
-        return checkpoint_sequential(blocks, segments, x, use_reentrant=False)
-    return blocks(x)
+def segment_bounds(n: int, segments: int) -> list[tuple[int, int]]:
+    """`n` blocks in `segments` contiguous pieces as even as possible, the longer ones first: [(start, stop)]."""
+    size, longer = divmod(n, segments)
+    bounds, start = [], 0
+    for i in range(segments):
+        stop = start + size + (i < longer)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def run_blocks(blocks: nn.Sequential, x: torch.Tensor, segments: int,
+               recompute_context: Callable[[], AbstractContextManager] | None = None) -> torch.Tensor:
+    """Run `blocks` on x, checkpointed in `segments` pieces when training with grad (0 = plain).
+
+    Every segment is checkpointed, the last one too (torch's checkpoint_sequential runs its last segment plainly,
+    so one segment there checkpoints nothing). `recompute_context` (the train layer's memory probe) is entered
+    around each segment's recomputation in backward.
+    """
+    if segments <= 0 or not blocks.training or not torch.is_grad_enabled():
+        return blocks(x)
+    context_fn = (lambda: (nullcontext(), recompute_context())) if recompute_context else noop_context_fn
+    for start, stop in segment_bounds(len(blocks), segments):
+        x = checkpoint(blocks[start:stop], x, use_reentrant=False, context_fn=context_fn)
+    return x
 
 
 def set_checkpoint_segments(model: nn.Module, segments: int) -> None:
@@ -47,13 +70,15 @@ def parameter_bytes(model: nn.Module) -> int:
 
 
 class _Body(nn.Module):
-    """Base: holds `blocks` and `checkpoint_segments`."""
+    """Base: holds `blocks`, `checkpoint_segments` and `recompute_context` (set by the train layer's memory probe
+    for the step it measures; None otherwise)."""
 
     blocks: nn.Sequential
     checkpoint_segments: int = 0
+    recompute_context: Callable[[], AbstractContextManager] | None = None
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
-        return run_blocks(self.blocks, x, self.checkpoint_segments)
+        return run_blocks(self.blocks, x, self.checkpoint_segments, self.recompute_context)
 
 
 # ---------------------------------------------------------------- mlp

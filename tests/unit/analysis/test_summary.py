@@ -43,3 +43,15 @@ def test_memory_and_eval_are_taken_from_results():
                   memory=[{"peak_rss(bytes)": 2**30}, {"peak_rss(bytes)": 2**31}])
     assert s["eval/acc"] == 0.7 and s["eval/loss"] == 1.0
     assert s["memory/peak_rss(GiB)"] == pytest.approx(2.0)
+
+
+def test_memory_by_kind_keeps_the_largest_rank():
+    ranks = [{"parameters(bytes)": 100.0, "gradients(bytes)": 100.0, "optimizer_state(bytes)": 200.0,
+              "activations_saved(bytes)": 30.0, "activations_backward_peak(bytes)": 50.0},
+             {"parameters(bytes)": 100.0, "gradients(bytes)": 100.0, "optimizer_state(bytes)": 200.0,
+              "activations_saved(bytes)": 40.0, "activations_backward_peak(bytes)": 45.0}]
+    s = summarize([rec(1, 0, 0.1), rec(1, 1, 0.1)], steps_per_epoch=1, memory=ranks)
+    assert (s["memory/parameters(bytes)"], s["memory/gradients(bytes)"], s["memory/optimizer_state(bytes)"]) == (
+        100.0, 100.0, 200.0)
+    assert s["memory/activations_saved(bytes)"] == 40.0 and s["memory/activations_backward_peak(bytes)"] == 50.0
+    assert "memory/activations_saved(bytes)" not in summarize([rec(1, 0, 0.1)], steps_per_epoch=1, memory=[{}])

@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from conftest import quiet_cells, run_experiment
+from scalelab.analysis import keys
 from scalelab.config import TrainConfig
 from scalelab.experiments import cells as engine
 from scalelab.experiments.cells import Cell, cell_key
@@ -74,6 +75,11 @@ def test_profile_amp_checkpointing_loader(store, tmp_path):
     ck = run_experiment("checkpointing", tiny(model="cnn"), store, "st", out,
                         segments=[0, 1, 3]).tables["checkpointing"]
     assert list(ck["checkpoint_segments"]) == [0, 1, 3]
+    saved = dict(zip(ck["checkpoint_segments"], ck[keys.MEMORY_ACTIVATIONS_BYTES]))
+    assert saved[1] < saved[0]  # one segment keeps only the blocks' input (and what the head and loss save)
+    # one conv+ReLU block per segment keeps each block's input, which is the previous ReLU's saved output anyway
+    assert saved[3] == saved[0]
+    assert (ck[keys.MEMORY_ACTIVATIONS_PEAK_BYTES] >= ck[keys.MEMORY_ACTIVATIONS_BYTES]).all()
     loader = run_experiment("loader", tiny(dataset="synthetic_jpeg"), store, "st", out, workers=[0, 1])
     table = loader.tables["loader_sweep"]
     assert list(table["num_workers"]) == [0, 1]

@@ -4,7 +4,9 @@ import math
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.max_batch import Trial, is_oom, search
+from scalelab.analysis import keys
+from scalelab.experiments.max_batch import (GUESS_JUMP, GUESS_SHARE, Trial, activation_guess, is_oom,
+                                           memory_by_kind, search)
 
 MiB = 2**20
 
@@ -23,6 +25,72 @@ def test_linear_memory_finds_the_exact_limit_within_log2_plus_3_trials(limit):
     res = search(linear_trial(per, over, cap), limit_bytes=cap, say=lambda s: None)
     assert res.max_batch == limit
     assert res.n_trials <= math.ceil(math.log2(limit)) + 3 if limit > 1 else res.n_trials <= 3
+
+
+def kinded_trial(per_sample, fixed, cap, *, step=1, temporaries=1.0, reported=1.0):
+    """A rank holds `fixed` bytes plus `per_sample` activation bytes per sample of its batch, times `temporaries`
+    (what the step needs beyond its saved activations); the trial reports `reported` times the true activations."""
+    def trial(b):
+        act = per_sample * b / step
+        used = fixed + temporaries * act
+        fits = used <= cap
+        return Trial(b, fits, used if fits else None, activation_bytes=reported * act if fits else None,
+                     fixed_bytes=fixed if fits else None)
+    return trial
+
+
+def test_activation_guess_is_the_largest_batch_under_the_limit():
+    trial = Trial(8, True, activation_bytes=4 * 3 * MiB, fixed_bytes=10 * MiB)  # 2 ranks of 4 samples, 3 MiB each
+    assert activation_guess(trial, 10 * MiB + 3 * MiB * 25.5, step=2) == 50  # 25 per rank fit, 26 do not
+    assert activation_guess(Trial(8, True, 5e6), 1e9, step=2) is None  # no memory by kind: no guess
+
+
+@pytest.mark.parametrize("limit", [1, 2, 7, 100, 4097])
+def test_the_first_guess_aims_at_a_quarter_of_what_the_activations_predict_at_most_16x_past(limit):
+    per, fixed = 8 * MiB, 300 * MiB
+    cap = fixed + per * limit + per // 2
+    res = search(kinded_trial(per, fixed, cap), limit_bytes=cap, say=lambda s: None)
+    assert res.max_batch == limit
+    assert [t.batch for t in res.trials][:2] == [1, max(min(limit // GUESS_SHARE, GUESS_JUMP), 2)]
+    assert res.n_trials <= 4  # start, the guess, the line's b* (fits), b* + 1 (does not)
+
+
+@pytest.mark.parametrize("temporaries,reported", [(1.6, 1.0), (2.8, 1.0), (1.0, 3.0), (2.5, 0.5)])
+def test_activations_that_miss_still_give_the_exact_limit(temporaries, reported):
+    per, fixed, limit, step = 2 * MiB, 50 * MiB, 333, 3
+    cap = fixed + temporaries * per * limit + MiB // 4  # a rank's batch of `limit` fits, one more does not
+    res = search(kinded_trial(per, fixed, cap, step=step, temporaries=temporaries, reported=reported), start=step,
+                 step=step, limit_bytes=cap, say=lambda s: None)
+    assert res.max_batch == limit * step
+    assert all(t.batch % step == 0 for t in res.trials)
+    bound = 4 if temporaries / reported < GUESS_SHARE else math.ceil(math.log2(limit)) + 3
+    assert res.n_trials <= bound  # within 4x of the truth the guess fits and the line lands on b*
+
+
+@pytest.mark.parametrize("limit", [50, 300, 3000])
+def test_a_noisy_first_measurement_does_not_mislead_the_search(limit):
+    """Memory is fixed + 1 MiB per sample, but the first trial (batch 1) reads 1 MiB high (page-sized RSS noise):
+    the line through batches 1 and 2 is flat. The activations give the second point far out, and the search stays
+    exact and logarithmic."""
+    per, fixed = MiB, 50 * MiB
+    cap = fixed + per * limit + per // 2
+
+    def trial(b):
+        used = fixed + per * b
+        fits = used <= cap
+        return Trial(b, fits, used + (MiB if b == 1 else 0) if fits else None,
+                     activation_bytes=per * b if fits else None, fixed_bytes=fixed if fits else None)
+
+    res = search(trial, limit_bytes=cap, say=lambda s: None)
+    assert res.max_batch == limit
+    assert res.n_trials <= math.ceil(math.log2(limit)) + 3
+
+
+def test_memory_by_kind_of_a_summary():
+    summary = {keys.MEMORY_ACTIVATIONS_BYTES: 5.0, keys.MEMORY_ACTIVATIONS_PEAK_BYTES: 7.0,
+               keys.MEMORY_PARAMETERS_BYTES: 1.0, keys.MEMORY_GRADIENTS_BYTES: 1.0, keys.MEMORY_OPTIMIZER_BYTES: 2.0}
+    assert memory_by_kind(summary) == {"activation_bytes": 7.0, "fixed_bytes": 4.0}
+    assert memory_by_kind({keys.MEMORY_TRAIN_ADDED_BYTES: 9.0}) == {"activation_bytes": None, "fixed_bytes": None}
 
 
 @pytest.mark.parametrize("limit", [5, 37, 300])

@@ -1,12 +1,15 @@
 """Built-in models, activation checkpointing and user-model loading."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from scalelab.errors import ConfigError, ModelError
-from scalelab.zoo.models import build_model, count_parameters, parameter_bytes, run_blocks, set_checkpoint_segments
+from scalelab.zoo.models import (build_model, count_parameters, parameter_bytes, run_blocks, segment_bounds,
+                                 set_checkpoint_segments)
 from scalelab.zoo.registry import models
 from scalelab.zoo.spec import DataSpec
 from scalelab.zoo.user import build_user_model, load_callable
@@ -92,13 +95,38 @@ def test_run_blocks_actually_checkpoints():
     blocks = nn.Sequential(Count(), Count(), Count(), Count())
     x = torch.ones(2, requires_grad=True)
     run_blocks(blocks, x, 2).sum().backward()
-    assert len(calls) == 4 + 2  # the first segment (2 blocks) is recomputed in backward
+    assert len(calls) == 4 + 4  # both segments, the last one too, are recomputed in backward
+    calls.clear()
+    run_blocks(blocks, x, 1).sum().backward()
+    assert len(calls) == 4 + 4  # one segment checkpoints everything (torch's checkpoint_sequential: nothing)
     calls.clear()
     with torch.no_grad():
         run_blocks(blocks, x, 2)
     blocks.eval()
     run_blocks(blocks, x, 2).sum().backward()
     assert len(calls) == 8  # no recompute when not training / without grad
+
+
+def test_segments_are_contiguous_and_as_even_as_possible():
+    assert segment_bounds(5, 2) == [(0, 3), (3, 5)]
+    assert segment_bounds(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert segment_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert segment_bounds(8, 1) == [(0, 8)]
+
+
+def test_recompute_context_is_entered_once_per_segment_in_backward():
+    entered = []
+
+    @contextmanager
+    def recompute():
+        entered.append(torch.is_grad_enabled())
+        yield
+
+    blocks = nn.Sequential(*[nn.Linear(3, 3) for _ in range(5)])
+    out = run_blocks(blocks, torch.ones(2, 3), 3, recompute)
+    assert entered == []  # forward: not yet
+    out.sum().backward()
+    assert entered == [True, True, True]
 
 
 def test_gpt_tiny_is_causal():
