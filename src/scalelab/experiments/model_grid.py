@@ -12,7 +12,7 @@ memory under the cap is the cell's outcome (fits = False, with the reason), neve
 CPU the cap is an address-space limit on what a rank adds after building its model (`memory_limit`), so the
 parameters themselves are outside it; on CUDA the GPU's memory is the limit.
 
-    scalelab model-grid --depths 2,8 --widths 256,1024 --workers 1,2 --memory-limit 256MiB -b 256
+    scalelab model-grid --depths 2,8 --widths 256,1024 --workers 1,2 --memory-limit 96MiB -b 2048
 """
 from __future__ import annotations
 
@@ -122,6 +122,7 @@ def run_cells(ctx: Context, chosen: list[tuple[dict, TrainConfig]]) -> list[Cell
 
 
 def cap_note(cap: int | None, device: str) -> str:
+    """What the cells' memory limit means, for the report's notes."""
     if cap is None:
         return "none: the GPU's memory is the limit"
     if device == "cpu":
