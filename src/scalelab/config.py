@@ -53,6 +53,9 @@ class TrainConfig:
 
     # the built-in names are listed by the CLI's help from the zoo registries (cli.options.registry_help)
     model: str = doc("cnn", "Model: a built-in one, or module:function / path/file.py:function.")
+    model_options: str | None = doc(None, "Size options of a built-in model as NAME=NUMBER pairs, e.g. "
+                                          "depth=8,width=2048 for mlp (its builder's size parameters); unset: "
+                                          "the model's defaults.")
     dataset: str = doc("synthetic", "Dataset: a built-in one, or module:function / path/file.py:function.")
     data_path: str | None = doc(None, "Directory of an on-disk dataset.")
     samples: int | None = doc(None, "Training samples of a generated dataset (default: the dataset's).")
@@ -158,8 +161,29 @@ class TrainConfig:
         if self.global_batch % unit:
             raise ConfigError("global_batch", self.global_batch, f"must be divisible by ranks x accumulate ({unit}); "
                               f"e.g. {max(unit, self.global_batch // unit * unit)}")
+        self._check_model_options()
         self._check_sync()
         self._check_hardware()
+
+    def _check_model_options(self) -> None:
+        if self.model_options is None:
+            return
+        options = parse_model_options(self.model_options)
+        self.model_options = format_model_options(options)  # one spelling per size: equal sizes are one cell
+        if ":" in self.model:
+            raise ConfigError("model_options", self.model_options, "user models take no options; leave it unset")
+        from scalelab.zoo.registry import models  # local: the zoo imports torch
+
+        if self.model in models.names():  # an unknown model is refused where it is built, naming the models
+            allowed = models.get(self.model).options
+            for name in options:
+                if name not in allowed:
+                    raise ConfigError("model_options", name, f"{self.model} accepts: {', '.join(allowed)}")
+
+    @property
+    def model_overrides(self) -> dict[str, int | float]:
+        """The model's size options as keyword arguments of its builder ({} when unset)."""
+        return parse_model_options(self.model_options) if self.model_options is not None else {}
 
     def _check_sync(self) -> None:
         from scalelab.sync import registry  # local: the registry imports the strategies (and torch) when asked
@@ -288,6 +312,29 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("config", str(path), "must hold a mapping of field: value")
     return data
+
+
+def parse_model_options(text: str, field: str = "model_options") -> dict[str, int | float]:
+    """'depth=8, width=2048' -> {"depth": 8, "width": 2048}: names are identifiers, values finite numbers >= 0."""
+    allowed = "allowed: NAME=NUMBER pairs separated by commas, numbers >= 0, e.g. depth=8,width=2048"
+    options: dict[str, int | float] = {}
+    for item in str(text).split(","):
+        name, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not name.isidentifier() or name in options:
+            raise ConfigError(field, text, allowed)
+        try:
+            number = int(value) if value.lstrip("+").isdigit() and value.isascii() else float(value)
+        except ValueError:
+            raise ConfigError(field, text, allowed) from None
+        if not (math.isfinite(number) and 0 <= number < 2**63):
+            raise ConfigError(field, text, allowed)
+        options[name] = int(number) if number == int(number) else number  # 8.0 is the size 8
+    return options
+
+
+def format_model_options(options: dict[str, int | float]) -> str:
+    """{"width": 2048, "depth": 8} -> "depth=8,width=2048" (sorted by name: the one stored spelling)."""
+    return ",".join(f"{name}={options[name]!r}" for name in sorted(options))
 
 
 def _check_types(cfg: TrainConfig) -> None:

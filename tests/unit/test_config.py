@@ -78,3 +78,33 @@ def test_missing_yaml_file():
 def test_a_stored_config_of_the_previous_version_reads_strategy_as_wrapper():
     cfg = TrainConfig.from_dict({"strategy": "single", "ranks": 1})
     assert cfg.wrapper == "single" and "strategy" not in cfg.to_dict()
+
+
+def test_model_options_have_one_spelling_and_reach_the_builder():
+    from scalelab.experiments.cells import cell_key
+    from scalelab.train.setup import build_inputs
+    from scalelab.zoo.models import count_parameters
+
+    a = TrainConfig(model="mlp", samples=8, eval_samples=8, model_options=" width=8, depth=2")
+    b = TrainConfig(model="mlp", samples=8, eval_samples=8, model_options="depth=2.0,width=8")
+    assert a.model_options == b.model_options == "depth=2,width=8" and cell_key(a) == cell_key(b)
+    assert a.model_overrides == {"depth": 2, "width": 8} and TrainConfig().model_overrides == {}
+    _, model = build_inputs(a)  # 3x32x32 synthetic images, 10 classes: 3072*8+8 + 8*8+8 + 8*10+10 parameters
+    assert count_parameters(model) == 3072 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10
+    assert TrainConfig.from_dict(a.to_dict()).model_options == "depth=2,width=8"
+
+
+@pytest.mark.parametrize("kwargs,value,fragment", [
+    (dict(model="mlp", model_options="depth"), "'depth'", "NAME=NUMBER pairs"),
+    (dict(model="mlp", model_options="depth=-1"), "'depth=-1'", "numbers >= 0"),
+    (dict(model="mlp", model_options="depth=two"), "'depth=two'", "NAME=NUMBER pairs"),
+    (dict(model="mlp", model_options="depth=nan"), "'depth=nan'", "NAME=NUMBER pairs"),
+    (dict(model="mlp", model_options="depth=1,depth=2"), "'depth=1,depth=2'", "NAME=NUMBER pairs"),
+    (dict(model="mlp", model_options="colour=3"), "'colour'", "mlp accepts: width, depth, embed"),
+    (dict(model="m.py:make", model_options="depth=2"), "'depth=2'", "user models take no options"),
+])
+def test_bad_model_options_are_one_line(kwargs, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**kwargs)
+    assert info.value.field == "model_options" and value in str(info.value) and fragment in str(info.value)
+    assert "\n" not in str(info.value)

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.model_grid import FALLS_BELOW
 
 
 def _fmt(x: float, unit: str = "", digits: int = 3) -> str:
@@ -271,4 +272,59 @@ def predict_result(result) -> tuple[list[str], str | None]:
     if isinstance(keep, dict) and keep:
         hw, advice = next(iter(keep.items()))
         rec = f"For larger clusters ({hw}): {advice}"
+    return out, rec
+
+
+def _size(row) -> str:
+    return f"depth {int(row['depth'])} x width {int(row['width'])}"
+
+
+def model_grid_result(result) -> tuple[list[str], str | None]:
+    """What N workers changed in the model-size grid: which cells fit, which memory part fell, the step's cost.
+    The seed's claim (two workers made a model fit) is checked against the cells, never assumed."""
+    grid = result.tables.get("model_grid", pd.DataFrame())
+    cmp = result.tables.get("model_grid_workers", pd.DataFrame())
+    if not len(grid):
+        return [], None
+    out = []
+    for n, g in grid.groupby("workers"):
+        fit = g[g["fits"].eq(True)]
+        part = f"On {n} worker{'s' if n > 1 else ''}, {len(fit)} of {len(g)} cells fit"
+        if len(fit):
+            top = fit.loc[fit["parameters"].idxmax()]
+            part += f" (the largest: {_size(top)}, {int(top['parameters']):,} parameters)"
+        out.append(part + ".")
+    rec = None
+    for n, c in cmp.groupby("workers") if len(cmp) else []:
+        only_n, only_1 = c[c["fit"] == f"fits only on {n} workers"], c[c["fit"] == "fits only on 1 worker"]
+        if len(only_n):
+            out.append(f"Fits on {n} workers but not on 1: {', '.join(_size(r) for _, r in only_n.iterrows())}.")
+            r = only_n.iloc[0]
+            step = grid[(grid["workers"] == n) & (grid["depth"] == r["depth"]) & (grid["width"] == r["width"])]
+            rec = (f"Under this memory limit, {_size(r)} needs {n} workers "
+                   f"({_fmt(float(step['step(ms)'].iloc[0]), ' ms')} per step there).")
+        else:
+            out.append(f"No cell fits on {n} workers that does not fit on 1: the seed's claim is not seen in this "
+                       "grid.")
+        if len(only_1):
+            out.append(f"Fits on 1 worker but not on {n}: {', '.join(_size(r) for _, r in only_1.iterrows())}.")
+        both = c[c["fit"] == "fits on both"]
+        kinds = [("activations_saved", "saved activations"), ("activations_backward_peak", "activation peak in "
+                 "backward"), ("parameters", "parameters"), ("gradients", "gradients"),
+                 ("optimizer_state", "optimizer state"), ("peak_added", "peak memory added by training")]
+        ratios = [f"{label} {both[f'{kind}(ratio)'].median():.2f}x" for kind, label in kinds
+                  if len(both) and both[f"{kind}(ratio)"].notna().any()]
+        if not len(both):
+            continue
+        if ratios:
+            cells = f"the {len(both)} cells" if len(both) > 1 else "the 1 cell"
+            out.append(f"From 1 to {n} workers, per rank (median over {cells} that fit on both): "
+                       + ", ".join(ratios) + ".")
+        if all(both[f"{kind}(ratio)"].isna().all() for kind, _ in kinds[:5]):
+            out.append("These runs did not record memory by kind, so which part fell is not measured here.")
+        falls = sorted({k for text in both["falls"] for k in text.split(", ") if k})
+        step = both["step(ratio)"]
+        spread = f" ({step.min():.2f}x to {step.max():.2f}x)" if step.notna().sum() > 1 else ""
+        out.append(f"What fell below {FALLS_BELOW:.1f}x: {', '.join(falls) if falls else 'nothing'}; step time "
+                   f"{step.median():.2f}x{spread}.")
     return out, rec

@@ -93,6 +93,14 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 256 * 2**20, "segments": 2,
                       "variants": ["base"] if q else ["base", "amp", "checkpointing"],
                       "set": {"model": "resnet18"}},
+        # seed 004: at this batch narrow MLPs are activation-bound (2 workers halve that), wide ones parameter-bound
+        # (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow ones on 1 and 2 workers
+        # (peak RSS added ~60 / ~35 MiB on 2 cores) and none for depth 8 x width 1024 (84 MB of gradients and
+        # momentum); 64 MiB made width 256 on 1 worker fit in some runs and not in others
+        "model_grid": {"depths": [2] if q else [2, 8], "widths": [256, 1024],
+                       "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
+                       "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
+                               "steps": 3 if q else 6, "warmup_steps": 1 if q else 2}},
         "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
         "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},

@@ -326,3 +326,81 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     ax.minorticks_off()
     ax.legend()
     return _save(fig, path)
+
+
+def _grid(frame: pd.DataFrame, values: pd.Series, depths: list, widths: list) -> pd.DataFrame:
+    """`values` (aligned with `frame`) laid out depth (rows) x width (columns)."""
+    return (frame.assign(_v=values.astype(float)).pivot(index="depth", columns="width", values="_v")
+            .reindex(index=depths, columns=widths))
+
+
+def model_grid_heatmaps(table: pd.DataFrame, path: Path) -> Path:
+    """Per worker count (columns): median step time over depth x width (top; one colour scale) and whether the
+    cell fits under the memory cap (bottom). A cell without a number is grey, labelled with its status."""
+    from matplotlib.colors import ListedColormap
+
+    workers = sorted(table["workers"].unique())
+    depths, widths = sorted(table["depth"].unique()), sorted(table["width"].unique())
+    steps = table["step(ms)"].astype(float)
+    lo, hi = (float(steps.min()), float(steps.max())) if steps.notna().any() else (0.0, 1.0)
+    fig, axes = plt.subplots(2, len(workers), figsize=(1.2 + 3.2 * len(workers), 1.8 + 1.2 * len(depths) * 2),
+                             squeeze=False)
+    fits = table["fits"].map(lambda v: 1.0 if v is True else 0.0 if v is False else float("nan"))
+    time_map, fit_map = plt.get_cmap("viridis").with_extremes(bad="lightgray"), \
+        ListedColormap(["tab:red", "tab:green"]).with_extremes(bad="lightgray")
+    for j, n in enumerate(workers):
+        mine = table[table["workers"] == n]
+        step = _grid(mine, steps[mine.index], depths, widths)
+        ok = _grid(mine, fits[mine.index], depths, widths)
+        status = mine.set_index(["depth", "width"])["status"]
+        top, bottom = axes[0][j], axes[1][j]
+        image = top.imshow(step.values, origin="lower", aspect="auto", cmap=time_map, vmin=lo, vmax=hi)
+        bottom.imshow(ok.values, origin="lower", aspect="auto", cmap=fit_map, vmin=0, vmax=1)
+        for y, d in enumerate(depths):
+            for x, w in enumerate(widths):
+                t, f = step.values[y, x], ok.values[y, x]
+                top.text(x, y, "-" if t != t else f"{t:.3g}", ha="center", va="center",
+                         color="black" if t != t else "white")
+                label = "fits" if f == 1 else "does not fit" if f == 0 else str(status.get((d, w), "not run"))
+                bottom.text(x, y, label, ha="center", va="center", color="black" if f != f else "white")
+        for ax, what in ((top, "median step (ms)"), (bottom, "fits under the cap")):
+            ax.set_xticks(range(len(widths)), [str(w) for w in widths])
+            ax.set_yticks(range(len(depths)), [str(d) for d in depths])
+            ax.set(xlabel="width (units per layer)", ylabel="depth (layers)",
+                   title=f"{n} worker{'s' if n > 1 else ''}: {what}")
+        fig.colorbar(image, ax=top, label="median step time (ms)")
+    return _save(fig, path)
+
+
+def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
+    """Memory by kind per rank for every cell, stacked (parameters, gradients, optimizer state, saved
+    activations), with the activation peak in backward and the peak memory training added as markers."""
+    from scalelab.analysis.model_grid import PEAK_ADDED, STACKED, memory_column
+
+    labels = [f"d{int(d)} w{int(w)}\n{int(n)} worker{'s' if n > 1 else ''}"
+              for d, w, n in zip(table["depth"], table["width"], table["workers"])]
+    x = list(range(len(labels)))
+    mib = 2**20
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4.8))
+    bottom = pd.Series(0.0, index=table.index)
+    for kind in STACKED:
+        values = table[memory_column(kind)].astype(float).fillna(0) / mib
+        ax.bar(x, values, bottom=bottom, label=kind.replace("_", " "))
+        bottom = bottom + values
+    peak = table[memory_column("activations_backward_peak")].astype(float) / mib
+    added = table[PEAK_ADDED].astype(float) / mib
+    ax.plot(x, peak, "kx", label="activation peak in backward")
+    ax.plot(x, added, "kD", mfc="none", label="peak memory added by training (measured)")
+    top = max([float(v) for v in (bottom.max(), peak.max(), added.max()) if v == v] + [1e-6])
+    for i, (fit, stacked) in enumerate(zip(table["fits"], bottom)):
+        if fit is not True:
+            ax.text(i, 0.02 * top, "does not fit" if fit is False else "failed", ha="center", va="bottom",
+                    rotation=90, color="gray")
+        elif stacked == 0:
+            ax.text(i, 0.02 * top, "by kind not recorded", ha="center", va="bottom", rotation=90, color="gray",
+                    fontsize="small")
+    ax.set_xticks(x, labels, fontsize="small")
+    ax.set(ylabel="MiB per rank (largest rank)", title="Memory by kind per cell")
+    ax.set_ylim(0, 1.4 * top)
+    ax.legend(fontsize="small", loc="upper left", ncols=2)
+    return _save(fig, path)

@@ -54,7 +54,7 @@ def build_inputs(cfg: TrainConfig):
 
     bundle = build_bundle(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    model = build_model(cfg.model, bundle.spec)
+    model = build_model(cfg.model, bundle.spec, **cfg.model_overrides)
     if cfg.checkpoint_segments:
         set_checkpoint_segments(model, cfg.checkpoint_segments)
     return bundle, model
