@@ -224,7 +224,16 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         rows.append({"variant": label, "max_batch": res.max_batch, "trials": res.n_trials,
                      "memory_limit(bytes)": cap, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
                                                                    for t in res.trials)})
-    return Result("max_batch", {"max_batch": pd.DataFrame(rows)})
+    notes = {}
+    if base.resolved_device == "cpu":
+        notes["limit"] = CPU_LIMIT_NOTE
+    return Result("max_batch", {"max_batch": pd.DataFrame(rows)}, notes=notes)
+
+
+CPU_LIMIT_NOTE = ("on a CPU the limit is a cap on the address space a rank may add after its set-up (RLIMIT_AS): "
+                  "virtual memory, which also counts what the allocator and libraries reserve without touching, so "
+                  "the batch that fits compares settings on this machine (as configured, mixed precision, "
+                  "checkpointing); it is not the batch that fits in physical RAM")
 
 
 EXPERIMENT = Experiment(
