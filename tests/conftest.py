@@ -123,7 +123,7 @@ class Hungry(nn.Module):
         if self.training:
             {kill}
             if RANK_ONLY is None or os.environ.get("RANK") == str(RANK_ONLY):
-                buf = torch.ones(x.shape[0], {per} // 4)
+                buf = torch.ones(x.shape[0], {per} // 4, device=x.device)
                 out = out + buf.mean(1, keepdim=True) * 0
         return out
 
@@ -132,11 +132,12 @@ def make(spec):
 """
 
 
-def hungry_model(tmp_path, kill_above=None, rank_only=None) -> str:
-    """Ref 'file.py:make' of a model allocating PER_SAMPLE bytes per training sample: max-batch's known truth."""
+def hungry_model(tmp_path, kill_above=None, rank_only=None, per_sample: int = PER_SAMPLE) -> str:
+    """Ref 'file.py:make' of a model allocating `per_sample` bytes per training sample on its input's device:
+    max-batch's known truth."""
     kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
     path = tmp_path / "hungry.py"
-    path.write_text(HUNGRY.format(per=PER_SAMPLE, kill=kill, rank_only=rank_only))
+    path.write_text(HUNGRY.format(per=per_sample, kill=kill, rank_only=rank_only))
     return f"{path}:make"
 
 

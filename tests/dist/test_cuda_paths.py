@@ -119,37 +119,14 @@ def _mean_wall(run_dir) -> float:
     return sum(walls) / len(walls)
 
 
-CUDA_HUNGRY = """
-import torch
-from torch import nn
-
-class Hungry(nn.Module):
-    '''Allocates {per} bytes per training sample on the GPU in forward.'''
-    def __init__(self, spec):
-        super().__init__()
-        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
-
-    def forward(self, x):
-        out = self.fc(x.flatten(1))
-        if self.training:
-            buf = torch.ones(x.shape[0], {per} // 4, device=x.device)
-            out = out + buf.mean(1, keepdim=True) * 0
-        return out
-
-def make(spec):
-    return Hungry(spec)
-"""
-
-
 def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
     """A CUDA out-of-memory error ends a trial as "does not fit"; the largest batch that fits, times the bytes
     per sample, lies within the GPU's memory."""
-    from conftest import run_experiment
+    from conftest import hungry_model, run_experiment
     from scalelab.config import TrainConfig
 
     per = 2 * 2**30  # 2 GiB per sample: a handful of trials on any GPU
-    (tmp_path / "hungry.py").write_text(CUDA_HUNGRY.format(per=per))
-    base = TrainConfig(model=f"{tmp_path / 'hungry.py'}:make", dataset="synthetic", samples=256, eval_samples=16,
+    base = TrainConfig(model=hungry_model(tmp_path, per_sample=per), dataset="synthetic", samples=256, eval_samples=16,
                        global_batch=1, steps=2, warmup_steps=1, device="cuda")
     result = run_experiment("max_batch", base, store, "mb", tmp_path / "out", variants=["base"], memory_limit=None)
     table = result.tables["max_batch"]
