@@ -13,9 +13,17 @@ def reset_peak(device: torch.device) -> None:
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:
-    """Peak RSS over the process lifetime (ru_maxrss: KiB on Linux, bytes on macOS) and CUDA max allocated."""
-    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {"peak_rss(bytes)": float(maxrss if sys.platform == "darwin" else maxrss * 1024)}
+    """Peak RSS of this run and CUDA max allocated. The RSS peak is the kernel's mark (VmHWM), which
+    `training_baseline` resets when the run starts training: a run inside a process that ran others before (one
+    rank in the caller's process) does not inherit their peaks, as the process-lifetime ru_maxrss would. Where the
+    mark cannot be read, ru_maxrss (KiB on Linux, bytes on macOS)."""
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        peak = float(hwm * 1024)
+    else:
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peak = float(maxrss if sys.platform == "darwin" else maxrss * 1024)
+    out = {"peak_rss(bytes)": peak}
     if device.type == "cuda":
         out["cuda_max_allocated(bytes)"] = float(torch.cuda.max_memory_allocated(device))
         out["cuda_max_reserved(bytes)"] = float(torch.cuda.max_memory_reserved(device))
