@@ -6,7 +6,8 @@ Definitions (stated in every report):
   for the slowest rank); stage times are averaged over ranks.
 - Training time of a step = its wall time; evaluation runs after a step ends and is reported on its own (time per
   evaluation). Records of scalelab 0.1 timed evaluation inside the step: their evaluation is subtracted.
-- The median step carries a distribution-free 95 % interval from order statistics (`median_interval`).
+- The median step carries a 95 % interval (scalelab.analysis.intervals.median_interval: order statistics widened
+  for correlation between consecutive steps).
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
   step's data wait.
 - Throughput = global samples of the timed steps / their summed step time.
@@ -22,11 +23,10 @@ Definitions (stated in every report):
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-from scipy import stats
 
 from scalelab.analysis import keys
+from scalelab.analysis.intervals import median_interval
 from scalelab.analysis.keys import STAGES
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
@@ -52,20 +52,6 @@ def per_step(frame: pd.DataFrame) -> pd.DataFrame:
     out["samples"] = grouped["samples"].sum()
     out["ranks"] = grouped["rank"].nunique()
     return out
-
-
-def median_interval(values, confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free interval for the median of `values`: [x_(k), x_(n-k+1)] (order statistics, 1-based)
-    with k the largest rank where P(Binomial(n, 1/2) <= k-1) stays within (1 - confidence) / 2, so it covers the
-    median with at least `confidence`; with too few values for that (n < 6 at 95 %) it is their whole range."""
-    x = np.sort(np.asarray(values, dtype=float))
-    n = len(x)
-    if n == 0:
-        return float("nan"), float("nan")
-    k = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # P(Bin <= k-1) <= alpha/2 < P(Bin <= k)
-    if k < 1:
-        return float(x[0]), float(x[-1])
-    return float(x[k - 1]), float(x[n - k])
 
 
 def skew(frame: pd.DataFrame) -> float:
