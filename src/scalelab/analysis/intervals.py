@@ -4,9 +4,10 @@
   statistics assumes independent values; consecutive steps are not (the machine drifts, caches warm, a neighbour
   starts), and then that interval is too narrow: on an AR(1) series with lag-1 correlation 0.8 it covered the true
   median 61 % of the time. So its half-widths are widened by sqrt((1 + r) / (1 - r)), the AR(1) variance factor,
-  with r the lag-1 autocorrelation of the series (bias-corrected, 0 when negative). Covered 93.6-97.5 % on
-  independent normal / lognormal series and AR(1) series with correlation 0.5-0.9 (2000 trials each,
-  tests/unit/analysis/test_intervals.py checks 200).
+  with r the lag-1 autocorrelation of the series (bias-corrected, 0 when negative). Coverage of the true median
+  (tests/unit/analysis/test_intervals.py, 1000 seeded trials each): 95.7 % on independent normal and lognormal
+  series of 40 steps, 97.0 % on 12 steps, 97.4 % and 93.9 % on AR(1) series of 60 steps with correlation 0.5 and
+  0.8; slightly under at correlation 0.9 (91.9 % on 100 steps), where r is underestimated more often.
 - `difference_interval` / `ratio_interval`: figures computed from two independently measured ones (exposed =
   step - baseline, speedup = T1 / TN): the conservative combination of their intervals (every value in one with
   every value in the other).
