@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.intervals import difference_interval
 
 BACKENDS = ("gloo", "nccl", "mpi")
 # The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
@@ -37,7 +38,8 @@ EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms
 
 # table column -> summary key (scalelab.analysis.summary)
 SUMMARY_COLUMNS = {
-    "step(ms)": keys.STEP_MEDIAN_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
+    "step(ms)": keys.STEP_MEDIAN_MS, "step_ci_low(ms)": keys.STEP_MEDIAN_CI_LOW_MS,
+    "step_ci_high(ms)": keys.STEP_MEDIAN_CI_HIGH_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
     "comm(ms)": keys.COMM_TIME_MS, "comm_sum(ms)": keys.COMM_SUM_MS, "comm_wait(ms)": keys.COMM_WAIT_MS,
     "comm_blocking(ms)": keys.COMM_BLOCKING_MS,
     "collectives_per_step": keys.COMM_COLLECTIVES_PER_STEP, "bytes_per_step": keys.COMM_BYTES_PER_STEP,
@@ -49,17 +51,19 @@ SUMMARY_COLUMNS = {
     "timed_steps": keys.STEPS_TIMED,
 }
 STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
-                    "global_batch", "timed_steps", "step(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)",
+                    "global_batch", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step_min(ms)",
+                    "step_max(ms)", "compute(ms)",
                     "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS,
                     "collectives_per_step",
                     "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
                     "bytes_optimizer_per_step", "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step",
                     "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
-BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(ms)", "step_min(ms)",
-                   "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)",
-                   *EXPOSED_COLUMNS, "busbw(GB/s)", "algbw(GB/s)", "collectives_per_step", "bytes_per_step", "bytes_forward_per_step",
-                   "bytes_backward_per_step", "bytes_optimizer_per_step", "loopback_bytes_per_step",
-                   "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
+BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(ms)", "step_ci_low(ms)",
+                   "step_ci_high(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)",
+                   "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS, "busbw(GB/s)", "algbw(GB/s)",
+                   "collectives_per_step", "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
+                   "bytes_optimizer_per_step", "loopback_bytes_per_step", "loopback/payload", "train_loss", "run_id",
+                   "baseline_run_id"]
 
 
 def exposed_comm(step_ms: float | None, baseline_step_ms: float | None) -> float | None:
@@ -85,10 +89,11 @@ def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None) 
     out["exposed_comm(ms)"], out["overlap"] = exposed, overlap(exposed, comm_ms)
     if exposed is None:
         return out
-    low = _diff(summary.get(keys.STEP_MEDIAN_CI_LOW_MS), baseline.get(keys.STEP_MEDIAN_CI_HIGH_MS))
-    high = _diff(summary.get(keys.STEP_MEDIAN_CI_HIGH_MS), baseline.get(keys.STEP_MEDIAN_CI_LOW_MS))
-    out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
-    if low is not None:
+    ci = [summary.get(keys.STEP_MEDIAN_CI_LOW_MS), summary.get(keys.STEP_MEDIAN_CI_HIGH_MS),
+          baseline.get(keys.STEP_MEDIAN_CI_LOW_MS), baseline.get(keys.STEP_MEDIAN_CI_HIGH_MS)]
+    if not any(_missing(v) for v in ci):
+        low, high = difference_interval((ci[0], ci[1]), (ci[2], ci[3]))
+        out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
         out["overlap_ci_low"], out["overlap_ci_high"] = overlap(high, comm_ms), overlap(low, comm_ms)
     out["quality"] = plausibility(out)
     return out
@@ -108,10 +113,6 @@ def plausibility(row: dict) -> str:
     if o_high is not None and (o_high < -OVERLAP_SLACK or o_low > 1 + OVERLAP_SLACK):
         return "implausible: overlap outside [0, 1] beyond its interval"
     return "ok"
-
-
-def _diff(a: float | None, b: float | None) -> float | None:
-    return None if _missing(a) or _missing(b) else a - b
 
 
 def run_metrics(run: dict) -> dict:

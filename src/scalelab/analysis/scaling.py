@@ -6,10 +6,13 @@
 """
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import exposed_with_interval
+from scalelab.analysis.intervals import ratio_interval
 
 COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
@@ -62,8 +65,36 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
             effs.append(weak_efficiency(x1, xn, row.workers))
     frame["speedup"] = speedups
     frame["efficiency"] = effs
+    frame[["efficiency_ci_low", "efficiency_ci_high"]] = [efficiency_interval(frame, row, key, mode)
+                                                          for row in frame.itertuples()]
+    frame["quality"] = [efficiency_quality(e, lo) for e, lo in zip(frame["efficiency"], frame["efficiency_ci_low"])]
     frame.insert(1, "mode", mode)
     return frame.sort_values([key, "workers"], kind="stable").reset_index(drop=True)
+
+
+def efficiency_interval(frame: pd.DataFrame, row, key: str, mode: str) -> tuple[float, float]:
+    """95 % interval of a cell's efficiency from the median steps' intervals of the cell and its 1-worker
+    baseline: a step does the same work on 1 and N workers in strong scaling (efficiency = (T1 / TN) / N) and N
+    times the samples in weak scaling (efficiency = T1 / TN)."""
+    base = frame[(frame[key] == getattr(row, key)) & (frame["workers"] == 1)]
+    if not len(base):
+        return math.nan, math.nan
+    one = (base["step_ci_low(ms)"].iloc[0], base["step_ci_high(ms)"].iloc[0])
+    cell = (frame.at[row.Index, "step_ci_low(ms)"], frame.at[row.Index, "step_ci_high(ms)"])
+    if any(v is None or pd.isna(v) for v in (*one, *cell)):
+        return math.nan, math.nan
+    low, high = ratio_interval(one, cell)
+    per = row.workers if mode == "strong" else 1
+    return low / per, high / per
+
+
+def efficiency_quality(efficiency: float | None, low: float | None) -> str | None:
+    """An efficiency above 1 beyond its interval can be real (caches, threads) but must not pass unremarked."""
+    if efficiency is None or pd.isna(efficiency):
+        return None
+    if low is not None and not pd.isna(low) and low > 1:
+        return "implausible: efficiency above 1 beyond its interval"
+    return "ok"
 
 
 def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict]) -> pd.DataFrame:
@@ -86,4 +117,9 @@ def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict
         b_summary = (b or {}).get("summary") or {}
         rows.append({"compute(ms)": b_summary.get(keys.STEP_MEDIAN_MS), "baseline_run_id": (b or {}).get("run_id"),
                      **exposed_with_interval(summaries.get(run_id, {}), b_summary, comm)})
-    return pd.concat([table.drop(columns=["compute(ms)"]), pd.DataFrame(rows, index=table.index)], axis=1)
+    out = pd.concat([table.drop(columns=["compute(ms)", "quality"], errors="ignore"),
+                     pd.DataFrame(rows, index=table.index)], axis=1)
+    if "quality" in table:  # a flag from the efficiency wins over an "ok" (or no figure) from the exposed part
+        out["quality"] = [e if isinstance(e, str) and e != "ok" else (x if isinstance(x, str) else e)
+                          for e, x in zip(table["quality"], out["quality"])]
+    return out

@@ -1,7 +1,7 @@
 """Pure functions from a study's stored runs ({run_id, config, summary}) to the tables the experiments show.
 
-Every table keeps the spread of its timings (min/median/max step time over the timed steps) and says its unit
-in the column name.
+Every table keeps the spread of its timings (min/median/max step time over the timed steps, and the median's 95 %
+interval) and says its unit in the column name.
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pandas as pd
 
 from scalelab.analysis import keys
 
-SPREAD = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MAX_MS]
+SPREAD = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS,
+          keys.STEP_MAX_MS]
 
 
 def runs_frame(runs: list[dict], config_keys: list[str], metrics: list[str]) -> pd.DataFrame:

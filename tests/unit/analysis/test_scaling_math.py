@@ -55,3 +55,17 @@ def test_exposed_comm_is_never_clipped_and_flagged_only_beyond_its_interval():
     assert list(t["overlap"]) == [0.5, 1.25, 2.5]
     # -2 ms lies within noise (interval -4..0); -12 ms (interval -14..-10) does not
     assert list(t["quality"]) == ["ok", "ok", "implausible: the sync is faster than its no-op baseline beyond noise"]
+
+
+def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged():
+    # strong scaling: the same work per step; the median steps (±1 ms intervals) give efficiency (T1/TN)/N
+    runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 2.0, 250, 20.0), run("c", 4, 64, 1.5, 333, 15.0)]
+    t = scaling_table(runs, "strong").set_index("workers")
+    assert (t.at[2, "efficiency_ci_low"], t.at[2, "efficiency_ci_high"]) == \
+        (pytest.approx(49 / 21 / 2), pytest.approx(51 / 19 / 2))
+    assert t.at[2, "quality"] == "implausible: efficiency above 1 beyond its interval"  # 1.17..1.34: not noise
+    assert t.at[4, "quality"] == "ok"  # 49/16/4 = 0.77 .. 51/14/4 = 0.91
+    assert t.at[1, "quality"] == "ok" and t.at[1, "efficiency"] == 1.0
+    # weak scaling: N times the samples per step, efficiency = T1 / TN
+    weak = scaling_table([run("a", 1, 32, 1, 100.0, 10.0), run("b", 2, 64, 1, 180.0, 11.0)], "weak")
+    assert weak["efficiency_ci_high"].iloc[1] == pytest.approx(11 / 10)
