@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.intervals import separated
 from scalelab.analysis.model_grid import FALLS_BELOW
 
 
@@ -36,14 +37,55 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
     return out, f"Use batch {int(best.global_batch)} for throughput ({_fmt(best[keys.THROUGHPUT])} samples/s)."
 
 
+def _interval(row, low: str = "step_ci_low(ms)", high: str = "step_ci_high(ms)") -> tuple[float, float] | None:
+    lo, hi = row.get(low), row.get(high)
+    return None if lo is None or hi is None or pd.isna(lo) or pd.isna(hi) else (float(lo), float(hi))
+
+
+def _span(iv: tuple[float, float] | None, unit: str = " ms") -> str:
+    return "no interval" if iv is None else f"95 % interval {_fmt(iv[0])}–{_fmt(iv[1], unit)}"
+
+
+def _fastest(table: pd.DataFrame, label: str, value: str = "step(ms)", low: str = "step_ci_low(ms)",
+             high: str = "step_ci_high(ms)") -> tuple[dict, list[dict], bool]:
+    """(the row with the lowest `value`, the rows within noise of it, whether intervals could tell): a row is
+    within noise of the best when its interval meets the best's or either has none (nothing is concluded from a
+    figure without its interval)."""
+    rows = table.sort_values(value).to_dict("records")
+    best, others = rows[0], rows[1:]
+    b = _interval(best, low, high)
+    ties = [r for r in others if b is None or _interval(r, low, high) is None
+            or not separated(b, _interval(r, low, high))]
+    return best, ties, b is not None
+
+
+def _ranking(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
+    """Sentences ranking `table`'s rows by median step, only as far as the intervals separate them; the winner
+    when it is faster than every other row beyond noise (else None)."""
+    best, ties, known = _fastest(table, label)
+    line = f"{best[label]} has the shortest median step: {_fmt(best['step(ms)'], ' ms')} ({_span(_interval(best))})"
+    if not known:
+        return [line + "; without intervals no ranking is a finding."], None
+    if ties:
+        half = max((iv[1] - iv[0]) / 2 for iv in (_interval(r) for r in [best, *ties]) if iv is not None)
+        names = ", ".join(str(r[label]) for r in ties)
+        return [line + f", but {names} {'is' if len(ties) == 1 else 'are'} within noise of it (the intervals "
+                f"meet; noise here is about ±{_fmt(half, ' ms')}): no {what} is faster than "
+                f"{'it' if len(ties) == 1 else 'them'} beyond noise."], None
+    rest = table[table[label] != best[label]].sort_values("step(ms)")
+    nxt = rest.iloc[0] if len(rest) else None
+    if nxt is not None:
+        line += (f", faster than every other {what} beyond noise (next: {nxt[label]}, "
+                 f"{_fmt(nxt['step(ms)'], ' ms')}, {_span(_interval(nxt))})")
+    return [line + "."], best
+
+
 def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
-    """`table`: one row per strategy with step(ms), comm(ms), exposed_comm(ms), bytes/step."""
-    real = table[table["sync"] != "noop"].sort_values("step(ms)")
+    """`table`: one row per strategy with step(ms) and its interval, comm(ms), exposed_comm(ms), bytes/step."""
+    real = table[table["sync"] != "noop"]
     if not len(real):
         return [], None
-    best, worst = real.iloc[0], real.iloc[-1]
-    out = [f"{best.sync} has the shortest step ({_fmt(best['step(ms)'], ' ms')}); {worst.sync} the longest "
-           f"({_fmt(worst['step(ms)'], ' ms')}, {worst['step(ms)'] / best['step(ms)']:.2f}x)."]
+    out, best = _ranking(real, "sync", "gradient sync")
     if "overlap" in real:
         hidden = real.dropna(subset=["overlap"])
         quality = hidden["quality"].fillna("ok") if "quality" in hidden else pd.Series("ok", index=hidden.index)
@@ -51,11 +93,14 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
         hidden = hidden.drop(flagged.index)  # no conclusion from a figure flagged implausible
         if len(hidden):
             top = hidden.loc[hidden["overlap"].idxmax()]
-            out.append(f"{top.sync} hides the most communication behind compute: overlap "
-                       f"{100 * top['overlap']:.0f} % of {_fmt(top['comm(ms)'], ' ms')} inside collectives.")
+            out.append(f"{top.sync} hides the largest share of its communication behind compute: overlap "
+                       f"{100 * top['overlap']:.0f} % of {_fmt(top['comm(ms)'], ' ms')} inside collectives"
+                       + (f" (interval {100 * top['overlap_ci_low']:.0f}–{100 * top['overlap_ci_high']:.0f} %)."
+                          if "overlap_ci_low" in top and not pd.isna(top["overlap_ci_low"]) else "."))
         for sync, why in zip(flagged["sync"], quality[flagged.index]):
             out.append(f"{sync}'s overlap is not used: {why}.")
-    return out, f"Use the {best.sync} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
+    rec = None if best is None else f"Use the {best['sync']} gradient sync: {_fmt(best['step(ms)'], ' ms')} per step."
+    return out, rec
 
 
 def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
@@ -69,9 +114,14 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
                    f"{100 * d[keys.EVAL_ACC]:.1f} % vs {100 * base[keys.EVAL_ACC]:.1f} % (fp32).")
     best = table.loc[table[keys.THROUGHPUT].idxmax()]
     ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    b, f = _interval(best, low, high), _interval(base, low, high)
+    faster = b is not None and f is not None and b[1] < f[0]  # best's step interval lies below fp32's
+    if best.precision != "fp32" and not faster:
+        out.append(f"{best.precision}'s step ({_span(b)}) is not faster than fp32's ({_span(f)}) beyond noise.")
     rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32 "
-           f"with accuracy within 1 point." if ok and best.precision != "fp32"
-           else "Keep fp32: no lower precision was both faster and as accurate here.")
+           f"with accuracy within 1 point." if ok and faster and best.precision != "fp32"
+           else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
     return out, rec
 
 
@@ -97,6 +147,14 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
     out.append(f"num_workers={best['num_workers']} reaches {_fmt(best[keys.THROUGHPUT])} samples/s"
                + (f" ({best['speedup_vs_0_workers']:.2f}x no workers)." if best.get("speedup_vs_0_workers") else "."))
     prefetch = "" if best["prefetch_factor"] is None else f", prefetch_factor={best['prefetch_factor']}"
+    if best["num_workers"] and len(zero):
+        low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+        chosen = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
+        b, z = _interval(chosen.iloc[0], low, high), _interval(zero.iloc[0], low, high)
+        if b is None or z is None or not b[1] < z[0]:
+            out.append(f"num_workers={best['num_workers']}'s step ({_span(b)}) is not shorter than with no workers "
+                       f"({_span(z)}) beyond noise.")
+            return out, None
     return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
 
 
@@ -226,8 +284,10 @@ def backends_result(result) -> tuple[list[str], str | None]:
     done = table[table["status"] == "completed"] if len(table) else table
     rec = None
     if len(done) > 1:
-        best = done.loc[done["step(ms)"].idxmin()]
-        rec = f"Use the {best.backend} backend ({_fmt(best['step(ms)'], ' ms')} per step)."
+        ranking, best = _ranking(done, "backend", "backend")
+        out += ranking
+        if best is not None:
+            rec = f"Use the {best['backend']} backend ({_fmt(best['step(ms)'], ' ms')} per step)."
     return out, rec
 
 

@@ -86,7 +86,8 @@ def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
 
 def loader_table(runs: list[dict]) -> pd.DataFrame:
     """DataLoader settings vs data-wait share of training steps and throughput (seed 001 part 2a)."""
-    metrics = [keys.stage_ms("data"), keys.STEP_MEDIAN_MS, keys.EPOCH_S, keys.THROUGHPUT]
+    metrics = [keys.stage_ms("data"), keys.STEP_MEDIAN_MS, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS,
+               keys.EPOCH_S, keys.THROUGHPUT]
     frame = runs_frame(runs, ["num_workers", "pin_memory", "prefetch_factor"], metrics)
     if len(frame):
         shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}

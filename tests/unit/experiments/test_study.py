@@ -14,8 +14,9 @@ from scalelab.experiments.study import StudySpec, load_spec
 pytestmark = pytest.mark.timeout(600)
 
 
-def strategy_table(steps: dict) -> pd.DataFrame:
-    return pd.DataFrame([{"sync": s, "status": "completed", "step(ms)": t, "comm(ms)": 10.0,
+def strategy_table(steps: dict, noise: float = 1.0) -> pd.DataFrame:
+    return pd.DataFrame([{"sync": s, "status": "completed", "step(ms)": t, "step_ci_low(ms)": t - noise,
+                          "step_ci_high(ms)": t + noise, "comm(ms)": 10.0,
                           "exposed_comm(ms)": t - 50.0, "overlap": 1 - (t - 50.0) / 10.0 if s != "noop" else None,
                           "bytes_per_step": 100.0} for s, t in steps.items()])
 
@@ -23,9 +24,19 @@ def strategy_table(steps: dict) -> pd.DataFrame:
 def test_interpretation_follows_the_data():
     a, rec_a = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}))
     b, rec_b = interpret.strategies(strategy_table({"allreduce": 52.0, "ddp": 58.0, "noop": 50.0}))
-    assert a[0].startswith("ddp has the shortest step") and "ddp" in rec_a
-    assert b[0].startswith("allreduce has the shortest step") and "allreduce" in rec_b
+    assert a[0].startswith("ddp has the shortest median step") and "ddp" in rec_a
+    assert b[0].startswith("allreduce has the shortest median step") and "allreduce" in rec_b
     assert a != b
+
+
+def test_no_ranking_and_no_recommendation_from_noise():
+    """The same medians, but intervals of ±4 ms: 55 vs 60 ms is within noise; and without intervals, nothing."""
+    noisy, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, noise=4.0))
+    assert rec is None
+    assert "allreduce is within noise of it" in noisy[0] and "±4 ms" in noisy[0]
+    bare = strategy_table({"allreduce": 60.0, "ddp": 55.0}).drop(columns=["step_ci_low(ms)", "step_ci_high(ms)"])
+    words, rec = interpret.strategies(bare)
+    assert rec is None and "without intervals no ranking is a finding" in words[0]
 
 
 def test_bad_study_files_are_one_line_errors(tmp_path):
