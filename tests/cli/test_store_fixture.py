@@ -27,7 +27,7 @@ RENAMED_TABLES: dict[str, str] = {"strategy": "sync", "sync": "sync_config"}
 # 0.1 store never measured, so these columns of its comparison are now empty rather than computed against the
 # `noop` run; the table gains the new definitions' columns.
 REDEFINED = {"compare_strategies": {"compute(ms)", "exposed_comm(ms)", "overlap", "noop_run_id"}}
-ADDED_TABLE_COLUMNS = {"compare_strategies": {"step_ci_low(ms)", "step_ci_high(ms)", "comm_sum(ms)", "comm_wait(ms)",
+ADDED_TABLE_COLUMNS = {"compare_strategies": {"launches", "step_ci_low(ms)", "step_ci_high(ms)", "comm_sum(ms)", "comm_wait(ms)",
                                               "exposed_ci_low(ms)",
                                               "exposed_ci_high(ms)", "overlap_ci_low", "overlap_ci_high", "quality",
                                               "baseline_run_id"}}

@@ -36,9 +36,9 @@ def measured(tmp_path_factory):
     (root / "tiny.yaml").write_text(yaml.safe_dump(fields))
     base = TrainConfig(**fields)
     store, out = Store(root / "store"), root / "out"
-    backends = run_experiment("backends", base, store, "s", out)
+    backends = run_experiment("backends", base, store, "s", out, launches=1)
     after_backends = len(store.list_runs())
-    strategies = run_experiment("strategies", base, store, "s", out, accumulate=2)
+    strategies = run_experiment("strategies", base, store, "s", out, accumulate=2, launches=1)
     return {"root": root, "store": store, "out": out, "backends": backends, "strategies": strategies,
             "after_backends": after_backends}
 
@@ -123,7 +123,8 @@ def test_backends_table_runs_gloo_and_lists_the_others_as_skipped(measured):
 def test_resumed_cli_invocation_runs_nothing_new(measured, capsys):
     store, root = measured["store"], measured["root"]
     before = len(store.list_runs())
-    main(["compare", "strategies", "--config", str(root / "tiny.yaml"), "--accumulate", "2", "--study", "s",
+    main(["compare", "strategies", "--config", str(root / "tiny.yaml"), "--accumulate", "2", "--launches", "1",
+          "--study", "s",
           "--store", str(store.root), "--out", str(root / "again")])
     out = capsys.readouterr().out
     assert len(store.list_runs()) == before

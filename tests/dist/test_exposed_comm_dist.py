@@ -32,7 +32,7 @@ def table(tmp_path_factory):
                        global_batch=16, steps=12, warmup_steps=2, ranks=2, net_latency_ms=LATENCY_MS,
                        sample_interval_s=0.5)
     result = run_experiment("strategies", base, Store(root / "store"), "s", root / "out",
-                            strategies=list(COLLECTIVES))
+                            strategies=list(COLLECTIVES), launches=1)
     return result.tables["compare_strategies"].set_index("sync")
 
 

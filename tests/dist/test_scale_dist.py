@@ -6,26 +6,55 @@ import pytest
 
 from conftest import run_experiment
 from scalelab.config import TrainConfig
+from scalelab.store import RunDir
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def test_scale_strong_and_weak_with_a_no_op_collectives_baseline(store, tmp_path):
     base = TrainConfig(model="mlp", samples=128, eval_samples=16, steps=4, warmup_steps=1)
-    res = run_experiment("scale", base, store, "sc", tmp_path, workers=[1, 2], batches=[32])
+    res = run_experiment("scale", base, store, "sc", tmp_path, workers=[1, 2], batches=[32], launches=1)
     strong, weak = res.tables["scale_strong"], res.tables["scale_weak"]
     assert list(strong["workers"]) == [1, 2] and list(strong["global_batch"]) == [32, 32]
     assert list(weak["global_batch"]) == [32, 64]
     two = strong[strong["workers"] == 2].iloc[0]
     assert two["comm/bytes_per_step"] > 0 and two["compute(ms)"] > 0
-    [nosync_id] = store.list_runs(study="sc/scale_strong_nosync")["run_id"]
+    nosync_id = two["baseline_run_id"]
     nosync = store.get(nosync_id)
     run = store.get(two["run_id"])
     assert {k for k in run["config"] if run["config"][k] != nosync["config"].get(k)} == {"noop_collectives"}
     assert two["compute(ms)"] == nosync["summary"]["time/step_median(ms)"]  # the baseline of this very cell
-    assert two["baseline_run_id"] == nosync_id
     assert two["exposed_comm(ms)"] == pytest.approx(two["step(ms)"] - two["compute(ms)"])
     assert two["comm/wait(ms)"] > 0
     assert two["quality"] == "ok" or two["quality"].startswith("implausible")
-    assert len(store.list_runs(study="sc/scale_strong")) == 2
+    assert len(store.list_runs(study="sc/scale_strong")) == 3  # 1 and 2 workers, and the baseline of 2
     assert any(p.name == "scale_strong.png" for p in res.files)
+
+
+def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(store, tmp_path):
+    """launches=3: every cell (1 worker, 2 workers, the baseline of 2) runs three times, in rounds (A B C, A B C,
+    A B C), and each table row is all three: its median step is the median of every launch's steps and its interval
+    reaches each launch's own median."""
+    import statistics
+
+    from scalelab.analysis.summary import timed_step_ms
+
+    base = TrainConfig(model="mlp", samples=128, eval_samples=16, steps=5, warmup_steps=1)
+    res = run_experiment("scale", base, store, "sc3", tmp_path, workers=[1, 2], batches=[32], mode=["strong"],
+                         launches=3)
+    runs = store.list_runs(study="sc3/scale_strong")
+    assert len(runs) == 9
+    # interleaved in rounds: the first three runs (list_runs is newest first) are the three different cells
+    oldest_first = [store.get(r)["config"] for r in reversed(list(runs["run_id"]))]
+    first_round = {(c["ranks"], c.get("noop_collectives", False)) for c in oldest_first[:3]}
+    assert first_round == {(1, False), (2, False), (2, True)}
+    table = res.tables["scale_strong"].set_index("workers")
+    for workers in (1, 2):
+        row = table.loc[workers]
+        assert row["launches"] == 3
+        run = store.get(row["run_id"])
+        cell_runs = [store.get(r) for r in runs["run_id"] if store.get(r)["config"] == run["config"]]
+        assert len(cell_runs) == 3
+        medians = [statistics.median(timed_step_ms(RunDir(r["dir"]).read_steps())) for r in cell_runs]
+        assert row["step_ci_low(ms)"] <= min(medians) and row["step_ci_high(ms)"] >= max(medians)
+        assert min(medians) <= row["step(ms)"] <= max(medians)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.intervals import difference_interval
+from scalelab.analysis.repeats import LAUNCHES
 
 BACKENDS = ("gloo", "nccl", "mpi")
 # The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
@@ -48,17 +49,17 @@ SUMMARY_COLUMNS = {
     "bytes_optimizer_per_step": keys.COMM_BYTES_OPTIMIZER_PER_STEP,
     "algbw(GB/s)": keys.COMM_ALGBW, "busbw(GB/s)": keys.COMM_BUSBW,
     "loopback_bytes_per_step": keys.COMM_LOOPBACK_BYTES_PER_STEP, "train_loss": keys.TRAIN_LOSS,
-    "timed_steps": keys.STEPS_TIMED,
+    "timed_steps": keys.STEPS_TIMED, "launches": LAUNCHES,
 }
 STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
-                    "global_batch", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step_min(ms)",
+                    "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step_min(ms)",
                     "step_max(ms)", "compute(ms)",
                     "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS,
                     "collectives_per_step",
                     "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
                     "bytes_optimizer_per_step", "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step",
                     "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
-BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "timed_steps", "step(ms)", "step_ci_low(ms)",
+BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)",
                    "step_ci_high(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)",
                    "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS, "busbw(GB/s)", "algbw(GB/s)",
                    "collectives_per_step", "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",

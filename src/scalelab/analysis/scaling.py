@@ -13,6 +13,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.compare import exposed_with_interval
 from scalelab.analysis.intervals import ratio_interval
+from scalelab.analysis.repeats import LAUNCHES
 
 COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
@@ -37,7 +38,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
         c, s = run["config"], run["summary"] or {}
         workers = c["ranks"] * c.get("nnodes", 1)
         rows.append({"run_id": run["run_id"], "workers": workers, "global_batch": c["global_batch"],
-                     "per_worker_batch": c["global_batch"] // workers,
+                     "per_worker_batch": c["global_batch"] // workers, "launches": s.get(LAUNCHES, 1),
                      "epoch(s)": s.get(keys.EPOCH_S), "step(ms)": s.get(keys.STEP_MEDIAN_MS),
                      "step_min(ms)": s.get(keys.STEP_MIN_MS), "step_max(ms)": s.get(keys.STEP_MAX_MS),
                      "step_ci_low(ms)": s.get(keys.STEP_MEDIAN_CI_LOW_MS),

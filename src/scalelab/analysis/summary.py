@@ -54,6 +54,12 @@ def per_step(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def timed_step_ms(records: list[dict]) -> list[float]:
+    """The timed steps' training times (ms, in step order) as the summary's median sees them: the slowest rank's."""
+    steps = per_step(steps_frame(records)) if records else None
+    return [] if steps is None or not len(steps) else [1e3 * float(t) for t in steps["train(s)"]]
+
+
 def skew(frame: pd.DataFrame) -> float:
     """Slowest rank's total timed wall time over the median rank's (1.0 = perfectly even)."""
     timed = frame[~frame["warmup"].astype(bool)]

@@ -7,7 +7,7 @@ from scalelab.analysis import interpret
 from scalelab.analysis.compare import BACKENDS, backends_table
 from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, name_list
+from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, \
     ordered
@@ -44,7 +44,7 @@ def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None
         reason = backend_skip_reason(backend, base, facts)
         if reason is None:
             try:
-                cell = Cell(backend, with_fields(base, backend=backend))
+                cell = Cell(backend, with_fields(base, backend=backend), repeats=opts["launches"])
                 baseline = baseline_cells([cell])[0]
             except ConfigError as err:  # the config cannot run on this backend here: say why, do not drop it
                 reason = str(err)
@@ -53,7 +53,7 @@ def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None
             skipped[backend] = reason
             continue
         cells += [cell, baseline]
-    runs = ctx.cells.rows(ctx.cells.run(cells, group="compare"))
+    runs = ctx.cells.rows(ctx.cells.run(cells, group="compare", interleave=True))
     pairs = list(zip(runs[0::2], runs[1::2]))  # cells come in pairs: the backend, then its baseline
     pairs += [({"backend": b, "status": "skipped", "reason": why}, None) for b, why in skipped.items()]
     return Result("compare_backends", {"compare_backends": backends_table(pairs)},
@@ -68,7 +68,7 @@ EXPERIMENT = Experiment(
     options=(Option(name="backends", default=None, help="Comma-separated subset of gloo, nccl, mpi (default all; "
                                                         "those that cannot run here are listed as skipped, with "
                                                         "the reason).",
-                    parse=lambda v, n: name_list(v, n, BACKENDS)),),
+                    parse=lambda v, n: name_list(v, n, BACKENDS)), launches_option()),
     defaults=DEFAULTS,
     run=run_backends,
     figures=comm_figures("compare_backends", "backend"),

@@ -185,3 +185,13 @@ def choice(*allowed: str) -> Callable[[Any, str], str]:
             raise ConfigError(name, value, f"allowed: {', '.join(allowed)}")
         return value
     return parse
+
+
+def launches_option(default: int = 3) -> "Option":
+    """How many times each compared cell is launched, interleaved in rounds (A B C, A B C, ...), so drift between
+    launches hits every cell alike and its headline figures take their interval from all launches
+    (scalelab.analysis.repeats)."""
+    return Option(name="launches", default=default,
+                  help="Launches per cell, interleaved in rounds; headline intervals come from all of them "
+                       "(1: one launch, intervals from its steps only).",
+                  parse=number(1, 20, integer=True))

@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.analysis.repeats import pool
+from scalelab.analysis.summary import timed_step_ms
 from scalelab.errors import ScalelabError
 from scalelab.experiments.progress import Progress, PlainProgress
 from scalelab.store import RunDir, Store
@@ -295,16 +297,25 @@ class Cells:
         return out
 
     def rows(self, results: Sequence[CellResult]) -> list[dict]:
-        """One entry per cell, in cell order, also for cells without a run (their config, status and reason)."""
+        """One entry per cell, in cell order, also for cells without a run (their config, status and reason). A
+        cell measured in several launches is one entry: its summary pools them (scalelab.analysis.repeats), its
+        run_id is the last launch's and `run_ids` lists them all."""
         out = []
         for res in results:
             if res.run_id is None:
                 config = config_identity(res.cell.config)
                 out.append({"run_id": None, "config": config, "summary": None, "status": res.status,
                             "reason": res.reason, "label": res.label})
-            else:
-                out.extend(self.runs([res]))
-                out[-1]["reason"] = out[-1]["reason"] or res.reason
+                continue
+            launches = self.runs([res], all_repeats=True)
+            row = launches[-1]
+            completed = [r for r in launches if r["status"] == "completed"]
+            if len(completed) > 1:
+                row["summary"] = pool([r["summary"] for r in completed],
+                                      [timed_step_ms(r["files"].read_steps()) for r in completed])
+            row["run_ids"] = [r["run_id"] for r in launches]
+            row["reason"] = row["reason"] or res.reason
+            out.append(row)
         return out
 
 

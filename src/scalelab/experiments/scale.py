@@ -10,7 +10,7 @@ from __future__ import annotations
 from scalelab.analysis import interpret
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list
+from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
@@ -19,7 +19,7 @@ MODES = ("strong", "weak")
 
 
 def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[int],
-               say=lambda line: None) -> tuple[list[Cell], list[Cell]]:
+               say=lambda line: None, launches: int = 1) -> tuple[list[Cell], list[Cell]]:
     """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker."""
     cells, ablation = [], []
     for b in batches:
@@ -29,10 +29,10 @@ def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[i
                 say(f"[scale_{mode}] skip {n} workers x batch {b}: not divisible")
                 continue
             cfg = with_fields(base, ranks=n, global_batch=global_batch)
-            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg))
+            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg, repeats=launches))
             if n > 1:
                 ablation.append(Cell(f"{mode}: {n} workers, batch {global_batch}, no-op collectives",
-                                     with_fields(cfg, **syncs.baseline_fields(cfg))))
+                                     with_fields(cfg, **syncs.baseline_fields(cfg)), repeats=launches))
     return cells, ablation
 
 
@@ -49,9 +49,11 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     result = Result("scale", {})
     for mode in opts["mode"]:
         name = f"scale_{mode}"
-        cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say)
-        runs = ctx.cells.runs(ctx.cells.run(cells, group=name))
-        nosync = ctx.cells.runs(ctx.cells.run(ablation, group=f"{name}_nosync"))
+        cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"])
+        # worker counts and their baselines in interleaved rounds: drift between launches hits every cell alike
+        results = ctx.cells.run([*cells, *ablation], group=name, interleave=True)
+        runs = ctx.cells.rows(results[:len(cells)])
+        nosync = ctx.cells.rows(results[len(cells):])
         done = [r for r in runs if r["status"] == "completed"]
         result.tables[name] = add_exposed_comm(scaling_table(done, mode), done,
                                                [r for r in nosync if r["status"] == "completed"])
@@ -76,7 +78,7 @@ EXPERIMENT = Experiment(
     options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=int_list),
              Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
                     parse=int_list),
-             Option(name="mode", default="both", help="strong, weak or both.", parse=_modes)),
+             Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option()),
     run=_run,
     figures=_figures,
     interpret=interpret.scale_result,

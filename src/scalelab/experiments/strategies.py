@@ -18,7 +18,7 @@ from scalelab.analysis import interpret
 from scalelab.analysis.compare import strategies_table
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number
+from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
@@ -50,17 +50,19 @@ def ordered(names: list[str] | None, allowed: Sequence[str]) -> list[str]:
 
 
 def baseline_cells(cells: list[Cell]) -> list[Cell]:
-    """Each cell's exposed-communication baseline (the same config with no-op collectives), in the same order."""
-    return [Cell(f"{c.label}, no-op collectives", with_fields(c.config, **syncs.baseline_fields(c.config)))
-            for c in cells]
+    """Each cell's exposed-communication baseline (the same config with no-op collectives, as many launches), in
+    the same order."""
+    return [Cell(f"{c.label}, no-op collectives", with_fields(c.config, **syncs.baseline_fields(c.config)),
+                 repeats=c.repeats) for c in cells]
 
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     accumulate = opts["accumulate"]
     chosen = ordered(opts["strategies"], syncs.variants())
     # every config is validated before anything runs
-    cells = [Cell(name, with_fields(base, **strategy_fields(name, accumulate))) for name in chosen]
-    runs = ctx.cells.rows(ctx.cells.run([*cells, *baseline_cells(cells)], group="compare"))
+    cells = [Cell(name, with_fields(base, **strategy_fields(name, accumulate)), repeats=opts["launches"])
+             for name in chosen]
+    runs = ctx.cells.rows(ctx.cells.run([*cells, *baseline_cells(cells)], group="compare", interleave=True))
     table = strategies_table(list(zip(runs[:len(cells)], runs[len(cells):])), variant_of=syncs.variant_of,
                              order=syncs.variants())
     notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
@@ -92,6 +94,7 @@ EXPERIMENT = Experiment(
     options=(Option(name="strategies", default=None,
                     help=f"Comma-separated subset (default all): {', '.join(syncs.variants())}.",
                     parse=lambda v, n: name_list(v, n, syncs.variants())),
+             launches_option(),
              Option(name="accumulate", default=2, help="Micro-steps K of ddp+accumulate (>= 2; the global batch is "
                                                        "kept, each micro-step gets 1/K of it).",
                     parse=number(2, integer=True))),

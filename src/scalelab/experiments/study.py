@@ -101,10 +101,14 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                        "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
                        "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
                                "steps": 3 if q else 6, "warmup_steps": 1 if q else 2}},
-        "scale": {"workers": workers, "batches": [64] if q else [64, 256], "set": comm_model},
-        "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None,
+        # compared cells: launched 3 times in interleaved rounds in the default study; the quick one launches each
+        # once (its intervals then come from the steps of one launch: the tables' `launches` column says so)
+        "scale": {"workers": workers, "batches": [64] if q else [64, 256], "launches": 1 if q else 3,
+                  "set": comm_model},
+        "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None, "launches": 1 if q else 3,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
-        "backends": {"set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},  # shares cells with strategies
+        "backends": {"launches": 1 if q else 3,  # shares cells with strategies
+                     "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
         "comm": {"begin": "4K", "end": "4M" if q else "32M", "iters": 5 if q else 10, "ranks": 2},
         "loader": {"workers": [0, 2] if q else [0, 1, 2, 4], "set": {"dataset": "synthetic_jpeg", "augment": True,
                                                                      "steps": 8 if q else 20}},

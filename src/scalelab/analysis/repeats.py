@@ -1,0 +1,45 @@
+"""One cell measured in several launches, as one figure with its interval (pure).
+
+Steps of one run cannot see drift between runs (a neighbour that starts between two launches moved a 96 ms step
+to 446 ms in one quick study). A cell of compared experiments is therefore launched several times, interleaved
+with the cells it is compared with, and its headline figures come from all launches together:
+- the median step is the median of every launch's timed steps;
+- its interval is the robust median interval over the steps in launch order (a shift between launches shows up as
+  correlation between consecutive steps and widens it), and never narrower than the spread of the launches' own
+  medians: with k launches the true median can sit anywhere between them;
+- every other numeric figure of the summary is the median over the launches;
+- `launches` says how many there were.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scalelab.analysis import keys
+from scalelab.analysis.intervals import median_interval
+
+LAUNCHES = "launches"
+
+
+def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict:
+    """The summary of a cell measured in `len(summaries)` launches; `steps_ms[i]` are launch i's timed step
+    times (ms, in order)."""
+    if len(summaries) == 1:
+        return {**summaries[0], LAUNCHES: 1}
+    out: dict = {}
+    for key in set().union(*summaries):
+        values = [s[key] for s in summaries if key in s]
+        numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        out[key] = float(np.median(numeric)) if len(numeric) == len(values) else values[-1]
+    series = [float(t) for launch in steps_ms for t in launch]
+    medians = [float(np.median(launch)) for launch in steps_ms if len(launch)]
+    if series:
+        low, high = median_interval(series)
+        out[keys.STEP_MEDIAN_MS] = float(np.median(series))
+        out[keys.STEP_MEDIAN_CI_LOW_MS] = min(low, min(medians))
+        out[keys.STEP_MEDIAN_CI_HIGH_MS] = max(high, max(medians))
+        out[keys.STEP_MIN_MS], out[keys.STEP_MAX_MS] = min(series), max(series)
+        out[keys.STEPS_TIMED] = len(series)
+    out[LAUNCHES] = len(summaries)
+    return out

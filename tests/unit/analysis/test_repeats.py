@@ -1,0 +1,35 @@
+"""A cell launched several times is one figure: pooled steps, an interval that covers the launches' spread."""
+from __future__ import annotations
+
+import pytest
+
+from scalelab.analysis import keys
+from scalelab.analysis.repeats import LAUNCHES, pool
+
+
+def summary(median, comm):
+    return {keys.STEP_MEDIAN_MS: median, keys.COMM_TIME_MS: comm, "quality/noisy": False}
+
+
+def test_one_launch_is_its_own_summary():
+    s = summary(10.0, 2.0)
+    assert pool([s], [[9.0, 10.0, 11.0]]) == {**s, LAUNCHES: 1}
+
+
+def test_launches_pool_their_steps_and_the_interval_covers_the_drift_between_them():
+    # three launches, the second on a busier machine: its steps sit 40 % higher
+    steps = [[100.0 + i % 3 for i in range(10)], [140.0 + i % 3 for i in range(10)], [101.0 + i % 3 for i in range(10)]]
+    out = pool([summary(101.0, 20.0), summary(141.0, 30.0), summary(102.0, 22.0)], steps)
+    assert out[LAUNCHES] == 3 and out[keys.STEPS_TIMED] == 30
+    assert out[keys.STEP_MEDIAN_MS] == pytest.approx(102.0)
+    # the interval reaches every launch's median: a level shift between launches is not noise to average away
+    assert out[keys.STEP_MEDIAN_CI_LOW_MS] <= 101.0 and out[keys.STEP_MEDIAN_CI_HIGH_MS] >= 141.0
+    assert (out[keys.STEP_MIN_MS], out[keys.STEP_MAX_MS]) == (100.0, 142.0)
+    assert out[keys.COMM_TIME_MS] == 22.0  # other figures: the median over launches
+    assert out["quality/noisy"] is False  # non-numeric values: the last launch's
+
+
+def test_steady_launches_give_a_narrow_interval():
+    steps = [[100.0 + (i % 5) * 0.1 for i in range(20)] for _ in range(3)]
+    out = pool([summary(100.2, 1.0)] * 3, steps)
+    assert out[keys.STEP_MEDIAN_CI_HIGH_MS] - out[keys.STEP_MEDIAN_CI_LOW_MS] < 1.0
