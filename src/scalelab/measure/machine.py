@@ -87,10 +87,13 @@ class RunCpu:
 
     def __init__(self, rank_pids: Callable[[], Iterable[int]], since: float, root: Path = PROC):
         self.rank_pids, self.since, self.root = rank_pids, since, root
+        self._ranks: set[int] | None = None  # asked once: torchrun starts a host's ranks together, before any samples
         self._last: dict[int, float] = {}
 
     def pids(self) -> set[int]:
-        out = set(self.rank_pids())
+        if self._ranks is None:
+            self._ranks = set(self.rank_pids())
+        out = set(self._ranks)
         for pid in list(out):
             try:
                 children = psutil.Process(pid).children(recursive=True)
