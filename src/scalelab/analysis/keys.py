@@ -52,6 +52,13 @@ COMM_BYTES_BACKWARD_PER_STEP = "comm/bytes_backward_per_step"
 COMM_BYTES_OPTIMIZER_PER_STEP = "comm/bytes_optimizer_per_step"
 COMM_LOOPBACK_BYTES_PER_STEP = "comm/loopback_bytes_per_step"
 
+# what the rest of the machine did over the timed window (scalelab.analysis.noise); the busiest host counts
+NOISE_OUTSIDE_CPU_CORES = "noise/outside_cpu(cores)"  # CPU taken by processes outside the run, in cores
+NOISE_STEAL_PCT = "noise/steal(%)"  # CPU time the hypervisor gave to others
+NOISE_LOAD = "noise/load"  # 1-minute load average
+QUALITY_NOISY = "quality/noisy"  # bool: outside CPU or steal above its threshold
+QUALITY_NOISE_REASON = "quality/noise_reason"  # "ok" or "noisy: <what crossed its threshold>"
+
 RANKS_REPORTED = "ranks/reported"
 THREADS_USED = "threads/used"  # torch.get_num_threads() of the lowest rank, as it trained
 

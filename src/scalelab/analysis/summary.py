@@ -28,6 +28,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.intervals import median_interval
 from scalelab.analysis.keys import STAGES
+from scalelab.analysis.noise import noise_summary
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
 
@@ -68,7 +69,7 @@ def skew(frame: pd.DataFrame) -> float:
 
 
 def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | None = None,
-              memory: list[dict] | None = None) -> dict:
+              memory: list[dict] | None = None, system: list[dict] | None = None) -> dict:
     """The run's summary metrics; keys carry their unit."""
     frame = steps_frame(records)
     steps = per_step(frame)
@@ -106,6 +107,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         out[keys.EVAL_LOSS] = float(evals[-1]["loss"])
         out[keys.EVAL_ACC] = float(evals[-1]["acc"])
     out.update(comm_summary(frame))
+    out.update(noise_summary(system or [], records))  # `system`: every rank's system samples
     added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
     if added:
         out[keys.MEMORY_TRAIN_ADDED_BYTES] = max(added)  # what training adds on top of set-up (max over ranks)

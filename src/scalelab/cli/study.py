@@ -18,12 +18,14 @@ app = typer.Typer()
 
 def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
     """The study's report from its answered experiments; returns the HTML file's path."""
+    from scalelab.experiments.study import noise_floor
     from scalelab.report.build import build_report, system_section
     from scalelab.report.render import write_report
 
     results = {experiment.name: result for experiment, result in answered}
     extra = [s for s in [system_section(store, results, out_dir / "tables")] if s is not None]
-    report = build_report(spec, answered, provenance, command, extra_sections=extra)
+    report = build_report(spec, answered, provenance, command, extra_sections=extra,
+                          noise_floor=noise_floor(spec, store))
     files = write_report(report, out_dir / "report")
     return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html"
 

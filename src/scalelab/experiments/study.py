@@ -25,6 +25,8 @@ class StudySpec:
     quick: bool = False
     base: dict = field(default_factory=dict)  # TrainConfig fields shared by every experiment
     options: dict = field(default_factory=dict)  # experiment name -> its options (+ "set": config overrides)
+    # repeat one reference cell before the first experiment and after the last: its drift is the noise floor
+    reference: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -34,6 +36,8 @@ class StudySpec:
             raise ConfigError("study.experiments", self.experiments, f"allowed: a list of {', '.join(names)}")
         if not isinstance(self.quick, bool):
             raise ConfigError("study.quick", self.quick, "allowed: true or false")
+        if not isinstance(self.reference, bool):
+            raise ConfigError("study.reference", self.reference, "allowed: true or false")
         if not isinstance(self.base, dict):
             raise ConfigError("study.base", self.base, "allowed: a mapping of config field: value")
         if not isinstance(self.options, dict):
@@ -169,9 +173,43 @@ def read_spec(out_dir: Path) -> tuple[StudySpec, Path]:
     return StudySpec.from_dict(data["spec"]), Path(data["store"])
 
 
+# The reference cell: the base config on one rank for a few steps (about a second on 2 cores). Its seed is its own
+# so it is never the same cell as an experiment's (the engine reuses identical configs across a study).
+REFERENCE_GROUP = "reference"
+REFERENCE_FIELDS = {"ranks": 1, "nnodes": 1, "steps": 12, "warmup_steps": 2, "seed": 9973}
+
+
+def reference_cell(spec: StudySpec, repeats: int):
+    """The study's reference cell; `repeats` 1 at the start, 2 at the end (the second repeat is a new run)."""
+    from scalelab.experiments.cells import Cell
+
+    return Cell("reference", TrainConfig.from_dict({**spec.base, **REFERENCE_FIELDS}), repeats=repeats)
+
+
+def noise_floor(spec: StudySpec, store: Store) -> str | None:
+    """The drift of the reference cell between the study's start and end, in one line, from stored runs alone;
+    None when the study has no two finished reference runs."""
+    from scalelab.analysis import keys
+    from scalelab.analysis.noise import drift, drift_sentence
+    from scalelab.experiments.cells import Cells, replay_only
+
+    if not spec.reference:
+        return None
+    cells = Cells(store, spec.name, progress=PlainProgress(lambda line: None))
+    with replay_only():
+        results = cells.run([reference_cell(spec, 2)], group=REFERENCE_GROUP)
+    runs = [r["summary"] for r in cells.runs(results, all_repeats=True)]
+    if len(runs) < 2 or not all(keys.STEP_MEDIAN_MS in r for r in runs):
+        return None
+    start, end = ((r[keys.STEP_MEDIAN_MS], (r[keys.STEP_MEDIAN_CI_LOW_MS], r[keys.STEP_MEDIAN_CI_HIGH_MS]))
+                  for r in runs[:2])
+    return drift_sentence(drift(start, end), start[0], end[0])
+
+
 def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Progress | None = None) -> list[tuple]:
-    """Run (or, under cells.replay_only, read back) every experiment of the spec through one cell engine;
-    (registry entry, Result) per experiment, in the spec's order."""
+    """Run (or, under cells.replay_only, read back) every experiment of the spec through one cell engine, between
+    the two measurements of the reference cell (`noise_floor`); (registry entry, Result) per experiment, in the
+    spec's order."""
     from scalelab.errors import ScalelabError
     from scalelab.experiments.base import Context, Result
     from scalelab.experiments.cells import Cells
@@ -180,6 +218,15 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     progress = progress or PlainProgress()
     cells = Cells(store, spec.name, progress=progress)
     ctx = Context(cells, out_dir / "tables", progress.say)
+
+    def reference(repeats: int) -> None:
+        if spec.reference:
+            try:
+                cells.run([reference_cell(spec, repeats)], group=REFERENCE_GROUP)
+            except (RunFailed, ScalelabError, RuntimeError) as err:  # no noise floor then; the study goes on
+                progress.say(f"reference cell failed: {str(err).strip()[:200]}")
+
+    reference(1)
     answered = []
     for i, name in enumerate(spec.experiments, 1):
         experiment = registry.get(name)
@@ -195,4 +242,5 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             progress.experiment_done(name, time.monotonic() - began, failure=reason)
             result = Result(name, {}, notes={"failed": reason})
         answered.append((experiment, result))
+    reference(2)
     return answered

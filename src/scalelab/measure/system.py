@@ -1,4 +1,8 @@
-"""System sampler: CPU, memory, network bytes and (with NVML) GPU, sampled on a thread during every run."""
+"""System sampler: CPU, memory, network bytes and (with NVML) GPU, sampled on a thread during every run.
+
+With `machine` (one rank per host) each sample also holds what the whole machine did: cumulative busy, steal and
+total CPU seconds, the run's own processes' CPU seconds and the load average (scalelab.measure.machine), from
+which analysis.noise tells how much CPU was taken outside the run."""
 from __future__ import annotations
 
 import threading
@@ -8,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from scalelab.measure.machine import RunCpu, machine_sample
 from scalelab.store.files import write_jsonl_atomic
 
 
@@ -32,13 +37,15 @@ def _nvml_reader(device_index: int) -> Callable[[], dict] | None:
 class SystemSampler:
     """Samples every `interval_s` seconds until stopped; `flush` writes what it has to `path` atomically."""
 
-    def __init__(self, path: Path, interval_s: float = 0.5, *, rank: int = 0, gpu_index: int | None = None):
+    def __init__(self, path: Path, interval_s: float = 0.5, *, rank: int = 0, gpu_index: int | None = None,
+                 machine: RunCpu | None = None):
         self.path = path
         self.interval_s = interval_s
         self.rank = rank
         self.samples: list[dict] = []
         self._proc = psutil.Process()
         self._gpu = _nvml_reader(gpu_index) if gpu_index is not None else None
+        self._machine = machine
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="scalelab-sampler", daemon=True)
@@ -62,6 +69,8 @@ class SystemSampler:
             record["lo_recv(bytes)"] = lo.bytes_recv
         if self._gpu:
             record.update(self._gpu())
+        if self._machine is not None:
+            record.update(machine_sample(self._machine))
         return record
 
     def _loop(self) -> None:

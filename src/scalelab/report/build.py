@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.analysis.noise import OUTSIDE_CPU_THRESHOLD, STEAL_THRESHOLD
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
 from scalelab.store import RunDir
 
@@ -41,6 +42,10 @@ DEFINITIONS = [
     "storage saved twice counted once); backward peak = the most of them live at once during backward, what "
     "checkpointing recomputes included. Exact on CPU and CUDA; on CPU the process's peak RSS hides them.",
     "Timing figures show the median over the timed steps with min..max bars unless they say otherwise.",
+    "Noise: while a run is timed, the first rank of each host samples the CPU taken by processes outside the run "
+    "(machine busy CPU − the run's own processes'), steal time and load; a run is noisy above "
+    f"{OUTSIDE_CPU_THRESHOLD} cores outside the run or {STEAL_THRESHOLD:.0f} % steal. The noise floor (environment) is the drift of one reference cell, measured before the "
+    "first experiment and after the last: end / start median step − 1, with the interval of that ratio.",
 ]
 
 def _note_text(value) -> str:
@@ -86,8 +91,9 @@ def environment(provenance: dict, command: str) -> dict[str, str]:
 
 
 def build_report(spec, answered: list[tuple], provenance: dict, command: str,
-                 extra_sections: list[Section] | None = None) -> Report:
-    """`answered`: (registry entry, result) per experiment, in study order."""
+                 extra_sections: list[Section] | None = None, noise_floor: str | None = None) -> Report:
+    """`answered`: (registry entry, result) per experiment, in study order; `noise_floor`: the reference cell's
+    drift over the study in one line (experiments.study.noise_floor), shown with the environment."""
     sections, recs = [], []
     for experiment, result in answered:
         section, r = section_for(experiment, result)
@@ -97,7 +103,9 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
     subtitle = (f"study '{spec.name}'{' (quick)' if spec.quick else ''}: {len(spec.experiments)} experiments on "
                 f"{provenance.get('host', 'this machine')}")
     return Report(title="scalelab report", subtitle=subtitle, recommendations=recs, sections=sections,
-                  definitions=DEFINITIONS, environment=environment(provenance, command), command=command)
+                  definitions=DEFINITIONS, command=command,
+                  environment={**environment(provenance, command), **({"noise floor": noise_floor} if noise_floor
+                                                                      else {})})
 
 
 def system_frame(files: RunDir) -> pd.DataFrame:

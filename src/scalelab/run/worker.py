@@ -19,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
+from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
 from scalelab.store.rundir import RunDir
@@ -35,8 +36,11 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     rundir = RunDir(run_dir)
+    # the first rank of each host also samples the whole machine, for noise detection (measure.machine)
+    machine = RunCpu(lambda: local_rank_pids(run_dir), since=time.time()) if ctx.local_rank == 0 else None
     sampler = SystemSampler(rundir.system_file(ctx.rank), cfg.sample_interval_s, rank=ctx.rank,
-                            gpu_index=ctx.device.index if ctx.device.type == "cuda" else None).start()
+                            gpu_index=ctx.device.index if ctx.device.type == "cuda" else None,
+                            machine=machine).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
     try:

@@ -157,8 +157,11 @@ class RunDir:
     def write_steps(self, rank: int, records: list[dict]) -> None:
         write_jsonl_atomic(self.steps_file(rank), records)
 
-    def read_system(self, rank: int) -> list[dict]:
-        return read_jsonl(self.system_file(rank))
+    def read_system(self, rank: int | None = None) -> list[dict]:
+        """Rank `rank`'s system samples, or every rank's (in rank-file order) when `rank` is None."""
+        if rank is not None:
+            return read_jsonl(self.system_file(rank))
+        return [s for p in self.system_files() for s in read_jsonl(p)]
 
     def read_result(self, rank: int) -> dict:
         return read_json(self.result_file(rank))

@@ -1,0 +1,128 @@
+"""What the rest of the machine does while a run is measured: /proc readings for noise detection (Linux).
+
+Every reader takes the /proc root as an argument, so tests feed fixed /proc/stat and /proc/<pid>/stat text and
+get exact figures. Units are seconds of CPU (the kernel's clock ticks / SC_CLK_TCK), cumulative since boot or
+since a process started: callers difference them over a window (scalelab.analysis.noise).
+
+- busy = user + nice + system + irq + softirq of the first `cpu` line of /proc/stat (guest time is already
+  inside user); total = busy + idle + iowait + steal; steal = time the hypervisor ran someone else on our CPUs.
+- A process's CPU = utime + stime of /proc/<pid>/stat (its threads included, its children not).
+- The run's processes: this host's ranks and their descendants started since the sampler started (DataLoader
+  workers). A child the caller had before the run began (a one-rank run in the caller's process) is outside.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+PROC = Path("/proc")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Machine-wide cumulative CPU seconds (all cores summed)."""
+    busy: float
+    steal: float
+    total: float
+
+
+def read_cpu_times(root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> CpuTimes | None:
+    """The machine's CPU seconds from ROOT/stat; None where it cannot be read (not Linux)."""
+    try:
+        line = (root / "stat").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    name, *fields = line.split()
+    if name != "cpu" or len(fields) < 4:
+        return None
+    v = [int(x) for x in fields[:8]] + [0] * (8 - min(8, len(fields)))
+    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+    busy = user + nice + system + irq + softirq
+    return CpuTimes(busy / ticks_per_s, steal / ticks_per_s, (busy + idle + iowait + steal) / ticks_per_s)
+
+
+def read_process_cpu(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
+    """utime + stime of one process in seconds, from ROOT/<pid>/stat; None when it is gone."""
+    try:
+        text = (root / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    rest = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses: split after the last ")"
+    return (int(rest[11]) + int(rest[12])) / ticks_per_s  # fields 14 and 15 of proc(5); rest[0] is field 3
+
+
+def read_load(root: Path = PROC) -> float | None:
+    """The 1-minute load average from ROOT/loadavg."""
+    try:
+        return float((root / "loadavg").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def local_rank_pids(run_dir: Path) -> set[int]:
+    """This process and its siblings that are ranks of the same run (`scalelab.run.worker --run-dir RUN_DIR`)."""
+    me = psutil.Process()
+    pids = {me.pid}
+    parent = me.parent()
+    if parent is None:
+        return pids
+    marker = str(run_dir)
+    for sibling in parent.children():
+        try:
+            cmd = sibling.cmdline()
+        except psutil.Error:
+            continue
+        if any("scalelab.run.worker" in c for c in cmd) and any(marker in c for c in cmd):
+            pids.add(sibling.pid)
+    return pids
+
+
+class RunCpu:
+    """Cumulative CPU seconds of the run's processes, also of those that have ended (their last reading stays)."""
+
+    def __init__(self, rank_pids: Callable[[], Iterable[int]], since: float, root: Path = PROC):
+        self.rank_pids, self.since, self.root = rank_pids, since, root
+        self._ranks: set[int] | None = None  # asked once: torchrun starts a host's ranks together, before any samples
+        self._last: dict[int, float] = {}
+
+    def pids(self) -> set[int]:
+        if self._ranks is None:
+            self._ranks = set(self.rank_pids())
+        out = set(self._ranks)
+        for pid in list(out):
+            try:
+                children = psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            for child in children:
+                try:
+                    if child.create_time() >= self.since:  # started during the run: a loader worker, not a hog
+                        out.add(child.pid)
+                except psutil.Error:
+                    continue
+        return out
+
+    def seconds(self) -> float:
+        for pid in self.pids():
+            cpu = read_process_cpu(pid, self.root)
+            if cpu is not None:
+                self._last[pid] = max(cpu, self._last.get(pid, 0.0))
+        return sum(self._last.values())
+
+
+def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
+    """One sample's machine-wide fields (absent where /proc cannot be read)."""
+    out = {}
+    cpu = read_cpu_times(root)
+    if cpu is not None:
+        out.update({"cpu_busy(s)": cpu.busy, "cpu_steal(s)": cpu.steal, "cpu_total(s)": cpu.total,
+                    "cpu_run(s)": run_cpu.seconds()})
+    load = read_load(root)
+    if load is not None:
+        out["load1"] = load
+    return out

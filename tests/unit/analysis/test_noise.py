@@ -1,0 +1,83 @@
+"""Noise figures over the timed window from injected machine samples: exact outside CPU, steal, load and verdict;
+the reference drift and its interval."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scalelab.analysis import keys
+from scalelab.analysis.noise import (OUTSIDE_CPU_THRESHOLD, drift, drift_sentence, noise_reason, noise_summary,
+                                     timed_window)
+from scalelab.analysis.summary import summarize
+
+
+def records(t0=100.0, steps=6, warmup=2, wall=1.0):
+    """Rank 0's steps back to back from t0: the timed window is [t0 + warmup * wall, t0 + steps * wall]."""
+    return [{"rank": 0, "step": i, "warmup": i < warmup, "wall(s)": wall, "t_end(unix_s)": t0 + (i + 1) * wall,
+             "samples": 8} for i in range(steps)]
+
+
+def samples(t0=99.0, n=9, busy_rate=2.0, run_rate=1.5, steal_rate=0.0, cores=2, rank=0, load=1.0):
+    """Machine samples once a second from t0 with constant rates (CPU seconds per wall second)."""
+    return [{"rank": rank, "time": t0 + i, "cpu_busy(s)": 10 + busy_rate * i, "cpu_run(s)": 5 + run_rate * i,
+             "cpu_steal(s)": steal_rate * i, "cpu_total(s)": 50 + cores * i, "load1": load + i} for i in range(n)]
+
+
+def test_timed_window_is_rank0s_timed_steps():
+    assert timed_window(records()) == (102.0, 106.0)
+    assert timed_window(records(steps=2)) is None
+
+
+def test_outside_cpu_steal_and_load_over_the_window():
+    out = noise_summary(samples(busy_rate=1.8, run_rate=1.0, steal_rate=0.2), records())
+    assert out[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.8)  # 1.8 - 1.0 cores
+    assert out[keys.NOISE_STEAL_PCT] == pytest.approx(10.0)  # 0.2 of 2 cores
+    # load1 = 1 + (t - 99): at 102 .. 106 it is 4 .. 8; samples inside at 103, 104, 105: mean of 4..8 = 6
+    assert out[keys.NOISE_LOAD] == pytest.approx(6.0)
+    assert out[keys.QUALITY_NOISY] is True
+    assert out[keys.QUALITY_NOISE_REASON] == ("noisy: 0.80 cores busy outside the run, "
+                                              "10.0 % CPU stolen by the hypervisor")
+
+
+def test_a_quiet_machine_is_ok_and_interpolation_is_exact_between_samples():
+    half = samples(t0=99.5, busy_rate=1.1, run_rate=1.0)  # samples at x.5: the window's ends fall between them
+    out = noise_summary(half, records())
+    assert out[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.1)
+    assert out[keys.QUALITY_NOISY] is False and out[keys.QUALITY_NOISE_REASON] == "ok"
+
+
+def test_the_run_using_more_than_the_machine_counts_as_zero_outside():
+    out = noise_summary(samples(busy_rate=1.0, run_rate=1.2), records())  # sampling jitter: never negative
+    assert out[keys.NOISE_OUTSIDE_CPU_CORES] == 0.0
+
+
+def test_the_busiest_host_counts():
+    quiet, busy = samples(rank=0, busy_rate=1.0, run_rate=1.0), samples(rank=2, busy_rate=2.0, run_rate=1.0)
+    assert noise_summary(quiet + busy, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(1.0)
+
+
+def test_no_machine_samples_or_an_uncovered_window_gives_no_keys():
+    assert noise_summary([], records()) == {}
+    old = [{k: v for k, v in s.items() if k != "cpu_run(s)"} for s in samples()]  # a run of an older scalelab
+    assert noise_summary(old, records()) == {}
+    assert noise_summary(samples(t0=103.0), records()) == {}  # the window starts before the first sample
+
+
+def test_threshold():
+    assert noise_reason(OUTSIDE_CPU_THRESHOLD, 0.0) == "ok"
+    assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.01, 0.0).startswith("noisy: ")
+
+
+def test_summarize_carries_the_noise_keys():
+    out = summarize(records(), steps_per_epoch=6, system=samples(busy_rate=1.5, run_rate=1.0))
+    assert out[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.5) and out[keys.QUALITY_NOISY] is True
+    assert keys.QUALITY_NOISY not in summarize(records(), steps_per_epoch=6)
+
+
+def test_drift_and_its_interval():
+    d = drift((100.0, (95.0, 105.0)), (110.0, (104.0, 114.0)))
+    assert d["drift"] == pytest.approx(0.10)
+    assert d["ci_low"] == pytest.approx(104 / 105 - 1) and d["ci_high"] == pytest.approx(114 / 95 - 1)
+    assert math.isnan(drift((0.0, (0.0, 0.0)), (1.0, (1.0, 1.0)))["drift"])
+    assert drift_sentence(d, 100.0, 110.0).startswith("+10.0 % (95 % interval -1.0 .. +20.0 %)")

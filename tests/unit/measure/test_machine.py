@@ -1,0 +1,66 @@
+"""/proc readers against fixed /proc text: exact CPU seconds, steal, load, and the run's own CPU."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scalelab.measure.machine import RunCpu, machine_sample, read_cpu_times, read_load, read_process_cpu
+
+STAT = """cpu  1000 50 300 8000 100 20 30 40 7 0
+cpu0 500 25 150 4000 50 10 15 20 7 0
+intr 12345
+"""
+# pid 42, a name with a space and a parenthesis; utime 250, stime 50 ticks (fields 14, 15)
+PID_STAT = "42 (my (odd) name) R 1 42 42 0 -1 4194304 100 0 0 0 250 50 3 4 20 0 1 0 100 1000 10\n"
+
+
+def fake_proc(tmp_path, stat=STAT, pids=None, load="1.50 0.80 0.40 2/300 4242\n"):
+    (tmp_path / "stat").write_text(stat)
+    (tmp_path / "loadavg").write_text(load)
+    for pid, text in (pids or {}).items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(text)
+    return tmp_path
+
+
+def test_machine_cpu_seconds_from_proc_stat(tmp_path):
+    cpu = read_cpu_times(fake_proc(tmp_path), ticks_per_s=100)
+    assert cpu.busy == pytest.approx((1000 + 50 + 300 + 20 + 30) / 100)  # user nice system irq softirq
+    assert cpu.steal == pytest.approx(0.40)
+    assert cpu.total == pytest.approx((1400 + 8000 + 100 + 40) / 100)  # busy + idle + iowait + steal
+
+
+def test_missing_or_odd_proc_reads_as_none(tmp_path):
+    assert read_cpu_times(tmp_path) is None
+    assert read_load(tmp_path) is None
+    assert read_process_cpu(7, tmp_path) is None
+    assert read_cpu_times(fake_proc(tmp_path, stat="intr 1\n")) is None
+
+
+def test_process_cpu_is_utime_plus_stime_whatever_its_name(tmp_path):
+    root = fake_proc(tmp_path, pids={42: PID_STAT})
+    assert read_process_cpu(42, root, ticks_per_s=100) == pytest.approx(3.0)
+
+
+def test_load_average(tmp_path):
+    assert read_load(fake_proc(tmp_path)) == 1.5
+
+
+def test_run_cpu_keeps_the_last_reading_of_a_process_that_ended(tmp_path):
+    root = fake_proc(tmp_path, pids={42: PID_STAT, 43: PID_STAT.replace("42 (", "43 (")})
+    pids = {42, 43}
+    run = RunCpu(lambda: pids, since=0.0, root=root)
+    # the pids are not real processes here: RunCpu finds no children and reads the fake /proc/<pid>/stat
+    first = run.seconds()
+    assert first == pytest.approx(2 * 250 / os.sysconf("SC_CLK_TCK") + 2 * 50 / os.sysconf("SC_CLK_TCK"))
+    (root / "43" / "stat").unlink()  # 43 ended
+    pids.discard(43)
+    assert run.seconds() == pytest.approx(first)
+
+
+def test_machine_sample_fields(tmp_path):
+    root = fake_proc(tmp_path, pids={42: PID_STAT})
+    sample = machine_sample(RunCpu(lambda: {42}, since=0.0, root=root), root)
+    assert set(sample) == {"cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpu_run(s)", "load1"}
+    assert sample["load1"] == 1.5
