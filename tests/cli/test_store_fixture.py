@@ -31,6 +31,9 @@ ADDED_TABLE_COLUMNS = {"compare_strategies": {"launches", "step_ci_low(ms)", "st
                                               "exposed_ci_low(ms)",
                                               "exposed_ci_high(ms)", "overlap_ci_low", "overlap_ci_high", "quality",
                                               "baseline_run_id"}}
+# Issue 13: `bench comm` times a back-to-back loop and gives the median's interval; a 0.1 store's bench run has
+# neither, so these columns are empty (its busbw is the one it stored, from the median of single calls).
+EMPTY_NEW_COLUMNS = {"comm": {"time_loop(us)", "time_ci_low(us)", "time_ci_high(us)"}}
 
 
 def _store(tmp_path: Path) -> Path:
@@ -95,5 +98,8 @@ def test_report_of_an_old_store_gives_the_same_tables(tmp_path, capsys):
             assert set(got.columns) - set(want.columns) == ADDED_TABLE_COLUMNS[name] | (REDEFINED[name] - {
                 "noop_run_id"}), path.name
             got = got[list(want.columns)]
+        empty = next((cols for n, cols in EMPTY_NEW_COLUMNS.items() if path.stem.endswith(n)), set())
+        assert got[sorted(empty)].isna().all().all(), path.name
+        got = got.drop(columns=sorted(empty))
         assert list(got.columns) == list(want.columns), path.name
         pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9, obj=path.name)

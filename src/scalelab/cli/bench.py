@@ -20,7 +20,8 @@ def bench_comm(
     end: str = typer.Option("64M", "--end", "-e", help="Largest message size S in bytes."),
     factor: int = typer.Option(2, "--factor", "-f", help="Each size is the previous one times this."),
     warmup: int = typer.Option(5, help="Untimed iterations per size and op."),
-    iters: int = typer.Option(20, help="Timed iterations per size and op."),
+    iters: Optional[int] = typer.Option(None, help="Timed iterations per size and op; default: chosen per size "
+                                                   "(~0.2 s each, 5..1000: many for small messages)."),
     ranks: int = typer.Option(2, "--ranks", "-n", help="Processes on this node."),
     backend: str = typer.Option("auto", help="auto, gloo or nccl (nccl needs a CUDA GPU per rank)."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),

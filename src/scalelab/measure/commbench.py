@@ -1,21 +1,36 @@
-"""Communication microbenchmark (DESIGN F13): collectives over a size sweep, timed per iteration, checked.
+"""Communication microbenchmark (DESIGN F13): collectives over a size sweep, timed two ways, checked.
 
     scalelab bench comm                                   # 2 ranks, 1K..64M ×2, all four collectives
-    scalelab bench comm --ops allreduce --begin 1M --end 256M --iters 50 --ranks 4
+    scalelab bench comm --ops allreduce --begin 1M --end 256M --iters 50 --ranks 4   # a fixed count per size
     python -m scalelab.measure.commbench_worker --run-dir DIR   # one rank (torchrun starts it)
 
 This module holds the benchmark's math, config and tables; the run itself (record a run of kind "bench", start
 the ranks under torchrun on 127.0.0.1, mark it) goes through run/execute.py like every run (run/kinds.py: BENCH). Rank 0 writes timings.json (every
-rank's per-iteration times), results.csv and results.json; the parent adds busbw.png and summary.json.
+rank's loop and per-iteration times), results.csv and results.json; the parent adds busbw.png and summary.json.
+
+Timing. Every size is timed twice with the same n iterations on every rank:
+- the back-to-back loop (nccl-tests' timing, the headline): a barrier, then n collectives with no synchronisation
+  between them and one at the end; time_loop = the slowest rank's loop time / n. A small message timed alone
+  pays a thread wake-up or a scheduler tick per call (a 4 KiB gloo allreduce: median 1.4 ms, min 0.45 ms);
+  back to back, that cost is paid about once per loop, so α fitted on these times is the collective's latency.
+- per iteration: a barrier before each call and a sync after it; an iteration's time is the slowest rank's, as a
+  collective is done when its last rank is. Its min, median (with the 95 % interval of
+  `scalelab.analysis.intervals.median_interval`) and max are the spread a single isolated call sees.
+n is `iters` when given; otherwise it is chosen per size so that small messages get many iterations
+(`choose_iters`): about ITERS_TARGET_S of per-iteration timing (the loop takes at most as long), at least
+ITERS_MIN and at most ITERS_MAX, from a probe of PROBE_ITERS timed calls after the warm-up whose median the
+ranks share by a MAX all_reduce, so every rank runs the same n.
 
 Definitions (nccl-tests): S is the total buffer size in bytes (allreduce and broadcast: the buffer; allgather:
-the output; reduce_scatter: the input). An iteration's time is the slowest rank's, as a collective is done when
-its last rank is. algbw = S / t, busbw = algbw · factor with factor 2(n−1)/n for allreduce, (n−1)/n for allgather
-and reduce_scatter, 1 for broadcast; bandwidths in GB/s (1e9 bytes/s). Sizes with K/M/G are powers of 1024.
+the output; reduce_scatter: the input). algbw = S / t with t = time_loop, busbw = algbw · factor with factor
+2(n−1)/n for allreduce, (n−1)/n for allgather and reduce_scatter, 1 for broadcast; bandwidths in GB/s (1e9
+bytes/s); busbw_min / busbw_max are those of the slowest and fastest single iteration. Sizes with K/M/G are
+powers of 1024.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -24,16 +39,24 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab import config as _config
+from scalelab.analysis.intervals import median_interval
 from scalelab.errors import ConfigError, StoreError
 from scalelab.store.rundir import RunDir
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 BACKENDS = ("auto", "gloo", "nccl")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes per element
-# Columns of results.csv / results.json, in order; times are the slowest rank's per iteration.
-COLUMNS = ("op", "impl", "size(B)", "count", "dtype", "ranks", "iters", "time_min(us)", "time_median(us)",
-           "time_max(us)", "algbw(GB/s)", "busbw(GB/s)", "busbw_min(GB/s)", "busbw_max(GB/s)", "wrong",
-           "status", "reason")
+# Columns of results.csv / results.json, in order. time_loop: the back-to-back loop's time per iteration (the
+# headline, algbw and busbw are computed from it); time_min/median/max and the median's 95 % interval
+# (time_ci_low/high): single iterations, each timed between syncs; every time is the slowest rank's.
+COLUMNS = ("op", "impl", "size(B)", "count", "dtype", "ranks", "iters", "time_loop(us)", "time_min(us)",
+           "time_median(us)", "time_ci_low(us)", "time_ci_high(us)", "time_max(us)", "algbw(GB/s)", "busbw(GB/s)",
+           "busbw_min(GB/s)", "busbw_max(GB/s)", "wrong", "status", "reason")
+# Iterations per size when `iters` is not given (choose_iters).
+ITERS_TARGET_S = 0.2  # seconds of per-iteration timing per size and op
+ITERS_MIN = 5  # enough for a median and its range
+ITERS_MAX = 1000  # a 1 KiB allreduce at 50 µs would otherwise run 4000
+PROBE_ITERS = 3  # timed calls after the warm-up that estimate one call's time
 
 _SIZE_RE = re.compile(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -115,6 +138,14 @@ def busbw_gbps(op: str, size: int, seconds: float, ranks: int) -> float:
     return algbw_gbps(size, seconds) * busbw_factor(op, ranks)
 
 
+def choose_iters(probe_s: float, target_s: float = ITERS_TARGET_S, lo: int = ITERS_MIN, hi: int = ITERS_MAX) -> int:
+    """Iterations for one size: ceil(target_s / probe_s) within [lo, hi]; `probe_s` is one call's time in s
+    (the slowest rank's probe median), so a 4 KiB allreduce gets hundreds and a 256 MiB one `lo`."""
+    if not probe_s > 0:  # a clock too coarse to see the call (or NaN): as many as allowed
+        return hi
+    return max(lo, min(hi, math.ceil(target_s / probe_s)))
+
+
 def iteration_times(per_rank: list[list[float]]) -> list[float]:
     """Per iteration the slowest rank's time: the collective is done only when its last rank is."""
     if len({len(t) for t in per_rank}) != 1:
@@ -125,7 +156,8 @@ def iteration_times(per_rank: list[list[float]]) -> list[float]:
 def build_table(records: list[dict], ranks: int, dtype: str) -> pd.DataFrame:
     """One row per (op, size) from every rank's records, in sweep order.
 
-    A record is {"op", "size(B)", "count", "rank", "impl", "times(s)": [...], "wrong"} from a measured op, or
+    A record is {"op", "size(B)", "count", "rank", "impl", "times(s)": [...], "loop(s)", "wrong"} from a measured
+    op ("times(s)": each timed iteration's seconds; "loop(s)": the seconds of len(times) back-to-back calls), or
     {"op", "size(B)", "count", "rank", "skipped": reason} from an op the backend refused.
     """
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -142,10 +174,14 @@ def build_table(records: list[dict], ranks: int, dtype: str) -> pd.DataFrame:
             row.update(status="skipped", reason=skipped[0])
         else:
             times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
+            t_loop = max(r["loop(s)"] for r in recs) / len(times)  # the loop ends when its slowest rank's does
             t_min, t_med, t_max = min(times), statistics.median(times), max(times)
+            ci_low, ci_high = median_interval(times)
             row.update(impl=recs[0]["impl"], iters=len(times), wrong=sum(r["wrong"] for r in recs),
-                       **{"time_min(us)": t_min * 1e6, "time_median(us)": t_med * 1e6, "time_max(us)": t_max * 1e6,
-                          "algbw(GB/s)": algbw_gbps(size, t_med), "busbw(GB/s)": busbw_gbps(op, size, t_med, ranks),
+                       **{"time_loop(us)": t_loop * 1e6, "time_min(us)": t_min * 1e6, "time_median(us)": t_med * 1e6,
+                          "time_ci_low(us)": ci_low * 1e6, "time_ci_high(us)": ci_high * 1e6,
+                          "time_max(us)": t_max * 1e6,
+                          "algbw(GB/s)": algbw_gbps(size, t_loop), "busbw(GB/s)": busbw_gbps(op, size, t_loop, ranks),
                           # the spread: the slowest iteration gives the lowest bandwidth
                           "busbw_min(GB/s)": busbw_gbps(op, size, t_max, ranks),
                           "busbw_max(GB/s)": busbw_gbps(op, size, t_min, ranks)})
@@ -155,7 +191,7 @@ def build_table(records: list[dict], ranks: int, dtype: str) -> pd.DataFrame:
 
 
 def summarize_table(table: pd.DataFrame) -> dict:
-    """Run summary: per op the peak median busbw and the size where it was reached; wrong elements; skips."""
+    """Run summary: per op the peak busbw (from the loop) and the size where it was reached; wrong elements; skips."""
     summary: dict = {"rows": int(len(table)), "wrong": int(table["wrong"].fillna(0).sum())}
     for op, rows in table.groupby("op", sort=False):
         ok = rows[rows["status"] == "ok"]
@@ -188,7 +224,7 @@ class CommBenchConfig:
     end: int = 64 * 1024**2  # largest message size S in bytes (included when on the sweep)
     factor: int = 2  # each size is the previous one times this
     warmup: int = 5  # untimed iterations per size and op
-    iters: int = 20  # timed iterations per size and op
+    iters: int | None = None  # timed iterations per size and op (loop and per-iteration); None: chosen per size
     ranks: int = 2  # processes on this node
     backend: str = "auto"  # auto: nccl when CUDA has a GPU per rank, else gloo
     dtype: str = "float32"
@@ -200,6 +236,8 @@ class CommBenchConfig:
         self.begin, self.end = parse_size(self.begin, "begin"), parse_size(self.end, "end")
         for name, low in (("factor", 2), ("warmup", 0), ("iters", 1), ("ranks", 2)):
             value = getattr(self, name)
+            if name == "iters" and value is None:
+                continue  # chosen per size (choose_iters)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(name, value, f"allowed: an integer >= {low}")
         if self.dtype not in DTYPES:
@@ -220,6 +258,13 @@ class CommBenchConfig:
         if self.backend != "auto":
             return self.backend
         return "nccl" if _config.cuda_device_count() >= self.ranks else "gloo"
+
+    @property
+    def iters_label(self) -> str:
+        """'20', or how the count is chosen when it is not fixed."""
+        if self.iters is not None:
+            return str(self.iters)
+        return f"~{ITERS_TARGET_S:g} s ({ITERS_MIN}..{ITERS_MAX})"
 
     @property
     def device(self) -> str:
@@ -255,20 +300,20 @@ def results_rich_table(table: pd.DataFrame, title: str | None = None):
     from rich.table import Table
 
     out = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                caption="median/min/max: µs per iteration, slowest rank; algbw, busbw: GB/s at the median; "
-                        "wrong: result elements that failed the check")
-    # units go in the caption so that the table fits 80 columns
-    heads = ("op", "size", "median", "min", "max", "algbw", "busbw", "wrong")
+                caption="µs per iteration, slowest rank. loop: back-to-back calls (busbw in GB/s from it); "
+                        "median/min/max: single calls; wrong: result elements that failed the check")
+    # units go in the caption so that the table fits 80 columns; results.csv has algbw and the median's interval
+    heads = ("op", "size", "iters", "loop", "median", "min", "max", "busbw", "wrong")
     for head in heads:
         out.add_column(head, justify="left" if head == "op" else "right", no_wrap=True)
     for row in table.to_dict("records"):
         if row["status"] != "ok":
-            out.add_row(row["op"], format_size(row["size(B)"]), f"skipped: {row['reason']}", *[""] * 5)
+            out.add_row(row["op"], format_size(row["size(B)"]), f"skipped: {row['reason']}", *[""] * 6)
             continue
         times = (f"{row[c]:,.0f}" if row[c] >= 100 else f"{row[c]:.1f}"
-                 for c in ("time_median(us)", "time_min(us)", "time_max(us)"))
-        bws = (_bandwidth(row[c]) for c in ("algbw(GB/s)", "busbw(GB/s)"))
-        out.add_row(row["op"], format_size(row["size(B)"]), *times, *bws, str(row["wrong"]))
+                 for c in ("time_loop(us)", "time_median(us)", "time_min(us)", "time_max(us)"))
+        out.add_row(row["op"], format_size(row["size(B)"]), str(row["iters"]), *times, _bandwidth(row["busbw(GB/s)"]),
+                    str(row["wrong"]))
     return out
 
 

@@ -1,7 +1,9 @@
 """One rank of the communication benchmark: `python -m scalelab.measure.commbench_worker --run-dir DIR`.
 
 torchrun starts it; it reads the run's config.json, sweeps sizes × ops, and rank 0 gathers every rank's
-per-iteration times and correctness counts and writes timings.json, results.csv and results.json.
+loop and per-iteration times and correctness counts and writes timings.json, results.csv and results.json.
+Per size and op: warm-up, a probe that fixes n (unless `iters` does; the same n on every rank), the
+back-to-back loop of n calls, n calls timed one by one, then the check on the last one's result.
 
 Inputs hold known values, small integers exact in every dtype: rank r's input is (r+1)·p with p[i] = 1 + i mod 7,
 so a sum, a chunk from the wrong rank or a chunk at the wrong offset all show up as wrong elements.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +27,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.distenv import dist_context
-from scalelab.measure.commbench import DTYPES, CommBenchConfig, build_table, message_count
+from scalelab.measure.commbench import (
+    DTYPES, PROBE_ITERS, CommBenchConfig, build_table, choose_iters, message_count)
 from scalelab.store.rundir import RunDir
 
 CORRUPT_ENV = "SCALELAB_COMMBENCH_CORRUPT"
@@ -138,18 +142,47 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # a CPU-GPU sync point: the kernel is done before the clock is read
 
 
-def time_iterations(call: Callable[[], None], bufs: Buffers, n: int, device: torch.device) -> list[float]:
+def time_iterations(call: Callable[[], None], bufs: Buffers, n: int, device: torch.device, *,
+                    barrier: Callable[[], None] = dist.barrier, clock: Callable[[], float] = time.perf_counter,
+                    ) -> list[float]:
     """Seconds of each of n calls on this rank; resets and the start barrier stay outside the timer."""
     times = []
     for _ in range(n):
         bufs.reset()
         _sync(device)
-        dist.barrier()  # every rank starts the iteration together
-        t0 = time.perf_counter()
+        barrier()  # every rank starts the iteration together
+        t0 = clock()
         call()
         _sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return times
+
+
+def time_loop(call: Callable[[], None], bufs: Buffers, n: int, device: torch.device, *,
+              barrier: Callable[[], None] = dist.barrier, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of n back-to-back calls on this rank (nccl-tests' timing): one barrier before, one sync after.
+
+    The buffers are reset once, not per call: the timed loop does nothing but the collectives (an in-place sum
+    grows to inf over many calls, which costs the same; the check runs later, on reset buffers)."""
+    bufs.reset()
+    _sync(device)
+    barrier()  # every rank starts the loop together
+    t0 = clock()
+    for _ in range(n):
+        call()  # no sync here: on CUDA the calls queue on the stream, as in training
+    _sync(device)  # the loop's only sync point: its last collective is done
+    return clock() - t0
+
+
+def agreed_iters(cfg: CommBenchConfig, call: Callable[[], None], bufs: Buffers, device: torch.device) -> int:
+    """n for this size: cfg.iters when given, else choose_iters on the slowest rank's probe median, which the
+    MAX all_reduce gives to every rank, so all of them run the same n (a collective with unequal counts hangs)."""
+    if cfg.iters is not None:
+        return cfg.iters
+    probe = statistics.median(time_iterations(call, bufs, PROBE_ITERS, device))
+    slowest = torch.tensor([probe], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return choose_iters(float(slowest.item()))
 
 
 def run_sweep(cfg: CommBenchConfig, rank: int, world: int, device: torch.device,
@@ -174,11 +207,13 @@ def run_sweep(cfg: CommBenchConfig, rank: int, world: int, device: torch.device,
                     continue
             call = collective(impl, bufs, world)
             time_iterations(call, bufs, cfg.warmup, device)
-            times = time_iterations(call, bufs, cfg.iters, device)
+            n = agreed_iters(cfg, call, bufs, device)
+            loop = time_loop(call, bufs, n, device)
+            times = time_iterations(call, bufs, n, device)  # last: it leaves the result of one reset call
             if op in corrupt and rank == 0:
                 bufs.out.view(-1)[0] = -7  # test hook: one element no check may accept
             wrong = count_wrong(bufs.out, expected(op, count, rank, world), world)
-            records.append({**rec, "impl": impl, "times(s)": times, "wrong": wrong})
+            records.append({**rec, "impl": impl, "times(s)": times, "loop(s)": loop, "wrong": wrong})
             del bufs
     return records
 

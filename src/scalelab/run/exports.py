@@ -105,7 +105,8 @@ def _bytes_label(x: float) -> str:
 
 
 def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> Path:
-    """busbw (median over iterations) against message size, log-x, one line per op, a band from min to max.
+    """busbw (back-to-back loop) against message size, log-x, one line per op, a band from the slowest to the
+    fastest single iteration.
 
     `table` has the columns of commbench's results; ops whose rows are all skipped appear in the legend as such.
     """
@@ -136,7 +137,8 @@ def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> 
         ax.set_ylim(bottom=0)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend()
-        ax.set_title((title + "\n" if title else "") + "line: median over iterations; band: min..max", fontsize=9)
+        ax.set_title((title + "\n" if title else "") + "line: back-to-back loop; band: single calls, slowest..fastest",
+                     fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=120)
     finally:

@@ -192,7 +192,7 @@ class BenchKind:
     def describe(self, run_id: str, cfg: CommBenchConfig) -> str:
         fs = commbench.format_size
         return (f"run {run_id}: bench comm {','.join(cfg.ops)}, {fs(cfg.begin)}..{fs(cfg.end)} ×{cfg.factor}, "
-                f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters} iterations")
+                f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters_label} iterations")
 
     def launch_spec(self, cfg: CommBenchConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec:
         return bench_launch_spec(cfg, run_dir)
@@ -211,7 +211,7 @@ class BenchKind:
 
     def export(self, cfg: CommBenchConfig, run_dir: Path) -> None:
         plot_busbw(commbench.read_results(run_dir), RunDir(run_dir).busbw_plot,
-                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters} iterations per point")
+                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters_label} iterations per point")
 
     def on_failure(self, run_dir: Path) -> None:
         pass

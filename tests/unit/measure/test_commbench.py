@@ -11,9 +11,11 @@ import torch
 from scalelab.cli import main
 from scalelab.errors import ConfigError
 from scalelab.measure import commbench_worker as cw
+from scalelab.analysis.intervals import median_interval
 from scalelab.measure.commbench import (
-    COLUMNS, OPS, CommBenchConfig, algbw_gbps, build_table, busbw_factor, busbw_gbps, format_size,
-    iteration_times, message_count, parse_ops, parse_size, size_sweep, summarize_table, wrong_reason)
+    COLUMNS, ITERS_MAX, ITERS_MIN, ITERS_TARGET_S, OPS, CommBenchConfig, algbw_gbps, build_table, busbw_factor,
+    busbw_gbps, choose_iters, format_size, iteration_times, message_count, parse_ops, parse_size, size_sweep,
+    summarize_table, wrong_reason)
 from scalelab.run.execute import run_commbench
 from scalelab.run.kinds import commbench_argv
 
@@ -92,16 +94,71 @@ def test_iteration_time_is_the_slowest_rank_per_iteration():
         iteration_times([[1.0], [1.0, 2.0]])
 
 
+def test_iterations_per_size_reach_the_target_within_the_bounds():
+    # probe medians of a gloo allreduce here: 4 KiB ~ 0.45 ms, 4 MiB ~ 4 ms, 256 MiB ~ 0.4 s
+    probes = {4 * 2**10: 0.45e-3, 4 * 2**20: 4e-3, 256 * 2**20: 0.4}
+    iters = {size: choose_iters(t) for size, t in probes.items()}
+    assert iters == {4 * 2**10: 445, 4 * 2**20: 50, 256 * 2**20: ITERS_MIN}  # ceil(0.2 / t), at least 5
+    assert choose_iters(1e-6) == ITERS_MAX and choose_iters(0.0) == ITERS_MAX and choose_iters(float("nan")) == ITERS_MAX
+    assert choose_iters(ITERS_TARGET_S / 7) == 7  # exactly on the target: no rounding up past it
+    assert choose_iters(1e-3, target_s=1.0, lo=2, hi=100) == 100
+    assert choose_iters(10.0, target_s=1.0, lo=2, hi=100) == 2
+    # smaller messages never get fewer iterations than larger ones (probe times grow with size)
+    counts = [choose_iters(t) for t in (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)]
+    assert counts == sorted(counts, reverse=True) and all(ITERS_MIN <= c <= ITERS_MAX for c in counts)
+
+
+class _FakeClock:
+    """A clock that moves only when the fake collective or barrier says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_loop_pays_a_wake_up_once_and_single_calls_pay_it_every_time():
+    # A collective that costs 0.1 ms back to back, but 4 ms more when it is the first call after a barrier (the
+    # ranks' threads went to sleep in it: a scheduler tick). Known truth: per iteration 4.1 ms each; the loop of n
+    # pays the wake-up once: (4 + 0.1 n) ms / n.
+    clock, state = _FakeClock(), {"woken": True}
+
+    def barrier():
+        clock.now += 0.5  # the barrier's own time is outside both timers
+        state["woken"] = False
+
+    def call():
+        clock.now += 0.1e-3 + (0 if state["woken"] else 4e-3)
+        state["woken"] = True
+
+    bufs = cw.make_buffers("allreduce", 8, 0, 2, torch.float32, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    times = cw.time_iterations(call, bufs, 5, cpu, barrier=barrier, clock=clock)
+    assert times == pytest.approx([4.1e-3] * 5)
+    n = 200
+    loop = cw.time_loop(call, bufs, n, cpu, barrier=barrier, clock=clock)
+    assert loop == pytest.approx(4e-3 + 0.1e-3 * n)
+    assert loop / n == pytest.approx(0.12e-3)
+
+
+def test_agreed_iters_is_the_fixed_count_without_probing():
+    def no_call():
+        raise AssertionError("a fixed count must not probe")
+
+    assert cw.agreed_iters(CommBenchConfig(iters=7), no_call, None, torch.device("cpu")) == 7
+
+
 def _records():
     mib = 2**20
     recs = [{"op": "allreduce", "size(B)": mib, "count": mib // 4, "rank": 0, "impl": "all_reduce",
-             "times(s)": [1e-3, 2e-3, 4e-3], "wrong": 0},
+             "times(s)": [1e-3, 2e-3, 4e-3], "loop(s)": 3e-3, "wrong": 0},
             {"op": "allreduce", "size(B)": mib, "count": mib // 4, "rank": 1, "impl": "all_reduce",
-             "times(s)": [2e-3, 1e-3, 3e-3], "wrong": 2},
+             "times(s)": [2e-3, 1e-3, 3e-3], "loop(s)": 4.5e-3, "wrong": 2},
             {"op": "allgather", "size(B)": mib, "count": mib // 4, "rank": 1, "impl": "all_gather_single",
-             "times(s)": [0.5e-3, 0.25e-3], "wrong": 0},
+             "times(s)": [0.5e-3, 0.25e-3], "loop(s)": 0.5e-3, "wrong": 0},
             {"op": "allgather", "size(B)": mib, "count": mib // 4, "rank": 0, "impl": "all_gather_single",
-             "times(s)": [0.25e-3, 0.5e-3], "wrong": 0}]
+             "times(s)": [0.25e-3, 0.5e-3], "loop(s)": 0.4e-3, "wrong": 0}]
     recs += [{"op": "reduce_scatter", "size(B)": mib, "count": mib // 4, "rank": r, "skipped": "no gloo support"}
              for r in (0, 1)]
     return recs
@@ -111,14 +168,19 @@ def test_table_from_per_iteration_timings_is_exact():
     table = build_table(_records(), ranks=2, dtype="float32")
     assert list(table.columns) == list(COLUMNS)
     ar, ag, rs = (table[table["op"] == op].iloc[0] for op in ("allreduce", "allgather", "reduce_scatter"))
-    # allreduce: per iteration max over ranks = [2, 2, 4] ms
+    # allreduce: per iteration max over ranks = [2, 2, 4] ms; loop: slowest rank 4.5 ms / 3 iterations = 1.5 ms
     assert (ar["time_min(us)"], ar["time_median(us)"], ar["time_max(us)"]) == pytest.approx((2000, 2000, 4000))
-    assert ar["algbw(GB/s)"] == 2**20 / 2e-3 / 1e9
-    assert ar["busbw(GB/s)"] == 2**20 / 2e-3 / 1e9 * 1.0
+    assert ar["time_loop(us)"] == pytest.approx(1500)
+    low, high = median_interval([2e-3, 2e-3, 4e-3])
+    assert (ar["time_ci_low(us)"], ar["time_ci_high(us)"]) == pytest.approx((low * 1e6, high * 1e6))
+    assert ar["time_ci_low(us)"] <= ar["time_median(us)"] <= ar["time_ci_high(us)"]
+    assert ar["algbw(GB/s)"] == pytest.approx(2**20 / 1.5e-3 / 1e9)
+    assert ar["busbw(GB/s)"] == pytest.approx(2**20 / 1.5e-3 / 1e9 * 1.0)
     assert (ar["busbw_min(GB/s)"], ar["busbw_max(GB/s)"]) == (2**20 / 4e-3 / 1e9, 2**20 / 2e-3 / 1e9)
     assert (ar["wrong"], ar["iters"], ar["status"]) == (2, 3, "ok")
-    # allgather: per iteration max = [0.5, 0.5] ms; busbw factor (n-1)/n = 1/2
-    assert ag["busbw(GB/s)"] == 2**20 / 0.5e-3 / 1e9 * 0.5
+    # allgather: loop 0.5 ms / 2 = 0.25 ms; busbw factor (n-1)/n = 1/2
+    assert ag["time_loop(us)"] == pytest.approx(250)
+    assert ag["busbw(GB/s)"] == pytest.approx(2**20 / 0.25e-3 / 1e9 * 0.5)
     assert ag["impl"] == "all_gather_single"
     assert (rs["status"], rs["reason"], pd.isna(rs["busbw(GB/s)"])) == ("skipped", "no gloo support", True)
     summary = summarize_table(table)
@@ -129,6 +191,18 @@ def test_table_from_per_iteration_timings_is_exact():
     assert wrong_reason(table) == "correctness check failed: allreduce has 2 wrong element(s)"
     with pytest.raises(ValueError, match="1 of 2 ranks"):
         build_table(_records()[:3], ranks=2, dtype="float32")
+
+
+def test_calibration_fits_on_the_loop_time_and_reads_older_runs_by_their_mean(tmp_path):
+    from scalelab.experiments.calibration import bench_means
+    from scalelab.store.rundir import RunDir
+
+    files = RunDir(tmp_path)
+    files.write_timings({"ranks": 2, "records": _records()})
+    assert bench_means(files) == (pytest.approx([2**20]), pytest.approx([1.5e-3]), 2)  # slowest rank's loop / n
+    old = [{k: v for k, v in r.items() if k != "loop(s)"} for r in _records()]  # before the loop was timed
+    files.write_timings({"ranks": 2, "records": old})
+    assert bench_means(files)[1] == pytest.approx([(2e-3 + 2e-3 + 4e-3) / 3])
 
 
 # ---------------------------------------------------------------- the check's truth, without a process group
@@ -197,6 +271,9 @@ def test_config_round_trips_and_nccl_needs_a_gpu_per_rank(monkeypatch):
     cfg = CommBenchConfig(ops="allreduce", begin="1K", end="8K", iters=3)
     assert cfg.sizes == (1024, 2048, 4096, 8192)
     assert CommBenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    auto = CommBenchConfig(ops="allreduce")
+    assert auto.iters is None and CommBenchConfig.from_dict(json.loads(json.dumps(auto.to_dict()))) == auto
+    assert (cfg.iters_label, auto.iters_label) == ("3", "~0.2 s (5..1000)")
     monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 1)
     assert CommBenchConfig().resolved_backend == "gloo"
     with pytest.raises(ConfigError, match=r"^backend: 'nccl' .*GPU per rank \(2\), found 1"):
