@@ -119,8 +119,8 @@ class TrainConfig:
                                         "+- this fraction of the median (0.03 = +-3 %).")
     time_budget_s: float = doc(30.0, "With steps auto: the most wall time (s) spent on timed steps (warm-up, "
                                      "evaluation and set-up not counted).", flag=("--time-budget",))
-    min_timed_steps: int = doc(5, "With steps auto: at least this many timed steps before the precision may stop "
-                                  "the run.")
+    min_timed_steps: int = doc(6, "With steps auto: at least this many timed steps before the precision may stop "
+                                  "the run (6: the fewest whose full range is a 95 % interval of the median).")
     eval_every: int = doc(0, "Evaluate every N steps; 0 = at the end of each epoch.")
     threads: int | None = doc(None, "Torch intra-op threads per rank (default: cores / local ranks).")
     sample_interval_s: float = doc(0.5, "System sampler period in seconds.", flag=("--sample-interval",))
