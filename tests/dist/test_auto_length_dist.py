@@ -42,10 +42,11 @@ def test_two_ranks_stop_at_the_same_step_decided_on_the_slowest_rank(store, tmp_
     assert [r["step"] for r in per_rank[0]] == [r["step"] for r in per_rank[1]]  # the same steps, the same last
     timed = len(per_rank[0]) - cfg.warmup_steps
     assert timed < 60 - cfg.warmup_steps  # stopped before the epoch's end
-    assert timed % AGREE_EVERY == 0 and timed > 5  # rank 0 alone would have stopped at 5: the slowest rank decides
+    assert timed % AGREE_EVERY == 0 and timed >= 8  # decided at agreements only
     slowest = [max(a["wall(s)"], b["wall(s)"]) for a, b in zip(per_rank[0], per_rank[1]) if not a["warmup"]]
     assert sum(slowest) >= 1.0 and sum(slowest[:-AGREE_EVERY]) < 1.0  # stopped at the first agreement past budget
     results = RunDir(out.run_dir).read_results()
+    # rank 0 alone (a steady 10 ms) would have stopped for precision: the slowest rank decided for both
     assert [r["length"]["stopped_by"] for r in results] == ["budget", "budget"]
     assert out.summary["precision/reached"] is False and out.summary["quality"] == "precision not reached"
     assert out.summary["steps/timed"] == timed

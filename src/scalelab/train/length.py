@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from scalelab.analysis.precision import relative_half_width
 
-AGREE_EVERY = 4  # timed steps between two agreements of the ranks (the stop can come up to this many steps late)
+AGREE_EVERY = 4  # timed steps between two agreements of the ranks (a stop comes up to AGREE_EVERY - 1 steps late)
 
 
 @dataclass
