@@ -64,7 +64,11 @@ class TrainConfig:
 
     global_batch: int = doc(64, "Samples per optimizer step summed over all ranks.", flag=("--global-batch", "-b"))
     epochs: int = doc(1, "Epochs to train.")
-    steps: int | None = doc(None, "Train exactly this many optimizer steps (epochs is then ignored).")
+    steps: int | Literal["auto"] | None = doc(
+        None, "Train exactly this many optimizer steps (epochs is then ignored); auto: after the warm-up, take timed "
+              "steps until the median step's 95 % interval is within +-target_precision of the median, or "
+              "time_budget_s of timed steps is spent, or the epochs run out (the run's summary says which).",
+        parse=lambda text, name: parse_steps(text, name))
     optimizer: Optimizer = doc("sgd", "Optimizer.")
     lr: float = doc(0.05, "Learning rate (tuned at base_batch when an LR rule scales it).")
     momentum: float = doc(0.9, "SGD momentum, 0 <= momentum < 1.")
@@ -111,6 +115,12 @@ class TrainConfig:
 
     seed: int = doc(0, "Random seed.")
     warmup_steps: int = doc(2, "First steps excluded from every timing.")
+    target_precision: float = doc(0.03, "With steps auto: stop once the median step's 95 % interval is within "
+                                        "+- this fraction of the median (0.03 = +-3 %).")
+    time_budget_s: float = doc(30.0, "With steps auto: the most wall time (s) spent on timed steps (warm-up, "
+                                     "evaluation and set-up not counted).", flag=("--time-budget",))
+    min_timed_steps: int = doc(6, "With steps auto: at least this many timed steps before the precision may stop "
+                                  "the run (6: the fewest whose full range is a 95 % interval of the median).")
     eval_every: int = doc(0, "Evaluate every N steps; 0 = at the end of each epoch.")
     threads: int | None = doc(None, "Torch intra-op threads per rank (default: cores / local ranks).")
     sample_interval_s: float = doc(0.5, "System sampler period in seconds.", flag=("--sample-interval",))
@@ -122,9 +132,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        _positive(self, "global_batch", "epochs", "ranks", "nnodes", "accumulate", "powersgd_rank")
-        if self.steps is not None and self.steps < 1:
-            raise ConfigError("steps", self.steps, "allowed: an integer >= 1")
+        _positive(self, "global_batch", "epochs", "ranks", "nnodes", "accumulate", "powersgd_rank",
+                  "min_timed_steps")
+        if isinstance(self.steps, int) and self.steps < 1:
+            raise ConfigError("steps", self.steps, "allowed: an integer >= 1, auto, or leave unset")
+        if not 0 < self.target_precision < 1:
+            raise ConfigError("target_precision", self.target_precision,
+                              "allowed: a fraction of the median, 0 < target_precision < 1 (0.03 = +-3 %)")
+        if self.time_budget_s <= 0:
+            raise ConfigError("time_budget_s", self.time_budget_s, "allowed: seconds > 0")
         if self.lr <= 0:
             raise ConfigError("lr", self.lr, "allowed: a number > 0")
         if not 0 <= self.momentum < 1:
@@ -228,6 +244,11 @@ class TrainConfig:
             raise ConfigError("ranks", self.ranks, f"at most {gpus} per node on CUDA (one GPU per rank)")
 
     @property
+    def auto_length(self) -> bool:
+        """The run's timed length is chosen by precision and budget (steps: auto), not fixed."""
+        return self.steps == "auto"
+
+    @property
     def world_size(self) -> int:
         return self.ranks * self.nnodes
 
@@ -312,6 +333,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError("config", str(path), "must hold a mapping of field: value")
     return data
+
+
+def parse_steps(text: Any, field: str = "steps") -> int | str:
+    """The steps flag's text: "auto" or an integer (a YAML file or --set gives the value already typed)."""
+    if not isinstance(text, str) or text == "auto":
+        return text
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ConfigError(field, text, "allowed: an integer >= 1, auto, or leave unset") from None
 
 
 def parse_model_options(text: str, field: str = "model_options") -> dict[str, int | float]:

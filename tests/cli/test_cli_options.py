@@ -19,6 +19,7 @@ SPELLINGS = {  # fields whose flag is not --name-with-dashes (README's spellings
     "ranks": ("--ranks", "-n"),
     "hang_timeout_s": ("--hang-timeout",),
     "sample_interval_s": ("--sample-interval",),
+    "time_budget_s": ("--time-budget",),
     "bucket_mb": ("--bucket-mb",),
     "net_latency_ms": ("--net-latency-ms",),
     "checkpoint_every": ("--checkpoint-every",),
@@ -159,3 +160,10 @@ def test_bad_set_item_is_one_line_and_exit_2(capsys):
         main(["train", "--set", "lr"])
     assert exit_.value.code == 2
     assert "FIELD=VALUE" in capsys.readouterr().err
+
+
+def test_steps_takes_a_number_or_auto_and_its_help_says_so():
+    steps = next(f for f in config_flags() if f.field == "steps")
+    assert steps.kind is str and "auto" in steps.help and "time_budget_s" in steps.help
+    assert merge({"steps": 20}, None, None, {"steps": "auto"}).steps == "auto"
+    assert merge(None, None, None, {"steps": "20"}).steps == 20

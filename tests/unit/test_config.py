@@ -22,6 +22,13 @@ from scalelab.errors import ConfigError
     ({"prefetch_factor": 2}, "prefetch_factor", "num_workers > 0"),
     ({"global_batch": "64"}, "global_batch", "int"),
     ({"augment": 1}, "augment", "bool"),
+    ({"steps": 0}, "steps", "auto"),
+    ({"steps": "forever"}, "steps", "'auto'"),
+    ({"target_precision": 0.0}, "target_precision", "0 < target_precision < 1"),
+    ({"target_precision": -0.1}, "target_precision", "0 < target_precision < 1"),
+    ({"time_budget_s": 0.0}, "time_budget_s", "seconds > 0"),
+    ({"time_budget_s": -5}, "time_budget_s", "seconds > 0"),
+    ({"min_timed_steps": 0}, "min_timed_steps", ">= 1"),
 ])
 def test_bad_values_name_the_field_the_value_and_what_is_allowed(kwargs, field, fragment, monkeypatch):
     monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
@@ -108,3 +115,15 @@ def test_bad_model_options_are_one_line(kwargs, value, fragment):
         TrainConfig(**kwargs)
     assert info.value.field == "model_options" and value in str(info.value) and fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_steps_auto_from_every_layer_and_a_number_still_fixes_the_length():
+    from scalelab.cli.options import merge
+
+    assert merge({"steps": 20}, None, [], {"steps": "auto"}).auto_length  # a flag overrides an experiment's steps
+    assert merge({}, None, ["steps=auto"], {}).steps == "auto"
+    fixed = merge({}, None, [], {"steps": "12"})
+    assert fixed.steps == 12 and not fixed.auto_length
+    with pytest.raises(ConfigError) as info:
+        merge({}, None, [], {"steps": "lots"})
+    assert info.value.field == "steps" and "auto" in str(info.value)

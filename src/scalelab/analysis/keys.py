@@ -15,6 +15,12 @@ STEP_MAX_MS = "time/step_max(ms)"
 # distribution-free 95 % interval of the median timed step (order statistics; `median_interval`)
 STEP_MEDIAN_CI_LOW_MS = "time/step_median_ci_low(ms)"
 STEP_MEDIAN_CI_HIGH_MS = "time/step_median_ci_high(ms)"
+# how precisely the median step is known: the wider side of its interval, in % of the median (every run); runs of
+# auto length (`steps: auto`) also store their target (%) and whether they reached it (scalelab.analysis.precision)
+PRECISION_HALF_WIDTH_PCT = "precision/half_width(%)"
+PRECISION_TARGET_PCT = "precision/target(%)"
+PRECISION_REACHED = "precision/reached"
+QUALITY = "quality"  # absent when nothing is wrong; else why the run's figures are doubtful ("precision not reached")
 EVAL_MS = "time/eval(ms)"  # one evaluation, outside the steps
 EVALS = "evals/count"
 EPOCH_S = "time/epoch(s)"

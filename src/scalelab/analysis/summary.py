@@ -8,6 +8,8 @@ Definitions (stated in every report):
   evaluation). Records of scalelab 0.1 timed evaluation inside the step: their evaluation is subtracted.
 - The median step carries a 95 % interval (scalelab.analysis.intervals.median_interval: order statistics widened
   for correlation between consecutive steps).
+- Precision: the wider side of the median step's interval in % of the median; a run of auto length
+  (`steps: auto`) also records its target and whether it reached it (scalelab.analysis.precision).
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
   step's data wait.
 - Throughput = global samples of the timed steps / their summed step time.
@@ -29,6 +31,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.intervals import median_interval
 from scalelab.analysis.keys import STAGES
 from scalelab.analysis.noise import noise_summary
+from scalelab.analysis.precision import precision_summary
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
 
@@ -69,8 +72,9 @@ def skew(frame: pd.DataFrame) -> float:
 
 
 def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | None = None,
-              memory: list[dict] | None = None, system: list[dict] | None = None) -> dict:
-    """The run's summary metrics; keys carry their unit."""
+              memory: list[dict] | None = None, system: list[dict] | None = None,
+              target_precision: float | None = None) -> dict:
+    """The run's summary metrics; keys carry their unit. `target_precision`: an auto-length run's target."""
     frame = steps_frame(records)
     steps = per_step(frame)
     out: dict = {keys.STEPS_TIMED: int(len(steps)), keys.STEPS_TOTAL: int(frame["step"].nunique()),
@@ -108,6 +112,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         out[keys.EVAL_ACC] = float(evals[-1]["acc"])
     out.update(comm_summary(frame))
     out.update(noise_summary(system or [], records))  # `system`: every rank's system samples
+    out.update(precision_summary(steps["train(s)"], target_precision))
     added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
     if added:
         out[keys.MEMORY_TRAIN_ADDED_BYTES] = max(added)  # what training adds on top of set-up (max over ranks)

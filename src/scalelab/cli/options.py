@@ -66,12 +66,10 @@ def config_flags() -> tuple[ConfigFlag, ...]:
     hints = get_type_hints(TrainConfig)
     out = []
     for f in fields(TrainConfig):
-        kind, choices = field_kind(hints[f.name])
+        parse = f.metadata.get("parse")  # a field given as text (a size, "auto" or a number) is parsed by its own rule
+        kind, choices = (str, ()) if parse is not None else field_kind(hints[f.name])
         if f.name == "sync":
             choices = sync_choices()
-        parse = f.metadata.get("parse")
-        if parse is not None:
-            kind = str
         dashed = f.name.replace("_", "-")
         decls = tuple(f.metadata.get("flag") or ((f"--{dashed}/--no-{dashed}",) if kind is bool else (f"--{dashed}",)))
         text = f.metadata["help"] + registry_help(f.name)

@@ -60,7 +60,8 @@ def print_summary(run_id: str, summary: dict) -> None:
     wanted = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.STEP_MEDIAN_MS,
               *(keys.stage_ms(s) for s in ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")),
               keys.EVAL_MS, keys.COMM_TIME_MS, keys.COMM_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_BUSBW, keys.MEMORY_PEAK_RSS_GIB,
-              keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.TRAIN_LOSS, keys.EVAL_LOSS, keys.EVAL_ACC, keys.STEPS_TIMED]
+              keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.TRAIN_LOSS, keys.EVAL_LOSS, keys.EVAL_ACC, keys.STEPS_TIMED,
+              keys.PRECISION_HALF_WIDTH_PCT, keys.PRECISION_TARGET_PCT, keys.PRECISION_REACHED, keys.QUALITY]
     for key in wanted:
         if key in summary:
             value = summary[key]

@@ -2,7 +2,10 @@
 time and an ETA. A live rich display on a terminal; plain lines otherwise (CI, logs, pipes).
 
 The ETA is the mean time of the cells run so far in this experiment times the cells still to run; reused cells
-take no time and do not count.
+take no time and do not count. Before the first cell of an experiment has finished, a run of auto length
+(`steps: auto`) gives the estimate instead: its warm-up (the time from the cell's start until the run's heartbeat
+passed the warm-up steps, set-up included; 0 until seen) plus its time budget, the most its timed steps take. The
+cells of an experiment are taken to share their length settings.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ class PlainProgress:
     def __init__(self, write: Callable[[str], None] = print, *, quiet_runs: bool = True):
         self.write, self.quiet_runs = write, quiet_runs
         self.name, self.to_run, self.done, self.spent = "", 0, 0, 0.0
+        self.budget_s: float | None = None  # time budget of the auto-length run of the current cell
+        self.warmup_s = 0.0  # set-up and warm-up of the current cell's run, once seen
         self.started = time.monotonic()
 
     def experiment(self, name: str, index: int, total: int) -> None:
@@ -45,14 +50,20 @@ class PlainProgress:
 
     def group(self, name: str, to_run: int) -> None:
         self.name, self.to_run, self.done, self.spent = name, to_run, 0, 0.0
+        self.budget_s, self.warmup_s = None, 0.0
 
     def _prefix(self) -> str:
         return f"[{self.name} {self.done}/{self.to_run}]" if self.to_run else f"[{self.name}]"
 
     def eta(self) -> float | None:
-        if not self.done or self.done >= self.to_run:
+        """Seconds until the experiment's cells are done, counted from the current cell's start."""
+        if self.done >= self.to_run:
             return None
-        return self.spent / self.done * (self.to_run - self.done)
+        if self.done:
+            return self.spent / self.done * (self.to_run - self.done)
+        if self.budget_s is not None:  # nothing finished yet: the auto-length budget bounds a cell's timed steps
+            return (self.warmup_s + self.budget_s) * self.to_run
+        return None
 
     def cell_started(self, label: str) -> None:
         self.write(f"{self._prefix()} {label}: running (elapsed {_clock(time.monotonic() - self.started)})")
@@ -73,7 +84,9 @@ class PlainProgress:
             self.write(line)
 
     def run_started(self, files) -> None:
-        """The current cell's run has its directory (`files`: its RunDir): a live display follows its step."""
+        """The current cell's run has its directory (`files`: its RunDir): a live display follows its step; an
+        auto-length run's budget becomes the estimate of a cell."""
+        self.budget_s = auto_budget(files) or self.budget_s
 
     def say(self, line: str) -> None:
         self.write(line)
@@ -93,6 +106,7 @@ class LiveProgress(PlainProgress):
         super().__init__(lambda line: self.console.print(line, markup=False, highlight=False, soft_wrap=True))
         self.current = ""
         self.files = None  # RunDir of the cell's run, once it exists
+        self.warmup_steps = 0
         self.cell_began = time.monotonic()
         self.live = Live(self._status(), console=self.console, refresh_per_second=2, transient=True,
                          get_renderable=self._status)
@@ -117,10 +131,16 @@ class LiveProgress(PlainProgress):
             beat = self.files.read_heartbeat(0) if self.files is not None else None
         except Exception:  # noqa: BLE001 - not written yet, or being replaced: show no step this time
             beat = None
-        return f", step {beat['step']} ({beat['stage']})" if beat and beat.get("step") is not None else ""
+        if not beat or beat.get("step") is None:
+            return ""
+        if beat["step"] > self.warmup_steps and not self.warmup_s:
+            self.warmup_s = time.monotonic() - self.cell_began
+        return f", step {beat['step']} ({beat['stage']})"
 
     def run_started(self, files) -> None:
         self.files = files
+        super().run_started(files)
+        self.warmup_steps = _config(files).get("warmup_steps", 0)
 
     def cell_started(self, label: str) -> None:
         self.current, self.cell_began, self.files = label, time.monotonic(), None
@@ -131,6 +151,21 @@ class LiveProgress(PlainProgress):
 
     def close(self) -> None:
         self.live.stop()
+
+
+def _config(files) -> dict:
+    try:
+        return files.read_config()
+    except Exception:  # noqa: BLE001 - a run without a readable config: no estimate from it
+        return {}
+
+
+def auto_budget(files) -> float | None:
+    """The time budget (s) of a run of auto length, from its stored config; None for a fixed length."""
+    config = _config(files)
+    from scalelab.config import TrainConfig
+
+    return float(config.get("time_budget_s", TrainConfig.time_budget_s)) if config.get("steps") == "auto" else None
 
 
 def progress_for_output() -> Progress:

@@ -92,7 +92,8 @@ def collect_summary(run_dir: Path) -> dict:
     records = rundir.read_steps()
     main = min(results, key=lambda r: r["rank"])
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
-                        memory=[r["memory"] for r in results], system=rundir.read_system())
+                        memory=[r["memory"] for r in results], system=rundir.read_system(),
+                        target_precision=main.get("length", {}).get("target_precision"))
     summary[keys.RANKS_REPORTED] = len(results)
     if "threads" in main:
         summary[keys.THREADS_USED] = main["threads"]

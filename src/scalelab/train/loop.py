@@ -31,6 +31,7 @@ from scalelab.train.memory import MemoryByKind
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
 from scalelab.train.heartbeat import Heartbeat
+from scalelab.train.length import AGREE_EVERY, AutoLength, max_over_ranks
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
 PROGRESS_EVERY_S = 2.0
@@ -125,8 +126,18 @@ def micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.
 
 
 def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
-    """`steps`, when given, wins over `epochs` (a run may then span a fraction of an epoch or several)."""
-    return cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
+    """`steps`, when a number, wins over `epochs` (a run may then span a fraction of an epoch or several); with
+    `steps: auto` the epochs are the most a run takes (scalelab.train.length stops it earlier)."""
+    return cfg.steps if isinstance(cfg.steps, int) else cfg.epochs * steps_per_epoch
+
+
+def auto_length(cfg: TrainConfig, ctx: DistContext) -> AutoLength | None:
+    """The stop rule of a `steps: auto` run (None for a fixed length); ranks agree every AGREE_EVERY timed steps."""
+    if not cfg.auto_length:
+        return None
+    several = ctx.world > 1 and dist.is_initialized()
+    return AutoLength(cfg.target_precision, cfg.time_budget_s, cfg.min_timed_steps,
+                      reduce=max_over_ranks(ctx.device) if several else None, every=AGREE_EVERY if several else 1)
 
 
 def step_timer(cfg: TrainConfig, device: torch.device, clock: Callable[[], float],
@@ -155,6 +166,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     n_steps = total_steps(cfg, steps_per_epoch)
     epochs = math.ceil(n_steps / steps_per_epoch)
     timer = step_timer(cfg, device, clock, heartbeat)
+    length = auto_length(cfg, ctx)
     # the blocking wait of the sync starts when the step's last gradient is produced, whatever the strategy
     ready_hooks = [p.register_post_accumulate_grad_hook(lambda _p: timer.ready())
                    for p in model.parameters() if p.requires_grad] if sync else []
@@ -172,6 +184,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     net.train()
     try:
         for epoch in range(step // steps_per_epoch, epochs):
+            if step >= n_steps:  # an auto-length run that stopped at the end of the previous epoch
+                break
             skip = step - epoch * steps_per_epoch  # > 0 only in the epoch a resumed run starts in
             sampler.set_epoch(epoch, skip)  # a new permutation every epoch, the same on every rank
             if hasattr(bundle.train, "set_epoch"):  # per-epoch augmentation; reaches workers started below
@@ -221,12 +235,14 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 step += 1
                 if heartbeat:
                     heartbeat.step = step
+                times = timer.end_step()
+                warmup = step <= first_step + cfg.warmup_steps
+                if length and not warmup and length.after_step(times["wall"]):  # outside the timed spans
+                    n_steps = step  # every rank stops here: they decided on the same reduced step times
                 last_of_epoch = i == steps_per_epoch - 1 or step == n_steps
                 due = (cfg.eval_every and step % cfg.eval_every == 0) or (
                     last_of_epoch and (not cfg.eval_every or step == n_steps))
-                times = timer.end_step()
-                record = {"step": step, "epoch": epoch, "rank": ctx.rank,
-                          "warmup": step <= first_step + cfg.warmup_steps, "lr": lr,
+                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": warmup, "lr": lr,
                           "samples": int(x.shape[0]), "targets": int(y.numel()),
                           **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
                           "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
@@ -270,4 +286,5 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
         "evals": evals,
         "memory": {**peak_memory(device), **memory.result()},
         "train_samples": len(bundle.train),
+        **({"length": length.result()} if length else {}),
     }

@@ -55,3 +55,16 @@ def test_memory_by_kind_keeps_the_largest_rank():
         100.0, 100.0, 200.0)
     assert s["memory/activations_saved(bytes)"] == 40.0 and s["memory/activations_backward_peak(bytes)"] == 50.0
     assert "memory/activations_saved(bytes)" not in summarize([rec(1, 0, 0.1)], steps_per_epoch=1, memory=[{}])
+
+
+def test_precision_is_judged_on_the_slowest_rank_of_each_timed_step():
+    # rank 0 is steady at 0.1 s; rank 1 alternates 0.1 / 0.2 s: the step times are rank 1's, far from +-3 %
+    records = [rec(1, 0, 5.0, warmup=True), rec(1, 1, 5.0, warmup=True)]
+    records += [r for step in range(2, 12) for r in (rec(step, 0, 0.1), rec(step, 1, 0.1 if step % 2 else 0.2))]
+    s = summarize(records, steps_per_epoch=20, target_precision=0.03)
+    assert s["precision/target(%)"] == 3.0 and s["precision/reached"] is False
+    # median 0.15 s, interval [0.1, 0.2] s (alternation is negative correlation: not widened): +-1/3
+    assert s["quality"] == "precision not reached" and s["precision/half_width(%)"] == pytest.approx(100 / 3)
+    steady = summarize([rec(step, 0, 0.1) for step in range(1, 11)], steps_per_epoch=20, target_precision=0.03)
+    assert steady["precision/reached"] is True and steady["precision/half_width(%)"] == pytest.approx(0.0)
+    assert "precision/reached" not in summarize(records, steps_per_epoch=20)  # fixed length: no target to reach

@@ -50,3 +50,61 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
     assert row["status"] == "completed"
     system = read_jsonl(out.run_dir / "system.rank0.jsonl")
     assert len(system) >= 2 and system[-1]["rss(bytes)"] > 0 and "net_sent(bytes)" in system[-1]
+
+
+NOISY_MODEL = """
+import random, time
+import torch
+from torch import nn
+
+class Noisy(nn.Module):
+    '''Forward sleeps 5 ms or 80 ms at random (fixed seed): a spread no interval at +-3 % survives.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.rng = random.Random(0)
+        self.fc = nn.Linear(3 * 32 * 32, spec.num_classes)
+
+    def forward(self, x):
+        time.sleep(self.rng.choice((0.005, 0.08)))
+        return self.fc(x.flatten(1))
+
+def make(spec):
+    return Noisy(spec)
+"""
+
+
+def test_auto_length_stops_once_the_median_step_is_precise(store, sleepy_model):
+    # 60 steps in the epoch: the cap is far away; a steady 40 ms sleep is known to +-5 % within a few steps
+    cfg = TrainConfig(model=sleepy_model(0.04), dataset="synthetic", samples=480, eval_samples=8, global_batch=8,
+                      steps="auto", target_precision=0.05, time_budget_s=20.0, warmup_steps=2, threads=1,
+                      sample_interval_s=0.5)
+    out = execute(cfg, store, say=lambda s: None)
+    timed = [r for r in read_jsonl(out.run_dir / "steps.rank0.jsonl") if not r["warmup"]]
+    assert cfg.min_timed_steps <= len(timed) < 60 - cfg.warmup_steps
+    assert out.summary["steps/timed"] == len(timed)
+    assert out.summary["precision/reached"] is True and out.summary["precision/target(%)"] == 5.0
+    assert out.summary["precision/half_width(%)"] <= 5.0 and "quality" not in out.summary
+    assert out.summary["evals/count"] == 1  # the run's end is an epoch's end: evaluated once, after the last step
+
+
+def test_auto_length_stops_at_the_budget_when_steps_stay_noisy(store, tmp_path):
+    path = tmp_path / "noisy.py"
+    path.write_text(NOISY_MODEL)
+    cfg = TrainConfig(model=f"{path}:make", dataset="synthetic", samples=480, eval_samples=8, global_batch=8,
+                      steps="auto", time_budget_s=1.0, warmup_steps=1, threads=1, sample_interval_s=0.5)
+    out = execute(cfg, store, say=lambda s: None)
+    timed = [r for r in read_jsonl(out.run_dir / "steps.rank0.jsonl") if not r["warmup"]]
+    spent = sum(r["wall(s)"] for r in timed)
+    assert spent >= 1.0 and spent - timed[-1]["wall(s)"] < 1.0  # the step that crossed the budget was the last
+    assert len(timed) < 60 - cfg.warmup_steps
+    assert out.summary["precision/reached"] is False and out.summary["quality"] == "precision not reached"
+    assert out.summary["precision/half_width(%)"] > 3.0
+    assert store.get(out.run_id)["status"] == "completed"
+
+
+def test_a_number_of_steps_still_fixes_the_length(store, sleepy_model):
+    cfg = TrainConfig(model=sleepy_model(0.0), dataset="synthetic", samples=480, eval_samples=8, global_batch=8,
+                      steps=7, warmup_steps=2, time_budget_s=0.001, sample_interval_s=0.5)
+    out = execute(cfg, store, say=lambda s: None)
+    assert out.summary["steps/total"] == 7 and out.summary["steps/timed"] == 5
+    assert "precision/reached" not in out.summary and "quality" not in out.summary
