@@ -250,8 +250,13 @@ class Cells:
         if len(rows) < cell.repeats:
             if not replaying():
                 raise ScalelabError(f"cell {cell.label}: {len(rows)} of {cell.repeats} repeats stored")
-            self.progress.cell_done(cell.label, "missing: not in the store")
-            return CellResult(cell, ids, "missing", "not in the store")
+            if not rows:
+                self.progress.cell_done(cell.label, "missing: not in the store")
+                return CellResult(cell, ids, "missing", "not in the store")
+            # a replay shows what the store holds (e.g. a store of a scalelab that launched each cell once); the
+            # tables' `launches` column says how many that is
+            self.progress.cell_done(cell.label, f"{len(rows)} of {cell.repeats} launches in the store", reused=True)
+            return CellResult(cell, ids, rows[-1]["status"], rows[-1].get("reason"), reused=True)
         if missing_before <= 0:
             self.progress.cell_done(cell.label, f"already done ({ids[-1]}), skipped", reused=True)
         status = rows[-1]["status"]
