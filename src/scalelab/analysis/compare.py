@@ -125,13 +125,31 @@ def run_metrics(run: dict) -> dict:
     return out
 
 
+def run_quality(summary: dict) -> str:
+    """What a run's own summary says about how far it can be trusted: its noise reason when the machine was busy
+    outside it, "precision not reached" for an auto-length run that stopped short, else "ok"."""
+    if summary.get(keys.QUALITY_NOISY):
+        return summary.get(keys.QUALITY_NOISE_REASON) or "noisy"
+    return summary.get(keys.QUALITY) or "ok"
+
+
+def worst_quality(*reasons: str | None) -> str | None:
+    """The first reason that is not "ok" (an implausible figure before a noisy run), else "ok" (None if none)."""
+    given = [r for r in reasons if isinstance(r, str)]
+    return next((r for r in given if r != "ok"), "ok" if given else None)
+
+
 def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
     """Add compute (the baseline run's median step), exposed comm, overlap, their intervals and the quality flag
-    to a row of run_metrics."""
+    (the exposed part's, else the run's or its baseline's own) to a row of run_metrics."""
     base = (baseline or {}).get("summary", {}) or {}
     row["compute(ms)"] = base.get(keys.STEP_MEDIAN_MS)
     row["baseline_run_id"] = (baseline or {}).get("run_id")
     row.update(exposed_with_interval(run.get("summary") or {}, base, row.get("comm(ms)")))
+    if run.get("summary"):
+        own = run_quality(run["summary"])
+        base_q = run_quality(base) if base else "ok"
+        row["quality"] = worst_quality(row.get("quality"), own, None if base_q == "ok" else f"baseline {base_q}")
     return row
 
 

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.compare import exposed_with_interval
+from scalelab.analysis.compare import exposed_with_interval, run_quality, worst_quality
 from scalelab.analysis.intervals import ratio_interval
 from scalelab.analysis.repeats import LAUNCHES
 
@@ -68,7 +68,9 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     frame["efficiency"] = effs
     frame[["efficiency_ci_low", "efficiency_ci_high"]] = [efficiency_interval(frame, row, key, mode)
                                                           for row in frame.itertuples()]
-    frame["quality"] = [efficiency_quality(e, lo) for e, lo in zip(frame["efficiency"], frame["efficiency_ci_low"])]
+    own = {run["run_id"]: run_quality(run["summary"] or {}) for run in runs}
+    frame["quality"] = [worst_quality(efficiency_quality(e, lo), own.get(rid))
+                        for e, lo, rid in zip(frame["efficiency"], frame["efficiency_ci_low"], frame["run_id"])]
     frame.insert(1, "mode", mode)
     return frame.sort_values([key, "workers"], kind="stable").reset_index(drop=True)
 
@@ -120,7 +122,6 @@ def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict
                      **exposed_with_interval(summaries.get(run_id, {}), b_summary, comm)})
     out = pd.concat([table.drop(columns=["compute(ms)", "quality"], errors="ignore"),
                      pd.DataFrame(rows, index=table.index)], axis=1)
-    if "quality" in table:  # a flag from the efficiency wins over an "ok" (or no figure) from the exposed part
-        out["quality"] = [e if isinstance(e, str) and e != "ok" else (x if isinstance(x, str) else e)
-                          for e, x in zip(table["quality"], out["quality"])]
+    if "quality" in table:  # the exposed part's flag first, then the efficiency's or the run's own
+        out["quality"] = [worst_quality(x, e) for e, x in zip(table["quality"], out["quality"])]
     return out

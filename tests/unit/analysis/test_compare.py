@@ -144,3 +144,16 @@ def test_replayed_comparison_lists_missing_cells_and_runs_nothing(store, tmp_pat
     table = res.tables["compare_strategies"]
     assert list(table["sync"]) == list(STRATEGIES) and (table["status"] == "missing").all()
     assert len(store.list_runs()) == 0
+
+
+def test_a_noisy_run_or_baseline_shows_in_the_quality_column():
+    noisy = _run("s", 40.0, 20.0)
+    noisy["summary"].update({"quality/noisy": True, "quality/noise_reason": "noisy: 1.6 cores busy outside the run"})
+    base = _run("b", 30.0, noop_collectives=True)
+    row = strategies_table([(noisy, base)]).iloc[0]
+    assert row["quality"] == "noisy: 1.6 cores busy outside the run"
+    short = _run("b2", 30.0, noop_collectives=True)
+    short["summary"]["quality"] = "precision not reached"
+    row = strategies_table([(_run("s2", 40.0, 20.0), short)]).iloc[0]
+    assert row["quality"] == "baseline precision not reached"
+    assert strategies_table([(_run("s3", 40.0, 20.0), base)]).iloc[0]["quality"] == "ok"

@@ -69,3 +69,10 @@ def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged():
     # weak scaling: N times the samples per step, efficiency = T1 / TN
     weak = scaling_table([run("a", 1, 32, 1, 100.0, 10.0), run("b", 2, 64, 1, 180.0, 11.0)], "weak")
     assert weak["efficiency_ci_high"].iloc[1] == pytest.approx(11 / 10)
+
+
+def test_a_noisy_run_is_flagged_in_the_scaling_table():
+    runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 3.0, 170, 30.0)]
+    runs[1]["summary"].update({"quality/noisy": True, "quality/noise_reason": "noisy: steal 9 %"})
+    t = scaling_table(runs, "strong").set_index("workers")
+    assert (t.at[1, "quality"], t.at[2, "quality"]) == ("ok", "noisy: steal 9 %")
