@@ -103,7 +103,8 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         # (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow ones on 1 and 2 workers
         # (peak RSS added ~60 / ~35 MiB on 2 cores) and none for depth 8 x width 1024 (84 MB of gradients and
         # momentum); 64 MiB made width 256 on 1 worker fit in some runs and not in others
-        "model_grid": {"depths": [2] if q else [2, 8], "widths": [256, 1024],
+        # the quick study keeps one model on 1 and 2 workers (its 150 s budget); the default one the whole grid
+        "model_grid": {"depths": [2] if q else [2, 8], "widths": [1024] if q else [256, 1024],
                        "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
                        "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
                                "steps": 3 if q else 6, "warmup_steps": 1 if q else 2}},
