@@ -20,8 +20,12 @@ DEFINITIONS = [
     "A step runs from asking the loader for a batch to the end of the optimizer update; `other` is the part of a "
     "step outside every named stage, so the stages sum to the step's wall time. Evaluation runs after a step ends "
     "and is reported on its own, per evaluation.",
-    "A step's time is the slowest rank's; stage times are averaged over ranks. A median step carries a "
-    "distribution-free 95 % interval (order statistics over the timed steps).",
+    "A step's time is the slowest rank's; stage times are averaged over ranks. A median step carries a 95 % "
+    "interval: order statistics over the timed steps, widened for the correlation between consecutive steps.",
+    "Compared cells are launched several times in interleaved rounds (the `launches` column); a row pools its "
+    "launches and its interval reaches each launch's own median. A ranking or recommendation is made only where "
+    "intervals separate; otherwise the report says the difference is within noise. The `quality` column says ok "
+    "or why not (implausible beyond its interval, noisy, precision not reached).",
     "Epoch time = mean step time × steps per epoch; without data loading each step's data wait is subtracted. "
     "Throughput = global samples / time over the timed steps.",
     "speedup(N) = T(1) / T(N) for the same work; efficiency = speedup / N. Strong scaling keeps the global batch; "
