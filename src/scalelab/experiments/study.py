@@ -112,7 +112,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                                "steps": 3 if q else 6, "warmup_steps": 1 if q else 2}},
         # compared cells: launched 3 times in interleaved rounds in the default study; the quick one launches each
         # once (its intervals then come from the steps of one launch: the tables' `launches` column says so)
-        "scale": {"workers": workers, "batches": [64] if q else [64, 256], "launches": 1 if q else 3,
+        "scale": {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
                   "set": comm_model},
         "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None, "launches": 1 if q else 3,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
