@@ -15,7 +15,7 @@ interquartile range is small or a time budget runs out).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scalelab.analysis.precision import relative_half_width

@@ -161,7 +161,6 @@ def test_config_is_denormalised(tmp_path):
 
 
 def test_a_catalog_of_scalelab_0_1_gains_wrapper_and_sync_from_the_stored_configs(tmp_path):
-    import shutil
     import sqlite3
 
     root = tmp_path / "old"
