@@ -143,6 +143,14 @@ def int_list(value: Any, name: str) -> list[int]:
     return values
 
 
+def positive_ints(value, name: str) -> list[int]:
+    """'2,8' or [2, 8] -> [2, 8], each an integer >= 1 (a depth, a width, a worker count)."""
+    values = int_list(value, name)
+    if min(values) < 1:
+        raise ConfigError(name, value, "allowed: comma-separated integers >= 1, e.g. 2,8")
+    return values
+
+
 def name_list(value: Any, name: str, allowed: Sequence[str] | None = None) -> list[str]:
     """'a,b' or ["a", "b"] -> ["a", "b"], each in `allowed` when given (at least one)."""
     items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None

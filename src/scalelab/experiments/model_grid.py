@@ -20,21 +20,13 @@ from scalelab.analysis import interpret
 from scalelab.analysis.model_grid import grid_table, workers_table
 from scalelab.config import TrainConfig, format_model_options
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list
+from scalelab.experiments.base import Context, Experiment, Option, Result, positive_ints
 from scalelab.experiments.cells import Cell, CellResult, with_fields
 from scalelab.experiments.max_batch import does_not_fit
 from scalelab.report import figures
 from scalelab.sizes import parse_bytes
 
 SIZES = ("depth", "width")  # the model options the grid varies
-
-
-def positive_ints(value, name: str) -> list[int]:
-    """'2,8' or [2, 8] -> [2, 8], each an integer >= 1 (a depth, a width, a worker count)."""
-    values = int_list(value, name)
-    if min(values) < 1:
-        raise ConfigError(name, value, "allowed: comma-separated integers >= 1, e.g. 2,8")
-    return values
 
 
 def memory_cap(base: TrainConfig, opts: dict) -> int | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from scalelab.analysis import interpret
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list
+from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
+    positive_ints
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
@@ -43,9 +44,6 @@ def _modes(value, name: str) -> list[str]:
 
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
-    if min(opts["workers"]) < 1:
-        from scalelab.errors import ConfigError
-        raise ConfigError("workers", opts["workers"], "allowed: worker counts >= 1, e.g. 1,2,4")
     result = Result("scale", {})
     for mode in opts["mode"]:
         name = f"scale_{mode}"
@@ -75,7 +73,7 @@ EXPERIMENT = Experiment(
     question="What speedup and efficiency do more workers give, strong and weak, and how much of each step is "
              "communication? (seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1)",
     help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell.",
-    options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=int_list),
+    options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=positive_ints),
              Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
                     parse=int_list),
              Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option()),
