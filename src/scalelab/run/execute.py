@@ -129,6 +129,8 @@ def run_commbench(cfg: CommBenchConfig, store: Store, *, argv: list[str] | None 
 # Messages of a collective that failed because another rank died or aborted first (gloo, NCCL).
 _PEER_FAILURE = re.compile(r"connection (reset|closed) by peer|broken pipe|remote process exited|"
                            r"communicator was aborted|connection refused", re.IGNORECASE)
+# Messages of a rank that failed because the agent's SIGTERM reached it or its loader workers first.
+_STOPPED = re.compile(r"killed by signal: Terminated|got signal: 15\b", re.IGNORECASE)
 
 
 def _message(failure) -> tuple[str, str]:
@@ -150,8 +152,10 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
         # "first". The root cause is the earliest failure the agent did not cause itself.
         # Likewise a rank whose collective broke because its peer went away (gloo's "connection reset by peer",
         # NCCL's "remote process exited") is a consequence, and it can be reported before the rank that caused it.
+        # A rank whose loader worker got that SIGTERM first raises "DataLoader worker ... killed by signal:
+        # Terminated" and exits 1 with an error file: stopped by the agent too.
         def stopped_by_agent(f) -> bool:
-            return f.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+            return f.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM) or bool(_STOPPED.search(_message(f)[0]))
 
         def key(kv):
             rank, f = kv

@@ -49,3 +49,16 @@ def test_root_cause_skips_ranks_that_failed_because_of_their_peer(tmp_path):
     failures = {0: _failure(tmp_path, 0, 1, "ValueError: late", timestamp=200),
                 1: _failure(tmp_path, 1, 3, "KeyError: early", timestamp=150)}
     assert failure_reason(ChildFailedError("worker", failures))[0] == "rank 1 exited with code 3: KeyError: early"
+
+
+def test_a_rank_whose_loader_worker_the_agent_stopped_is_not_the_root_cause(tmp_path):
+    """Seen in CI: rank 1 SIGKILLed; the agent's SIGTERM reached rank 0's loader worker first, and rank 0 exited
+    1 with an error file written before the agent noticed rank 1. The root cause is still rank 1."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from scalelab.run.execute import failure_reason
+
+    stopped = "RuntimeError: DataLoader worker (pid 20596) is killed by signal: Terminated."
+    failures = {0: _failure(tmp_path, 0, 1, stopped, timestamp=100),
+                1: _failure(tmp_path, 1, -signal.SIGKILL, None, timestamp=101)}
+    assert failure_reason(ChildFailedError("worker", failures))[0] == "rank 1 killed by signal SIGKILL"
