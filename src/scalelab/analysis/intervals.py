@@ -8,6 +8,11 @@
   (tests/unit/analysis/test_intervals.py, 1000 seeded trials each): 95.7 % on independent normal and lognormal
   series of 40 steps, 97.0 % on 12 steps, 97.4 % and 93.9 % on AR(1) series of 60 steps with correlation 0.5 and
   0.8; slightly under at correlation 0.9 (91.9 % on 100 steps), where r is underestimated more often.
+- `mean_interval`: the mean of such a series (epoch time, throughput, time inside collectives, a stage's mean
+  time are means): Student's t interval with the standard error widened by the same AR(1) factor. Coverage of the
+  true mean (tests/unit/analysis/test_intervals.py, 1000 trials): 95.1 % and 94.3 % on independent normal and
+  lognormal series of 40 steps, 92.4 % on AR(1) series of 60 steps with correlation 0.5 (89.3 % at 0.8: the mean
+  of a drifting series is harder to pin than its median).
 - `difference_interval` / `ratio_interval`: figures computed from two independently measured ones (exposed =
   step - baseline, speedup = T1 / TN): the conservative combination of their intervals (every value in one with
   every value in the other).
@@ -53,6 +58,22 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     r = lag1_autocorrelation(values)  # in the order measured, not sorted
     factor = math.sqrt((1 + r) / (1 - r))
     return median - factor * (median - float(low)), median + factor * (float(high) - median)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A 95 % interval for the mean of a series of timings: mean +- t * sd / sqrt(n), the standard error widened
+    by sqrt((1 + r) / (1 - r)) for the lag-1 autocorrelation r; one value: (it, it); none: NaN."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan
+    mean = float(x.mean())
+    if n == 1:
+        return mean, mean
+    r = lag1_autocorrelation(values)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+    half *= math.sqrt((1 + r) / (1 - r))
+    return mean - half, mean + half
 
 
 def difference_interval(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:

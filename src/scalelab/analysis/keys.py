@@ -70,6 +70,26 @@ THREADS_USED = "threads/used"  # torch.get_num_threads() of the lowest rank, as 
 
 STAGE_PREFIX = "stage/"
 
+# Figures that carry a 95 % interval besides the median step (scalelab.analysis.summary): means over the timed
+# steps (mean_interval), and rates of a fixed count over such a mean (throughput: samples; algbw / busbw: bytes),
+# whose interval is the count over the mean's interval. Their keys: `ci_keys`.
+MEAN_FIGURES = (EPOCH_S, COMM_TIME_MS)
+RATE_FIGURES = {THROUGHPUT: EPOCH_S, COMM_ALGBW: COMM_TIME_MS, COMM_BUSBW: COMM_TIME_MS}  # rate -> its mean
+
+
+def ci_keys(key: str) -> tuple[str, str]:
+    """The summary keys of a figure's 95 % interval: "time/epoch(s)" -> ("time/epoch_ci_low(s)",
+    "time/epoch_ci_high(s)"); the step's are STEP_MEDIAN_CI_LOW_MS / _HIGH_MS."""
+    if key == STEP_MEDIAN_MS:
+        return STEP_MEDIAN_CI_LOW_MS, STEP_MEDIAN_CI_HIGH_MS
+    name, paren, unit = key.partition("(")
+    return f"{name}_ci_low{paren}{unit}", f"{name}_ci_high{paren}{unit}"
+
+
+def interval_figures(summary: dict) -> list[str]:
+    """The keys of a summary that carry an interval (stage means included)."""
+    return [k for k in summary if ci_keys(k)[0] in summary]
+
 
 def stage_ms(stage: str) -> str:
     """The mean time of a step's stage: "stage/<stage>(ms)"."""

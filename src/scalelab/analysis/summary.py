@@ -7,7 +7,9 @@ Definitions (stated in every report):
 - Training time of a step = its wall time; evaluation runs after a step ends and is reported on its own (time per
   evaluation). Records of scalelab 0.1 timed evaluation inside the step: their evaluation is subtracted.
 - The median step carries a 95 % interval (scalelab.analysis.intervals.median_interval: order statistics widened
-  for correlation between consecutive steps).
+  for correlation between consecutive steps). Means over the timed steps (epoch time, each stage, time inside
+  collectives) carry the mean's (mean_interval, widened the same way); a rate over such a mean (throughput,
+  algbw, busbw: a fixed count of samples or bytes) carries the count over the mean's interval (keys.ci_keys).
 - Precision: the wider side of the median step's interval in % of the median; a run of auto length
   (`steps: auto`) also records its target and whether it reached it (scalelab.analysis.precision).
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
@@ -28,7 +30,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.intervals import median_interval
+from scalelab.analysis.intervals import mean_interval, median_interval
 from scalelab.analysis.keys import STAGES
 from scalelab.analysis.noise import noise_summary
 from scalelab.analysis.precision import precision_summary
@@ -98,6 +100,8 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         })
         for col in STAGE_COLUMNS:
             out[keys.stage_ms(col[:-3])] = 1e3 * float(steps[col].mean())
+            add_mean_interval(out, keys.stage_ms(col[:-3]), steps[col], 1e3)
+        add_mean_interval(out, keys.EPOCH_S, wall, steps_per_epoch)
     if "evaluation(s)" in frame:  # evaluations after steps (every rank evaluates its shard: the slowest counts)
         per_eval = frame.groupby("step")["evaluation(s)"].max().dropna()
         if len(per_eval):
@@ -111,6 +115,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         out[keys.EVAL_LOSS] = float(evals[-1]["loss"])
         out[keys.EVAL_ACC] = float(evals[-1]["acc"])
     out.update(comm_summary(frame))
+    add_rate_intervals(out)
     out.update(noise_summary(system or [], records))  # `system`: every rank's system samples
     out.update(precision_summary(steps["train(s)"], target_precision))
     added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
@@ -149,7 +154,9 @@ def comm_summary(frame: pd.DataFrame) -> dict:
         return {}
     by_step = timed.groupby("step")
     out = {key: float(by_step[col].mean().mean()) for key, col in COMM_PER_STEP.items()}
-    out[keys.COMM_TIME_MS] = 1e3 * float(by_step["comm_total(s)"].mean().mean())
+    union = by_step["comm_total(s)"].mean()
+    out[keys.COMM_TIME_MS] = 1e3 * float(union.mean())
+    add_mean_interval(out, keys.COMM_TIME_MS, union, 1e3)
     if "comm_sum(s)" in timed:  # records of scalelab 0.1 summed the intervals into comm_total(s)
         out[keys.COMM_SUM_MS] = 1e3 * float(by_step["comm_sum(s)"].mean().mean())
     out[keys.COMM_BLOCKING_MS] = 1e3 * float(by_step["comm(s)"].mean().mean())
@@ -159,6 +166,25 @@ def comm_summary(frame: pd.DataFrame) -> dict:
     out[keys.COMM_ALGBW] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     out[keys.COMM_BUSBW] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     return out
+
+
+def add_mean_interval(out: dict, key: str, series, scale: float) -> None:
+    """Store the 95 % interval of `series`' mean, times `scale`, under key's interval keys."""
+    low, high = mean_interval(series)
+    lo_key, hi_key = keys.ci_keys(key)
+    out[lo_key], out[hi_key] = scale * low, scale * high
+
+
+def add_rate_intervals(out: dict) -> None:
+    """A rate = a fixed count / a mean time: its interval is the rate scaled by mean / the mean's interval ends
+    (a mean interval reaching 0 leaves the rate unbounded above: NaN)."""
+    for rate, mean in keys.RATE_FIGURES.items():
+        m_low, m_high = (out.get(k) for k in keys.ci_keys(mean))
+        if out.get(rate) is None or m_low is None or not out.get(mean):
+            continue
+        lo_key, hi_key = keys.ci_keys(rate)
+        out[lo_key] = out[rate] * out[mean] / m_high if m_high > 0 else float("nan")
+        out[hi_key] = out[rate] * out[mean] / m_low if m_low > 0 else float("nan")
 
 
 def loopback_bytes_per_step(samples: list[dict], records: list[dict]) -> float | None:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.analysis.intervals import (difference_interval, lag1_autocorrelation, median_interval,
-                                         ratio_interval, separated)
+from scalelab.analysis.intervals import (difference_interval, lag1_autocorrelation, mean_interval,
+                                         median_interval, ratio_interval, separated)
 
 TRIALS = 1000
 SEED = 2
@@ -54,6 +54,17 @@ def test_the_interval_covers_the_true_median_92_to_98_percent(name, draw):
     assert 0.92 <= coverage(lambda: draw(rng), 100.0) <= 0.98, name
 
 
+@pytest.mark.parametrize("name, draw, true", [
+    ("normal, 40 steps", lambda rng: rng.normal(100, 5, 40), 100.0),
+    ("lognormal, 40 steps", lambda rng: 100 * np.exp(rng.normal(0, 0.2, 40)), 100 * math.exp(0.02)),
+    ("drifting: AR(1) 0.5, 60 steps", lambda rng: ar1(rng, 60, 0.5), 100.0),
+])
+def test_the_mean_interval_covers_the_true_mean_92_to_98_percent(name, draw, true):
+    """Epoch time, throughput and time inside collectives are means: their interval against known means."""
+    rng = np.random.default_rng(SEED)
+    assert 0.92 <= coverage(lambda: draw(rng), true, mean_interval) <= 0.98, name
+
+
 def test_an_interval_that_treats_drifting_steps_as_independent_fails():
     rng = np.random.default_rng(SEED)
     assert coverage(lambda: ar1(rng, 60, 0.8), 100.0, iid_interval) < 0.8  # about 0.61
@@ -62,6 +73,7 @@ def test_an_interval_that_treats_drifting_steps_as_independent_fails():
 def test_short_series_and_edge_cases():
     assert median_interval([5.0, 6.0, 7.0]) == (5.0, 7.0)  # too few for order statistics: the whole range
     assert all(math.isnan(v) for v in median_interval([]))
+    assert mean_interval([4.0]) == (4.0, 4.0) and all(math.isnan(v) for v in mean_interval([]))
     assert lag1_autocorrelation([1, 2, 3]) == 0.0  # too short to tell correlation from chance
     assert lag1_autocorrelation(list(range(50))) == pytest.approx(0.95)  # a trend: capped
 
