@@ -7,7 +7,10 @@ with the cells it is compared with, and its headline figures come from all launc
 - its interval is the robust median interval over the steps in launch order (a shift between launches shows up as
   correlation between consecutive steps and widens it), and never narrower than the spread of the launches' own
   medians: with k launches the true median can sit anywhere between them;
-- every other numeric figure of the summary is the median over the launches;
+- every other numeric figure of the summary is the median over the launches; a figure with an interval
+  (keys.ci_keys) keeps the median launch's interval, widened to reach every launch's value, by the same reasoning;
+- the run's doubts carry over: noisy when any launch was noisy (with that launch's reason), and a quality other
+  than ok when any launch had one;
 - `launches` says how many there were.
 """
 from __future__ import annotations
@@ -32,6 +35,19 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
         values = [s[key] for s in summaries if key in s]
         numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         out[key] = float(np.median(numeric)) if len(numeric) == len(values) else values[-1]
+    for key in keys.interval_figures(out):
+        lo_key, hi_key = keys.ci_keys(key)
+        points = [s[key] for s in summaries if _finite(s.get(key))]
+        if points:
+            out[lo_key] = min(out[lo_key], *points)
+            out[hi_key] = max(out[hi_key], *points)
+    doubtful = [s for s in summaries if s.get(keys.QUALITY_NOISY)]
+    if doubtful:
+        out[keys.QUALITY_NOISY] = True
+        out[keys.QUALITY_NOISE_REASON] = doubtful[-1].get(keys.QUALITY_NOISE_REASON, "noisy")
+    qualities = [s[keys.QUALITY] for s in summaries if s.get(keys.QUALITY) not in (None, "ok")]
+    if qualities:
+        out[keys.QUALITY] = qualities[-1]
     series = [float(t) for launch in steps_ms for t in launch]
     medians = [float(np.median(launch)) for launch in steps_ms if len(launch)]
     if series:
@@ -43,3 +59,7 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
         out[keys.STEPS_TIMED] = len(series)
     out[LAUNCHES] = len(summaries)
     return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -3,6 +3,10 @@
 - strong scaling keeps the global batch: speedup(N) = T(1) / T(N) for the same work (one epoch), efficiency =
   speedup / N;
 - weak scaling keeps the per-worker batch: compare throughput, efficiency = X(N) / (N * X(1)), speedup = X(N) / X(1).
+
+Speedup and efficiency carry 95 % intervals from both sides' intervals (epoch times in strong scaling, throughputs
+in weak; scalelab.analysis.intervals.ratio_interval); efficiency is the headline: `n` (timed steps of the cell),
+`ci_low`, `ci_high` follow it.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from scalelab.analysis.repeats import LAUNCHES
 
 COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
+RATE_CI = ["epoch_ci_low(s)", "epoch_ci_high(s)", "throughput_ci_low", "throughput_ci_high"]
 
 
 def strong_speedup(t1: float, tn: float) -> float:
@@ -44,6 +49,8 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
                      "step_ci_low(ms)": s.get(keys.STEP_MEDIAN_CI_LOW_MS),
                      "step_ci_high(ms)": s.get(keys.STEP_MEDIAN_CI_HIGH_MS),
                      keys.THROUGHPUT: s.get(keys.THROUGHPUT),
+                     **{column: s.get(k) for column, k in zip(RATE_CI, (*keys.ci_keys(keys.EPOCH_S),
+                                                                        *keys.ci_keys(keys.THROUGHPUT)))},
                      "compute(ms)": None, "skew(slowest/median)": s.get(keys.SKEW),
                      **{m: s.get(m) for m in COMM_METRICS}})
     frame = pd.DataFrame(rows)
@@ -65,30 +72,31 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
             speedups.append(xn / x1)
             effs.append(weak_efficiency(x1, xn, row.workers))
     frame["speedup"] = speedups
+    frame[["speedup_ci_low", "speedup_ci_high"]] = [speedup_interval(frame, row, key, mode)
+                                                    for row in frame.itertuples()]
     frame["efficiency"] = effs
-    frame[["efficiency_ci_low", "efficiency_ci_high"]] = [efficiency_interval(frame, row, key, mode)
-                                                          for row in frame.itertuples()]
+    frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
+    frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
+    frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]
     own = {run["run_id"]: run_quality(run["summary"] or {}) for run in runs}
     frame["quality"] = [worst_quality(efficiency_quality(e, lo), own.get(rid))
-                        for e, lo, rid in zip(frame["efficiency"], frame["efficiency_ci_low"], frame["run_id"])]
+                        for e, lo, rid in zip(frame["efficiency"], frame["ci_low"], frame["run_id"])]
     frame.insert(1, "mode", mode)
     return frame.sort_values([key, "workers"], kind="stable").reset_index(drop=True)
 
 
-def efficiency_interval(frame: pd.DataFrame, row, key: str, mode: str) -> tuple[float, float]:
-    """95 % interval of a cell's efficiency from the median steps' intervals of the cell and its 1-worker
-    baseline: a step does the same work on 1 and N workers in strong scaling (efficiency = (T1 / TN) / N) and N
-    times the samples in weak scaling (efficiency = T1 / TN)."""
+def speedup_interval(frame: pd.DataFrame, row, key: str, mode: str) -> tuple[float, float]:
+    """95 % interval of a cell's speedup over its 1-worker baseline: T1 / TN from the epoch times' intervals
+    (strong: the same work), XN / X1 from the throughputs' (weak)."""
     base = frame[(frame[key] == getattr(row, key)) & (frame["workers"] == 1)]
     if not len(base):
         return math.nan, math.nan
-    one = (base["step_ci_low(ms)"].iloc[0], base["step_ci_high(ms)"].iloc[0])
-    cell = (frame.at[row.Index, "step_ci_low(ms)"], frame.at[row.Index, "step_ci_high(ms)"])
+    low, high = RATE_CI[:2] if mode == "strong" else RATE_CI[2:]
+    one = (base[low].iloc[0], base[high].iloc[0])
+    cell = (frame.at[row.Index, low], frame.at[row.Index, high])
     if any(v is None or pd.isna(v) for v in (*one, *cell)):
         return math.nan, math.nan
-    low, high = ratio_interval(one, cell)
-    per = row.workers if mode == "strong" else 1
-    return low / per, high / per
+    return ratio_interval(one, cell) if mode == "strong" else ratio_interval(cell, one)
 
 
 def efficiency_quality(efficiency: float | None, low: float | None) -> str | None:

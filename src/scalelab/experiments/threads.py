@@ -37,7 +37,7 @@ def thread_cells(base: TrainConfig, threads: list[int]) -> list[Cell]:
 def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
     """Per thread count: epoch time, throughput, step spread, speedup over the fewest threads, oversubscribed."""
     metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, *SPREAD, keys.THREADS_USED]
-    frame = runs_frame(runs, ["threads"], metrics)
+    frame = runs_frame(runs, ["threads"], metrics, headline=keys.EPOCH_S)
     if not len(frame):
         return frame
     first = frame.iloc[0]

@@ -26,22 +26,31 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _spread(frame: pd.DataFrame) -> list | None:
-    cols = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MAX_MS]
-    if not all(c in frame for c in cols):
+def _ci(frame: pd.DataFrame, point: str = keys.STEP_MEDIAN_MS, low: str | None = None,
+        high: str | None = None) -> list | None:
+    """Error bars of `point`'s 95 % interval (columns `low` / `high`; by default its summary interval keys);
+    None when the table has no interval, 0 where a row lacks one."""
+    low, high = (low, high) if low is not None else keys.ci_keys(point)
+    if not all(c in frame for c in (point, low, high)):
         return None
-    return [frame[cols[1]] - frame[cols[0]], frame[cols[2]] - frame[cols[1]]]
+    value = frame[point].astype(float)
+    return [(value - frame[low].astype(float)).clip(lower=0).fillna(0),
+            (frame[high].astype(float) - value).clip(lower=0).fillna(0)]
+
+
+STEP_CI_LABEL = "step time (ms): median, bars its 95 % interval"
 
 
 def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
-    """Epoch time with and without data loading, and step time with its spread, vs global batch."""
+    """Epoch time with and without data loading, and step time, with their 95 % intervals, vs global batch."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(table["global_batch"], table[keys.EPOCH_S], "o-", label="with data loading")
+    ax1.errorbar(table["global_batch"], table[keys.EPOCH_S], yerr=_ci(table, keys.EPOCH_S), fmt="o-", capsize=3,
+                 label="with data loading (bars: 95 % interval)")
     ax1.plot(table["global_batch"], table[keys.EPOCH_NO_DATA_S], "s--", label="without data loading")
     ax1.set(xscale="log", xlabel="global batch (samples)", ylabel="epoch time (s)", title="Epoch time")
     ax1.legend()
-    ax2.errorbar(table["global_batch"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="o-", capsize=3)
-    ax2.set(xscale="log", xlabel="global batch (samples)", ylabel="step time (ms): median, bars min..max",
+    ax2.errorbar(table["global_batch"], table[keys.STEP_MEDIAN_MS], yerr=_ci(table), fmt="o-", capsize=3)
+    ax2.set(xscale="log", xlabel="global batch (samples)", ylabel=STEP_CI_LABEL,
             title="Step time over timed steps")
     for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
         ax.set_xticks(list(table["global_batch"]), [str(b) for b in table["global_batch"]])
@@ -97,8 +106,8 @@ def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
         labels.append(f"{name} (right axis)")
         ax2.set(ylabel=f"{name} (MiB)", ylim=(0, None))
     ax1.legend(handles, labels, loc="lower left", fontsize="small")
-    ax3.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="s--", color="tab:red", capsize=3)
-    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel="step time (ms): median, bars min..max",
+    ax3.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=_ci(table), fmt="s--", color="tab:red", capsize=3)
+    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel=STEP_CI_LABEL,
             title="Cost in time")
     for ax in (ax1, ax3):
         ax.set_xticks(sorted(segments.unique()))
@@ -110,8 +119,8 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     labels = [f"w{int(r.num_workers)}{' pin' if r.pin_memory else ''}"
               f"{'' if pd.isna(r.prefetch_factor) else f' pf{int(r.prefetch_factor)}'}" for r in table.itertuples()]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.bar(labels, table[keys.THROUGHPUT])
-    ax1.set(ylabel="training throughput (samples/s)", title="Throughput per loader setting")
+    ax1.bar(labels, table[keys.THROUGHPUT], yerr=_ci(table, keys.THROUGHPUT, "ci_low", "ci_high"), capsize=3)
+    ax1.set(ylabel="training throughput (samples/s), bars: 95 % interval", title="Throughput per loader setting")
     ax2.bar(labels, table["data_wait(%)"], color="tab:orange")
     ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
     for ax in (ax1, ax2):
@@ -126,8 +135,11 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
     top = int(table["workers"].max())
     ax.plot([1, top], [1, top], "k:", label="ideal")
     for value, group in table.groupby(key):
-        ax.plot(group["workers"], group["speedup"], "o-", label=f"{key.replace('_', ' ')} {value}")
-    ax.set(xlabel="workers (ranks)", ylabel="speedup (x, median step times)", title=f"{mode.title()} scaling")
+        ax.errorbar(group["workers"], group["speedup"], yerr=_ci(group, "speedup", "speedup_ci_low", "speedup_ci_high"),
+                    fmt="o-", capsize=3, label=f"{key.replace('_', ' ')} {value}")
+    figure = "epoch times" if mode == "strong" else "throughputs"
+    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}), bars: 95 % interval",
+           title=f"{mode.title()} scaling")
     ax.set_xticks(sorted(table["workers"].unique()))
     ax.legend()
     return _save(fig, path)
@@ -149,6 +161,10 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
                     fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
     if keys.COMM_TIME_MS in table:
         ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
+    if "step_ci_low(ms)" in table:
+        ax.errorbar([x - 0.2 for x in range(len(labels))], table["step(ms)"].astype(float),
+                    yerr=_ci(table, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)"), fmt="none", ecolor="black",
+                    capsize=3, label="median step, 95 % interval")
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
@@ -193,7 +209,7 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     step = table["step(ms)"].astype(float).where(done)
     compute = table["compute(ms)"].astype(float).fillna(step).where(done).fillna(0)
     exposed = table["exposed_comm(ms)"].astype(float).where(done).fillna(0)
-    spread = [step - table["step_min(ms)"].astype(float), table["step_max(ms)"].astype(float) - step]
+    spread = _ci(table.assign(step=step), "step", "step_ci_low(ms)", "step_ci_high(ms)")
     reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
     ax.bar(labels, compute, label="compute (median step, no-op collectives)")
@@ -204,9 +220,9 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
                     yerr=[(exposed - low).clip(lower=0).fillna(0), (high - exposed).clip(lower=0).fillna(0)],
                     fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
     ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
-                label="median step, bars min..max")
+                label="median step, bars its 95 % interval")
     ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")
-    top = max(float((compute + exposed).max()), float(table["step_max(ms)"].astype(float).max()), 1e-6)
+    top = max(float((compute + exposed).max()), float(table["step_ci_high(ms)"].astype(float).fillna(0).max()), 1e-6)
     for i, (ok, status) in enumerate(zip(done, table.get("status", ["completed"] * len(table)))):
         if not ok:
             ax.text(i, 0.02 * top, str(status), ha="center", va="bottom", rotation=90, color="gray")
@@ -318,9 +334,9 @@ def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
 def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     """Step time with its spread vs torch threads; the core count as a dashed line (past it: oversubscribed)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.errorbar(table["threads"], table[keys.STEP_MEDIAN_MS], yerr=_spread(table), fmt="o-", capsize=3)
+    ax.errorbar(table["threads"], table[keys.STEP_MEDIAN_MS], yerr=_ci(table), fmt="o-", capsize=3)
     ax.axvline(int(table["cores"].iloc[0]), linestyle="--", color="grey", label="core count")
-    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel="step time (ms): median, bars min..max",
+    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel=STEP_CI_LABEL,
            title="Step time vs threads")
     ax.set_xticks(list(table["threads"]), [str(t) for t in table["threads"]])
     ax.minorticks_off()

@@ -29,6 +29,18 @@ def test_launches_pool_their_steps_and_the_interval_covers_the_drift_between_the
     assert out["quality/noisy"] is False  # non-numeric values: the last launch's
 
 
+def test_other_intervals_reach_every_launch_and_doubts_carry_over():
+    lo, hi = keys.ci_keys(keys.THROUGHPUT)
+    launches = [{keys.THROUGHPUT: 100.0, lo: 98.0, hi: 102.0, keys.QUALITY_NOISY: False},
+                {keys.THROUGHPUT: 70.0, lo: 69.0, hi: 71.0, keys.QUALITY_NOISY: True,
+                 keys.QUALITY_NOISE_REASON: "noisy: 0.90 cores busy outside the run"},
+                {keys.THROUGHPUT: 101.0, lo: 99.0, hi: 103.0, keys.QUALITY_NOISY: False}]
+    out = pool(launches, [[10.0] * 5] * 3)
+    assert out[keys.THROUGHPUT] == 100.0
+    assert (out[lo], out[hi]) == (70.0, 102.0)  # the median launch's interval, reaching the slow launch
+    assert out[keys.QUALITY_NOISY] is True and out[keys.QUALITY_NOISE_REASON].startswith("noisy: 0.90")
+
+
 def test_steady_launches_give_a_narrow_interval():
     steps = [[100.0 + (i % 5) * 0.1 for i in range(20)] for _ in range(3)]
     out = pool([summary(100.2, 1.0)] * 3, steps)

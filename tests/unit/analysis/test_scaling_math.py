@@ -6,6 +6,8 @@ from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 def run(rid, ranks, gb, epoch, thr, step, comm=None):
     s = {"time/epoch(s)": epoch, "throughput(samples/s)": thr, "time/step_median(ms)": step,
          "time/step_median_ci_low(ms)": step - 1.0, "time/step_median_ci_high(ms)": step + 1.0,
+         "time/epoch_ci_low(s)": epoch * 0.9, "time/epoch_ci_high(s)": epoch * 1.1,
+         "throughput_ci_low(samples/s)": thr / 1.1, "throughput_ci_high(samples/s)": thr / 0.9,
          "stage/forward(ms)": 1.0, "stage/backward(ms)": 2.0, "stage/optimizer(ms)": 0.5}
     if comm is not None:
         s["comm/time(ms)"] = comm
@@ -58,17 +60,18 @@ def test_exposed_comm_is_never_clipped_and_flagged_only_beyond_its_interval():
 
 
 def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged():
-    # strong scaling: the same work per step; the median steps (±1 ms intervals) give efficiency (T1/TN)/N
+    # strong scaling: the same work; the epoch times' (±10 %) intervals give speedup T1/TN and efficiency / N
     runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 2.0, 250, 20.0), run("c", 4, 64, 1.5, 333, 15.0)]
     t = scaling_table(runs, "strong").set_index("workers")
-    assert (t.at[2, "efficiency_ci_low"], t.at[2, "efficiency_ci_high"]) == \
-        (pytest.approx(49 / 21 / 2), pytest.approx(51 / 19 / 2))
-    assert t.at[2, "quality"] == "implausible: efficiency above 1 beyond its interval"  # 1.17..1.34: not noise
-    assert t.at[4, "quality"] == "ok"  # 49/16/4 = 0.77 .. 51/14/4 = 0.91
+    assert (t.at[2, "speedup_ci_low"], t.at[2, "speedup_ci_high"]) == (pytest.approx(4.5 / 2.2), pytest.approx(5.5 / 1.8))
+    assert (t.at[2, "ci_low"], t.at[2, "ci_high"]) == (pytest.approx(4.5 / 2.2 / 2), pytest.approx(5.5 / 1.8 / 2))
+    assert t.at[2, "quality"] == "implausible: efficiency above 1 beyond its interval"  # 1.02..1.53: not noise
+    assert t.at[4, "quality"] == "ok"  # 4.5/1.65/4 = 0.68 .. 5.5/1.35/4 = 1.02
     assert t.at[1, "quality"] == "ok" and t.at[1, "efficiency"] == 1.0
-    # weak scaling: N times the samples per step, efficiency = T1 / TN
+    assert list(t["n"].isna()) == [True] * 3  # the fixtures have no step count
+    # weak scaling: throughputs' intervals, XN / X1
     weak = scaling_table([run("a", 1, 32, 1, 100.0, 10.0), run("b", 2, 64, 1, 180.0, 11.0)], "weak")
-    assert weak["efficiency_ci_high"].iloc[1] == pytest.approx(11 / 10)
+    assert weak["ci_high"].iloc[1] == pytest.approx(180 / 0.9 / (100 / 1.1) / 2)
 
 
 def test_a_noisy_run_is_flagged_in_the_scaling_table():
