@@ -9,8 +9,8 @@ Definitions (DESIGN.md, "Measurement definitions"):
   of the sync, the directly measured blocking wait, which means the same for every strategy;
 - exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
   overlap = 1 - exposed / comm (empty when comm is 0), never clipped. `quality` is "ok", or says why not: an
-  exposed interval entirely below 0, or an overlap interval entirely outside [0, 1] by more than OVERLAP_SLACK,
-  is "implausible";
+  exposed interval entirely below 0, an overlap interval entirely outside [0, 1] by more than OVERLAP_SLACK, or
+  time inside collectives above the mean step beyond both intervals is "implausible";
 - bytes are payload bytes per step as the CommMeter counts them (scalelab.sync.meter), averaged over ranks;
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
@@ -96,8 +96,20 @@ def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None) 
         low, high = difference_interval((ci[0], ci[1]), (ci[2], ci[3]))
         out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
         out["overlap_ci_low"], out["overlap_ci_high"] = overlap(high, comm_ms), overlap(low, comm_ms)
-    out["quality"] = plausibility(out)
+    out["quality"] = plausibility(out) if not comm_exceeds_step(summary) else \
+        "implausible: time inside collectives longer than the step beyond noise"
     return out
+
+
+def comm_exceeds_step(summary: dict) -> bool:
+    """Time inside collectives (the union per step, a mean) above the mean step beyond both intervals: a rank
+    cannot spend longer in a step's collectives than in the step, so a clock or the meter is wrong."""
+    comm_low = summary.get(keys.ci_keys(keys.COMM_TIME_MS)[0])
+    epoch_high = summary.get(keys.ci_keys(keys.EPOCH_S)[1])
+    per_epoch = summary.get(keys.STEPS_PER_EPOCH)
+    if _missing(comm_low) or _missing(epoch_high) or not per_epoch:
+        return False
+    return comm_low > 1e3 * epoch_high / per_epoch
 
 
 def plausibility(row: dict) -> str:
@@ -131,6 +143,13 @@ def run_quality(summary: dict) -> str:
     if summary.get(keys.QUALITY_NOISY):
         return summary.get(keys.QUALITY_NOISE_REASON) or "noisy"
     return summary.get(keys.QUALITY) or "ok"
+
+
+def trusted(quality) -> bool:
+    """Whether a row's figures may make a ranking or a recommendation: not implausible, not noisy, not two
+    measurements that disagree (ok, re-measured, precision not reached: its interval says how sure it is)."""
+    return not isinstance(quality, str) or not (quality.startswith(("implausible", "noisy"))
+                                                or "disagree" in quality or "persisted" in quality)
 
 
 def worst_quality(*reasons: str | None) -> str | None:

@@ -10,6 +10,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.compare import trusted
 from scalelab.analysis.intervals import separated
 from scalelab.analysis.model_grid import FALLS_BELOW
 
@@ -59,9 +60,26 @@ def _fastest(table: pd.DataFrame, label: str, value: str = "step(ms)", low: str 
     return best, ties, b is not None
 
 
+def _flagged(table: pd.DataFrame, label: str) -> tuple[pd.DataFrame, list[str]]:
+    """(the rows that may make a finding, one sentence per row left out and why: compare.trusted)."""
+    if "quality" not in table:
+        return table, []
+    keep = table["quality"].map(trusted)
+    out = [f"{row[label]} is left out of the ranking: {row['quality']}." for row in table[~keep].to_dict("records")]
+    return table[keep], out
+
+
 def _ranking(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
     """Sentences ranking `table`'s rows by median step, only as far as the intervals separate them; the winner
-    when it is faster than every other row beyond noise (else None)."""
+    when it is faster than every other row beyond noise (else None). Flagged rows are left out, with why."""
+    table, left_out = _flagged(table, label)
+    if not len(table):
+        return left_out + [f"Every {what} is flagged: no ranking is a finding."], None
+    lines, best = _ranking_of(table, label, what)
+    return left_out + lines, best
+
+
+def _ranking_of(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
     best, ties, known = _fastest(table, label)
     line = f"{best[label]} has the shortest median step: {_fmt(best['step(ms)'], ' ms')} ({_span(_interval(best))})"
     if not known:
@@ -113,6 +131,9 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
         out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
                    f"{100 * d[keys.EVAL_ACC]:.1f} % vs {100 * base[keys.EVAL_ACC]:.1f} % (fp32).")
     best = table.loc[table[keys.THROUGHPUT].idxmax()]
+    if not trusted(best.get("quality")) or not trusted(base.get("quality")):
+        flagged = best if not trusted(best.get("quality")) else base
+        return out + [f"{flagged.precision} is flagged ({flagged.quality}): no precision is recommended."], None
     ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     b, f = _interval(best, low, high), _interval(base, low, high)
@@ -150,6 +171,11 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
     if best["num_workers"] and len(zero):
         low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
         chosen = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
+        flagged = [r for r in (chosen.iloc[0], zero.iloc[0]) if not trusted(r.get("quality"))]
+        if flagged:
+            out.append(f"num_workers={int(flagged[0]['num_workers'])} is flagged ({flagged[0]['quality']}): no "
+                       "loader setting is recommended.")
+            return out, None
         b, z = _interval(chosen.iloc[0], low, high), _interval(zero.iloc[0], low, high)
         if b is None or z is None or not b[1] < z[0]:
             out.append(f"num_workers={best['num_workers']}'s step ({_span(b)}) is not shorter than with no workers "
@@ -204,13 +230,26 @@ def scale_result(result) -> tuple[list[str], str | None]:
         for d in top.to_dict("records"):
             batch = d["global_batch"] if mode == "strong" else d["per_worker_batch"]
             part = (f"{mode} scaling to {d['workers']} workers at {'global' if mode == 'strong' else 'per-worker'} "
-                    f"batch {batch}: speedup {_fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %")
+                    f"batch {batch}: speedup {_fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %"
+                    + (f" (95 % interval {100 * d['ci_low']:.0f}–{100 * d['ci_high']:.0f} %)"
+                       if not pd.isna(d.get("ci_low", float("nan"))) else ""))
             if d.get("exposed_comm(ms)") is not None and d.get("step(ms)"):
                 part += (f"; exposed communication {_fmt(d['exposed_comm(ms)'], ' ms')} of a "
                          f"{_fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
             out.append(part + ".")
-        best = top.loc[top["efficiency"].idxmax()]
-        if mode == "strong" and best.efficiency >= 0.5:
+        fair = top[top["quality"].map(trusted)] if "quality" in top else top
+        for d in top.drop(fair.index).to_dict("records"):
+            out.append(f"{d['workers']} workers at batch {d['global_batch']} are flagged ({d['quality']}): "
+                       "their efficiency is not a finding.")
+        if not len(fair) or fair["efficiency"].isna().all():
+            continue
+        best = fair.loc[fair["efficiency"].idxmax()]
+        low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+        if mode == "strong" and not pd.isna(low) and low < 0.5 <= high:
+            out.append(f"Whether {int(best.workers)} workers pay off at global batch {int(best.global_batch)} is "
+                       f"within noise: efficiency {100 * low:.0f}–{100 * high:.0f} % (95 % interval) straddles "
+                       "50 %.")
+        elif mode == "strong" and best.efficiency >= 0.5:
             rec = (f"Use {int(best.workers)} workers at global batch {int(best.global_batch)}: strong-scaling "
                    f"efficiency {100 * best.efficiency:.0f} %.")
         elif mode == "strong":

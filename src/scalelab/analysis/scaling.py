@@ -57,9 +57,10 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     if not len(frame):
         return frame
     key = "global_batch" if mode == "strong" else "per_worker_batch"
-    speedups, effs = [], []
+    speedups, effs, references = [], [], []
     for row in frame.itertuples():
         base = frame[(frame[key] == getattr(row, key)) & (frame["workers"] == 1)]
+        references.append(base["run_id"].iloc[0] if len(base) else None)
         if not len(base):
             speedups.append(None)
             effs.append(None)
@@ -75,6 +76,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     frame[["speedup_ci_low", "speedup_ci_high"]] = [speedup_interval(frame, row, key, mode)
                                                     for row in frame.itertuples()]
     frame["efficiency"] = effs
+    frame["reference_run_id"] = references  # the 1-worker run speedup and efficiency are relative to
     frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
     frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
     frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]

@@ -9,6 +9,7 @@ from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list
 from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.checked import run_checked
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, \
     ordered
 
@@ -53,10 +54,15 @@ def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None
             skipped[backend] = reason
             continue
         cells += [cell, baseline]
-    runs = ctx.cells.rows(ctx.cells.run(cells, group="compare", interleave=True))
-    pairs = list(zip(runs[0::2], runs[1::2]))  # cells come in pairs: the backend, then its baseline
-    pairs += [({"backend": b, "status": "skipped", "reason": why}, None) for b, why in skipped.items()]
-    return Result("compare_backends", {"compare_backends": backends_table(pairs)},
+
+    def analyse(results):
+        runs = ctx.cells.rows(results)
+        pairs = list(zip(runs[0::2], runs[1::2]))  # cells come in pairs: the backend, then its baseline
+        pairs += [({"backend": b, "status": "skipped", "reason": why}, None) for b, why in skipped.items()]
+        return backends_table(pairs)
+
+    return Result("compare_backends", {"compare_backends": run_checked(ctx, cells, group="compare",
+                                                                       analyse=analyse)},
                   notes={"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped})
 
 

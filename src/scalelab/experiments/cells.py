@@ -10,6 +10,9 @@ experiments of one study are one cell, measured once. The engine
 - replays: while a report is rebuilt (`replay_only`), it never runs anything and reports missing cells;
 - runs repeats in interleaved rounds when asked (A B C, A B C) so slow drift of a shared machine hits every
   cell alike;
+- measures cells again when asked (`again`: a figure looked implausible): as many new launches as the cell has
+  repeats, stored under GROUP/again; from then on the cell's figures come from the new launches and its result
+  names the earlier ones (`CellResult.earlier`), which stay in the store;
 - hands each run to one replaceable step, the executor of the cell's kind (`executor`).
 
     cells = Cells(store, "default", progress=progress)
@@ -39,6 +42,9 @@ from scalelab.store import RunDir, Store
 _REPLAY: contextvars.ContextVar[bool] = contextvars.ContextVar("scalelab_replay", default=False)
 
 _RUN_LINE = re.compile(r"run ([A-Za-z0-9][A-Za-z0-9._-]*): ")
+
+# The sub-group of launches that measure a cell again (stored under study STUDY/GROUP/again).
+AGAIN = "again"
 
 # How a run is operated, not what it measures: left out of a cell's identity.
 OPERATIONAL = ("run_id", "hang_timeout_s", "checkpoint_every")
@@ -105,6 +111,7 @@ class CellResult:
     status: str  # completed | failed (an outcome failure, or the last attempt's error) | missing (replay only)
     reason: str | None = None
     reused: bool = False  # every repeat was already stored
+    earlier: tuple[str, ...] = ()  # launches superseded by measuring the cell again (oldest first)
 
     @property
     def label(self) -> str:
@@ -190,22 +197,31 @@ class Cells:
 
     # ------------------------------------------------------------ running
 
-    def run(self, cells: Iterable[Cell], *, group: str, interleave: bool = False) -> list[CellResult]:
+    def run(self, cells: Iterable[Cell], *, group: str, interleave: bool = False,
+            again: Iterable[Cell] = ()) -> list[CellResult]:
         """Every cell's repeats, run where missing; one result per cell, in order. `group` names the experiment
-        (runs are stored under study STUDY/GROUP); `interleave` runs repeats in rounds across the cells."""
+        (runs are stored under study STUDY/GROUP); `interleave` runs repeats in rounds across the cells; cells in
+        `again` are measured anew (module docstring), also when they are complete."""
         cells = list(cells)
+        fresh = {c.key for c in again}
+        if fresh and not replaying():
+            group = f"{group}/{AGAIN}"
         study = f"{self.study}/{group}"
-        needed = {c.key: self._missing(c) for c in cells}
+        # launches each cell must have at the end: its repeats, and as many again for a cell measured anew
+        have = {c.key: len(self._finished(c)) for c in cells}
+        goal = {c.key: have[c.key] + c.repeats if c.key in fresh and not replaying() else c.repeats for c in cells}
+        needed = {c.key: goal[c.key] - have[c.key] for c in cells}
         self.progress.group(group, sum(max(0, n) for n in needed.values()))
         failures: dict[str, str] = {}
         rounds = max((c.repeats for c in cells), default=0) if interleave else 1
         for r in range(rounds):
             for cell in cells:
-                target = r + 1 if interleave else cell.repeats
-                while cell.key not in failures and (done := len(self._finished(cell))) < min(target, cell.repeats):
+                start = goal[cell.key] - cell.repeats
+                target = start + r + 1 if interleave else goal[cell.key]
+                while cell.key not in failures and (done := len(self._finished(cell))) < min(target, goal[cell.key]):
                     if replaying():
                         break
-                    failure = self._run_one(cell, study)
+                    failure = self._run_one(cell, study, goal[cell.key])
                     if failure is not None:
                         failures[cell.key] = failure
                     elif len(self._finished(cell)) <= done:  # never loop on a run the index cannot see
@@ -213,14 +229,12 @@ class Cells:
                                             f"{self.study} of {self.store.root}")
         return [self._result(c, needed[c.key], failures.get(c.key)) for c in cells]
 
-    def _missing(self, cell: Cell) -> int:
-        return cell.repeats - len(self._finished(cell))
-
-    def _run_one(self, cell: Cell, study: str) -> str | None:
-        """Run one repeat of `cell` under its lock; the failure reason, or None when it finished."""
+    def _run_one(self, cell: Cell, study: str, goal: int) -> str | None:
+        """Run one repeat of `cell` under its lock (`goal`: launches it must have); the failure reason, or None
+        when it finished."""
         with self._claim(cell):
             # The same study may run in another process at once: what it finished meanwhile is not run again.
-            if self._missing(cell) <= 0:
+            if len(self._finished(cell)) >= goal:
                 self.progress.cell_done(cell.label, "done meanwhile by another process")
                 return None
             self.progress.cell_started(cell.label)
@@ -242,8 +256,11 @@ class Cells:
         self.progress.run_line(line)
 
     def _result(self, cell: Cell, missing_before: int, failure: str | None) -> CellResult:
-        rows = self._finished(cell)[-cell.repeats:]
+        finished = self._finished(cell)
+        rows = finished[-cell.repeats:]
         ids = tuple(r["run_id"] for r in rows)
+        anew = any(str(r.get("study", "")).endswith(f"/{AGAIN}") for r in rows)
+        earlier = tuple(r["run_id"] for r in finished[:-cell.repeats]) if anew else ()
         if failure is not None:  # the failed attempt stays in the store with its reason and error.txt
             failed = self._latest(cell)
             return CellResult(cell, (failed["run_id"],) if failed else ids, "failed", failure)
@@ -260,7 +277,7 @@ class Cells:
         if missing_before <= 0:
             self.progress.cell_done(cell.label, f"already done ({ids[-1]}), skipped", reused=True)
         status = rows[-1]["status"]
-        return CellResult(cell, ids, status, rows[-1].get("reason"), reused=missing_before <= 0)
+        return CellResult(cell, ids, status, rows[-1].get("reason"), reused=missing_before <= 0, earlier=earlier)
 
     def _latest(self, cell: Cell) -> dict | None:
         rows = self._refresh().get(cell.key, [])
@@ -314,14 +331,21 @@ class Cells:
                 continue
             launches = self.runs([res], all_repeats=True)
             row = launches[-1]
-            completed = [r for r in launches if r["status"] == "completed"]
-            if len(completed) > 1:
-                row["summary"] = pool([r["summary"] for r in completed],
-                                      [timed_step_ms(r["files"].read_steps()) for r in completed])
+            if len(res.run_ids) > 1:
+                row["summary"] = self.pooled(launches) or row["summary"]
             row["run_ids"] = [r["run_id"] for r in launches]
             row["reason"] = row["reason"] or res.reason
             out.append(row)
         return out
+
+
+    def pooled(self, launches: Sequence[dict]) -> dict | None:
+        """One summary of a cell's launches (stored runs as `runs` gives them): their completed ones pooled
+        (scalelab.analysis.repeats); None when none completed."""
+        done = [r for r in launches if r["status"] == "completed" and r.get("summary")]
+        if not done:
+            return None
+        return pool([r["summary"] for r in done], [timed_step_ms(r["files"].read_steps()) for r in done])
 
 
 def _stored_key(row: dict) -> str | None:

@@ -13,6 +13,7 @@ from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
     positive_ints
 from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.checked import run_checked
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 
@@ -48,14 +49,19 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     for mode in opts["mode"]:
         name = f"scale_{mode}"
         cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"])
-        # worker counts and their baselines in interleaved rounds: drift between launches hits every cell alike
-        results = ctx.cells.run([*cells, *ablation], group=name, interleave=True)
-        runs = ctx.cells.rows(results[:len(cells)])
-        nosync = ctx.cells.rows(results[len(cells):])
-        done = [r for r in runs if r["status"] == "completed"]
-        result.tables[name] = add_exposed_comm(scaling_table(done, mode), done,
-                                               [r for r in nosync if r["status"] == "completed"])
+
+        def analyse(results, cells=cells, mode=mode):
+            runs, nosync = (_completed(ctx.cells.rows(part)) for part in (results[:len(cells)], results[len(cells):]))
+            return add_exposed_comm(scaling_table(runs, mode), runs, nosync)
+
+        # worker counts and their baselines in interleaved rounds (drift between launches hits every cell alike);
+        # a cell behind an implausible or noisy row is measured once more
+        result.tables[name] = run_checked(ctx, [*cells, *ablation], group=name, analyse=analyse)
     return result
+
+
+def _completed(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["status"] == "completed"]
 
 
 def _figures(result: Result, out) -> list:

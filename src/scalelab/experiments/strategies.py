@@ -20,6 +20,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.checked import run_checked
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 
@@ -62,9 +63,13 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     # every config is validated before anything runs
     cells = [Cell(name, with_fields(base, **strategy_fields(name, accumulate)), repeats=opts["launches"])
              for name in chosen]
-    runs = ctx.cells.rows(ctx.cells.run([*cells, *baseline_cells(cells)], group="compare", interleave=True))
-    table = strategies_table(list(zip(runs[:len(cells)], runs[len(cells):])), variant_of=syncs.variant_of,
-                             order=syncs.variants())
+
+    def analyse(results):
+        runs = ctx.cells.rows(results)
+        return strategies_table(list(zip(runs[:len(cells)], runs[len(cells):])), variant_of=syncs.variant_of,
+                                order=syncs.variants())
+
+    table = run_checked(ctx, [*cells, *baseline_cells(cells)], group="compare", analyse=analyse)
     notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
     if any(c.config.accumulate > 1 for c in cells):
         per_rank = base.per_rank_batch

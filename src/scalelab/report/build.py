@@ -27,7 +27,19 @@ DEFINITIONS = [
     "intervals separate; otherwise the report says the difference is within noise. The `quality` column says ok "
     "or why not (implausible beyond its interval, noisy, precision not reached).",
     "Epoch time = mean step time × steps per epoch; without data loading each step's data wait is subtracted. "
-    "Throughput = global samples / time over the timed steps.",
+    "Throughput = global samples / time over the timed steps. Means (epoch time, stage times, time inside "
+    "collectives) carry a 95 % t interval whose standard error is widened for the correlation of consecutive steps; "
+    "a rate of a fixed count over such a mean (throughput, algbw, busbw) carries the count over the mean's interval.",
+    "Every table's headline column is followed by `n` (the timed steps it rests on, pooled over launches), `ci_low` "
+    "and `ci_high` (its 95 % interval); other intervals are named after their figure (step_ci_low(ms), "
+    "speedup_ci_low, exposed_ci_low(ms) ...). Ratios of two measured figures (speedup, efficiency, exposed "
+    "communication, overlap) take the conservative interval of both sides: every value of one against every value "
+    "of the other.",
+    "Implausible or noisy rows of compared cells (efficiency above 1, overlap outside [0, 1] or exposed time below 0 "
+    "beyond their intervals, time inside collectives longer than the step, a run noisy by the rule below) are "
+    "measured once more, automatically, from new launches; the quality column then says `re-measured`, or the "
+    "reason with \"(persisted when re-measured)\", or that the first and second measurements disagree. Flagged rows "
+    "are listed in words under their section and never make a ranking or a recommendation.",
     "speedup(N) = T(1) / T(N) for the same work; efficiency = speedup / N. Strong scaling keeps the global batch; "
     "weak scaling keeps the per-worker batch and compares throughput: efficiency = X(N) / (N·X(1)).",
     "Communication time = the union of each step's collective intervals per rank (overlapping asynchronous "
@@ -45,7 +57,7 @@ DEFINITIONS = [
     "distinct storages saved for backward in forward (saved_tensors_hooks; parameters and buffers excluded, a "
     "storage saved twice counted once); backward peak = the most of them live at once during backward, what "
     "checkpointing recomputes included. Exact on CPU and CUDA; on CPU the process's peak RSS hides them.",
-    "Timing figures show the median over the timed steps with min..max bars unless they say otherwise.",
+    "Plots draw each figure's 95 % interval as error bars unless their axis says otherwise.",
     "Noise: while a run is timed, the first rank of each host samples the CPU taken by processes outside the run "
     "(machine busy CPU − the run's own processes'), steal time and load; a run is noisy above "
     f"{OUTSIDE_CPU_THRESHOLD} cores outside the run or {STEAL_THRESHOLD:.0f} % steal. The noise floor (environment) is the drift of one reference cell, measured before the "
@@ -72,8 +84,21 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
     figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
+    notes += [line for key, frame in tables.items() for line in flagged_rows(key, frame)]
     return Section(id=experiment.section, title=experiment.title, question=experiment.question,
                    sentences=sentences, tables=blocks, figures=figures, notes=notes), [rec] if rec else []
+
+
+def flagged_rows(name: str, frame: pd.DataFrame) -> list[str]:
+    """One line per row of a table whose quality is not ok: which row (its first describing columns) and why."""
+    if "quality" not in frame or not len(frame):
+        return []
+    describe = [c for c in frame.columns if c not in ("run_id", "status", "reason", "mode")][:2]
+    out = []
+    for _, row in frame[frame["quality"].notna() & (frame["quality"] != "ok")].iterrows():
+        which = ", ".join(f"{c} {row[c]}" for c in describe)
+        out.append(f"flagged in {name} ({which}): {row['quality']}")
+    return out
 
 
 SYSTEM_CAPTION = "System metrics per rank over time: CPU %, resident memory, loopback bytes/s."

@@ -67,6 +67,21 @@ def test_quality_flags_what_lies_outside_the_definitions_beyond_noise(step, ci, 
     assert row["exposed_comm(ms)"] == step - 30.0  # never clipped
 
 
+def test_time_inside_collectives_longer_than_the_step_is_implausible():
+    """An injected impossible value: 30 ms inside collectives (interval 29-31) per step of 20 ms on average
+    (epoch of 10 steps: 0.19-0.21 s). Flagged, whatever the exposed part says; within the intervals it is not."""
+    def summary(comm_ci, epoch_ci):
+        s = _run("s", 20.0, 30.0, ci=(19.0, 21.0))["summary"]
+        s.update({"comm/time_ci_low(ms)": comm_ci[0], "comm/time_ci_high(ms)": comm_ci[1], "time/epoch(s)": 0.2,
+                  "time/epoch_ci_low(s)": epoch_ci[0], "time/epoch_ci_high(s)": epoch_ci[1], "steps/per_epoch": 10})
+        return s
+    base = _run("b", 10.0, ci=(9.0, 11.0))["summary"]
+    assert pure.exposed_with_interval(summary((29.0, 31.0), (0.19, 0.21)), base, 30.0)["quality"] == \
+        "implausible: time inside collectives longer than the step beyond noise"
+    assert pure.exposed_with_interval(summary((20.0, 40.0), (0.19, 0.21)), base, 30.0)["quality"] != \
+        "implausible: time inside collectives longer than the step beyond noise"
+
+
 def test_strategy_of_names_every_strategy():
     configs = [strategy_fields(s, 3) for s in STRATEGIES]
     assert [strategy_of(c) for c in configs] == list(STRATEGIES)

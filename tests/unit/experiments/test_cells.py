@@ -142,3 +142,18 @@ def test_progress_counts_cells_and_follows_the_running_run(store):
     assert [line.split("]")[0] for line in done] == ["[g 1/2", "[g 2/2"]
     again = engine.Cells(store, "p", progress=Recorder(lines.append)).run([Cell("a", tiny())], group="g")
     assert again[0].reused and lines[-1].startswith("[g] a: already done")
+
+
+def test_measuring_a_cell_again_adds_its_repeats_interleaved_and_supersedes_the_earlier_launches(store):
+    a, b = Cell("A", tiny(global_batch=8), repeats=2), Cell("B", tiny(global_batch=16), repeats=2)
+    cells = quiet_cells(store, "st")
+    first = cells.run([a, b], group="g", interleave=True)
+    again = cells.run([a, b], group="g", interleave=True, again=[a])
+    assert len(store.list_runs(study="st/g/again")) == 2  # A twice more; B untouched
+    assert again[0].earlier == first[0].run_ids and len(set(again[0].run_ids) & set(first[0].run_ids)) == 0
+    assert again[1].run_ids == first[1].run_ids and again[1].earlier == ()
+    # a later engine (a report rebuilt) sees the same: the new launches count, the earlier ones are named
+    with replay_only():
+        replayed = quiet_cells(store, "st").run([a, b], group="g", again=[a])
+    assert replayed[0].run_ids == again[0].run_ids and replayed[0].earlier == first[0].run_ids
+    assert len(store.list_runs()) == 6  # nothing ran in the replay, nothing was deleted
