@@ -293,8 +293,20 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
         out.append(f"At batch {b} ({b // base_batch}x): best {best.lr_rule} {100 * best.final_acc:.1f} %, worst "
                    f"{worst.lr_rule} {100 * worst.final_acc:.1f} %; "
                    + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} %" for r in g.itertuples()) + ".")
-        rec = f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} % vs {worst.lr_rule} " \
-              f"{100 * worst.final_acc:.1f} %)."
+        runner = g.iloc[1] if len(g) > 1 else None
+        ivs = [_interval(r, "ci_low", "ci_high") for r in (best, runner) if r is not None]
+        if runner is None or any(iv is None for iv in ivs):
+            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} % vs {worst.lr_rule} "
+                   f"{100 * worst.final_acc:.1f} %; one seed each: --seeds 3 says whether this holds beyond seed "
+                   "noise).")
+        elif separated(*ivs):
+            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} %, interval "
+                   f"{100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % over {int(best.n)} seeds, vs {runner.lr_rule} "
+                   f"{100 * ivs[1][0]:.1f}–{100 * ivs[1][1]:.1f} %).")
+        else:
+            out.append(f"At batch {b}, {best.lr_rule} and {runner.lr_rule} are within seed noise of each other "
+                       f"({100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % vs {100 * ivs[1][0]:.1f}–"
+                       f"{100 * ivs[1][1]:.1f} % over {int(best.n)} seeds).")
     return out, rec
 
 

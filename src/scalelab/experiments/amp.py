@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Option, Result, name_list
+from scalelab.experiments.base import Experiment, Option, Result, launches_option, name_list
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 
@@ -38,8 +38,11 @@ EXPERIMENT = Experiment(
     question="Is lower precision faster, and does it cost accuracy? (seed 001 part 2c)",
     help="fp32 vs bf16 (vs fp16 + GradScaler on CUDA): loss curves, accuracy, memory, time.",
     options=(Option(name="precisions", default=None, help="Precisions to compare (default fp32,bf16 and fp16 on "
-                                                          "CUDA).", parse=lambda v, n: name_list(v, n, PRECISIONS)),),
-    cells=lambda base, opts: [Cell(p, with_fields(base, precision=p)) for p in _chosen(base, opts)],
+                                                          "CUDA).", parse=lambda v, n: name_list(v, n, PRECISIONS)),
+             launches_option()),
+    cells=lambda base, opts: [Cell(p, with_fields(base, precision=p), repeats=opts["launches"])
+                              for p in _chosen(base, opts)],
+    interleave=True,
     analyse=_analyse,
     figures=lambda result, out: [figures.loss_curves(result.tables["amp_curves"], out / "amp_curves.png",
                                                      hue="precision")],

@@ -76,7 +76,7 @@ class Experiment:
     interpret: Callable[[Result], tuple[list[str], str | None]] | None = None
     captions: dict[str, str] = field(default_factory=dict)  # table or figure stem -> caption
     order: int = 100  # place in the study and the report
-    interleave: bool = False  # run the cells' repeats in rounds
+    interleave: bool = False  # run the cells' repeats in rounds (A B C, A B C: cells compared with each other)
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.cells is None or self.analyse is None):
@@ -98,7 +98,8 @@ class Experiment:
             result = self.run(ctx, base, opts)
         else:
             results = ctx.cells.run(self.cells(base, opts), group=self.name, interleave=self.interleave)
-            completed = [r for r in ctx.cells.runs(results) if r["status"] == "completed"]
+            # a cell launched several times is one row, its launches pooled (scalelab.analysis.repeats)
+            completed = [r for r in ctx.cells.rows(results) if r["status"] == "completed"]
             result = self.analyse(completed, base, opts)
         return self.write(result, ctx.out_dir)
 

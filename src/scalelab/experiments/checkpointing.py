@@ -7,7 +7,7 @@ process's peak RSS includes its baseline (libraries, data, allocator caches) and
 from __future__ import annotations
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Option, Result, int_list
+from scalelab.experiments.base import Experiment, Option, Result, int_list, launches_option
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.report import figures
 
@@ -18,9 +18,10 @@ EXPERIMENT = Experiment(
     help="Activation checkpointing: saved activations, backward peak and peak memory vs step time per number of "
          "segments (every segment checkpointed).",
     options=(Option(name="segments", default=[0, 1, 2, 4], help="Checkpoint segments to try (0 = off).",
-                    parse=int_list),),
-    cells=lambda base, opts: [Cell(f"{k} segments", with_fields(base, checkpoint_segments=k))
+                    parse=int_list), launches_option()),
+    cells=lambda base, opts: [Cell(f"{k} segments", with_fields(base, checkpoint_segments=k), repeats=opts["launches"])
                               for k in opts["segments"]],
+    interleave=True,
     analyse=lambda runs, base, opts: Result("checkpointing", {"checkpointing": tables.checkpointing_table(runs)}),
     figures=lambda result, out: [figures.memory_vs_segments(result.tables["checkpointing"],
                                                             out / "checkpointing.png")],

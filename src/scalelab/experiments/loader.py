@@ -10,7 +10,7 @@ import pandas as pd
 
 from scalelab.analysis import interpret, keys, tables
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, bool_list, int_list
+from scalelab.experiments.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
 from scalelab.experiments.cells import Cell, Outcome, cell_key, executor, stored_kind, with_fields
 from scalelab.report import figures
 
@@ -70,10 +70,12 @@ def _none(value):
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     settings = _settings(base, opts)
-    trained = ctx.cells.run([Cell(label, cfg) for label, cfg in settings], group="loader_sweep")
+    # the settings are compared with each other: launched in interleaved rounds, each row pools its launches
+    trained = ctx.cells.run([Cell(label, cfg, repeats=opts["launches"]) for label, cfg in settings],
+                            group="loader_sweep", interleave=True)
     alone = ctx.cells.run([Cell(f"{label}: loader alone", cfg, kind="loader") for label, cfg in settings],
                           group="loader_sweep_iteration")
-    runs = [r for r in ctx.cells.runs(trained) if r["status"] == "completed"]
+    runs = [r for r in ctx.cells.rows(trained) if r["status"] == "completed"]
     table = tables.loader_table(runs)
     iteration = {}
     for (_, cfg), res in zip(settings, alone):
@@ -99,7 +101,8 @@ EXPERIMENT = Experiment(
     options=(Option(name="workers", default=None, help="num_workers values (default 0..2×cores).", parse=int_list),
              Option(name="pin_memory", default=[False], help="pin_memory values to try (true on CUDA helps).",
                     parse=bool_list),
-             Option(name="prefetch", default=[2], help="prefetch_factor values for workers > 0.", parse=int_list)),
+             Option(name="prefetch", default=[2], help="prefetch_factor values for workers > 0.", parse=int_list),
+             launches_option()),
     defaults={"dataset": "synthetic_jpeg"},
     run=lambda ctx, base, opts: _run(ctx, base, {**opts, "workers": opts["workers"] or default_workers()}),
     figures=lambda result, out: [figures.loader_bars(result.tables["loader_sweep"], out / "loader_sweep.png")],

@@ -2,12 +2,17 @@
 
 For every cell: final accuracy, time to a target accuracy (wall time of the training steps until the first
 evaluation that reaches it) and the accuracy curve per epoch (seed 000 Q4, seed 002 Q5-6).
+
+With `seeds` > 1 every cell is trained once per seed (the seed sets the initial weights and the data order), the
+seeds interleaved in rounds; accuracy and time to accuracy are then the median over seeds with a 95 % interval
+(scalelab.analysis.intervals.median_interval: the range of the seeds below 6), and `n` is the number of seeds.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from scalelab.analysis import interpret, keys
+from scalelab.analysis.intervals import median_interval
 from scalelab.config import TrainConfig
 from scalelab.experiments.base import Experiment, Option, Result, int_list, name_list, number
 from scalelab.experiments.cells import Cell, with_fields
@@ -23,21 +28,39 @@ def curves_frame(run: dict, evals: list[dict], steps: list[dict]) -> pd.DataFram
         elapsed[rec["step"]] = total
     c = run["config"]
     return pd.DataFrame([{"lr_rule": c["lr_rule"], "global_batch": c["global_batch"], "workers": c["ranks"],
-                          "epoch": e["epoch"] + 1, "step": e["step"], "time(s)": elapsed.get(e["step"]),
+                          "seed": c.get("seed", 0), "epoch": e["epoch"] + 1, "step": e["step"], "time(s)": elapsed.get(e["step"]),
                           keys.EVAL_ACC: e["acc"], keys.EVAL_LOSS: e["loss"]} for e in evals])
 
 
 def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per (rule, batch, workers): final accuracy and time/epochs to the target accuracy (NaN: never reached)."""
-    rows = []
-    for (rule, batch, workers), g in curves.groupby(["lr_rule", "global_batch", "workers"], sort=True):
+    """Per (rule, batch, workers): final accuracy and time / epochs to the target accuracy (NaN: never reached),
+    the median over seeds with their 95 % interval (`n` seeds)."""
+    curves = curves if "seed" in curves else curves.assign(seed=0)
+    per_seed = []
+    for (rule, batch, workers, seed), g in curves.groupby(["lr_rule", "global_batch", "workers", "seed"], sort=True):
         g = g.sort_values("step")
         hit = g[g[keys.EVAL_ACC] >= target]
+        per_seed.append({"lr_rule": rule, "global_batch": batch, "workers": workers, "seed": seed,
+                         "final_acc": float(g[keys.EVAL_ACC].iloc[-1]), "best_acc": float(g[keys.EVAL_ACC].max()),
+                         "time_to": float(hit["time(s)"].iloc[0]) if len(hit) else float("nan"),
+                         "epochs_to": float(hit["epoch"].iloc[0]) if len(hit) else float("nan"),
+                         "train_time(s)": float(g["time(s)"].iloc[-1])})
+    rows = []
+    for (rule, batch, workers), g in pd.DataFrame(per_seed).groupby(["lr_rule", "global_batch", "workers"],
+                                                                        sort=True):
+        reached = g["time_to"].dropna()
+        # one seed has no interval: how far another seed would move it is unknown
+        acc_low, acc_high = median_interval(g["final_acc"]) if len(g) > 1 else (float("nan"),) * 2
+        t_low, t_high = median_interval(reached) if len(reached) == len(g) > 1 else (float("nan"),) * 2
         rows.append({"lr_rule": rule, "global_batch": batch, "workers": workers,
-                     "final_acc": float(g[keys.EVAL_ACC].iloc[-1]), "best_acc": float(g[keys.EVAL_ACC].max()),
-                     f"time_to_{target:.0%}(s)": float(hit["time(s)"].iloc[0]) if len(hit) else float("nan"),
-                     f"epochs_to_{target:.0%}": int(hit["epoch"].iloc[0]) if len(hit) else float("nan"),
-                     "train_time(s)": float(g["time(s)"].iloc[-1])})
+                     "final_acc": float(g["final_acc"].median()), "n": len(g), "ci_low": acc_low,
+                     "ci_high": acc_high, "best_acc": float(g["best_acc"].median()),
+                     # reached by every seed, else not reached: a median over the seeds that got there would flatter
+                     f"time_to_{target:.0%}(s)": float(reached.median()) if len(reached) == len(g) else float("nan"),
+                     f"time_to_{target:.0%}_ci_low(s)": t_low, f"time_to_{target:.0%}_ci_high(s)": t_high,
+                     f"epochs_to_{target:.0%}": float(g["epochs_to"].median()) if len(reached) == len(g)
+                     else float("nan"),
+                     "seeds_reaching": len(reached), "train_time(s)": float(g["train_time(s)"].median())})
     return pd.DataFrame(rows)
 
 
@@ -59,7 +82,7 @@ def _share_base_runs(curves: pd.DataFrame, base_batch: int, rules: list[str]) ->
 
 
 def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: list[int], *,
-             warmup_epochs: float = 2.0) -> list[Cell]:
+             warmup_epochs: float = 2.0, seeds: int = 1) -> list[Cell]:
     """`base.global_batch` is the batch `base.lr` was tuned at; every cell trains `base.epochs` epochs."""
     from scalelab.train.setup import build_bundle
 
@@ -77,7 +100,9 @@ def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: l
                                   lr_warmup_steps=int(warmup_epochs * steps_per_epoch) if rule in (
                                       "linear_warmup", "lars") else 0, eval_every=0)
                 cells.append(Cell(f"batch {b} x {rule} x {w} workers", cfg))
-    return cells
+    # one round per seed: every cell with seed 0, then every cell with seed 1 ... (drift hits all alike)
+    return [Cell(f"{c.label}, seed {base.seed + k}" if seeds > 1 else c.label, with_fields(c.config, seed=base.seed + k))
+            for k in range(seeds) for c in cells]
 
 
 def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
@@ -99,15 +124,18 @@ EXPERIMENT = Experiment(
              Option(name="rules", default=list(RULES), help="LR rules.", parse=lambda v, n: name_list(v, n, RULES)),
              Option(name="workers", default=[1], help="Worker counts.", parse=int_list),
              Option(name="target", default=0.9, help="Target test accuracy for time-to-accuracy.",
-                    parse=_target)),
+                    parse=_target),
+             Option(name="seeds", default=1, help="Seeds per cell (initial weights and data order); accuracy and "
+                                                  "time to accuracy get their interval over seeds.",
+                    parse=number(1, 20, integer=True))),
     defaults={"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03, "epochs": 40},
-    cells=lambda base, opts: lr_cells(base, opts["batches"], opts["rules"], opts["workers"]),
+    cells=lambda base, opts: lr_cells(base, opts["batches"], opts["rules"], opts["workers"], seeds=opts["seeds"]),
     analyse=_analyse,
     figures=lambda result, out: [figures.accuracy_vs_batch(result.tables["lr_scaling"], out / "lr_scaling.png"),
                                  figures.accuracy_curves(result.tables["lr_curves"], out / "lr_curves.png")],
     interpret=interpret.lr_scaling_result,
-    captions={"lr_scaling": "Per rule and batch: final and best test accuracy, time and epochs to the target "
-                            "accuracy.",
+    captions={"lr_scaling": "Per rule and batch: final test accuracy (median over n seeds, its 95 % interval), "
+                            "best accuracy, time and epochs to the target accuracy (when every seed reached it).",
               "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",
               "lr_curves.png": "Test accuracy per epoch per rule, one panel per batch size."},
 )
