@@ -35,6 +35,18 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
            f"{_fmt(best[keys.THROUGHPUT])} samples/s."]
     share = 1 - t[keys.EPOCH_NO_DATA_S] / t[keys.EPOCH_S]
     out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
+    if not trusted(best.get("quality")):
+        return out + [f"Batch {int(best.global_batch)} is flagged ({best['quality']}): no batch is recommended."], None
+    # the smallest batch whose throughput interval meets the best's does as well within noise
+    b = _interval(best, "ci_low", "ci_high")
+    near = [r for r in t.to_dict("records") if b is not None and (iv := _interval(r, "ci_low", "ci_high"))
+            and not separated(b, iv) and r["global_batch"] < best.global_batch and trusted(r.get("quality"))]
+    if near:
+        small = near[0]
+        out.append(f"Batch {int(small['global_batch'])} is within noise of it ({_fmt(small[keys.THROUGHPUT])} "
+                   f"samples/s, {_span(_interval(small, 'ci_low', 'ci_high'), ' samples/s')}).")
+        return out, (f"Use batch {int(small['global_batch'])} or more for throughput: up to batch "
+                     f"{int(best.global_batch)} the gain is within noise.")
     return out, f"Use batch {int(best.global_batch)} for throughput ({_fmt(best[keys.THROUGHPUT])} samples/s)."
 
 
@@ -198,7 +210,7 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
                  if saved in d else None,
                  f"backward peak {_mib(d[peak])} ({_ratio(d[peak], off[peak])})" if peak in d else None,
                  f"{name} {_ratio(d[mem], off[mem])}" if mem in d else None,
-                 f"step time {_ratio(d[keys.STEP_MEDIAN_MS], off[keys.STEP_MEDIAN_MS])}"]
+                 f"step time {_ratio(d[keys.STEP_MEDIAN_MS], off[keys.STEP_MEDIAN_MS])}" + _noise_note(d, off)]
         out.append(f"{d['checkpoint_segments']} segments: " + ", ".join(p for p in parts if p) + ".")
     on = table[table["checkpoint_segments"] > 0]
     if mem != cuda and saved in table and mem in table and len(on):
@@ -209,6 +221,15 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
                        "the RSS includes the process's baseline (libraries, data, allocator caches) and hides the "
                        "activations; the saved bytes show the effect.")
     return out, None
+
+
+def _noise_note(row: dict, reference) -> str:
+    """" (within noise)" when the two median steps' intervals meet, " (no interval)" without them, else ""."""
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    a, b = _interval(row, low, high), _interval(reference, low, high)
+    if a is None or b is None:
+        return " (no interval)"
+    return "" if separated(a, b) else " (within noise)"
 
 
 def _mib(nbytes: float) -> str:
