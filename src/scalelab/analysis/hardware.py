@@ -144,14 +144,16 @@ def nnls(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
 def bench_rows(table: pd.DataFrame, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sizes in bytes, times in s, ranks) of `op`'s measured rows of a `bench comm` table.
 
-    Accepts size(bytes) or size(B), and time_median(s) or time_median(us); rows with status other than "ok"
-    or without a time are skipped.
+    Accepts size(bytes) or size(B), and time_median(s), time_loop(us) or time_median(us): a `bench comm` table's
+    back-to-back loop time per call first (as nccl-tests times: a small message's α is then not one scheduler
+    tick), its median single call otherwise. Rows with status other than "ok" or without a time are skipped.
     """
     rows = table[table["op"] == op] if "op" in table else table
     if "status" in rows:
         rows = rows[rows["status"].fillna("ok") == "ok"]
     size_col = next((c for c in ("size(bytes)", "size(B)") if c in rows), None)
-    time_col = next((c for c in ("time_median(s)", "time_median(us)") if c in rows), None)
+    time_col = next((c for c in ("time_median(s)", "time_loop(us)", "time_median(us)")
+                     if c in rows and rows[c].notna().any()), None)
     if size_col is None or time_col is None or "ranks" not in rows:
         raise ConfigError("table", list(table.columns), "needs columns op, size(bytes) or size(B), ranks, "
                           "time_median(s) or time_median(us)")

@@ -372,9 +372,13 @@ def comm_result(result) -> tuple[list[str], str | None]:
     for op, g in ok.groupby("op", sort=False):
         peak = g.loc[g["busbw(GB/s)"].idxmax()]
         small = g.loc[g["size(B)"].idxmin()]
+        loop = small.get("time_loop(us)")
+        per_call = (f"{_fmt(loop, ' µs')} per call in a back-to-back loop, median single call "
+                    f"{_fmt(small['time_median(us)'], ' µs')}" if loop is not None and not pd.isna(loop)
+                    else f"{_fmt(small['time_median(us)'], ' µs')} per call")
         out.append(f"{op}: peak busbw {_fmt(peak['busbw(GB/s)'], ' GB/s')} at {int(peak['size(B)']):,} B; at "
                    f"{int(small['size(B)']):,} B only {_fmt(small['busbw(GB/s)'], ' GB/s')} "
-                   f"({_fmt(small['time_median(us)'], ' µs')} per call: latency-bound).")
+                   f"({per_call}: latency-bound).")
     wrong = int(table["wrong"].sum())
     out.append(f"Correctness check: {wrong} wrong element(s) over every op and size.")
     return out, None
