@@ -81,8 +81,9 @@ def test_strategy_table_compute_is_the_same_config_with_no_op_collectives(measur
         assert differs == {"noop_collectives"}, name
         assert baseline["config"]["noop_collectives"] is True
         assert baseline["summary"].get("comm/bytes_per_step", 0) == 0  # nothing was communicated
-        # ok, or a stated reason (a figure implausible beyond its interval, a run or baseline on a busy machine)
-        assert row["quality"] == "ok" or row["quality"].startswith(("implausible", "noisy", "baseline noisy")), name
+        # ok, or a stated reason (a figure implausible beyond its interval, a run or baseline on a busy machine,
+        # measured once more)
+        assert row["quality"] == "ok" or row["quality"].startswith(("implausible", "noisy", "baseline noisy", "re-measured")), name
         assert row["exposed_ci_low(ms)"] <= row["exposed_comm(ms)"] <= row["exposed_ci_high(ms)"]
         assert row["comm_wait(ms)"] > 0, name  # measured directly for every strategy, DDP included
     acc = table.loc["ddp+accumulate"]
