@@ -206,3 +206,41 @@ def test_a_delay_without_netem_is_refused_in_one_line(tmp_path, mlp, namespaces_
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "netem" in lines[0], res.stderr
     assert not (root / "runs").exists() or not any((root / "runs").iterdir())  # nothing recorded
+
+
+def test_ctrl_c_marks_the_run_interrupted_and_removes_the_cluster(tmp_path, sleepy_model, namespaces_restored):
+    root = tmp_path / "store"
+    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
+    _wait_for_steps(proc, root, rank=1)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert not _owned(proc.pid)
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+    assert list(Store(root).list_runs()["status"]) == ["interrupted"]
+
+
+def test_every_process_of_one_node_killed_fails_the_run_naming_the_node(tmp_path, sleepy_model,
+                                                                        namespaces_restored):
+    """Issue 14 item 3: node 1's agent and rank SIGKILLed mid-epoch -> the run ends within 60 s, failed, its
+    reason names node 1 and its rank; no process, namespace or listening port of the run is left."""
+    root = tmp_path / "store"
+    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
+    _wait_for_steps(proc, root, rank=1)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    node1 = next(n for n in _owned(proc.pid) if n.endswith("-1"))
+    killed_at = time.monotonic()
+    for pid in subprocess.run(["ip", "netns", "pids", node1], capture_output=True, text=True).stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    elapsed = time.monotonic() - killed_at
+    assert proc.returncode == 1, err[-2000:]
+    assert elapsed < 60, f"took {elapsed:.1f} s to end after the kill"
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+    assert not _owned(proc.pid)  # the namespaces, and with them every port the run listened on
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    assert runs["reason"][0].startswith("node 1 (rank 1): "), runs["reason"][0]
