@@ -157,7 +157,8 @@ def remove_namespaces(names: list[str]) -> None:
 # ---------------------------------------------------------------- making a cluster
 
 def free_subnet() -> ipaddress.IPv4Network:
-    """The first candidate /24 that overlaps no address or route of the host."""
+    """The first candidate /24 that overlaps no address or route of the host. Two clusters at once may get the
+    same /24: harmless, each lives behind its own switch namespace and never reaches the other or the host."""
     used = []
     for line in _ip("-4", "-o", "addr", "show", check=False).stdout.splitlines():
         match = re.search(r"\binet (\S+)", line)
