@@ -26,7 +26,7 @@ from scalelab.provenance import collect_provenance
 from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
 from scalelab.run import netns
 from scalelab.run.launch import Launcher, torchrun_launch
-from scalelab.run.nodes import local_nodes_launcher
+from scalelab.run.nodes import LocalNodes
 from scalelab.run.watchdog import Watchdog
 from scalelab.store import RunDir, Store
 
@@ -89,10 +89,13 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     """Launch a recorded run's ranks, summarise and export what they stored, and mark the run finished."""
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
+    explain = None
     if cfg.local_nodes and launcher is torchrun_launch:
-        launcher = local_nodes_launcher(cfg)  # the same ranks, across namespaced nodes of this machine
+        launcher = LocalNodes(cfg)  # the same ranks, across namespaced nodes of this machine
+        explain = launcher.unreachable  # a hang names the node that cannot be reached
     ranks, timeout_s = kind.watched(cfg)
-    dog = Watchdog(run_dir, ranks, timeout_s, abort=None if spec is not None else _interrupt_main_thread)
+    dog = Watchdog(run_dir, ranks, timeout_s, abort=None if spec is not None else _interrupt_main_thread,
+                   explain=explain)
     with marking_failures(store, run_id, on_failure=kind.on_failure, verdict=lambda: dog.verdict), dog:
         if spec is None:
             kind.run_here(cfg, run_dir, resume=resume)

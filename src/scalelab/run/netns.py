@@ -23,6 +23,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,24 @@ _NAME_RE = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(sw|\d+|probe)$")
 # Candidate subnets for the cluster network: 10.213.x.0/24, the first that no host address or route overlaps.
 _CANDIDATES = tuple(ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256))
 _CAP_NET_ADMIN = 12
+PROBE_TIMEOUT_S = 2.0  # a node on the bridge answers a TCP connect (with a reset) in well under a millisecond
+# Run inside the switch namespace: exit status 0, one line of the addresses that gave no answer.
+_PROBE = """
+import socket, sys
+lost = []
+for address in sys.argv[2:]:
+    s = socket.socket()
+    s.settimeout(float(sys.argv[1]))
+    try:
+        s.connect((address, 9))  # the discard port: nothing listens, a reachable node answers with a reset
+    except ConnectionRefusedError:
+        pass
+    except OSError:
+        lost.append(address)
+    finally:
+        s.close()
+print(" ".join(lost))
+"""
 
 
 class NamespacesUnavailable(ScalelabError):
@@ -190,6 +209,8 @@ def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms:
             _ip("-n", name, "link", "set", "lo", "up")
         _ip("-n", sw, "link", "add", "br0", "type", "bridge")
         _ip("-n", sw, "link", "set", "br0", "up")
+        # the switch's own address (the last of the /24), from which `unreachable_nodes` probes every node
+        _ip("-n", sw, "addr", "add", f"{hosts[-1]}/{subnet.prefixlen}", "dev", "br0")
         for node in cluster.nodes:
             port = f"n{node.index}"
             # created inside the switch namespace, its peer straight inside the node's: never on the host
@@ -222,6 +243,16 @@ def shape_link(netns: str, dev: str, gbps: float | None, delay_ms: float | None)
             _run(["tc", "-n", netns, "qdisc", "add", "dev", dev, "parent", "1:", "handle", "2:", *tbf_args(gbps)])
     elif gbps is not None:
         _run(["tc", "-n", netns, "qdisc", "add", "dev", dev, "root", *tbf_args(gbps)])
+
+
+def unreachable_nodes(cluster: Cluster) -> list[int]:
+    """The nodes that do not answer a TCP connect from the switch within PROBE_TIMEOUT_S (a link down, a node's
+    interface gone); [] when the probe itself cannot run."""
+    addresses = [n.address for n in cluster.nodes]
+    proc = _run(["ip", "netns", "exec", cluster.switch, sys.executable, "-c", _PROBE, str(PROBE_TIMEOUT_S),
+                 *addresses], check=False)
+    lost = set(proc.stdout.split()) if proc.returncode == 0 else set()
+    return [n.index for n in cluster.nodes if n.address in lost]
 
 
 @contextlib.contextmanager

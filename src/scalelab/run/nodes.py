@@ -36,13 +36,35 @@ class NodeFailed(ScalelabError):
     """A node of a --local-nodes run failed; the message names the node, its ranks and the root cause."""
 
 
-def local_nodes_launcher(cfg: Any) -> Launcher:
-    """The launcher for a config with local_nodes > 0 (TrainConfig or CommBenchConfig)."""
-    def launch(spec: LaunchSpec) -> None:
+class LocalNodes:
+    """The launcher (a `Launcher`) for a config with local_nodes > 0 (TrainConfig or CommBenchConfig): a cluster
+    for the duration of the launch, the spec's ranks run across it."""
+
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.spec: LaunchSpec | None = None
+        self.cluster: netns.Cluster | None = None
+
+    def __call__(self, spec: LaunchSpec) -> None:
+        cfg = self.cfg
         with netns.local_cluster(cfg.local_nodes, link_gbps=cfg.link_gbps,
                                  link_delay_ms=cfg.link_delay_ms) as cluster:
-            run_on_cluster(spec, cluster)
-    return launch
+            self.spec, self.cluster = spec, cluster
+            try:
+                run_on_cluster(spec, cluster)
+            finally:
+                self.cluster = None
+
+    def unreachable(self) -> str | None:
+        """'node 1 (rank 1) unreachable ...' for the nodes the switch cannot reach now; None when all answer."""
+        cluster, spec = self.cluster, self.spec
+        if cluster is None or spec is None:
+            return None
+        lost = netns.unreachable_nodes(cluster)
+        if not lost:
+            return None
+        names = ", ".join(f"node {k} ({ranks_of(spec, k)})" for k in lost)
+        return f"{names} unreachable: no answer on the cluster network within {netns.PROBE_TIMEOUT_S:g} s"
 
 
 def node_spec(spec: LaunchSpec, cluster: netns.Cluster, k: int) -> LaunchSpec:
