@@ -266,3 +266,32 @@ def test_a_link_taken_down_mid_run_fails_the_run_naming_the_unreachable_node(tmp
     assert list(runs["status"]) == ["failed"]
     assert runs["reason"][0].startswith("node 1 (rank 1) unreachable"), runs["reason"][0]
     assert "hung" in runs["reason"][0]
+
+
+def test_a_node_that_never_joins_fails_the_run_in_one_line(tmp_path, mlp, namespaces_restored):
+    """Issue 14 item 3: node 1's switch port set down as soon as it is up, before node 1's agent (still importing
+    torch) can reach node 0's store: node 1 never joins, node 0's agent waits in the rendezvous and no rank starts.
+    The hang watchdog (10 s here; it covers start-up) stops every node agent and the run fails with one line
+    leading with the node the switch cannot reach."""
+    root = tmp_path / "store"
+    proc = _start(_train_args(mlp, root, "--steps", "6", "--hang-timeout", "10"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        switch = next((n for n in _owned(proc.pid) if n.endswith("-sw")), None)
+        port = switch and subprocess.run(["ip", "-n", switch, "-o", "link", "show", "n1"], capture_output=True,
+                                         text=True).stdout
+        if port and ",UP" in port:
+            break
+        time.sleep(0.02)
+    subprocess.run(["ip", "-n", switch, "link", "set", "n1", "down"], check=True)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+    assert not _owned(proc.pid)
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    reason = runs["reason"][0]
+    assert "\n" not in reason and reason.startswith("node 1 (rank 1) unreachable"), reason
+    assert "never started" in reason, reason

@@ -89,13 +89,14 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     """Launch a recorded run's ranks, summarise and export what they stored, and mark the run finished."""
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
-    explain = None
+    abort, explain = None if spec is not None else _interrupt_main_thread, None
     if cfg.local_nodes and launcher is torchrun_launch:
         launcher = LocalNodes(cfg)  # the same ranks, across namespaced nodes of this machine
-        explain = launcher.unreachable  # a hang names the node that cannot be reached
+        # a hang stops the node agents too (one stuck in the rendezvous started no rank) and names the node
+        # that cannot be reached
+        abort, explain = launcher.abort, launcher.unreachable
     ranks, timeout_s = kind.watched(cfg)
-    dog = Watchdog(run_dir, ranks, timeout_s, abort=None if spec is not None else _interrupt_main_thread,
-                   explain=explain)
+    dog = Watchdog(run_dir, ranks, timeout_s, abort=abort, explain=explain)
     with marking_failures(store, run_id, on_failure=kind.on_failure, verdict=lambda: dog.verdict), dog:
         if spec is None:
             kind.run_here(cfg, run_dir, resume=resume)

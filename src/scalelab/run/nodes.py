@@ -23,7 +23,8 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.run import netns
-from scalelab.run.launch import LaunchSpec, Launcher
+from scalelab.run.launch import LaunchSpec
+from scalelab.run.watchdog import kill_local_ranks
 from scalelab.store.rundir import RunDir
 
 NODE_AGENT = "scalelab.run.nodeagent"
@@ -44,6 +45,7 @@ class LocalNodes:
         self.cfg = cfg
         self.spec: LaunchSpec | None = None
         self.cluster: netns.Cluster | None = None
+        self.agents: list[subprocess.Popen] = []  # the running launch's node agents
 
     def __call__(self, spec: LaunchSpec) -> None:
         cfg = self.cfg
@@ -51,9 +53,15 @@ class LocalNodes:
                                  link_delay_ms=cfg.link_delay_ms) as cluster:
             self.spec, self.cluster = spec, cluster
             try:
-                run_on_cluster(spec, cluster)
+                run_on_cluster(spec, cluster, self.agents)
             finally:
                 self.cluster = None
+
+    def abort(self, beats: dict) -> None:
+        """The hang watchdog's abort: the ranks that published a pid (so they flush), then every node agent; an
+        agent blocked in the rendezvous (a node that never joined) started no rank at all."""
+        kill_local_ranks(beats)
+        stop_agents(self.agents)
 
     def unreachable(self) -> str | None:
         """'node 1 (rank 1) unreachable ...' for the nodes the switch cannot reach now; None when all answer."""
@@ -89,12 +97,14 @@ def ranks_of(spec: LaunchSpec, k: int) -> str:
     return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
-def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster) -> None:
-    """Start a node agent per node and wait for them; raises NodeFailed naming the root cause when one fails."""
+def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster, agents: list[subprocess.Popen] | None = None) -> None:
+    """Start a node agent per node (into `agents`) and wait for them; raises NodeFailed naming the root cause when
+    one fails."""
     rundir = RunDir(spec.run_dir)
     for k in range(len(cluster.nodes)):
         rundir.node_failure_file(k).unlink(missing_ok=True)  # from an earlier attempt of a resumed run
-    agents: list[subprocess.Popen] = []
+    agents = [] if agents is None else agents
+    agents.clear()
     ended: dict[int, float] = {}  # node -> when its agent was seen to end
     stopped: set[int] = set()  # nodes this process stopped (their failure is a consequence)
     try:
@@ -132,7 +142,7 @@ def stop_agents(agents: list[subprocess.Popen]) -> None:
     """SIGTERM each running agent's process group (torchrun's agent stops its ranks), SIGKILL after a grace."""
     for proc in agents:
         _close(proc.stdin)
-    running = [p for p in agents if p.poll() is None]
+    running = [p for p in list(agents) if p.poll() is None]
     for proc in running:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
