@@ -109,9 +109,11 @@ def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster, agents: list[subpro
     stopped: set[int] = set()  # nodes this process stopped (their failure is a consequence)
     try:
         for node in cluster.nodes:
-            # own session: a Ctrl-C at the terminal reaches scalelab, which stops the nodes in order
-            agents.append(subprocess.Popen(agent_argv(node_spec(spec, cluster, node.index), node),
-                                           start_new_session=True,
+            part = node_spec(spec, cluster, node.index)
+            # own session: a Ctrl-C at the terminal reaches scalelab, which stops the nodes in order. The agent's
+            # own environment has the node's too: torch reads TORCH_CPP_LOG_LEVEL when it is imported.
+            agents.append(subprocess.Popen(agent_argv(part, node), start_new_session=True,
+                                           env={**os.environ, **part.env},
                                            stdin=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL))
         failed_at = None
         while len(ended) < len(agents):
