@@ -287,12 +287,13 @@ class CommBenchConfig:
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["ops"], out["sizes"], out["device"] = list(self.ops), list(self.sizes), self.device
+        out["nnodes"] = self.nnodes  # derived, as in TrainConfig: the catalog counts ranks x nnodes workers
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "CommBenchConfig":
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - known - {"sizes", "device"})
+        unknown = sorted(set(data) - known - {"sizes", "device", "nnodes"})
         if unknown:
             raise ConfigError(unknown[0], data[unknown[0]], f"unknown field; allowed: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -98,3 +98,10 @@ def test_node_spec_points_every_node_at_node_0():
     one = nodes.node_spec(spec, cluster, 1)
     assert (one.node_rank, one.endpoint, one.env["GLOO_SOCKET_IFNAME"]) == (1, "10.213.0.1:29500", "eth0")
     assert nodes.agent_argv(one, cluster.nodes[1])[:4] == ["ip", "netns", "exec", "b"]
+
+
+def test_a_bench_across_nodes_counts_every_node_s_ranks_in_the_catalog(store):
+    cfg = CommBenchConfig(ranks=1, local_nodes=2, begin="4K", end="4K", iters=1)
+    assert CommBenchConfig.from_dict(cfg.to_dict()).world == 2
+    store.create_run(cfg.to_dict(), {}, kind="bench")
+    assert list(store.list_runs()["ranks"]) == [2]
