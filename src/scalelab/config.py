@@ -78,6 +78,13 @@ class TrainConfig:
     nnodes: int = doc(1, "Nodes in the run (each node runs the same command).")
     node_rank: int = doc(0, "This node's rank, 0..nnodes-1.")
     rdzv_endpoint: str | None = doc(None, "host:port of node 0 for multi-node runs.")
+    local_nodes: int = doc(0, "Make this many nodes out of network namespaces on this machine and run across them "
+                              "with the multi-node rendezvous, ranks per node each (sets nnodes; needs root or "
+                              "CAP_NET_ADMIN); 0 = off.")
+    link_gbps: float | None = doc(None, "With local_nodes: each node's link shaped to this many Gbit/s in both "
+                                        "directions by the kernel (tbf); unset: unshaped.")
+    link_delay_ms: float | None = doc(None, "With local_nodes: one-way delay (ms) on each node's link (kernel netem; "
+                                            "refused where the kernel has no netem).")
     backend: Backend = doc("auto", "Process-group backend; auto: nccl on CUDA, gloo on CPU.")
     wrapper: Wrapper = doc("auto", "Model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp "
                                    "with several ranks or a sync strategy, else single.")
@@ -161,9 +168,12 @@ class TrainConfig:
             raise ConfigError("hang_timeout_s", self.hang_timeout_s, "allowed: seconds >= 0 (0 turns the watchdog off)")
         if self.sample_interval_s <= 0:
             raise ConfigError("sample_interval_s", self.sample_interval_s, "allowed: a number > 0")
+        check_local_nodes(self)
+        if self.local_nodes:
+            self._take_local_nodes()
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError("node_rank", self.node_rank, f"allowed: 0..{self.nnodes - 1} (nnodes={self.nnodes})")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.nnodes > 1 and not self.rdzv_endpoint and not self.local_nodes:
             raise ConfigError("rdzv_endpoint", self.rdzv_endpoint, "required with nnodes > 1: host:port of node 0")
         if self.rdzv_endpoint is not None:
             _check_endpoint(self.rdzv_endpoint)
@@ -180,6 +190,18 @@ class TrainConfig:
         self._check_model_options()
         self._check_sync()
         self._check_hardware()
+
+    def _take_local_nodes(self) -> None:
+        """local_nodes N is a run of nnodes N whose node ranks and endpoint scalelab chooses: a stored run then
+        counts its workers (ranks x nnodes) like any multi-node run."""
+        if self.nnodes not in (1, self.local_nodes):
+            raise ConfigError("nnodes", self.nnodes, f"set by local_nodes ({self.local_nodes}); leave it 1")
+        if self.node_rank != 0:
+            raise ConfigError("node_rank", self.node_rank, "chosen by local_nodes for each node; leave it 0")
+        if self.rdzv_endpoint is not None:
+            raise ConfigError("rdzv_endpoint", self.rdzv_endpoint,
+                              "chosen by local_nodes (node 0's private address); leave it unset")
+        self.nnodes = self.local_nodes
 
     def _check_model_options(self) -> None:
         if self.model_options is None:
@@ -417,6 +439,22 @@ def _check_endpoint(endpoint: str) -> None:
     host, _, port = endpoint.rpartition(":")
     if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError("rdzv_endpoint", endpoint, "allowed: host:port with port 1..65535")
+
+
+def check_local_nodes(cfg: Any) -> None:
+    """The fields of a cluster of network namespaces (`local_nodes`, `link_gbps`, `link_delay_ms`), shared by every
+    config that launches ranks."""
+    if cfg.local_nodes < 0:
+        raise ConfigError("local_nodes", cfg.local_nodes, "allowed: an integer >= 0 (0 = off)")
+    for name in ("link_gbps", "link_delay_ms"):
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and value > 0):
+            raise ConfigError(name, value, "allowed: a number > 0 (or leave unset)")
+        if not cfg.local_nodes:
+            raise ConfigError(name, value, "allowed only with local_nodes >= 1 (a link of namespaced nodes)")
 
 
 def default_threads(local_ranks: int) -> int:

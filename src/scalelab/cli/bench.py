@@ -22,7 +22,13 @@ def bench_comm(
     warmup: int = typer.Option(5, help="Untimed iterations per size and op."),
     iters: Optional[int] = typer.Option(None, help="Timed iterations per size and op; default: chosen per size "
                                                    "(~0.2 s each, 5..1000: many for small messages)."),
-    ranks: int = typer.Option(2, "--ranks", "-n", help="Processes on this node."),
+    ranks: int = typer.Option(2, "--ranks", "-n", help="Processes on this node (with --local-nodes: on each node)."),
+    local_nodes: int = typer.Option(0, help="Make this many nodes out of network namespaces on this machine and "
+                                            "run across them (needs root or CAP_NET_ADMIN); 0 = off."),
+    link_gbps: Optional[float] = typer.Option(None, help="With --local-nodes: each node's link shaped to this "
+                                                         "many Gbit/s in both directions (kernel tbf)."),
+    link_delay_ms: Optional[float] = typer.Option(None, help="With --local-nodes: one-way delay (ms) on each "
+                                                             "node's link (kernel netem, where it exists)."),
     backend: str = typer.Option("auto", help="auto, gloo or nccl (nccl needs a CUDA GPU per rank)."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
     store: Optional[Path] = store_option(),
@@ -33,7 +39,8 @@ def bench_comm(
     from scalelab.store import open_store
 
     cfg = CommBenchConfig(ops=ops, begin=begin, end=end, factor=factor, warmup=warmup, iters=iters, ranks=ranks,
-                          backend=backend, dtype=dtype)
+                          backend=backend, dtype=dtype, local_nodes=local_nodes, link_gbps=link_gbps,
+                          link_delay_ms=link_delay_ms)
     try:
         out = run_commbench(cfg, open_store(store), argv=sys.argv, say=console.print)
     except RunFailed as err:

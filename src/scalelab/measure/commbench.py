@@ -229,12 +229,17 @@ class CommBenchConfig:
     backend: str = "auto"  # auto: nccl when CUDA has a GPU per rank, else gloo
     dtype: str = "float32"
     run_id: str | None = None
+    local_nodes: int = 0  # nodes made of network namespaces on this machine (run/netns.py), ranks each; 0 = off
+    link_gbps: float | None = None  # with local_nodes: each node's link shaped to this many Gbit/s (kernel tbf)
+    link_delay_ms: float | None = None  # with local_nodes: one-way delay on each node's link (kernel netem)
     sizes: tuple[int, ...] = field(init=False)  # the sweep, derived
 
     def __post_init__(self) -> None:
         self.ops = parse_ops(self.ops)
         self.begin, self.end = parse_size(self.begin, "begin"), parse_size(self.end, "end")
-        for name, low in (("factor", 2), ("warmup", 0), ("iters", 1), ("ranks", 2)):
+        _config.check_local_nodes(self)
+        # a collective needs two ranks: on one node two processes, across local nodes one per node is enough
+        for name, low in (("factor", 2), ("warmup", 0), ("iters", 1), ("ranks", 1 if self.local_nodes > 1 else 2)):
             value = getattr(self, name)
             if name == "iters" and value is None:
                 continue  # chosen per size (choose_iters)
@@ -244,9 +249,9 @@ class CommBenchConfig:
             raise ConfigError("dtype", self.dtype, f"allowed: {', '.join(DTYPES)}")
         if self.backend not in BACKENDS:
             raise ConfigError("backend", self.backend, f"allowed: {', '.join(BACKENDS)}")
-        least = DTYPES[self.dtype] * self.ranks  # one element per rank in allgather / reduce_scatter
+        least = DTYPES[self.dtype] * self.world  # one element per rank in allgather / reduce_scatter
         if self.begin < least:
-            raise ConfigError("begin", self.begin, f"allowed: >= {least} bytes ({self.dtype} × {self.ranks} ranks)")
+            raise ConfigError("begin", self.begin, f"allowed: >= {least} bytes ({self.dtype} × {self.world} ranks)")
         self.sizes = tuple(size_sweep(self.begin, self.end, self.factor))
         gpus = _config.cuda_device_count()
         if self.backend == "nccl" and gpus < self.ranks:
@@ -258,6 +263,15 @@ class CommBenchConfig:
         if self.backend != "auto":
             return self.backend
         return "nccl" if _config.cuda_device_count() >= self.ranks else "gloo"
+
+    @property
+    def nnodes(self) -> int:
+        return max(1, self.local_nodes)
+
+    @property
+    def world(self) -> int:
+        """Ranks in the benchmark: `ranks` per node."""
+        return self.ranks * self.nnodes
 
     @property
     def iters_label(self) -> str:
@@ -273,12 +287,13 @@ class CommBenchConfig:
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["ops"], out["sizes"], out["device"] = list(self.ops), list(self.sizes), self.device
+        out["nnodes"] = self.nnodes  # derived, as in TrainConfig: the catalog counts ranks x nnodes workers
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "CommBenchConfig":
         known = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(data) - known - {"sizes", "device"})
+        unknown = sorted(set(data) - known - {"sizes", "device", "nnodes"})
         if unknown:
             raise ConfigError(unknown[0], data[unknown[0]], f"unknown field; allowed: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -24,7 +24,9 @@ from scalelab.errors import ScalelabError, StoreError
 from scalelab.measure.commbench import CommBenchConfig, read_results
 from scalelab.provenance import collect_provenance
 from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
+from scalelab.run import netns
 from scalelab.run.launch import Launcher, torchrun_launch
+from scalelab.run.nodes import LocalNodes
 from scalelab.run.watchdog import Watchdog
 from scalelab.store import RunDir, Store
 
@@ -87,8 +89,14 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     """Launch a recorded run's ranks, summarise and export what they stored, and mark the run finished."""
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
+    abort, explain = None if spec is not None else _interrupt_main_thread, None
+    if cfg.local_nodes and launcher is torchrun_launch:
+        launcher = LocalNodes(cfg)  # the same ranks, across namespaced nodes of this machine
+        # a hang stops the node agents too (one stuck in the rendezvous started no rank) and names the node
+        # that cannot be reached
+        abort, explain = launcher.abort, launcher.unreachable
     ranks, timeout_s = kind.watched(cfg)
-    dog = Watchdog(run_dir, ranks, timeout_s, abort=None if spec is not None else _interrupt_main_thread)
+    dog = Watchdog(run_dir, ranks, timeout_s, abort=abort, explain=explain)
     with marking_failures(store, run_id, on_failure=kind.on_failure, verdict=lambda: dog.verdict), dog:
         if spec is None:
             kind.run_here(cfg, run_dir, resume=resume)
@@ -105,6 +113,8 @@ def execute_run(kind: RunKind, cfg: Any, store: Store, *, argv: list[str] | None
                 isolate: bool = False) -> Finished:
     """Every step of one run of `kind`: prepare the config, record, launch, summarise, export, finish."""
     cfg = kind.prepare(cfg)
+    if cfg.local_nodes:  # refused before anything is recorded: no privilege, no `ip`, no netem for a delay
+        netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
     run_id = record_run(kind, cfg, store, argv, study)
     say(kind.describe(run_id, cfg))
     return run_recorded(kind, cfg, store, run_id, launcher=launcher, isolate=isolate)
@@ -131,6 +141,11 @@ _PEER_FAILURE = re.compile(r"connection (reset|closed) by peer|broken pipe|remot
                            r"communicator was aborted|connection refused", re.IGNORECASE)
 # Messages of a rank that failed because the agent's SIGTERM reached it or its loader workers first.
 _STOPPED = re.compile(r"killed by signal: Terminated|got signal: 15\b", re.IGNORECASE)
+
+
+def is_consequence(reason: str) -> bool:
+    """Whether a one-line failure reason is the consequence of another failure (a peer gone, a stop signal)."""
+    return bool(_PEER_FAILURE.search(reason) or _STOPPED.search(reason) or "SIGTERM" in reason)
 
 
 def _message(failure) -> tuple[str, str]:
@@ -188,6 +203,8 @@ def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print,
                             "start it again instead")
     cfg = TrainConfig.from_dict(info["config"])
     check_inputs(cfg)
+    if cfg.local_nodes:
+        netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
     RunDir(run_dir).clear_attempt()  # from the attempt that stopped (old heartbeats must not fool the watchdog)
     store.reopen_run(rid)
     say(f"run {rid}: resuming from the checkpoint at step {step}")

@@ -120,14 +120,14 @@ class TrainKind:
         return cfg.node_rank > 0 and bool(cfg.run_id)
 
     def describe(self, run_id: str, cfg: TrainConfig) -> str:
-        return (f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s), global batch "
+        return (f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s){_on_nodes(cfg)}, global batch "
                 f"{cfg.global_batch}, {cfg.resolved_wrapper}/{cfg.resolved_backend if cfg.distributed else '-'}, "
                 f"{cfg.precision}")
 
     def launch_spec(self, cfg: TrainConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec | None:
         # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
         # max-batch trial whose out-of-memory must not touch the caller): then torchrun starts it as one rank.
-        if not (cfg.distributed or bool(cfg.memory_limit) or isolate):
+        if not (cfg.distributed or bool(cfg.memory_limit) or isolate or cfg.local_nodes):
             return None
         return train_launch_spec(cfg, run_dir, quiet=isolate, resume=resume)
 
@@ -141,6 +141,8 @@ class TrainKind:
         run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
 
     def watched(self, cfg: TrainConfig) -> tuple[list[int], float]:
+        if cfg.local_nodes:  # every node's ranks heartbeat into the one run directory this process watches
+            return list(range(cfg.world_size)), cfg.hang_timeout_s
         return list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks)), cfg.hang_timeout_s
 
     def summarise(self, cfg: TrainConfig, run_dir: Path) -> Verdict:
@@ -164,13 +166,14 @@ BENCH_WORKER = "scalelab.measure.commbench_worker"
 
 
 def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
-    """Threads split over the ranks; collectives kept on loopback (the bench runs on one node)."""
-    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), **LOOPBACK_ENV}
+    """Threads split over the ranks; on one node collectives kept on loopback (local nodes: on the node's link)."""
+    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks)), **(LOOPBACK_ENV if cfg.nnodes == 1 else {})}
 
 
 def bench_launch_spec(cfg: CommBenchConfig, run_dir: Path) -> LaunchSpec:
-    """The benchmark's ranks: one node, loopback."""
-    return LaunchSpec(module=BENCH_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=commbench_env(cfg))
+    """The benchmark's ranks: one node on loopback, or `ranks` on each local node (the launcher places them)."""
+    return LaunchSpec(module=BENCH_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=commbench_env(cfg),
+                      nnodes=cfg.nnodes)
 
 
 def commbench_argv(cfg: CommBenchConfig, run_dir: Path, *, port: int | None = None) -> list[str]:
@@ -193,7 +196,8 @@ class BenchKind:
     def describe(self, run_id: str, cfg: CommBenchConfig) -> str:
         fs = commbench.format_size
         return (f"run {run_id}: bench comm {','.join(cfg.ops)}, {fs(cfg.begin)}..{fs(cfg.end)} ×{cfg.factor}, "
-                f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.warmup}+{cfg.iters_label} iterations")
+                f"{cfg.world} ranks{_on_nodes(cfg)}, {cfg.backend}, {cfg.dtype}, "
+                f"{cfg.warmup}+{cfg.iters_label} iterations")
 
     def launch_spec(self, cfg: CommBenchConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec:
         return bench_launch_spec(cfg, run_dir)
@@ -202,7 +206,7 @@ class BenchKind:
         raise NotImplementedError("a benchmark always runs its ranks under a launcher")
 
     def watched(self, cfg: CommBenchConfig) -> tuple[list[int], float]:
-        return list(range(cfg.ranks)), 0.0  # the benchmark's ranks publish no heartbeat
+        return list(range(cfg.world)), 0.0  # the benchmark's ranks publish no heartbeat
 
     def summarise(self, cfg: CommBenchConfig, run_dir: Path) -> Verdict:
         table = commbench.read_results(run_dir)
@@ -212,10 +216,19 @@ class BenchKind:
 
     def export(self, cfg: CommBenchConfig, run_dir: Path) -> None:
         plot_busbw(commbench.read_results(run_dir), RunDir(run_dir).busbw_plot,
-                   title=f"{cfg.ranks} ranks, {cfg.backend}, {cfg.dtype}, {cfg.iters_label} iterations per point")
+                   title=f"{cfg.world} ranks{_on_nodes(cfg)}, {cfg.backend}, {cfg.dtype}, {cfg.iters_label} iterations per point")
 
     def on_failure(self, run_dir: Path) -> None:
         pass
+
+
+def _on_nodes(cfg: Any) -> str:
+    """' on 2 local nodes (link 0.2 Gbit/s)' for a run across namespaced nodes; '' otherwise."""
+    if not cfg.local_nodes:
+        return ""
+    link = f"{cfg.link_gbps:g} Gbit/s" if cfg.link_gbps else "unshaped"
+    delay = f", +{cfg.link_delay_ms:g} ms" if cfg.link_delay_ms else ""
+    return f" on {cfg.local_nodes} local nodes (link {link}{delay})"
 
 
 TRAIN = TrainKind()

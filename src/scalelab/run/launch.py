@@ -64,10 +64,11 @@ Launcher = Callable[[LaunchSpec], None]
 def torchrun_args(spec: LaunchSpec, *, port: int | None = None) -> list[str]:
     """The torchrun arguments that start `spec`'s ranks on this node.
 
-    One node: a static rendezvous on 127.0.0.1 with a free port. Several nodes: the same command on each node with
-    the shared endpoint and this node's rank; node 0 hosts the rendezvous store.
+    One node: a static rendezvous on 127.0.0.1 with a free port (or the spec's endpoint: a namespaced node's
+    address). Several nodes: the same command on each node with the shared endpoint and this node's rank; node 0
+    hosts the rendezvous store.
     """
-    endpoint = spec.endpoint if spec.nnodes > 1 else f"{LOOPBACK}:{port or free_port()}"
+    endpoint = spec.endpoint or f"{LOOPBACK}:{port or free_port()}"
     return [
         "--nnodes", str(spec.nnodes),
         "--nproc-per-node", str(spec.nproc_per_node),
@@ -174,8 +175,7 @@ def run_torchrun(argv: list[str]) -> None:
         raise
 
 
-@contextlib.contextmanager
-def loopback_store(port: int) -> Iterator[int]:
+def loopback_store(port: int) -> contextlib.AbstractContextManager[int]:
     """Host a one-node run's rendezvous store on 127.0.0.1 only, for the duration of the block; yields its port.
 
     Why: torchrun's static rendezvous creates its TCPStore server itself, and that server (libuv backend) binds
@@ -187,6 +187,14 @@ def loopback_store(port: int) -> Iterator[int]:
     then reuses it instead of binding its own. The socket is bound from the start, so no other process can take
     the port between choosing it and torchrun listening on it (no free_port() race).
     """
+    return bound_store(LOOPBACK, port, any_port=True)
+
+
+@contextlib.contextmanager
+def bound_store(host: str, port: int, *, any_port: bool = False) -> Iterator[int]:
+    """Host the rendezvous store of this process on `host` only (see `loopback_store`), for the block; yields its
+    port. `any_port`: take another free port when `port` is in use (one node, where nobody else needs to know it).
+    """
     from torch.distributed import TCPStore
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -194,13 +202,13 @@ def loopback_store(port: int) -> Iterator[int]:
         # as TCPStore's own sockets: the port can be bound again right after the run, despite TIME_WAIT
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((LOOPBACK, port))
+            sock.bind((host, port))
         except OSError as err:
-            if err.errno != errno.EADDRINUSE:
+            if err.errno != errno.EADDRINUSE or not any_port:
                 raise
-            sock.bind((LOOPBACK, 0))  # the wished port was taken meanwhile: any free one will do on one node
+            sock.bind((host, 0))  # the wished port was taken meanwhile: any free one will do on one node
         bound = sock.getsockname()[1]
-        store = TCPStore(LOOPBACK, bound, None, True, datetime.timedelta(seconds=60), wait_for_workers=False,
+        store = TCPStore(host, bound, None, True, datetime.timedelta(seconds=60), wait_for_workers=False,
                          multi_tenant=True, master_listen_fd=sock.fileno(), use_libuv=True)
     except BaseException:
         sock.close()

@@ -61,13 +61,15 @@ class Watchdog:
     """Launcher side: watch the ranks' heartbeats in `run_dir`; on a hang record `verdict` and call `abort`.
 
     `abort` defaults to ending every rank process of this host that published its pid; the launcher then sees
-    failed ranks and stops the rest. `clock` is injectable for tests."""
+    failed ranks and stops the rest. `explain`, when given, is asked once on a hang for what the launcher knows
+    of its cause (a node that cannot be reached) and leads the verdict. `clock` is injectable for tests."""
 
     def __init__(self, run_dir: Path, ranks: list[int], timeout_s: float, *, poll_s: float = 0.5,
                  abort: Callable[[dict[int, dict | None]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 explain: Callable[[], str | None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.run_dir, self.ranks, self.timeout_s, self.poll_s = run_dir, ranks, timeout_s, poll_s
         self.abort = abort or kill_local_ranks
+        self.explain = explain
         self.clock = clock
         self.verdict: str | None = None
         self._seen: dict[int, tuple[tuple | None, float]] = {}  # rank -> (progress marker, when it changed)
@@ -102,6 +104,9 @@ class Watchdog:
             idle[r] = now - self._seen[r][1]
         self.verdict = diagnose(beats, idle, self.timeout_s, self.ranks)
         if self.verdict:
+            cause = self.explain() if self.explain else None
+            if cause:
+                self.verdict = f"{cause}; {self.verdict}"
             self.abort(beats)
         return self.verdict
 

@@ -92,7 +92,7 @@ def _exit_on_sigterm(signum, _frame):
     sys.exit(128 + signum)
 
 
-def _end_with_parent(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
+def end_with_parent(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
     """If the launching process dies without stopping us (kill -9 of scalelab, which hosts torchrun's agent),
     end this rank instead of training on as an orphan: SIGTERM ourselves (records flushed), then exit hard."""
     parent = os.getppid()
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    _end_with_parent()
+    end_with_parent()
     cfg = TrainConfig.from_dict(RunDir(args.run_dir).read_config())
     run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume)
 

@@ -6,6 +6,7 @@
     system.rank<r>.jsonl              system samples of rank r (measure/system.py)
     result.rank<r>.json               rank r's result: evaluations, memory, steps per epoch (run/worker.py)
     heartbeat.rank<r>.json            where rank r is, about once a second (train/heartbeat.py)
+    failure.node<k>.json              why node k of a --local-nodes run failed (run/nodeagent.py)
     error.txt                         the traceback of a failed run
     trace.json, tensorboard/          exports of a finished run (run/exports.py)
     checkpoints/                      train/checkpoint.py owns what is inside
@@ -110,6 +111,9 @@ class RunDir:
     def heartbeat_file(self, rank: int) -> Path:
         return self.path / f"heartbeat.rank{rank}.json"
 
+    def node_failure_file(self, node: int) -> Path:
+        return self.path / f"failure.node{node}.json"
+
     def step_files(self) -> list[Path]:
         return sorted(self.path.glob("steps.rank*.jsonl"))
 
@@ -178,6 +182,14 @@ class RunDir:
 
     def write_heartbeat(self, rank: int, beat: dict) -> None:
         write_json_atomic(self.heartbeat_file(rank), beat)
+
+    def read_node_failure(self, node: int) -> dict | None:
+        """{"reason", "consequence", "time"} of a failed node of a --local-nodes run; None when it recorded none."""
+        path = self.node_failure_file(node)
+        return read_json(path) if path.exists() else None
+
+    def write_node_failure(self, node: int, failure: dict) -> None:
+        write_json_atomic(self.node_failure_file(node), failure)
 
     def write_error(self, text: str) -> None:
         self.error_file.write_text(text)

@@ -66,3 +66,13 @@ def test_heartbeat_publishes_progress(tmp_path):
     assert (seen["rank"], seen["step"], seen["stage"], seen["progress"]) == (3, 2, "forward", 1)
     hb.stop()
     assert read_json(RunDir(tmp_path).heartbeat_file(3))["stage"] == "done"
+
+
+def test_the_launcher_s_explanation_leads_the_verdict(tmp_path):
+    now = [0.0]
+    dog = Watchdog(tmp_path, [0], 10, abort=lambda beats: None, explain=lambda: "node 1 (rank 1) unreachable",
+                   clock=lambda: now[0])
+    write_json_atomic(RunDir(tmp_path).heartbeat_file(0), {**beat(3, "comm", progress=4), "rank": 0})
+    assert dog.check() is None
+    now[0] = 11.0
+    assert dog.check().startswith("node 1 (rank 1) unreachable; rank 0 hung")

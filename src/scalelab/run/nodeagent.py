@@ -1,0 +1,45 @@
+"""One node of a --local-nodes run: `python -m scalelab.run.nodeagent SPEC_JSON`, started by run/nodes.py inside
+the node's network namespace. Runs torchrun's agent for this node's ranks; on failure writes the root cause as
+seen from this node to the run directory (`failure.node<k>.json`) and exits 1.
+
+Node 0 hosts the rendezvous store, bound to its private address only (`bound_store`: torchrun's own server would
+bind the wildcard), and keeps it up after its ranks are done until its stdin closes: the launcher closes it once
+every other node has ended, so no node finds the store gone in torchrun's exit barrier.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from scalelab.run.launch import LaunchSpec, bound_store, torchrun_launch
+from scalelab.store.rundir import RunDir
+
+
+def main(argv: list[str] | None = None) -> int:
+    data = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    spec = LaunchSpec(**{**data, "run_dir": Path(data["run_dir"]), "args": tuple(data["args"])})
+    from scalelab.run.worker import end_with_parent
+
+    end_with_parent()  # scalelab SIGKILLed: stop this node's ranks instead of training on as orphans
+    try:
+        if spec.node_rank == 0:
+            host, port = spec.endpoint.rsplit(":", 1)
+            with bound_store(host, int(port)):
+                torchrun_launch(spec)
+                sys.stdin.read()  # until the launcher closes it (or dies): the other nodes are done with the store
+        else:
+            torchrun_launch(spec)
+    except BaseException as err:  # noqa: BLE001 - every failure of this node is recorded for the launcher
+        from scalelab.run.execute import failure_reason, is_consequence
+
+        reason, _ = failure_reason(err)
+        RunDir(spec.run_dir).write_node_failure(spec.node_rank, {
+            "reason": reason, "consequence": is_consequence(reason), "time": time.time()})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
