@@ -253,3 +253,22 @@ def cuda_sleep_cycles(seconds: float) -> int:
         end.record()
         end.synchronize()
     return int(probe * seconds / (start.elapsed_time(end) / 1e3))
+
+
+def wait_for_steps(proc, root: Path, rank: int, timeout: float = 120) -> Path:
+    """The run directory of the CLI run `proc` (storing under `root`) once rank `rank` has recorded a step;
+    fails the test, killing `proc`, when it ends or `timeout` s pass first."""
+    import time
+
+    from scalelab.store import read_jsonl
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = list(root.glob(f"runs/*/steps.rank{rank}.jsonl"))
+        if steps and read_jsonl(steps[0]):
+            return steps[0].parent
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("run never recorded a step: " + proc.communicate()[1][-1500:])

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli_env, faulty_model
+from conftest import cli_env, faulty_model, wait_for_steps
 from scalelab.store import Store, read_jsonl
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,25 +43,12 @@ def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
     return None
 
 
-def _wait_for_steps(proc: subprocess.Popen, root: Path, rank: int, timeout: float = 120) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        steps = list(root.glob(f"runs/*/steps.rank{rank}.jsonl"))
-        if steps and read_jsonl(steps[0]):
-            return steps[0].parent
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail("run never recorded a step: " + proc.communicate()[1][-1500:])
-
-
 def test_sigkill_of_one_rank_mid_epoch_fails_the_run_cleanly(tmp_path, sleepy_model):
     root = tmp_path / "store"
     # two loader workers per rank: they must go too
     proc = _start(["--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
                    "--epochs", "3", "--num-workers", "2"], root)
-    run_dir = _wait_for_steps(proc, root, rank=0)
+    run_dir = wait_for_steps(proc, root, rank=0)
     family = _run_processes(proc)
     assert len(family) >= 1 + 2 + 2 * 2, [p.cmdline() for p in family]  # agent, 2 ranks, their loader workers
     victim = _rank_pid(proc, 1)
@@ -89,7 +76,7 @@ def test_ranks_end_when_scalelab_itself_is_killed(tmp_path, sleepy_model):
     root = tmp_path / "store"
     proc = _start(["--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
                    "--epochs", "3"], root)
-    run_dir = _wait_for_steps(proc, root, rank=1)
+    run_dir = wait_for_steps(proc, root, rank=1)
     ranks = [p for p in _run_processes(proc)[1:] if "scalelab.run.worker" in " ".join(p.cmdline())]
     assert len(ranks) == 2
     proc.kill()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from conftest import TINY_MLP, cli_env, run_cli
+from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
 from scalelab.run import netns
 from scalelab.store import Store, read_jsonl
 
@@ -61,17 +60,16 @@ def _start(args: list[str]) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=cli_env())
 
 
-def _wait_for_steps(proc: subprocess.Popen, root: Path, rank: int, timeout: float = 120) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        steps = list(root.glob(f"runs/*/steps.rank{rank}.jsonl"))
-        if steps and read_jsonl(steps[0]):
-            return steps[0].parent
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    pytest.fail("run never recorded a step: " + proc.communicate()[1][-1500:])
+def _failed_cleanly(proc: subprocess.Popen, family: list, root: Path) -> str:
+    """The failure reason of the run `proc` stored, once it has exited 1 leaving no process and no namespace."""
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    _, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+    assert not _owned(proc.pid)
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    return runs["reason"][0]
 
 
 def _owned(pid: int) -> list[str]:
@@ -154,7 +152,7 @@ def test_nothing_of_the_run_listens_on_the_host(tmp_path, sleepy_model, namespac
     root = tmp_path / "store"
     proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
     try:
-        _wait_for_steps(proc, root, rank=1)
+        wait_for_steps(proc, root, rank=1)
         family = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
         ours = _socket_inodes(family)
         host = _listening(Path("/proc/net/tcp").read_text() + Path("/proc/net/tcp6").read_text())
@@ -184,7 +182,7 @@ def test_after_scalelab_is_sigkilled_the_next_command_removes_the_leftovers(tmp_
                                                                              namespaces_restored):
     root = tmp_path / "store"
     proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
-    _wait_for_steps(proc, root, rank=1)
+    wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     left = _owned(proc.pid)
     assert len(left) == 3
@@ -211,7 +209,7 @@ def test_a_delay_without_netem_is_refused_in_one_line(tmp_path, mlp, namespaces_
 def test_ctrl_c_marks_the_run_interrupted_and_removes_the_cluster(tmp_path, sleepy_model, namespaces_restored):
     root = tmp_path / "store"
     proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
-    _wait_for_steps(proc, root, rank=1)
+    wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
@@ -228,7 +226,7 @@ def test_every_process_of_one_node_killed_fails_the_run_naming_the_node(tmp_path
     reason names node 1 and its rank; no process, namespace or listening port of the run is left."""
     root = tmp_path / "store"
     proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
-    _wait_for_steps(proc, root, rank=1)
+    wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     node1 = next(n for n in _owned(proc.pid) if n.endswith("-1"))
     killed_at = time.monotonic()
@@ -253,19 +251,12 @@ def test_a_link_taken_down_mid_run_fails_the_run_naming_the_unreachable_node(tmp
     the node the switch cannot reach."""
     root = tmp_path / "store"
     proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300", "--hang-timeout", "10"))
-    _wait_for_steps(proc, root, rank=1)
+    wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     switch = next(n for n in _owned(proc.pid) if n.endswith("-sw"))
     subprocess.run(["ip", "-n", switch, "link", "set", "n1", "down"], check=True)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err[-2000:]
-    _, alive = psutil.wait_procs(family, timeout=10)
-    assert not alive, f"left behind: {[p.pid for p in alive]}"
-    assert not _owned(proc.pid)
-    runs = Store(root).list_runs()
-    assert list(runs["status"]) == ["failed"]
-    assert runs["reason"][0].startswith("node 1 (rank 1) unreachable"), runs["reason"][0]
-    assert "hung" in runs["reason"][0]
+    reason = _failed_cleanly(proc, family, root)
+    assert reason.startswith("node 1 (rank 1) unreachable") and "hung" in reason, reason
 
 
 def test_a_node_that_never_joins_fails_the_run_in_one_line(tmp_path, mlp, namespaces_restored):
@@ -285,13 +276,6 @@ def test_a_node_that_never_joins_fails_the_run_in_one_line(tmp_path, mlp, namesp
         time.sleep(0.02)
     subprocess.run(["ip", "-n", switch, "link", "set", "n1", "down"], check=True)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err[-2000:]
-    _, alive = psutil.wait_procs(family, timeout=10)
-    assert not alive, f"left behind: {[p.pid for p in alive]}"
-    assert not _owned(proc.pid)
-    runs = Store(root).list_runs()
-    assert list(runs["status"]) == ["failed"]
-    reason = runs["reason"][0]
+    reason = _failed_cleanly(proc, family, root)
     assert "\n" not in reason and reason.startswith("node 1 (rank 1) unreachable"), reason
     assert "never started" in reason, reason

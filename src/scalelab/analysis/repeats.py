@@ -31,7 +31,7 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
     if len(summaries) == 1:
         return {**summaries[0], LAUNCHES: 1}
     out: dict = {}
-    for key in set().union(*summaries):
+    for key in dict.fromkeys(k for s in summaries for k in s):  # in order: the same table in every process
         values = [s[key] for s in summaries if key in s]
         numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         out[key] = float(np.median(numeric)) if len(numeric) == len(values) else values[-1]

@@ -118,7 +118,7 @@ def loader_table(runs: list[dict]) -> pd.DataFrame:
 
 def data_share(summary: dict) -> float:
     """Data wait as a fraction of the mean step (the stage means sum to the mean step time)."""
-    stages = [v for k, v in summary.items() if k.startswith(keys.STAGE_PREFIX)]
+    stages = [v for k, v in summary.items() if k.startswith(keys.STAGE_PREFIX) and "_ci_" not in k]
     total = sum(stages)
     return summary.get(keys.stage_ms("data"), 0.0) / total if total else 0.0
 
