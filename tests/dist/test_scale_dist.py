@@ -55,6 +55,9 @@ def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(stor
         run = store.get(row["run_id"])
         cell_runs = [store.get(r) for r in runs["run_id"] if store.get(r)["config"] == run["config"]]
         assert len(cell_runs) == 3
-        medians = [statistics.median(timed_step_ms(RunDir(r["dir"]).read_steps())) for r in cell_runs]
+        launches = [timed_step_ms(RunDir(r["dir"]).read_steps()) for r in cell_runs]
+        medians = [statistics.median(steps) for steps in launches]
         assert row["step_ci_low(ms)"] <= min(medians) and row["step_ci_high(ms)"] >= max(medians)
-        assert min(medians) <= row["step(ms)"] <= max(medians)
+        # the median of every launch's steps together (with an even count of steps per launch this may lie
+        # outside the launches' own medians, so the definition is checked, not a range)
+        assert row["step(ms)"] == pytest.approx(statistics.median([t for steps in launches for t in steps]))

@@ -4,8 +4,11 @@ reference cell between a study's start and end.
 - The timed window runs from the start of the first timed step to the end of the last (rank 0's clock, as for
   loopback bytes). The machine's cumulative counters sampled by the first rank of each host
   (scalelab.measure.machine) are interpolated linearly at both ends of the window and differenced.
-- outside CPU (cores) = (machine busy CPU seconds - the run's own processes' CPU seconds) / window seconds:
-  the cores other processes kept busy on average. steal (%) = steal seconds / total CPU seconds. load = the
+- outside CPU (cores) = machine busy cores - the run's own processes' CPU seconds / window seconds: the cores
+  other processes kept busy on average. Machine busy cores = cpus x busy seconds / total seconds of /proc/stat,
+  not busy seconds / wall seconds: /proc/stat is tick-sampled, and a virtual machine under load loses ticks (seen
+  here: its total advanced 1.92 s per wall second on 2 cores while a hog and a run kept both cores busy), while
+  the processes' own CPU times are exact. Without the cpu count (older runs) busy seconds / wall seconds. steal (%) = steal seconds / total CPU seconds. load = the
   mean 1-minute load average of the samples inside the window (the interpolated ends included). With several
   hosts the busiest host counts.
 - A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores or steal exceeds STEAL_THRESHOLD.
@@ -49,8 +52,9 @@ def host_noise(samples: list[dict], begin: float, end: float) -> dict | None:
         values = np.array([s[key] for s in rows], dtype=float)
         return float(np.interp(end, t, values) - np.interp(begin, t, values))
 
-    total = delta("cpu_total(s)")
-    out = {"outside": max(0.0, (delta("cpu_busy(s)") - delta("cpu_run(s)")) / (end - begin)),
+    total, cpus = delta("cpu_total(s)"), rows[-1].get("cpus")
+    busy_cores = cpus * delta("cpu_busy(s)") / total if cpus and total > 0 else delta("cpu_busy(s)") / (end - begin)
+    out = {"outside": max(0.0, busy_cores - delta("cpu_run(s)") / (end - begin)),
            "steal": 100.0 * delta("cpu_steal(s)") / total if total > 0 else 0.0}
     loads = [(s["time"], s["load1"]) for s in rows if "load1" in s]
     if len(loads) >= 2:

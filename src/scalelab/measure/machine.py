@@ -13,6 +13,7 @@ since a process started: callers difference them over a window (scalelab.analysi
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,21 +30,24 @@ class CpuTimes:
     busy: float
     steal: float
     total: float
+    cpus: int  # the cpuN lines: what `total` would advance by per wall second if no tick were lost
 
 
 def read_cpu_times(root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> CpuTimes | None:
     """The machine's CPU seconds from ROOT/stat; None where it cannot be read (not Linux)."""
     try:
-        line = (root / "stat").read_text().splitlines()[0]
+        lines = (root / "stat").read_text().splitlines()
+        line = lines[0]
     except (OSError, IndexError):
         return None
+    cpus = sum(1 for x in lines[1:] if x.startswith("cpu"))
     name, *fields = line.split()
     if name != "cpu" or len(fields) < 4:
         return None
     v = [int(x) for x in fields[:8]] + [0] * (8 - min(8, len(fields)))
     user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
     busy = user + nice + system + irq + softirq
-    return CpuTimes(busy / ticks_per_s, steal / ticks_per_s, (busy + idle + iowait + steal) / ticks_per_s)
+    return CpuTimes(busy / ticks_per_s, steal / ticks_per_s, (busy + idle + iowait + steal) / ticks_per_s, cpus)
 
 
 def read_process_cpu(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
@@ -107,8 +111,10 @@ class RunCpu:
                     continue
         return out
 
-    def seconds(self) -> float:
-        for pid in self.pids():
+    def seconds(self, pids: Iterable[int] | None = None) -> float:
+        """The run's CPU seconds now; PIDS (from `pids()`) lets a caller find the processes before it reads the
+        clocks, so the slow part is not between the machine's reading and the run's."""
+        for pid in self.pids() if pids is None else pids:
             cpu = read_process_cpu(pid, self.root)
             if cpu is not None:
                 self._last[pid] = max(cpu, self._last.get(pid, 0.0))
@@ -116,12 +122,18 @@ class RunCpu:
 
 
 def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
-    """One sample's machine-wide fields (absent where /proc cannot be read)."""
-    out = {}
+    """One sample's machine-wide fields (absent where /proc cannot be read), with the unix `time` they were read at.
+
+    The machine's and the run's counters are read back to back, after the run's processes are found: outside CPU
+    is their difference, and the sampler thread waits for the training thread's GIL between any two Python
+    statements, so a slow step between the two readings (or between the clock and them) would move CPU seconds
+    from one side to the other (seen: a hog's 0.5 cores read as 0.2 over a one-second window)."""
+    pids = run_cpu.pids()
+    out: dict = {"time": time.time()}
     cpu = read_cpu_times(root)
     if cpu is not None:
         out.update({"cpu_busy(s)": cpu.busy, "cpu_steal(s)": cpu.steal, "cpu_total(s)": cpu.total,
-                    "cpu_run(s)": run_cpu.seconds()})
+                    "cpus": cpu.cpus, "cpu_run(s)": run_cpu.seconds(pids)})
     load = read_load(root)
     if load is not None:
         out["load1"] = load

@@ -52,6 +52,9 @@ class SystemSampler:
         self._t0 = time.time()
 
     def sample(self) -> dict:
+        # the machine's counters first, stamped with their own reading time (scalelab.measure.machine); the rest
+        # of the record is cumulative too, but is compared over whole runs, where milliseconds do not matter
+        machine = machine_sample(self._machine) if self._machine is not None else {}
         net = psutil.net_io_counters()
         lo = psutil.net_io_counters(pernic=True).get("lo")
         record = {
@@ -69,8 +72,8 @@ class SystemSampler:
             record["lo_recv(bytes)"] = lo.bytes_recv
         if self._gpu:
             record.update(self._gpu())
-        if self._machine is not None:
-            record.update(machine_sample(self._machine))
+        if machine:
+            record.update(machine, **{"t(s)": machine["time"] - self._t0})
         return record
 
     def _loop(self) -> None:

@@ -47,6 +47,16 @@ def test_a_quiet_machine_is_ok_and_interpolation_is_exact_between_samples():
     assert out[keys.QUALITY_NOISY] is False and out[keys.QUALITY_NOISE_REASON] == "ok"
 
 
+def test_busy_cores_are_a_share_of_the_ticks_counted_when_ticks_are_lost():
+    """/proc/stat advanced 1.6 s per wall second on 2 cores (ticks lost), 1.2 of them busy: the machine was busy
+    2 x 1.2 / 1.6 = 1.5 cores, and the run's exact 1.0 core leaves 0.5 outside (not 1.2 - 1.0 = 0.2)."""
+    lossy = [{**s, "cpu_total(s)": 50 + 1.6 * (s["time"] - 99.0), "cpus": 2}
+             for s in samples(busy_rate=1.2, run_rate=1.0)]
+    assert noise_summary(lossy, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.5)
+    unscaled = [{k: v for k, v in s.items() if k != "cpus"} for s in lossy]  # an older run: busy / wall
+    assert noise_summary(unscaled, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.2)
+
+
 def test_the_run_using_more_than_the_machine_counts_as_zero_outside():
     out = noise_summary(samples(busy_rate=1.0, run_rate=1.2), records())  # sampling jitter: never negative
     assert out[keys.NOISE_OUTSIDE_CPU_CORES] == 0.0

@@ -29,6 +29,7 @@ def test_machine_cpu_seconds_from_proc_stat(tmp_path):
     assert cpu.busy == pytest.approx((1000 + 50 + 300 + 20 + 30) / 100)  # user nice system irq softirq
     assert cpu.steal == pytest.approx(0.40)
     assert cpu.total == pytest.approx((1400 + 8000 + 100 + 40) / 100)  # busy + idle + iowait + steal
+    assert cpu.cpus == 1  # one cpuN line
 
 
 def test_missing_or_odd_proc_reads_as_none(tmp_path):
@@ -62,5 +63,5 @@ def test_run_cpu_keeps_the_last_reading_of_a_process_that_ended(tmp_path):
 def test_machine_sample_fields(tmp_path):
     root = fake_proc(tmp_path, pids={42: PID_STAT})
     sample = machine_sample(RunCpu(lambda: {42}, since=0.0, root=root), root)
-    assert set(sample) == {"cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpu_run(s)", "load1"}
+    assert set(sample) == {"time", "cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpus", "cpu_run(s)", "load1"}
     assert sample["load1"] == 1.5
