@@ -10,7 +10,8 @@ Definitions (DESIGN.md, "Measurement definitions"):
 - exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
   overlap = 1 - exposed / comm (empty when comm is 0), never clipped. `quality` is "ok", or says why not: an
   exposed interval entirely below 0, an overlap interval entirely outside [0, 1] by more than OVERLAP_SLACK, or
-  time inside collectives above the mean step beyond both intervals is "implausible";
+  time inside collectives above the mean step beyond both intervals, or collectives faster than the kernel-shaped
+  links of a local-nodes run allow (scalelab.analysis.bandwidth), is "implausible";
 - bytes are payload bytes per step as the CommMeter counts them (scalelab.sync.meter), averaged over ranks;
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
@@ -26,6 +27,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.bandwidth import busbw_ceiling
 from scalelab.analysis.intervals import difference_interval
 from scalelab.analysis.repeats import LAUNCHES
 
@@ -34,6 +36,9 @@ BACKENDS = ("gloo", "nccl", "mpi")
 # collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
 # on 2 gloo ranks. An overlap is judged implausible only beyond this much outside [0, 1], past its interval.
 OVERLAP_SLACK = 0.05
+# TCP's headers and tbf's token accounting leave the measured busbw a little under a shaped link's rate (seen
+# 0.117 GB/s on 1 Gbit/s); a run is judged faster than its links only beyond this much above the ceiling.
+LINK_SLACK = 0.05
 EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap", "overlap_ci_low",
                    "overlap_ci_high", "quality"]
 
@@ -112,6 +117,26 @@ def comm_exceeds_step(summary: dict) -> bool:
     return comm_low > 1e3 * epoch_high / per_epoch
 
 
+def faster_than_link(run: dict) -> str | None:
+    """Words when a run over kernel-shaped links (local_nodes with link_gbps) moved its collectives faster than the
+    links allow (scalelab.analysis.bandwidth.busbw_ceiling) beyond the busbw interval and LINK_SLACK: the meter's
+    clock does not see the wire (timing a launch, not a completion); else None."""
+    c, s = run.get("config") or {}, run.get("summary") or {}
+    gbps, nodes = c.get("link_gbps"), c.get("local_nodes") or 0
+    busbw, algbw, payload = s.get(keys.COMM_BUSBW), s.get(keys.COMM_ALGBW), s.get(keys.COMM_BYTES_PER_STEP)
+    if not gbps or nodes < 2 or any(_missing(v) or not v for v in (busbw, algbw, payload)):
+        return None
+    ceiling = busbw_ceiling(gbps, world=c.get("ranks", 1) * nodes, nodes=nodes,
+                            bus_bytes_per_step=payload * busbw / algbw,
+                            collectives_per_step=s.get(keys.COMM_COLLECTIVES_PER_STEP) or 1)
+    low = s.get(keys.ci_keys(keys.COMM_BUSBW)[0])
+    low = busbw if _missing(low) else low
+    if ceiling is None or low <= ceiling * (1 + LINK_SLACK):
+        return None
+    return (f"implausible: collectives faster than the {gbps:g} Gbit/s links beyond noise "
+            f"(busbw {busbw:.3g} GB/s, the links allow {ceiling:.3g})")
+
+
 def plausibility(row: dict) -> str:
     """"ok", or why the exposed communication cannot be taken at face value (intervals missing: judged on the
     point values)."""
@@ -168,7 +193,8 @@ def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
     if run.get("summary"):
         own = run_quality(run["summary"])
         base_q = run_quality(base) if base else "ok"
-        row["quality"] = worst_quality(row.get("quality"), own, None if base_q == "ok" else f"baseline {base_q}")
+        row["quality"] = worst_quality(faster_than_link(run), row.get("quality"), own,
+                                       None if base_q == "ok" else f"baseline {base_q}")
     return row
 
 

@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.compare import exposed_with_interval, run_quality, worst_quality
+from scalelab.analysis.compare import exposed_with_interval, faster_than_link, run_quality, worst_quality
 from scalelab.analysis.intervals import ratio_interval
 from scalelab.analysis.repeats import LAUNCHES
 
@@ -80,7 +80,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
     frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
     frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]
-    own = {run["run_id"]: run_quality(run["summary"] or {}) for run in runs}
+    own = {run["run_id"]: worst_quality(faster_than_link(run), run_quality(run["summary"] or {})) for run in runs}
     frame["quality"] = [worst_quality(efficiency_quality(e, lo), own.get(rid))
                         for e, lo, rid in zip(frame["efficiency"], frame["ci_low"], frame["run_id"])]
     frame.insert(1, "mode", mode)

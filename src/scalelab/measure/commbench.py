@@ -39,6 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab import config as _config
+from scalelab.analysis.bandwidth import bus_factor
 from scalelab.analysis.intervals import median_interval
 from scalelab.errors import ConfigError, StoreError
 from scalelab.store.rundir import RunDir
@@ -118,14 +119,10 @@ def parse_ops(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def busbw_factor(op: str, ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor: what each rank's link must carry relative to S."""
-    if op == "allreduce":
-        return 2 * (ranks - 1) / ranks
-    if op in ("allgather", "reduce_scatter"):
-        return (ranks - 1) / ranks
-    if op == "broadcast":
-        return 1.0
-    raise ConfigError("op", op, f"allowed: {', '.join(OPS)}")
+    """nccl-tests' bus-bandwidth factor of a benchmarked op (scalelab.analysis.bandwidth)."""
+    if op not in OPS:
+        raise ConfigError("op", op, f"allowed: {', '.join(OPS)}")
+    return bus_factor(op, ranks)
 
 
 def algbw_gbps(size: int, seconds: float) -> float:

@@ -36,7 +36,8 @@ DEFINITIONS = [
     "communication, overlap) take the conservative interval of both sides: every value of one against every value "
     "of the other.",
     "Implausible or noisy rows of compared cells (efficiency above 1, overlap outside [0, 1] or exposed time below 0 "
-    "beyond their intervals, time inside collectives longer than the step, a run noisy by the rule below) are "
+    "beyond their intervals, time inside collectives longer than the step, collectives faster than the shaped links "
+    "of a local-nodes run allow, a run noisy by the rule below) are "
     "measured once more, automatically, from new launches; the quality column then says `re-measured`, or the "
     "reason with \"(persisted when re-measured)\", or that the first and second measurements disagree. Flagged rows "
     "are listed in words under their section and never make a ranking or a recommendation.",

@@ -37,19 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
+from scalelab.analysis.bandwidth import bus_factor
+
 PHASES = ("forward", "backward", "optimizer")
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests busbw / algbw ratio for `op` on `world` ranks."""
-    n = max(1, world)
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter", "gather", "scatter"):
-        return (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {op!r}")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.sync.bucketed import assign_buckets
 from scalelab.sync.ddp import broadcast_chunks
-from scalelab.sync.meter import CommMeter, bus_factor, step_totals
+from scalelab.sync.meter import CommMeter, step_totals
 from scalelab.train.loop import micro_batches
 
 
@@ -33,15 +33,6 @@ class FakeClock:
 
 
 # ---------------------------------------------------------------- meter
-
-def test_bus_factors_are_the_nccl_tests_ones():
-    assert bus_factor("allreduce", 4) == pytest.approx(1.5)
-    assert bus_factor("allgather", 4) == bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
-    assert bus_factor("gather", 2) == bus_factor("scatter", 2) == pytest.approx(0.5)
-    assert bus_factor("broadcast", 8) == 1.0
-    with pytest.raises(ValueError):
-        bus_factor("alltoall", 2)
-
 
 def test_a_synchronous_collective_is_timed_and_padded_to_the_emulated_link():
     clock = FakeClock()
