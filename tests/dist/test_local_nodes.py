@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -20,8 +21,10 @@ import psutil
 import pytest
 
 from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
+from scalelab.analysis import keys
+from scalelab.analysis.summary import timed_step_ms
 from scalelab.run import netns
-from scalelab.store import Store, read_jsonl
+from scalelab.store import RunDir, Store, read_jsonl
 
 
 def _unusable() -> str | None:
@@ -279,3 +282,43 @@ def test_a_node_that_never_joins_fails_the_run_in_one_line(tmp_path, mlp, namesp
     reason = _failed_cleanly(proc, family, root)
     assert "\n" not in reason and reason.startswith("node 1 (rank 1) unreachable"), reason
     assert "never started" in reason, reason
+
+
+def test_nodes_with_their_own_stores_gather_every_rank_on_node_0(tmp_path, mlp, namespaces_restored):
+    """No shared filesystem assumed (node-local scratch): `scalelab train --nnodes 2` by hand on each node of a
+    namespace cluster, each node with its own store. Node 0's run covers both ranks: their steps, results and
+    system samples, the summary's rank count and the slowest rank's step."""
+    stores = [tmp_path / "node0", tmp_path / "node1"]
+    with netns.local_cluster(2) as cluster:
+        endpoint = f"{cluster.nodes[0].address}:29500"
+        procs = [subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, sys.executable, "-m", "scalelab", "train", "--model", mlp,
+             "--samples", "256", "--global-batch", "16", "--ranks", "1", "--steps", "6", "--nnodes", "2",
+             "--node-rank", str(node.index), "--rdzv-endpoint", endpoint, "--run-id", "gathered",
+             "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=cli_env({"GLOO_SOCKET_IFNAME": netns.IFACE}))  # as on a cluster: the NIC the nodes share
+            for node, store in zip(cluster.nodes, stores)]
+        try:
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    run = Store(stores[0]).get("gathered")
+    assert run["status"] == "completed"
+    run_dir = Path(run["dir"])
+    for rank in (0, 1):
+        assert len(read_jsonl(run_dir / f"steps.rank{rank}.jsonl")) == 6
+        assert (run_dir / f"result.rank{rank}.json").is_file() and (run_dir / f"system.rank{rank}.jsonl").is_file()
+    summary = run["summary"]
+    assert summary["ranks/reported"] == 2
+    # each step is the slower of the two ranks' (node 1's records included)
+    steps = RunDir(run_dir).read_steps()
+    slowest = timed_step_ms(steps)
+    assert summary[keys.STEP_MEDIAN_MS] == pytest.approx(statistics.median(slowest))
+    assert {r["rank"] for r in steps} == {0, 1}
+    # node 1's own store holds only its rank: what node 0 gathered came through the process group
+    assert not (Path(Store(stores[1]).get("gathered")["dir"]) / "steps.rank0.jsonl").exists()

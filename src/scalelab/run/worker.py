@@ -1,7 +1,8 @@
 """Entry point of one rank: `python -m scalelab.run.worker --run-dir DIR` (torchrun starts it; so can a test).
 
 The rank reads the run's config.json, trains, and writes its own files into the run directory:
-steps.rank<r>.jsonl, system.rank<r>.jsonl and result.rank<r>.json. The parent process summarises them.
+steps.rank<r>.jsonl, system.rank<r>.jsonl and result.rank<r>.json. The parent process summarises them. With
+several nodes rank 0 also gathers every rank's files at the end (nodes may not share a filesystem).
 """
 from __future__ import annotations
 
@@ -60,13 +61,29 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
         result["threads"] = torch.get_num_threads()  # what the rank ran with, as torch reports it
         rundir.write_result(ctx.rank, result)
+        if cfg.nnodes > 1:
+            sampler.stop()  # its file complete before it travels
+            sampler = None
+            gather_on_rank0(rundir, ctx)
         return result
     finally:
-        sampler.stop()
+        if sampler:
+            sampler.stop()
         if heartbeat:
             heartbeat.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def gather_on_rank0(rundir: RunDir, ctx: DistContext) -> None:
+    """Every rank's records into rank 0's run directory, through the process group: nodes need not share a
+    filesystem (node-local scratch), and node 0 summarises the run from its own directory. Rank 0 writes only the
+    files it lacks, so on a shared filesystem nothing changes. A collective: every rank calls it, once, at the end."""
+    payloads: list | None = [None] * ctx.world if ctx.rank == 0 else None
+    dist.gather_object(rundir.rank_payload(ctx.rank), payloads, dst=0)
+    if ctx.rank == 0:
+        for payload in payloads[1:]:
+            rundir.add_missing(payload)
 
 
 def warm_up(model: torch.nn.Module, data, device: torch.device, cfg: TrainConfig) -> None:

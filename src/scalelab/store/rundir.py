@@ -8,6 +8,8 @@
     heartbeat.rank<r>.json            where rank r is, about once a second (train/heartbeat.py)
     failure.node<k>.json              why node k of a --local-nodes run failed (run/nodeagent.py)
     error.txt                         the traceback of a failed run
+    (a multi-node run without a shared filesystem: node 0's directory gets every rank's steps, system and result
+    files through the process group at the end, run/worker.py; each other node keeps its own)
     trace.json, tensorboard/          exports of a finished run (run/exports.py)
     checkpoints/                      train/checkpoint.py owns what is inside
     logs/                             the ranks' stdout/stderr when torchrun redirects them
@@ -114,6 +116,10 @@ class RunDir:
     def node_failure_file(self, node: int) -> Path:
         return self.path / f"failure.node{node}.json"
 
+    def rank_files(self, rank: int) -> list[Path]:
+        """What rank r leaves for the run's summary, trace and report: its steps, system samples and result."""
+        return [self.steps_file(rank), self.system_file(rank), self.result_file(rank)]
+
     def step_files(self) -> list[Path]:
         return sorted(self.path.glob("steps.rank*.jsonl"))
 
@@ -127,6 +133,18 @@ class RunDir:
         return sorted(self.path.glob("heartbeat.rank*.json"))
 
     # ------------------------------------------------------------ readers and writers
+    def rank_payload(self, rank: int) -> dict[str, str]:
+        """Rank r's files (rank_files) as {name: text}: what another node's rank sends to node 0."""
+        return {p.name: p.read_text(encoding="utf-8") for p in self.rank_files(rank) if p.is_file()}
+
+    def add_missing(self, payload: dict[str, str]) -> list[str]:
+        """Write the files of a rank_payload that this directory lacks (on a shared filesystem they are there
+        already, written by their own rank); returns the names written."""
+        names = [n for n in payload if "/" not in n and _RANK_RE.search(n) and not (self.path / n).exists()]
+        for name in names:
+            write_text_atomic(self.path / name, payload[name])
+        return names
+
     def read_config(self) -> dict:
         return read_json(self.config_file)
 
