@@ -322,3 +322,30 @@ def test_nodes_with_their_own_stores_gather_every_rank_on_node_0(tmp_path, mlp, 
     assert {r["rank"] for r in steps} == {0, 1}
     # node 1's own store holds only its rank: what node 0 gathered came through the process group
     assert not (Path(Store(stores[1]).get("gathered")["dir"]) / "steps.rank0.jsonl").exists()
+
+
+@pytest.mark.timeout(420)
+def test_scale_over_nodes_gives_each_node_its_epoch_cpu_and_network(tmp_path, namespaces_restored):
+    # seed 003's tables 1-3: 1 and 2 namespace nodes of one rank; an MLP of 7.4 MB of gradients so the link carries
+    # far more than the run's other traffic. Known truth: a 2-rank allreduce sends the payload once per step from
+    # each node (reduce-scatter half + all-gather half), so a node's MB/s sent = bytes per step / its mean step.
+    out = tmp_path / "out"
+    res = run_cli(["scale", "--nodes", "1,2", "--mode", "strong", "--batches", "32", "--launches", "1",
+                   "--steps", "8", "--model", "mlp", "--model-options", "depth=2,width=512", "--ranks", "1",
+                   "--sync", "allreduce", "--store", str(tmp_path / "store"), "--out", str(out)], timeout=400)
+    assert res.returncode == 0, res.stderr[-2000:]
+    nodes = pd.read_csv(out / "scale_strong_nodes.csv")
+    assert list(zip(nodes["nodes"], nodes["node"])) == [(1, 0), (2, 0), (2, 1)]
+    assert (nodes["epoch(s)"] > 0).all() and (nodes["cpu_user(%)"] > 0).all() and (nodes["cpu_system(%)"] >= 0).all()
+    scale = pd.read_csv(out / "scale_strong.csv")
+    two_workers = scale[scale["workers"] == 2].iloc[0]
+    payload = float(two_workers["comm/bytes_per_step"])
+    summary = Store(tmp_path / "store").get(two_workers["run_id"])["summary"]
+    two = nodes[nodes["nodes"] == 2]
+    for row in two.to_dict("records"):
+        expected = payload / (row["epoch(s)"] / summary[keys.STEPS_PER_EPOCH]) / 1e6
+        assert 0.8 <= row["net_sent(MB/s)"] / expected <= 1.3, (row, expected)
+        assert 0.8 <= row["net_recv(MB/s)"] / expected <= 1.3, (row, expected)
+    alone = nodes[nodes["nodes"] == 1].iloc[0]
+    assert alone["net_sent(MB/s)"] < 0.02 * two["net_sent(MB/s)"].min()  # one node: nothing leaves it
+    assert (out / "scale_strong_nodes.png").exists()

@@ -40,22 +40,28 @@ def timed_window(records: list[dict]) -> tuple[float, float] | None:
     return timed[0]["t_end(unix_s)"] - timed[0]["wall(s)"], timed[-1]["t_end(unix_s)"]
 
 
-def host_noise(samples: list[dict], begin: float, end: float) -> dict | None:
-    """Outside CPU (cores), steal (%) and load over [begin, end] from one host's machine samples; None when the
-    samples do not cover the window."""
-    rows = sorted((s for s in samples if "time" in s and all(k in s for k in COUNTERS)), key=lambda s: s["time"])
+def window_deltas(samples: list[dict], counters, begin: float, end: float) -> dict[str, float] | None:
+    """How much each cumulative counter advanced over [begin, end], interpolated linearly between the samples
+    (unix `time`) that hold all of them; None when those samples do not cover the window."""
+    rows = sorted((s for s in samples if "time" in s and all(k in s for k in counters)), key=lambda s: s["time"])
     if len(rows) < 2 or not rows[0]["time"] <= begin < end <= rows[-1]["time"]:
         return None
     t = np.array([s["time"] for s in rows])
+    return {k: float(np.interp(end, t, values) - np.interp(begin, t, values))
+            for k in counters for values in [np.array([s[k] for s in rows], dtype=float)]}
 
-    def delta(key: str) -> float:
-        values = np.array([s[key] for s in rows], dtype=float)
-        return float(np.interp(end, t, values) - np.interp(begin, t, values))
 
-    total, cpus = delta("cpu_total(s)"), rows[-1].get("cpus")
-    busy_cores = cpus * delta("cpu_busy(s)") / total if cpus and total > 0 else delta("cpu_busy(s)") / (end - begin)
-    out = {"outside": max(0.0, busy_cores - delta("cpu_run(s)") / (end - begin)),
-           "steal": 100.0 * delta("cpu_steal(s)") / total if total > 0 else 0.0}
+def host_noise(samples: list[dict], begin: float, end: float) -> dict | None:
+    """Outside CPU (cores), steal (%) and load over [begin, end] from one host's machine samples; None when the
+    samples do not cover the window."""
+    d = window_deltas(samples, COUNTERS, begin, end)
+    if d is None:
+        return None
+    rows = sorted((s for s in samples if "time" in s and all(k in s for k in COUNTERS)), key=lambda s: s["time"])
+    total, cpus = d["cpu_total(s)"], rows[-1].get("cpus")
+    busy_cores = cpus * d["cpu_busy(s)"] / total if cpus and total > 0 else d["cpu_busy(s)"] / (end - begin)
+    out = {"outside": max(0.0, busy_cores - d["cpu_run(s)"] / (end - begin)),
+           "steal": 100.0 * d["cpu_steal(s)"] / total if total > 0 else 0.0}
     loads = [(s["time"], s["load1"]) for s in rows if "load1" in s]
     if len(loads) >= 2:
         lt, lv = np.array([x[0] for x in loads]), np.array([x[1] for x in loads])

@@ -32,7 +32,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.intervals import mean_interval, median_interval
 from scalelab.analysis.keys import STAGES
-from scalelab.analysis.noise import noise_summary
+from scalelab.analysis.noise import noise_summary, timed_window, window_deltas
 from scalelab.analysis.precision import precision_summary
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
@@ -194,19 +194,9 @@ def loopback_bytes_per_step(samples: list[dict], records: list[dict]) -> float |
     the counter (host-wide: all ranks on the host, and anything else using loopback) is interpolated linearly
     between samples at both ends. None when the data is missing or the window is not covered by samples.
     """
-    rows = sorted((s["time"], s["lo_sent(bytes)"]) for s in samples if "lo_sent(bytes)" in s and "time" in s)
-    rank0 = sorted((r for r in records if r.get("rank") == 0 and "t_end(unix_s)" in r), key=lambda r: r["step"])
-    timed = [r for r in rank0 if not r["warmup"]]
-    if len(rows) < 2 or not timed:
+    window = timed_window(records)
+    sent = window_deltas(samples, ("lo_sent(bytes)",), *window) if window else None
+    if sent is None:
         return None
-    begin, end = timed[0]["t_end(unix_s)"] - timed[0]["wall(s)"], timed[-1]["t_end(unix_s)"]
-    if not rows[0][0] <= begin < end <= rows[-1][0]:
-        return None
-    return (_interpolate(rows, end) - _interpolate(rows, begin)) / len(timed)
-
-
-def _interpolate(rows: list[tuple[float, float]], t: float) -> float:
-    for (t0, v0), (t1, v1) in zip(rows, rows[1:]):
-        if t0 <= t <= t1:
-            return v0 if t1 == t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
-    raise ValueError(f"time {t} outside the samples")
+    timed = sum(1 for r in records if r.get("rank") == 0 and "t_end(unix_s)" in r and not r["warmup"])
+    return sent["lo_sent(bytes)"] / timed

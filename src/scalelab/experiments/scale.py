@@ -4,10 +4,15 @@
 Each multi-worker cell also runs once with no-op collectives (the same sync strategy and wrapper, only its
 collectives skipped): the difference of step times is the exposed communication, measured rather than taken as a
 remainder, and that baseline's step is the cell's compute.
+
+Over nodes (seed 003): with `nodes` (or a base config of local_nodes >= 2, which sweeps 1 .. local_nodes) the
+cells are node counts of a cluster of network namespaces, the base's ranks on each node and its link on every
+one; a per-node table (time per epoch, CPU user / system, network MB/s of each node) comes beside each mode's.
 """
 from __future__ import annotations
 
 from scalelab.analysis import interpret
+from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
@@ -21,21 +26,32 @@ MODES = ("strong", "weak")
 
 
 def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[int],
-               say=lambda line: None, launches: int = 1) -> tuple[list[Cell], list[Cell]]:
-    """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker."""
+               say=lambda line: None, launches: int = 1, nodes: list[int] | None = None) -> tuple[list[Cell], list[Cell]]:
+    """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker.
+    With `nodes` the cells are node counts (local_nodes), `base.ranks` on each, instead of `workers` ranks."""
     cells, ablation = [], []
     for b in batches:
-        for n in workers:
+        for k in nodes or workers:
+            n = k * base.ranks if nodes else k
             global_batch = b if mode == "strong" else b * n
             if global_batch % n:
                 say(f"[scale_{mode}] skip {n} workers x batch {b}: not divisible")
                 continue
-            cfg = with_fields(base, ranks=n, global_batch=global_batch)
-            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg, repeats=launches))
+            place = (dict(local_nodes=k, nnodes=k), f"{k} node{'s' * (k > 1)} x {base.ranks} rank{'s' * (base.ranks > 1)}") \
+                if nodes else (dict(ranks=n), f"{n} workers")
+            cfg = with_fields(base, **place[0], global_batch=global_batch)
+            cells.append(Cell(f"{mode}: {place[1]}, batch {global_batch}", cfg, repeats=launches))
             if n > 1:
-                ablation.append(Cell(f"{mode}: {n} workers, batch {global_batch}, no-op collectives",
+                ablation.append(Cell(f"{mode}: {place[1]}, batch {global_batch}, no-op collectives",
                                      with_fields(cfg, **syncs.baseline_fields(cfg)), repeats=launches))
     return cells, ablation
+
+
+def node_counts(base: TrainConfig, nodes: list[int] | None) -> list[int] | None:
+    """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none."""
+    if nodes:
+        return nodes
+    return list(range(1, base.local_nodes + 1)) if base.local_nodes >= 2 else None
 
 
 def _modes(value, name: str) -> list[str]:
@@ -46,17 +62,26 @@ def _modes(value, name: str) -> list[str]:
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     result = Result("scale", {})
+    nodes = node_counts(base, opts.get("nodes"))
+    if nodes:
+        ctx.say(f"[scale] over {', '.join(map(str, nodes))} local nodes x {base.ranks} rank(s) each "
+                f"(the workers option is not used)")
     for mode in opts["mode"]:
         name = f"scale_{mode}"
-        cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"])
+        cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"], nodes)
 
-        def analyse(results, cells=cells, mode=mode):
+        measured = {}
+
+        def analyse(results, cells=cells, mode=mode, measured=measured):
+            measured["cells"] = results[:len(cells)]
             runs, nosync = (_completed(ctx.cells.rows(part)) for part in (results[:len(cells)], results[len(cells):]))
             return add_exposed_comm(scaling_table(runs, mode), runs, nosync)
 
         # worker counts and their baselines in interleaved rounds (drift between launches hits every cell alike);
         # a cell behind an implausible or noisy row is measured once more
         result.tables[name] = run_checked(ctx, [*cells, *ablation], group=name, analyse=analyse)
+        if nodes:
+            result.tables[f"{name}_nodes"] = node_table(ctx.cells.runs(measured["cells"], all_repeats=True))
     return result
 
 
@@ -67,6 +92,10 @@ def _completed(rows: list[dict]) -> list[dict]:
 def _figures(result: Result, out) -> list:
     files = []
     for name, table in result.tables.items():
+        if name.endswith("_nodes"):
+            if len(table):
+                files.append(figures.per_node(table, out / f"{name}.png"))
+            continue
         if len(table):
             files.append(figures.speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
             files.append(figures.compute_comm_bars(table, out / f"{name}_breakdown.png"))
@@ -82,7 +111,11 @@ EXPERIMENT = Experiment(
     options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=positive_ints),
              Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
                     parse=int_list),
-             Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option()),
+             Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option(),
+             Option(name="nodes", default=None, parse=positive_ints,
+                    help="Node counts of a cluster of network namespaces (local_nodes; the base's ranks on each, "
+                         "its link_gbps on every link) instead of worker counts; unset: 1 .. local_nodes when the "
+                         "base has local_nodes >= 2.")),
     run=_run,
     figures=_figures,
     interpret=interpret.scale_result,
@@ -90,5 +123,8 @@ EXPERIMENT = Experiment(
               "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
               "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "
                                             "diamonds: time inside collectives.",
-              "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling)."},
+              "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
+              "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
+                                        "one core) and network MB/s sent off the node, by node count.",
+              "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s."},
 )

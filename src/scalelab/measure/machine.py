@@ -6,7 +6,8 @@ since a process started: callers difference them over a window (scalelab.analysi
 
 - busy = user + nice + system + irq + softirq of the first `cpu` line of /proc/stat (guest time is already
   inside user); total = busy + idle + iowait + steal; steal = time the hypervisor ran someone else on our CPUs.
-- A process's CPU = utime + stime of /proc/<pid>/stat (its threads included, its children not).
+- A process's CPU = utime + stime of /proc/<pid>/stat (its threads included, its children not); user and system
+  apart as well (seed 003's per-node table).
 - The run's processes: this host's ranks and their descendants started since the sampler started (DataLoader
   workers). A child the caller had before the run began (a one-rank run in the caller's process) is outside.
 """
@@ -50,14 +51,20 @@ def read_cpu_times(root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> CpuTi
     return CpuTimes(busy / ticks_per_s, steal / ticks_per_s, (busy + idle + iowait + steal) / ticks_per_s, cpus)
 
 
-def read_process_cpu(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
-    """utime + stime of one process in seconds, from ROOT/<pid>/stat; None when it is gone."""
+def read_process_times(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> tuple[float, float] | None:
+    """(utime, stime) of one process in seconds, from ROOT/<pid>/stat; None when it is gone."""
     try:
         text = (root / str(pid) / "stat").read_text()
     except OSError:
         return None
     rest = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses: split after the last ")"
-    return (int(rest[11]) + int(rest[12])) / ticks_per_s  # fields 14 and 15 of proc(5); rest[0] is field 3
+    return int(rest[11]) / ticks_per_s, int(rest[12]) / ticks_per_s  # fields 14 and 15 of proc(5); rest[0] is 3
+
+
+def read_process_cpu(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
+    """utime + stime of one process in seconds; None when it is gone."""
+    times = read_process_times(pid, root, ticks_per_s)
+    return None if times is None else sum(times)
 
 
 def read_load(root: Path = PROC) -> float | None:
@@ -92,7 +99,7 @@ class RunCpu:
     def __init__(self, rank_pids: Callable[[], Iterable[int]], since: float, root: Path = PROC):
         self.rank_pids, self.since, self.root = rank_pids, since, root
         self._ranks: set[int] | None = None  # asked once: torchrun starts a host's ranks together, before any samples
-        self._last: dict[int, float] = {}
+        self._last: dict[int, tuple[float, float]] = {}  # pid -> (user, system) seconds
 
     def pids(self) -> set[int]:
         if self._ranks is None:
@@ -111,14 +118,19 @@ class RunCpu:
                     continue
         return out
 
-    def seconds(self, pids: Iterable[int] | None = None) -> float:
-        """The run's CPU seconds now; PIDS (from `pids()`) lets a caller find the processes before it reads the
-        clocks, so the slow part is not between the machine's reading and the run's."""
+    def user_system(self, pids: Iterable[int] | None = None) -> tuple[float, float]:
+        """The run's (user, system) CPU seconds now; PIDS (from `pids()`) lets a caller find the processes before
+        it reads the clocks, so the slow part is not between the machine's reading and the run's."""
         for pid in self.pids() if pids is None else pids:
-            cpu = read_process_cpu(pid, self.root)
-            if cpu is not None:
-                self._last[pid] = max(cpu, self._last.get(pid, 0.0))
-        return sum(self._last.values())
+            times = read_process_times(pid, self.root)
+            if times is not None:
+                last = self._last.get(pid, (0.0, 0.0))
+                self._last[pid] = (max(times[0], last[0]), max(times[1], last[1]))
+        return sum(u for u, _ in self._last.values()), sum(s for _, s in self._last.values())
+
+    def seconds(self, pids: Iterable[int] | None = None) -> float:
+        """The run's CPU seconds (user + system) now."""
+        return sum(self.user_system(pids))
 
 
 def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
@@ -132,8 +144,10 @@ def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
     out: dict = {"time": time.time()}
     cpu = read_cpu_times(root)
     if cpu is not None:
+        user, system = run_cpu.user_system(pids)
         out.update({"cpu_busy(s)": cpu.busy, "cpu_steal(s)": cpu.steal, "cpu_total(s)": cpu.total,
-                    "cpus": cpu.cpus, "cpu_run(s)": run_cpu.seconds(pids)})
+                    "cpus": cpu.cpus, "cpu_run(s)": user + system, "cpu_run_user(s)": user,
+                    "cpu_run_system(s)": system})
     load = read_load(root)
     if load is not None:
         out["load1"] = load

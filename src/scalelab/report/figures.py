@@ -171,6 +171,34 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+def per_node(table: pd.DataFrame, path: Path) -> Path:
+    """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
+    and system (% of one core, system stacked on user) and network MB/s sent off the node."""
+    cells = list(table.groupby(["nodes", "global_batch"], sort=True))
+    most = int(table["node"].max()) + 1
+    width = 0.8 / most
+    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(cells) * 3), 4))
+    for node in range(most):
+        mine = [g[g["node"] == node] for _, g in cells]
+        x = [i + (node - (most - 1) / 2) * width for i in range(len(cells))]
+        value = lambda col: [float(m[col].iloc[0]) if len(m) and pd.notna(m[col].iloc[0]) else 0.0 for m in mine]
+        colour = f"C{node % 10}"
+        axes[0].bar(x, value("epoch(s)"), width, color=colour, label=f"node {node}")
+        axes[1].bar(x, value("cpu_user(%)"), width, color=colour)
+        axes[1].bar(x, value("cpu_system(%)"), width, bottom=value("cpu_user(%)"), color=colour, hatch="//",
+                    edgecolor="white")
+        axes[2].bar(x, value("net_sent(MB/s)"), width, color=colour)
+    names = [f"{int(k)} node{'s' * (k > 1)}\nb{int(b)}" for (k, b), _ in cells]
+    for ax, (ylabel, title) in zip(axes, (("s per epoch", "Time per epoch"),
+                                          ("% of one core (hatched: system)", "CPU user / system"),
+                                          ("MB/s", "Network sent off the node"))):
+        ax.set_xticks(range(len(cells)), names)
+        ax.set(ylabel=ylabel, title=title)
+    axes[0].legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     """Final test accuracy vs global batch, one line per learning-rate rule."""
     fig, ax = plt.subplots(figsize=(7, 4))

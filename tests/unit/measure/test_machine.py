@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from scalelab.measure.machine import RunCpu, machine_sample, read_cpu_times, read_load, read_process_cpu
+from scalelab.measure.machine import RunCpu, machine_sample, read_cpu_times, read_load, read_process_cpu, \
+    read_process_times
 
 STAT = """cpu  1000 50 300 8000 100 20 30 40 7 0
 cpu0 500 25 150 4000 50 10 15 20 7 0
@@ -42,6 +43,7 @@ def test_missing_or_odd_proc_reads_as_none(tmp_path):
 def test_process_cpu_is_utime_plus_stime_whatever_its_name(tmp_path):
     root = fake_proc(tmp_path, pids={42: PID_STAT})
     assert read_process_cpu(42, root, ticks_per_s=100) == pytest.approx(3.0)
+    assert read_process_times(42, root, ticks_per_s=100) == pytest.approx((2.5, 0.5))  # utime, stime apart
 
 
 def test_load_average(tmp_path):
@@ -63,5 +65,9 @@ def test_run_cpu_keeps_the_last_reading_of_a_process_that_ended(tmp_path):
 def test_machine_sample_fields(tmp_path):
     root = fake_proc(tmp_path, pids={42: PID_STAT})
     sample = machine_sample(RunCpu(lambda: {42}, since=0.0, root=root), root)
-    assert set(sample) == {"time", "cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpus", "cpu_run(s)", "load1"}
+    assert set(sample) == {"time", "cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpus", "cpu_run(s)",
+                           "cpu_run_user(s)", "cpu_run_system(s)", "load1"}
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert (sample["cpu_run_user(s)"], sample["cpu_run_system(s)"]) == pytest.approx((250 / ticks, 50 / ticks))
+    assert sample["cpu_run(s)"] == pytest.approx(300 / ticks)
     assert sample["load1"] == 1.5
