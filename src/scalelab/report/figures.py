@@ -267,9 +267,11 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     return _save(fig, path)
 
 
-def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str) -> Path:
+def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str,
+                      compute_of: str = "this machine") -> Path:
     """Predicted speedup and efficiency vs workers (log x), one line per hardware, with measured points overlaid
-    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps)."""
+    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps). `compute_of` says where
+    the compute was measured ("this machine", or a device and host); the title and the measured points say it."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     top = int(table["workers"].max())
     ax1.plot([1, top], [1, top], "k:", label="ideal")
@@ -277,14 +279,14 @@ def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *
         ax1.plot(g["workers"], g["speedup"], "o-", ms=3, label=hw)
         ax2.plot(g["workers"], 100 * g["efficiency"], "o-", ms=3, label=hw)
     if len(measured):
-        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label="measured (this machine)")
+        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label=f"measured ({compute_of})")
         ax2.plot(measured["workers"], 100 * measured["measured_efficiency"], "k*", ms=11,
-                 label="measured (this machine)")
+                 label=f"measured ({compute_of})")
     ax2.axhline(50, color="gray", lw=0.8, ls="--")
     what = "global batch" if mode == "strong" else "per-rank batch"
     batch = table["per_rank_batch"].iloc[0] * (table["workers"].iloc[0] if mode == "strong" else 1)
     ax1.set(xscale="log", yscale="log", xlabel="workers (ranks)", ylabel="speedup (x, predicted step times)",
-            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}")
+            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}\ncompute of {compute_of}")
     ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
             title="Efficiency (dashed: 50 %)")
     ax1.legend(fontsize="small")
