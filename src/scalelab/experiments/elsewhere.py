@@ -57,8 +57,10 @@ def run_dirs(source: Path) -> list[RunDir]:
         return _children(source / "runs")
     root = source.parent.parent
     if source.parent.name == "studies" and (root / "catalog.sqlite").is_file():
-        store = Store(root)
-        return [RunDir(store.run_dir(r)) for r in store.list_runs(study=source.name)["run_id"]]
+        store, name = Store(root), source.name
+        listed = store.list_runs()  # a study's experiments file their runs as STUDY/EXPERIMENT
+        ours = listed[(listed["study"] == name) | listed["study"].fillna("").str.startswith(f"{name}/")]
+        return [RunDir(store.run_dir(r)) for r in sorted(ours["run_id"])]
     return _children(source)
 
 
