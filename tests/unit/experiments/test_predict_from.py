@@ -9,7 +9,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from conftest import FIXTURES
+from conftest import (FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, STORE_V0_MLP_NOOP,
+                      as_gpu_box, copied_runs as copied)
 from scalelab.analysis import interpret
 from scalelab.analysis.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
 from scalelab.errors import ConfigError, StoreError
@@ -21,11 +22,7 @@ from scalelab.experiments.prediction import (compute_origin, prediction_result, 
 from scalelab.store import RunDir
 
 STORE = FIXTURES / "store_v0"
-COMPUTE = {16: "run-20261123-044515-57e9c8", 32: "run-20261123-044540-89c611", 64: "run-20261123-044516-f9fd1c",
-           256: "run-20261123-044516-3c8b34"}
-BENCH = "run-20261123-044530-9a9cc9"
-DDP = "run-20261123-044511-b8b1bf"  # cnn, 2 ranks, sync auto (ddp), per-rank batch 32
-MLP_NOOP = "run-20261123-044527-3bc1e4"  # mlp, 2 ranks, sync noop, per-rank batch 32
+COMPUTE, BENCH, DDP, MLP_NOOP = STORE_V0_COMPUTE, STORE_V0_BENCH, STORE_V0_DDP, STORE_V0_MLP_NOOP
 NVLINK = PRESETS["nvlink3"].name  # "NVLink 3 (A100) ×8/node + 8× 200 Gb/s InfiniBand HDR"
 
 
@@ -37,26 +34,6 @@ def synthetic_calibration(**changes) -> Calibration:
                   points=[], alpha_s=1e-5, beta_s_per_byte=1e-9, param_bytes=[4_000_000] * 10,
                   parameters=10_000_000, compute_runs=[], bench_run="b", key="k")
     return Calibration(**{**fields, **changes})
-
-
-def copied(tmp_path, *run_ids: str):
-    """A folder holding copies of the fixture's runs `run_ids` (as if copied from another machine)."""
-    folder = tmp_path / "copied"
-    folder.mkdir()
-    for rid in run_ids:
-        shutil.copytree(STORE / "runs" / rid, folder / rid)
-    return folder
-
-
-def as_gpu_box(folder, device: str = "NVIDIA A100-SXM4-80GB", host: str = "gpubox") -> None:
-    """Rewrite the copied runs as if measured on one CUDA device of `host`."""
-    for run in folder.iterdir():
-        files = RunDir(run)
-        prov, cfg = files.read_provenance(), files.read_config()
-        prov.update(host=host, cuda_devices=[device])
-        cfg["device"] = "cuda"
-        files.write_provenance(prov)
-        files.write_config(cfg)
 
 
 # ---------------------------------------------------------------- labels (pure)
