@@ -66,6 +66,28 @@ def test_predict_from_copied_runs_starts_no_process_and_labels_every_row(tmp_pat
     assert (study / "prediction.png").exists()
 
 
+def test_predict_from_runs_without_a_bench_defaults_to_the_presets(tmp_path, capsys, no_process):
+    folder = copied(tmp_path, COMPUTE[16], COMPUTE[64], DDP)
+    predict_from(folder, tmp_path)
+    table = pd.read_csv(tmp_path / "store" / "studies" / "predict" / "prediction.csv")
+    assert [h.split(" on ")[1] for h in table["hardware"].unique()] == [
+        "10 GbE, one rank per node", "200 Gb/s InfiniBand HDR, one rank per node", NVLINK]
+    assert set(table["per_rank_batch"]) == {64}  # the largest measured
+    assert "validation: skipped: no `bench comm` run from host vm" in capsys.readouterr().out
+
+
+def test_predict_from_uses_a_bench_for_validation_with_a_hardware_file(tmp_path, capsys, no_process):
+    folder = copied(tmp_path, *ALL)
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("preset: 100gbe\nname: my cluster\n")
+    predict_from(folder, tmp_path, "--hardware-file", str(hw), "--mode", "strong", "--global-batch", "4096")
+    study = tmp_path / "store" / "studies" / "predict"
+    table = pd.read_csv(study / "prediction.csv")
+    assert set(table["hardware"]) == {"compute of 2-core CPU (host vm) on my cluster"}
+    assert list(table["per_rank_batch"]) == [4096, 512, 64, 1]
+    assert list(pd.read_csv(study / "validation.csv")["run_id"]) == [DDP]
+
+
 def test_predict_from_a_gpu_box_on_its_own_kind_of_hardware(tmp_path, capsys, no_process):
     folder = copied(tmp_path, *COMPUTE.values())
     as_gpu_box(folder)

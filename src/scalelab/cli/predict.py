@@ -202,7 +202,7 @@ def calibrated_elsewhere(kw: dict, flags: dict, names: list[str]):
     given = {**(load_yaml(kw["config"]) if kw["config"] else {}), **parse_sets(kw["set_"]), **flags}
     runs = stored_runs(kw["from_"])
     cal = calibrate_from(runs, source=kw["from_"], model=given.get("model"), dataset=given.get("dataset"),
-                         links=MEASURED in names if chosen else None)
+                         links=True if chosen and MEASURED in names else None)  # a bench also validates
     if not chosen:
         names = [n for n in DEFAULT_HARDWARE if n != MEASURED or cal.bench_run]
     return cal, runs, names
