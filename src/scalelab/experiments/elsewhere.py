@@ -194,8 +194,8 @@ def calibrate_from(runs: list[dict], *, source: Path, model: str | None = None, 
                              "the α-β fit needs two or more")
         alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
     backend = (bench["config"].get("backend") if bench else None) or first.get("backend") or "auto"
-    if backend == "auto":
-        backend = "nccl" if device != "CPU" and not device.endswith("-core CPU") else "gloo"
+    if backend == "auto":  # as TrainConfig.resolved_backend decided there
+        backend = "gloo" if device.endswith("CPU") else "nccl"
     identity = [r["run_id"] for r in compute] + ([bench["run_id"]] if bench else [])
     return Calibration(
         model=first["model"], dataset=first["dataset"], ranks=int(bench["config"]["ranks"]) if bench else

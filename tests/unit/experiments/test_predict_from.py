@@ -170,3 +170,23 @@ def test_gpu_box_runs_name_the_device_and_host(tmp_path):
     assert list(table["hardware"].unique()) == [
         "measured (gloo, host gpubox)",
         "compute of NVIDIA A100-SXM4-80GB (host gpubox) on 200 Gb/s InfiniBand HDR, one rank per node", NVLINK]
+
+
+def test_prediction_plot_says_whose_compute_in_title_and_legend(tmp_path, monkeypatch):
+    from matplotlib import pyplot as plt
+
+    from scalelab.experiments.prediction import prediction_figures
+    from scalelab.report import figures
+
+    shown = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, path: shown.setdefault("fig", fig) and path)
+    cal = synthetic_calibration(device="NVIDIA H100 80GB HBM3", host="gpubox")
+    result = prediction_result(cal, [cal.hardware(), PRESETS["nvlink3"]], workers=[1, 8], mode="weak", batch=32,
+                               strategy="ddp", bucket_mb=25, compression="none", target=0.5,
+                               validation=pd.DataFrame(), skipped=None, calibration="c.json")
+    prediction_figures(result, tmp_path)
+    fig = shown["fig"]
+    assert fig.axes[0].get_title().endswith("\ncompute of NVIDIA H100 80GB HBM3 (host gpubox)")
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "ideal", "measured (gloo, host gpubox)", f"compute of NVIDIA H100 80GB HBM3 (host gpubox) on {NVLINK}"]
+    plt.close(fig)
