@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
+import socket
 import subprocess
 
 import pandas as pd
@@ -25,6 +27,10 @@ NVLINK = PRESETS["nvlink3"].name
 @pytest.fixture
 def no_process(monkeypatch):
     """Any process start (torchrun, a subprocess, a fork, multiprocessing) fails the test."""
+    forbid_processes(monkeypatch)
+
+
+def forbid_processes(monkeypatch) -> None:
     import scalelab.run.execute as execute
     import scalelab.run.launch as launch
 
@@ -64,6 +70,26 @@ def test_predict_from_copied_runs_starts_no_process_and_labels_every_row(tmp_pat
     assert not (study / "calibration.json").exists()  # the study's own calibration is not touched
     assert Store(tmp_path / "store").list_runs().empty  # nothing ran
     assert (study / "prediction.png").exists()
+
+
+def test_predict_from_fresh_runs_copied_into_a_fresh_folder(tmp_path, capsys, monkeypatch):
+    """Runs of this version (one rank, in this process) made in one store, copied elsewhere, predicted from."""
+    box = tmp_path / "box"
+    for batch in (8, 32):
+        main(["train", "--model", "mlp", "--dataset", "synthetic", "--samples", "64", "--eval-samples", "16",
+              "-b", str(batch), "--steps", "4", "--warmup-steps", "1", "--store", str(box)])
+    folder = tmp_path / "copied"
+    shutil.copytree(box / "runs", folder)
+    forbid_processes(monkeypatch)
+    capsys.readouterr()
+    predict_from(folder, tmp_path, "--hardware", "ib_hdr", "--per-rank-batch", "16")
+    table = pd.read_csv(tmp_path / "store" / "studies" / "predict" / "prediction.csv")
+    assert set(table["hardware"]) == {f"compute of {os.cpu_count()}-core CPU (host {socket.gethostname()}) on "
+                                      "200 Gb/s InfiniBand HDR, one rank per node"}
+    assert (table["compute(ms)"] > 0).all() and set(table["per_rank_batch"]) == {16}
+    cal = json.loads((tmp_path / "store" / "studies" / "predict" / "calibration-from.json").read_text())
+    assert [p["per_rank_batch"] for p in cal["points"]] == [8, 32] and cal["model"] == "mlp"
+    assert Store(tmp_path / "store").list_runs().empty
 
 
 def test_predict_from_runs_without_a_bench_defaults_to_the_presets(tmp_path, capsys, no_process):
