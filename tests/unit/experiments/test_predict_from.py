@@ -14,9 +14,9 @@ from conftest import (FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, 
 from scalelab.analysis import interpret
 from scalelab.analysis.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.calibration import Calibration, bench_means, compute_points, gradient_sizes
+from scalelab.experiments.calibration import Calibration, bench_means, compute_points, device_name, gradient_sizes
 from scalelab.experiments.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
-                                           validation_runs)
+                                           validation_runs, without_communication)
 from scalelab.experiments.prediction import (compute_origin, prediction_result, predict_table, resolve_hardware,
                                              row_label, same_device)
 from scalelab.store import RunDir
@@ -190,3 +190,23 @@ def test_prediction_plot_says_whose_compute_in_title_and_legend(tmp_path, monkey
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [
         "ideal", "measured (gloo, host gpubox)", f"compute of NVIDIA H100 80GB HBM3 (host gpubox) on {NVLINK}"]
     plt.close(fig)
+
+
+def test_device_name_from_config_and_provenance(tmp_path):
+    files = RunDir(tmp_path)
+    assert device_name({"device": "cpu"}, files) == "CPU"  # no provenance: the core count is unknown
+    files.write_provenance({"cpu_count": 8, "cuda_devices": ["NVIDIA L40S"]})
+    assert device_name({"device": "cpu"}, files) == "8-core CPU"  # a GPU in the box, the run on the CPU
+    assert device_name({"device": "cuda"}, files) == device_name({"device": "auto"}, files) == "NVIDIA L40S"
+    files.write_provenance({"cpu_count": 8, "cuda_devices": []})
+    assert device_name({"device": "cuda"}, files) == "CUDA device" and device_name({"device": "auto"}, files) == \
+        "8-core CPU"
+
+
+def test_runs_without_communication():
+    assert without_communication({"ranks": 1, "nnodes": 1, "sync": "auto"})
+    assert without_communication({"ranks": 2, "sync": "noop"})
+    assert without_communication({"ranks": 2, "sync": "ddp", "noop_collectives": True})
+    assert not without_communication({"ranks": 2, "sync": "ddp"})
+    assert not without_communication({"ranks": 1, "nnodes": 2, "sync": "auto"})
+    assert not without_communication({"ranks": 2, "sync": "noop", "net_latency_ms": 5.0})  # emulation pads
