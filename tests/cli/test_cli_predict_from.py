@@ -133,12 +133,15 @@ def test_predict_from_a_gpu_box_on_its_own_kind_of_hardware(tmp_path, capsys, no
                               "--noop-collectives) of mlp"),
     (ALL, ("--calibration-batches", "8,16"), "calibration_batches"),
     ((), (), "holds no stored run"),
-    ("corrupt", (), "summary.json: corrupt JSON"),
+    ("corrupt", (), f"{COMPUTE[256]}/summary.json: corrupt JSON"),
+    ("corrupt status", (), f"{BENCH}/status.json: corrupt JSON"),
 ])
 def test_predict_from_refuses_with_one_line(tmp_path, capsys, no_process, runs, args, expected):
-    folder = copied(tmp_path, *(COMPUTE.values() if runs == "corrupt" else runs))
+    folder = copied(tmp_path, *(ALL if isinstance(runs, str) else runs))  # "corrupt ...": every run, one spoilt
     if runs == "corrupt":
         (folder / COMPUTE[256] / "summary.json").write_text('{"time/step_median(ms)": ')
+    if runs == "corrupt status":
+        (folder / BENCH / "status.json").write_text("{")
     with pytest.raises(SystemExit) as info:
         predict_from(folder, tmp_path, *args)
     err = capsys.readouterr().err.strip()
