@@ -272,3 +272,36 @@ def wait_for_steps(proc, root: Path, rank: int, timeout: float = 120) -> Path:
         time.sleep(0.2)
     proc.kill()
     pytest.fail("run never recorded a step: " + proc.communicate()[1][-1500:])
+
+
+# Runs of tests/fixtures/store_v0 that calibrate the performance model (`predict --from`): one-rank cnn runs at
+# per-rank batches 16, 32, 64, 256, a 2-rank `bench comm` run, a 2-rank ddp cnn run; host "vm", a 2-core CPU.
+STORE_V0_COMPUTE = {16: "run-20261123-044515-57e9c8", 32: "run-20261123-044540-89c611",
+                    64: "run-20261123-044516-f9fd1c", 256: "run-20261123-044516-3c8b34"}
+STORE_V0_BENCH = "run-20261123-044530-9a9cc9"
+STORE_V0_DDP = "run-20261123-044511-b8b1bf"  # cnn, 2 ranks, sync auto (ddp), per-rank batch 32
+STORE_V0_MLP_NOOP = "run-20261123-044527-3bc1e4"  # mlp, 2 ranks, sync noop, per-rank batch 32
+
+
+def copied_runs(tmp_path: Path, *run_ids: str) -> Path:
+    """A fresh folder holding copies of store_v0's runs `run_ids`, as if copied from another machine."""
+    import shutil
+
+    folder = tmp_path / "copied"
+    folder.mkdir()
+    for rid in run_ids:
+        shutil.copytree(FIXTURES / "store_v0" / "runs" / rid, folder / rid)
+    return folder
+
+
+def as_gpu_box(folder: Path, device: str = "NVIDIA A100-SXM4-80GB", host: str = "gpubox") -> None:
+    """Rewrite the runs in `folder` as if measured on one CUDA device of `host`."""
+    from scalelab.store import RunDir
+
+    for run in folder.iterdir():
+        files = RunDir(run)
+        provenance, config = files.read_provenance(), files.read_config()
+        provenance.update(host=host, cuda_devices=[device])
+        config["device"] = "cuda"
+        files.write_provenance(provenance)
+        files.write_config(config)

@@ -114,4 +114,4 @@ def test_predict_cli_with_the_stored_calibration_writes_its_files(study, capsys)
         assert (out / name).stat().st_size > 0, name
     table = pd.read_csv(out / "prediction.csv")
     assert sorted(table["workers"].unique()) == [1, 2, 4, 64] and table["hardware"].nunique() == 3
-    assert "my cluster" in set(table["hardware"])
+    assert "compute of this machine on my cluster" in set(table["hardware"])  # a file pairs with compute here

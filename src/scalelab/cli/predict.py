@@ -6,12 +6,17 @@ on more workers and other hardware, and check the model against measured runs.
     scalelab predict --mode strong --global-batch 8192 --workers 1,2,4,8,16,32,64,128,256,512,1024
     scalelab predict --hardware-file cluster.yaml --sync allreduce --target-efficiency 0.7
     scalelab predict --net-latency-ms 5 --net-bandwidth-gbps 1 --sync bucketed    # validate on an emulated network
+    scalelab predict --from gpubox-store --hardware nvlink3 --workers 1,8,64    # runs copied from another machine
 
 Every config field is a flag as in `scalelab train`, except the three predict reads itself: --global-batch (strong
 mode's batch), --sync (the strategy to predict) and --bucket-mb; set the base config's with --set or the YAML file.
 The calibration (runs without sync at several per-rank batches, in-situ allreduce and bucketed runs with 2+ ranks,
 a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the
 chosen sync.
+
+With --from DIR, nothing runs: compute (and α, β when a `bench comm` run is there) comes from the stored runs in DIR
+(experiments/elsewhere.py). Rows pairing compute measured on one device with another hardware's links say so:
+"compute of this machine on <hardware>", "compute of <device> (host <h>) on <hardware>".
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from typing import Any, Optional
 import typer
 
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
-from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
+from scalelab.cli.options import KEYWORD, config_params, config_values, merge, parse_sets, place_params
 from scalelab.analysis.hardware import presets
 from scalelab.config import load_yaml
 from scalelab.errors import ConfigError
@@ -90,7 +95,13 @@ PREDICT_OPTIONS = [
     own("calibration_batches", Optional[str], typer.Option(None, "--calibration-batches", help="Per-rank batches "
                                                            "of the compute runs (default b/4, b/2, b, 2b).")),
     own("validate", bool, typer.Option(True, "--validate/--no-validate", help="Measure the sync at the calibration "
-                                       "batches on this machine and compare with the prediction.")),
+                                       "batches on this machine and compare with the prediction (with --from: "
+                                       "compare with the stored runs of the sync).")),
+    own("from_", Optional[Path], typer.Option(None, "--from", help="Calibrate from runs measured elsewhere and "
+        "start no process: a run directory, a store, a study directory or a folder of runs copied from another "
+        "machine. Needs runs without sync (1 rank, --sync noop or --noop-collectives) at 2+ per-rank batches; "
+        "--hardware measured also a `bench comm` run. Default hardware: 10gbe, ib_hdr, nvlink3 (and measured "
+        "when a bench run is there); default per-rank batch: the largest measured.")),
 ]
 OWN = {p.name for p in PREDICT_OPTIONS}
 
@@ -100,7 +111,9 @@ def predict_cmd(**kw) -> None:
     from scalelab.analysis.hardware import hardware_from_dict, presets
     from scalelab.perf.perfmodel import COMPRESSION
     from scalelab.experiments.calibration import MEASURED
+    from scalelab.experiments.elsewhere import largest_batch
     from scalelab.experiments.prediction import run_prediction
+    from scalelab.experiments.registry import get as get_experiment
     from scalelab.run.execute import RunFailed
 
     mode, sync, workers = kw["mode"], kw["sync"], kw["workers"]
@@ -126,11 +139,15 @@ def predict_cmd(**kw) -> None:
     counts = int_list(workers, "workers") if workers else list(DEFAULT_WORKERS)
     if min(counts) < 1:
         raise ConfigError("workers", workers, "allowed: worker counts >= 1, e.g. 1,2,4,8")
+    cal = runs = None
+    if kw["from_"] is not None:  # the calibration is read, not measured: it decides the defaults below
+        cal, runs, names = calibrated_elsewhere(kw, flags, names)
+    accumulate = cal.accumulate if cal else base.accumulate
     if mode == "strong":
         if per_rank_batch is not None:
             raise ConfigError("per_rank_batch", per_rank_batch, "allowed only with --mode weak (use --global-batch)")
         batch = global_batch if global_batch is not None else base.global_batch
-        most = batch // base.accumulate
+        most = batch // accumulate
         if workers is None:  # the default list stops where a rank would get less than one sample
             counts = [n for n in counts if n <= most]
         elif max(counts) > most:
@@ -139,9 +156,23 @@ def predict_cmd(**kw) -> None:
     else:
         if global_batch is not None:
             raise ConfigError("global_batch", global_batch, "allowed only with --mode strong (use --per-rank-batch)")
-        batch = per_rank_batch if per_rank_batch is not None else base.per_rank_batch
+        default = largest_batch(cal) if cal else base.per_rank_batch
+        batch = per_rank_batch if per_rank_batch is not None else default
     if batch < 1:
         raise ConfigError("per_rank_batch" if mode == "weak" else "global_batch", batch, "allowed: an integer >= 1")
+    if cal is not None:
+        from scalelab.experiments.elsewhere import predict_from
+        from scalelab.experiments.prediction import resolve_hardware
+
+        hws = resolve_hardware(names, cal, file=hw_file, gpus_per_node=kw["gpus_per_node"])
+        st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
+        result = predict_from(cal, runs, hardware=hws, workers=counts, mode=mode, batch=batch, strategy=sync,
+                              bucket_mb=bucket_mb if bucket_mb is not None else base.bucket_mb,
+                              compression=kw["compression"], target=kw["target_efficiency"],
+                              validate=kw["validate"], out_dir=out_dir, say=console.print)
+        get_experiment("predict").write(result, out_dir)
+        show(result)
+        return
     cal_batches = (int_list(kw["calibration_batches"], "calibration_batches") if kw["calibration_batches"]
                    else default_calibration_batches(base.per_rank_batch, base.accumulate))
     st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
@@ -154,10 +185,27 @@ def predict_cmd(**kw) -> None:
                                 calibration_batches=cal_batches, validate=kw["validate"], say=console.print)
     except RunFailed as err:
         raise run_failed(err)
-    from scalelab.experiments.registry import get
-
-    get("predict").write(result, out_dir)
+    get_experiment("predict").write(result, out_dir)
     show(result)
+
+
+def calibrated_elsewhere(kw: dict, flags: dict, names: list[str]):
+    """(calibration, stored runs, hardware names) for --from: the hardware defaults to DEFAULT_HARDWARE's presets,
+    plus measured when the runs hold a bench of the compute's host. Nothing is launched."""
+    from scalelab.experiments.calibration import MEASURED
+    from scalelab.experiments.elsewhere import calibrate_from, stored_runs
+
+    if kw["calibration_batches"]:
+        raise ConfigError("calibration_batches", kw["calibration_batches"], "allowed only without --from (the "
+                          "batches are those of the stored runs)")
+    chosen = bool(kw["hardware"] or kw["hardware_file"])
+    given = {**(load_yaml(kw["config"]) if kw["config"] else {}), **parse_sets(kw["set_"]), **flags}
+    runs = stored_runs(kw["from_"])
+    cal = calibrate_from(runs, source=kw["from_"], model=given.get("model"), dataset=given.get("dataset"),
+                         links=True if chosen and MEASURED in names else None)  # a bench also validates
+    if not chosen:
+        names = [n for n in DEFAULT_HARDWARE if n != MEASURED or cal.bench_run]
+    return cal, runs, names
 
 
 predict_cmd.__signature__ = inspect.Signature([
@@ -171,7 +219,8 @@ def show(result) -> None:
                  f"compression {pred['compression'].iloc[0]}; every row in prediction.csv)")
     print(shown_rows(pred)[SHOWN].to_string(index=False, float_format=fmt))
     if "validation" in result.tables:
-        console.rule("validation: predicted vs measured median step (ms) on this machine")
+        where = result.meta.get("compute_of", "this machine")
+        console.rule(f"validation: predicted vs measured median step (ms) on {where}")
         cols = ["sync", "per_rank_batch", "net_latency_ms", "net_bandwidth_gbps", "compute(ms)",
                 "exposed_comm(ms)", "predicted", "measured", "error(%)"]
         print(result.tables["validation"][cols].to_string(index=False, float_format=fmt))

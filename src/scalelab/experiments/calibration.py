@@ -77,6 +77,8 @@ class Calibration:
     compute_runs: list[str] = field(default_factory=list)
     bench_run: str = ""
     key: str = ""  # identity of the measurement (cells + bench config)
+    device: str = ""  # what compute ran on: "<n>-core CPU" or the CUDA device's name ("": a file of an older version)
+    host: str | None = None  # the host of runs measured elsewhere (`predict --from`); None: calibrated here
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
 
     def compute_model(self) -> pm.ComputeModel:
@@ -84,10 +86,11 @@ class Calibration:
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
 
     def hardware(self, gpus_per_node: int = 1) -> Hardware:
-        """This machine's links as training sees them: the bench's α, β times comm_scale."""
+        """The calibrated machine's links as training sees them: the bench's α, β times comm_scale."""
         k = self.comm_scale
+        where = " loopback, this machine" if self.host is None else f", host {self.host}"
         return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
-                                 name=f"{MEASURED} ({self.backend} loopback, this machine)", overlap=self.overlap,
+                                 name=f"{MEASURED} ({self.backend}{where})", overlap=self.overlap,
                                  source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
                                         f"scale {k:.2f}; overlap {self.overlap:.2f} fitted in situ")
 
@@ -97,7 +100,8 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(known - set(data) - {"created", "comm_scale", "compute_scale", "overlap", "insitu"})
+        optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host"}
+        missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -110,6 +114,17 @@ class Calibration:
     @classmethod
     def load(cls, path: Path) -> "Calibration":
         return cls.from_dict(read_json(path))
+
+
+def device_name(config: dict, files: RunDir) -> str:
+    """What a stored run computed on, from its config and provenance: the first CUDA device's name, "CUDA device"
+    when the provenance names none, else "<n>-core CPU" ("CPU" when the core count is unknown)."""
+    provenance = read_json(files.provenance_file) if files.provenance_file.exists() else {}
+    gpus = provenance.get("cuda_devices") or []
+    if config.get("device") == "cuda" or (config.get("device") == "auto" and gpus):
+        return str(gpus[0]) if gpus else "CUDA device"
+    cores = provenance.get("cpu_count")
+    return f"{cores}-core CPU" if isinstance(cores, int) else "CPU"
 
 
 def calibration_path(store: Store, study: str) -> Path:
@@ -308,7 +323,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         compute={s: [fit_of(fit, s).c0, fit_of(fit, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
-        key=key)
+        key=key, device=device_name(by_key[compute[0].key]["config"], by_key[compute[0].key]["files"]))
     runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync] for sync in ("allreduce", "bucketed")}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)

@@ -9,6 +9,7 @@ Calibration (what the model needs, measured on this machine, and how) is in `cal
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | Non
     out = []
     for name in names:
         if name == MEASURED:
+            if not cal.bench_run:
+                raise ConfigError("hardware", MEASURED, "needs a `bench comm` allreduce run to fit α and β; give "
+                                  f"a preset ({', '.join(presets.names())}) or --hardware-file")
             out.append(cal.hardware(gpus_per_node or 1))
             continue
         if name not in presets.names():
@@ -50,6 +54,32 @@ def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | Non
     return out
 
 
+def compute_origin(cal: Calibration) -> str:
+    """Where the calibration's compute was measured: "this machine", or "<device> (host <h>)" for runs measured
+    elsewhere (`predict --from`)."""
+    return "this machine" if cal.host is None else f"{cal.device or 'unknown device'} (host {cal.host})"
+
+
+# an accelerator model as device and preset names write it: A100 in "NVIDIA A100-SXM4-80GB" and in "NVLink 3 (A100)"
+_ACCELERATOR = re.compile(r"\b[A-Z]{1,2}\d{2,4}[A-Z]?\b")
+
+
+def same_device(device: str, hw: Hardware) -> bool:
+    """Whether `hw` is hardware of the kind the compute ran on: the accelerator model in `device` is a word of the
+    hardware's name (the nvlink3 preset names its A100). A CPU, and a network preset that names no device, never
+    are: their rows pair compute measured elsewhere with links that were not measured."""
+    return bool(set(_ACCELERATOR.findall(device)) & set(re.findall(r"\w+", hw.name)))
+
+
+def row_label(cal: Calibration, hw: Hardware) -> str:
+    """The hardware column of a prediction row: the calibration's own measured hardware, and hardware of the
+    compute's kind, keep their name; any other hardware says whose compute it pairs with its links ("compute of
+    this machine on NVLink 3 (A100) ..."), so no row reads as a cluster that was measured."""
+    if hw.name == cal.hardware().name or same_device(cal.device, hw):
+        return hw.name
+    return f"compute of {compute_origin(cal)} on {hw.name}"
+
+
 def compute_scale(cal: Calibration, hw: Hardware) -> float:
     """cal.compute_scale for this machine's own hardware ("measured"), 1 for any other."""
     return cal.compute_scale if hw.name == cal.hardware().name else 1.0
@@ -59,7 +89,7 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
                   mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
                   compression: str = "none", accumulate: int = 1,
                   emulation: pm.Emulation | None = None) -> pd.DataFrame:
-    """`perfmodel.predict` per hardware, stacked: pm.COLUMNS plus hardware, strategy, mode, compression.
+    """`perfmodel.predict` per hardware, stacked: pm.COLUMNS plus hardware (`row_label`), strategy, mode, compression.
     `batch` is the global batch in strong mode and the per-rank batch in weak mode."""
     if bucket_mb <= 0:
         raise ConfigError("bucket_mb", bucket_mb, "allowed: a number of MiB > 0")
@@ -70,7 +100,8 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
                            strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
                            accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(cal, hw),
                            **batches)
-        frames.append(frame.assign(hardware=hw.name, strategy=strategy, mode=mode, compression=compression))
+        frames.append(frame.assign(hardware=row_label(cal, hw), strategy=strategy, mode=mode,
+                                   compression=compression))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -199,24 +230,37 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
     cal = calibrate(base, ctx.cells, batches=calibration_batches, say=say)
     hws = resolve_hardware(hardware, cal, file=hardware_file, gpus_per_node=gpus_per_node)
+    cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
+    validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
+                  if validate and cells else pd.DataFrame(columns=VALIDATION_COLUMNS))
+    return prediction_result(cal, hws, workers=workers, mode=mode, batch=batch, strategy=strategy,
+                             bucket_mb=bucket_mb, compression=compression, target=target, validation=validation,
+                             skipped=why if validate else None,
+                             calibration=str(calibration_path(ctx.cells.store, ctx.cells.study)))
+
+
+def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Sequence[int], mode: str, batch: float,
+                      strategy: str, bucket_mb: float, compression: str, target: float, validation: pd.DataFrame,
+                      skipped: str | None, calibration: str) -> Result:
+    """The predict experiment's result from a calibration (made here or from runs measured elsewhere): the
+    prediction per hardware, the options that keep `target` at the largest worker count, the validation
+    (`skipped`: why there is none), notes. `calibration` says where the calibration is."""
     table = predict_table(cal, hws, workers, mode=mode, batch=batch, strategy=strategy, bucket_mb=bucket_mb,
-                          compression=compression, accumulate=base.accumulate)
+                          compression=compression, accumulate=cal.accumulate)
     top = max(int(n) for n in workers)
     low = max(1.0, batch / top if mode == "strong" else batch)
     candidates = sorted({low * 2**k for k in range(8)})
     options = pd.concat([options_for_efficiency(cal, hw, top, target=target, per_rank_batches=candidates,
                                                 bucket_mb=bucket_mb, compression=compression,
-                                                accumulate=base.accumulate).assign(hardware=hw.name)
+                                                accumulate=cal.accumulate).assign(hardware=row_label(cal, hw))
                          for hw in hws], ignore_index=True)
-    cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
-    validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
-                  if validate and cells else pd.DataFrame(columns=VALIDATION_COLUMNS))
     below = efficiency_threshold(table, 0.5)
-    notes = {"calibration": f"{calibration_path(ctx.cells.store, ctx.cells.study)} (α = {cal.alpha_s * 1e6:.1f} µs, "
-                            f"β⁻¹ = {1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} "
-                            f"GB/s from the bench; in training collectives ×{cal.comm_scale:.2f}, compute "
-                            f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {cal.parameters:,} parameters in "
-                            f"{len(cal.param_bytes)} tensors)",
+    links = (f"α = {cal.alpha_s * 1e6:.1f} µs, β⁻¹ = "
+             f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s from the bench"
+             if cal.bench_run else "no bench: links from the hardware only")
+    notes = {"calibration": f"{calibration} (compute of {compute_origin(cal)}; {links}; in training collectives "
+                            f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; "
+                            f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
              "efficiency < 50 % from": {hw: (f"{n} workers" if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
              f"to keep >= {target:.0%} on {top} workers": {hw: recommendation(group, top, target)
@@ -224,10 +268,10 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
     if len(validation):
         notes["validation"] = (f"median |error| {validation.attrs['median_abs_error(%)']:.1f} % over "
                                f"{len(validation)} measured runs")
-    elif validate and why:
-        notes["validation"] = f"skipped: {why}"
+    elif skipped:
+        notes["validation"] = f"skipped: {skipped}"
     result = Result("predict", {"prediction": table, "options": options}, notes=notes,
-                    meta={"mode": mode, "sync": strategy, "batch": batch})
+                    meta={"mode": mode, "sync": strategy, "batch": batch, "compute_of": compute_origin(cal)})
     if len(validation):
         result.tables["validation"] = validation
     return result
@@ -243,7 +287,8 @@ def prediction_figures(result: Result, out_dir: Path) -> list[Path]:
     if validation is not None and len(validation):
         size = validation["per_rank_batch"] * (validation["workers"] if mode == "strong" else 1)
         on_curve = validation[(validation["sync"] == result.meta["sync"]) & (size == result.meta["batch"])]
-    files = [figures.predicted_scaling(result.tables["prediction"], on_curve, out_dir / "prediction.png", mode=mode)]
+    files = [figures.predicted_scaling(result.tables["prediction"], on_curve, out_dir / "prediction.png", mode=mode,
+                                       compute_of=result.meta.get("compute_of", "this machine"))]
     if validation is not None and len(validation):
         files.append(figures.predicted_vs_measured(validation, out_dir / "validation.png"))
     return files

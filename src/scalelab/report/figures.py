@@ -295,27 +295,35 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     return _save(fig, path)
 
 
-def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str) -> Path:
+def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str,
+                      compute_of: str = "this machine") -> Path:
     """Predicted speedup and efficiency vs workers (log x), one line per hardware, with measured points overlaid
-    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps)."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps). `compute_of` says where
+    the compute was measured ("this machine", or a device and host); the title and the measured points say it."""
+    lines = table["hardware"].nunique() + 1 + (len(measured) > 0)
+    # the legend in a row of its own below both plots: hardware labels say whose compute they use, so are long
+    fig, axes = plt.subplots(2, 2, figsize=(11, 4.4 + 0.2 * lines),
+                             gridspec_kw={"height_ratios": [4.2, 0.2 * lines + 0.2]})
+    (ax1, ax2), legend_row = axes[0], axes[1]
+    for ax in legend_row:
+        ax.remove()
     top = int(table["workers"].max())
     ax1.plot([1, top], [1, top], "k:", label="ideal")
     for hw, g in table.groupby("hardware", sort=False):
         ax1.plot(g["workers"], g["speedup"], "o-", ms=3, label=hw)
         ax2.plot(g["workers"], 100 * g["efficiency"], "o-", ms=3, label=hw)
     if len(measured):
-        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label="measured (this machine)")
+        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label=f"measured on {compute_of}")
         ax2.plot(measured["workers"], 100 * measured["measured_efficiency"], "k*", ms=11,
-                 label="measured (this machine)")
+                 label=f"measured on {compute_of}")
     ax2.axhline(50, color="gray", lw=0.8, ls="--")
     what = "global batch" if mode == "strong" else "per-rank batch"
     batch = table["per_rank_batch"].iloc[0] * (table["workers"].iloc[0] if mode == "strong" else 1)
     ax1.set(xscale="log", yscale="log", xlabel="workers (ranks)", ylabel="speedup (x, predicted step times)",
-            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}")
+            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}\ncompute of {compute_of}")
     ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
             title="Efficiency (dashed: 50 %)")
-    ax1.legend(fontsize="small")
+    fig.legend(*ax1.get_legend_handles_labels(), fontsize="small", loc="lower center", frameon=False)
     return _save(fig, path)
 
 
