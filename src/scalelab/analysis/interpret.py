@@ -401,7 +401,8 @@ def predict_result(result) -> tuple[list[str], str | None]:
                    f"({_fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
     val = result.tables.get("validation")
     if val is not None and len(val):
-        out.append(f"Validated on {len(val)} measured runs of this machine: median |error| "
+        where = result.meta.get("compute_of", "this machine")
+        out.append(f"Validated on {len(val)} measured runs of {where}: median |error| "
                    f"{val['error(%)'].abs().median():.1f} % (worst {val['error(%)'].abs().max():.1f} %).")
     rec = None
     keep = result.notes.get(next((k for k in result.notes if k.startswith("to keep")), ""), {})
