@@ -10,7 +10,8 @@ reference cell between a study's start and end.
   here: its total advanced 1.92 s per wall second on 2 cores while a hog and a run kept both cores busy), while
   the processes' own CPU times are exact. Without the cpu count (older runs) busy seconds / wall seconds. steal (%) = steal seconds / total CPU seconds. load = the
   mean 1-minute load average of the samples inside the window (the interpolated ends included). With several
-  hosts the busiest host counts.
+  hosts the busiest host counts; samplers of one machine (its boot id: the nodes of a cluster of network
+  namespaces) are one host whose run CPU is all of theirs.
 - A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores or steal exceeds STEAL_THRESHOLD.
 - Noise floor of a study: drift = (end median step - start median step) / start median step of one reference
   cell measured before the first experiment and after the last; its 95 % interval is the ratio interval of the
@@ -51,16 +52,17 @@ def window_deltas(samples: list[dict], counters, begin: float, end: float) -> di
             for k in counters for values in [np.array([s[k] for s in rows], dtype=float)]}
 
 
-def host_noise(samples: list[dict], begin: float, end: float) -> dict | None:
+def host_noise(samples: list[dict], begin: float, end: float, *, also_run_s: float = 0.0) -> dict | None:
     """Outside CPU (cores), steal (%) and load over [begin, end] from one host's machine samples; None when the
-    samples do not cover the window."""
+    samples do not cover the window. `also_run_s`: CPU seconds the run's processes that another sampler of the
+    same machine watched used over the window (the other nodes of a cluster of namespaces on one machine)."""
     d = window_deltas(samples, COUNTERS, begin, end)
     if d is None:
         return None
     rows = sorted((s for s in samples if "time" in s and all(k in s for k in COUNTERS)), key=lambda s: s["time"])
     total, cpus = d["cpu_total(s)"], rows[-1].get("cpus")
     busy_cores = cpus * d["cpu_busy(s)"] / total if cpus and total > 0 else d["cpu_busy(s)"] / (end - begin)
-    out = {"outside": max(0.0, busy_cores - d["cpu_run(s)"] / (end - begin)),
+    out = {"outside": max(0.0, busy_cores - (d["cpu_run(s)"] + also_run_s) / (end - begin)),
            "steal": 100.0 * d["cpu_steal(s)"] / total if total > 0 else 0.0}
     loads = [(s["time"], s["load1"]) for s in rows if "load1" in s]
     if len(loads) >= 2:
@@ -89,7 +91,17 @@ def noise_summary(samples: list[dict], records: list[dict]) -> dict:
     by_rank: dict[int, list[dict]] = {}
     for s in samples:
         by_rank.setdefault(s.get("rank", 0), []).append(s)
-    hosts = [h for h in (host_noise(rows, *window) for rows in by_rank.values()) if h is not None]
+    # samplers on one machine (the nodes of a --local-nodes cluster: one boot id) see the same /proc/stat: the
+    # machine is judged once, with the CPU of every node's run processes taken off
+    machines: dict[str, list[list[dict]]] = {}
+    for rank, rows in by_rank.items():
+        machines.setdefault(str(rows[0].get("host", f"rank {rank}")), []).append(rows)
+    hosts = []
+    for samplers in machines.values():
+        others = [window_deltas(rows, ("cpu_run(s)",), *window) for rows in samplers[1:]]
+        h = host_noise(samplers[0], *window, also_run_s=sum(d["cpu_run(s)"] for d in others if d))
+        if h is not None:
+            hosts.append(h)
     if not hosts:
         return {}
     outside, steal = max(h["outside"] for h in hosts), max(h["steal"] for h in hosts)

@@ -133,6 +133,15 @@ class RunCpu:
         return sum(self.user_system(pids))
 
 
+def read_boot_id(root: Path = PROC) -> str | None:
+    """The kernel's boot id: the same for every network namespace of one machine (the nodes of --local-nodes),
+    different on another machine."""
+    try:
+        return (root / "sys" / "kernel" / "random" / "boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
     """One sample's machine-wide fields (absent where /proc cannot be read), with the unix `time` they were read at.
 
@@ -151,4 +160,7 @@ def machine_sample(run_cpu: RunCpu, root: Path = PROC) -> dict:
     load = read_load(root)
     if load is not None:
         out["load1"] = load
+    boot = read_boot_id(root)
+    if boot is not None:
+        out["host"] = boot
     return out

@@ -67,6 +67,17 @@ def test_the_busiest_host_counts():
     assert noise_summary(quiet + busy, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(1.0)
 
 
+def test_nodes_on_one_machine_are_one_host_whose_run_is_all_of_theirs():
+    # two namespace nodes of one machine (one boot id): each sampler sees the machine 1.8 cores busy and its own
+    # node's run at 0.8 cores; the other node's 0.8 is the run's too, not noise
+    one = [{**s, "host": "boot-a"} for s in samples(rank=0, busy_rate=1.8, run_rate=0.8)]
+    two = [{**s, "host": "boot-a"} for s in samples(rank=1, busy_rate=1.8, run_rate=0.8)]
+    assert noise_summary(one + two, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(0.2)
+    # two machines (two boot ids): each its own host, the busier one counts
+    apart = [{**s, "host": "boot-b"} for s in two]
+    assert noise_summary(one + apart, records())[keys.NOISE_OUTSIDE_CPU_CORES] == pytest.approx(1.0)
+
+
 def test_no_machine_samples_or_an_uncovered_window_gives_no_keys():
     assert noise_summary([], records()) == {}
     old = [{k: v for k, v in s.items() if k != "cpu_run(s)"} for s in samples()]  # a run of an older scalelab

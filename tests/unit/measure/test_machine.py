@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from scalelab.measure.machine import RunCpu, machine_sample, read_cpu_times, read_load, read_process_cpu, \
+from scalelab.measure.machine import RunCpu, machine_sample, read_boot_id, read_cpu_times, read_load, read_process_cpu, \
     read_process_times
 
 STAT = """cpu  1000 50 300 8000 100 20 30 40 7 0
@@ -46,6 +46,15 @@ def test_process_cpu_is_utime_plus_stime_whatever_its_name(tmp_path):
     assert read_process_times(42, root, ticks_per_s=100) == pytest.approx((2.5, 0.5))  # utime, stime apart
 
 
+def test_the_boot_id_names_the_machine(tmp_path):
+    root = fake_proc(tmp_path)
+    assert read_boot_id(root) is None
+    (root / "sys" / "kernel" / "random").mkdir(parents=True)
+    (root / "sys" / "kernel" / "random" / "boot_id").write_text("5f0c-boot\n")
+    assert read_boot_id(root) == "5f0c-boot"
+    assert machine_sample(RunCpu(lambda: set(), since=0.0, root=root), root)["host"] == "5f0c-boot"
+
+
 def test_load_average(tmp_path):
     assert read_load(fake_proc(tmp_path)) == 1.5
 
@@ -66,7 +75,7 @@ def test_machine_sample_fields(tmp_path):
     root = fake_proc(tmp_path, pids={42: PID_STAT})
     sample = machine_sample(RunCpu(lambda: {42}, since=0.0, root=root), root)
     assert set(sample) == {"time", "cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpus", "cpu_run(s)",
-                           "cpu_run_user(s)", "cpu_run_system(s)", "load1"}
+                           "cpu_run_user(s)", "cpu_run_system(s)", "load1"}  # no boot id in the fake /proc
     ticks = os.sysconf("SC_CLK_TCK")
     assert (sample["cpu_run_user(s)"], sample["cpu_run_system(s)"]) == pytest.approx((250 / ticks, 50 / ticks))
     assert sample["cpu_run(s)"] == pytest.approx(300 / ticks)
