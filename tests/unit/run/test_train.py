@@ -34,7 +34,9 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
     # without sleeping. Margins are half the sleep: a sleep charged to the wrong stage would move 50 ms there,
     # while a loaded machine's noise (seen: 19 ms in one step) stays below it.
     assert 0 <= statistics.median(r["wall(s)"] - r["forward(s)"] for r in steps) < 0.025
-    assert added("forward(s)") >= 0.05 * 0.98  # a sleep never returns early
+    assert min(r["forward(s)"] for r in steps) >= 0.05  # a sleep never returns early
+    # medians of two runs: the fast run's forward grows under load too (seen: by 18 ms at a load of 6 on 2 cores)
+    assert added("forward(s)") > 0.025
     assert abs(added("wall(s)") - added("forward(s)")) < 0.025
     # evaluation (16 samples through the sleepy model: at least one 50 ms forward) runs after the last step,
     # outside its wall time, and is reported on its own
