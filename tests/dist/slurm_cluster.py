@@ -3,14 +3,16 @@
     with slurm_cluster(tmp_path, nodes=2) as slurm:      # munged, slurmctld, slurmd n0 and n1, all idle
         slurm.run("sbatch", "--parsable", "job.sbatch")  # any Slurm command, inside the cluster's network
 
-Layout: one munged on the host (a private key and socket under `root`; munge needs no network), slurmctld in the
-cluster's switch namespace on the switch's address, and one `slurmd -N n<k>` in each node's namespace with
+Layout: munged (a private key and socket under `root`) and slurmctld (on the switch's address) in the cluster's
+switch namespace, and one `slurmd -N n<k>` in each node's namespace with
 NodeAddr its private address, so every job step runs inside its node's namespace. Everything Slurm writes (state,
 spool, logs, pid files) is under `root`; slurm.conf is found through SLURM_CONF, nothing under /etc is touched.
 Slurm commands run in the switch namespace: the host has no route to the cluster's /24.
 
 The namespaces carry their own prefix (PREFIX), apart from scalelab's own clusters. At the end every daemon is
-stopped by its pid and the namespaces are removed with whatever still runs inside them (slurmstepd, job steps).
+stopped by its pid and the namespaces are removed with whatever still runs inside them (slurmstepd, job steps);
+everything started runs inside a namespace of the cluster, so after a SIGKILLed test the next cluster's leftover
+sweep (netns.create_cluster) ends it all.
 """
 from __future__ import annotations
 
@@ -121,13 +123,15 @@ def _start(argv: list[str], log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def start_munge(root: Path) -> tuple[subprocess.Popen, Path]:
-    """munged in the foreground with a fresh key; returns it and its socket once the socket answers."""
+def start_munge(root: Path, netns_name: str) -> tuple[subprocess.Popen, Path]:
+    """munged in the foreground with a fresh key, inside `netns_name` (it needs no network: clients reach it on a
+    Unix socket in `root`; inside a namespace of the cluster, a leftover sweep after a SIGKILL ends it too);
+    returns it and its socket once the socket exists."""
     key, sock = root / "munge.key", root / "munge.socket"
     subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
     key.chmod(0o600)
-    proc = _start(["munged", "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
-                   f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
+    proc = _start(["ip", "netns", "exec", netns_name, "munged", "--foreground", "--force", f"--socket={sock}",
+                   f"--key-file={key}", f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
                    f"--seed-file={root}/munged.seed"], root / "munged.stderr.log")
     _wait(lambda: sock.exists() or proc.poll() is not None, 10, "munged's socket")
     if proc.poll() is not None:
@@ -159,7 +163,7 @@ def slurm_cluster(root: Path, nodes: int = 2) -> Iterator[SlurmCluster]:
     cluster = netns.create_cluster(nodes, prefix=PREFIX)
     slurm = SlurmCluster(cluster, root, root / "slurm.conf")
     try:
-        munged, munge_socket = start_munge(root)
+        munged, munge_socket = start_munge(root, cluster.switch)
         slurm.daemons.append(munged)
         slurm.conf.write_text(slurm_conf(cluster, root, munge_socket))
         (root / "cgroup.conf").write_text(CGROUP_CONF)  # read from slurm.conf's directory

@@ -27,6 +27,7 @@ def slurm(tmp_path):
     before = set(netns.list_namespaces())
     with slurm_cluster(tmp_path / "slurm", nodes=2) as cluster:
         yield cluster
+    assert all(d.poll() is not None for d in cluster.daemons)
     assert not [n for n in set(netns.list_namespaces()) - before if n.startswith(PREFIX)]
 
 
