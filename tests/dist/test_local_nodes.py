@@ -324,6 +324,40 @@ def test_nodes_with_their_own_stores_gather_every_rank_on_node_0(tmp_path, mlp, 
     assert not (Path(Store(stores[1]).get("gathered")["dir"]) / "steps.rank0.jsonl").exists()
 
 
+def test_on_a_shared_store_node_0_adopts_the_run_node_1_created_first(tmp_path, mlp, namespaces_restored):
+    """A shared filesystem (as under Slurm): node 1 starts first and creates the run directory; node 0 adopts it
+    (it failed with 'already exists' before) and the run completes with both ranks and node 0's config."""
+    store = tmp_path / "store"
+    with netns.local_cluster(2) as cluster:
+        endpoint = f"{cluster.nodes[0].address}:29500"
+
+        def start(node):
+            return subprocess.Popen(
+                ["ip", "netns", "exec", node.netns, sys.executable, "-m", "scalelab", "train", "--model", mlp,
+                 "--samples", "256", "--global-batch", "16", "--ranks", "1", "--steps", "4", "--nnodes", "2",
+                 "--node-rank", str(node.index), "--rdzv-endpoint", endpoint, "--run-id", "shared",
+                 "--store", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=cli_env({"GLOO_SOCKET_IFNAME": netns.IFACE}))
+
+        procs = [start(cluster.nodes[1])]
+        try:
+            deadline = time.monotonic() + 60
+            while not (store / "runs" / "shared" / "status.json").exists():
+                assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
+                time.sleep(0.1)
+            procs.insert(0, start(cluster.nodes[0]))
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    run = Store(store).get("shared")
+    assert (run["status"], run["summary"]["ranks/reported"], run["config"]["node_rank"]) == ("completed", 2, 0)
+
+
 @pytest.mark.timeout(420)
 def test_scale_over_nodes_gives_each_node_its_epoch_cpu_and_network(tmp_path, namespaces_restored):
     # seed 003's tables 1-3: 1 and 2 namespace nodes of one rank; an MLP of 7.4 MB of gradients so the link carries

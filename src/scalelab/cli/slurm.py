@@ -1,6 +1,7 @@
 """`scalelab slurm`: an sbatch script that runs `scalelab train` under torchrun on every node."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -8,6 +9,9 @@ import typer
 
 from scalelab.cli.common import console
 from scalelab.config import load_yaml
+from scalelab.errors import ConfigError
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def slurm(
@@ -17,6 +21,8 @@ def slurm(
     time: str = typer.Option("01:00:00", help="Slurm time limit."),
     partition: Optional[str] = typer.Option(None, help="Slurm partition."),
     account: Optional[str] = typer.Option(None, help="Slurm account."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE exported on every node (repeatable), e.g. "
+                                  "NCCL_SOCKET_IFNAME=ib0: the interface the nodes share."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default stdout)."),
 ) -> None:
     """Write an sbatch script that runs `scalelab train` under torchrun on every node."""
@@ -24,9 +30,21 @@ def slurm(
 
     load_yaml(config)  # fail now, not on the cluster, if the file is missing or not YAML
     script = slurm_script(str(config.resolve()), nodes=nodes, gpus_per_node=gpus_per_node, time=time,
-                          partition=partition, account=account)
+                          partition=partition, account=account, env=parse_env(env))
     if output:
         output.write_text(script)
         console.print(f"wrote {output}")
     else:
         print(script, end="")
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` items as a dict; a bad one is a ConfigError naming it."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise ConfigError("--env", item, "allowed: NAME=VALUE with NAME a shell variable name, "
+                                             "e.g. --env GLOO_SOCKET_IFNAME=eth0")
+        out[name] = value
+    return out

@@ -76,7 +76,9 @@ def record_run(kind: RunKind, cfg: Any, store: Store, argv: list[str] | None, st
     """Create the run's directory and catalog row; returns its run_id."""
     provenance = collect_provenance(argv, seed=kind.seed(cfg))
     try:
-        return store.create_run(cfg.to_dict(), provenance, kind=kind.name, study=study, run_id=cfg.run_id)
+        # node 0 owns a multi-node run: it adopts the directory another node made first on a shared filesystem
+        return store.create_run(cfg.to_dict(), provenance, kind=kind.name, study=study, run_id=cfg.run_id,
+                                adopt=kind.owns_shared(cfg))
     except StoreError:
         # A later node of a multi-node run on a shared filesystem joins the directory node 0 made.
         if kind.joins(cfg) and store.run_dir(cfg.run_id).is_dir():

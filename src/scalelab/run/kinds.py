@@ -42,6 +42,10 @@ class RunKind(Protocol):
     def joins(self, cfg: Any) -> bool:
         """Whether this process joins a run directory another node created (multi-node on a shared filesystem)."""
 
+    def owns_shared(self, cfg: Any) -> bool:
+        """Whether this process is node 0 of a multi-node run on a shared filesystem: it adopts the run directory
+        when another node happened to create it first."""
+
     def describe(self, run_id: str, cfg: Any) -> str:
         """The line said when the run starts."""
 
@@ -119,6 +123,10 @@ class TrainKind:
     def joins(self, cfg: TrainConfig) -> bool:
         return cfg.node_rank > 0 and bool(cfg.run_id)
 
+    def owns_shared(self, cfg: TrainConfig) -> bool:
+        # --local-nodes makes one run directory in one process: nothing to adopt there
+        return cfg.nnodes > 1 and cfg.node_rank == 0 and bool(cfg.run_id) and not cfg.local_nodes
+
     def describe(self, run_id: str, cfg: TrainConfig) -> str:
         return (f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s){_on_nodes(cfg)}, global batch "
                 f"{cfg.global_batch}, {cfg.resolved_wrapper}/{cfg.resolved_backend if cfg.distributed else '-'}, "
@@ -191,6 +199,9 @@ class BenchKind:
         return None
 
     def joins(self, cfg: CommBenchConfig) -> bool:
+        return False
+
+    def owns_shared(self, cfg: CommBenchConfig) -> bool:
         return False
 
     def describe(self, run_id: str, cfg: CommBenchConfig) -> str:

@@ -222,8 +222,11 @@ def bound_store(host: str, port: int, *, any_port: bool = False) -> Iterator[int
 
 def slurm_script(cfg_path: str, *, nodes: int, gpus_per_node: int, time: str = "01:00:00",
                  partition: str | None = None, account: str | None = None, job_name: str = "scalelab",
-                 extra_args: list[str] | None = None) -> str:
-    """An sbatch script that runs `scalelab train` under torchrun on every node, node 0 hosting the rendezvous."""
+                 extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> str:
+    """An sbatch script that runs `scalelab train` under torchrun on every node, node 0 hosting the rendezvous.
+
+    `env`: exported for every node (e.g. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the interface the nodes share).
+    """
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
@@ -234,15 +237,19 @@ def slurm_script(cfg_path: str, *, nodes: int, gpus_per_node: int, time: str = "
         f"#SBATCH --partition={partition}" if partition else "",
         f"#SBATCH --account={account}" if account else "",
         "set -euo pipefail",
-        "# node 0's hostname is the rendezvous endpoint; the rendezvous store has no authentication:",
-        "# keep the port inside the cluster's private network.",
+        *(f"export {key}={shlex.quote(value)}" for key, value in (env or {}).items()),
+        "# node 0's address is the rendezvous endpoint: its NodeAddr, the address Slurm itself reaches it on (the",
+        "# hostname unless slurm.conf gives an address). The rendezvous store has no authentication: keep the port",
+        "# inside the cluster's private network.",
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_addr=$(scontrol show node "$head" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         "port=${SCALELAB_PORT:-29500}",
-        "srun --kill-on-bad-exit=1 bash -c '" + " ".join([
+        # one step per node; the command is quoted once as a whole, so paths with spaces or quotes survive
+        "srun --kill-on-bad-exit=1 bash -c " + shlex.quote(" ".join([
             shlex.quote(sys.executable), "-m", "scalelab", "train", "--config", shlex.quote(cfg_path),
             "--nnodes", str(nodes), "--ranks", str(max(1, gpus_per_node)),
             '--node-rank "$SLURM_NODEID"', '--rdzv-endpoint "$0:$1"', "--run-id scalelab-$SLURM_JOB_ID",
             *[shlex.quote(a) for a in (extra_args or [])],
-        ]) + "' \"$head\" \"$port\"",
+        ])) + ' "${head_addr:-$head}" "$port"',
     ]
     return "\n".join(line for line in lines if line) + "\n"

@@ -33,7 +33,10 @@ from scalelab.errors import ScalelabError
 
 PREFIX = "scalelab-"
 IFACE = "eth0"  # a node's interface on the cluster network (each namespace has its own, so one name serves all)
-_NAME_RE = re.compile(rf"^{PREFIX}(\d+)-(\d+)-(sw|\d+|probe)$")
+
+
+def _name_re(prefix: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(prefix)}(\d+)-(\d+)-(sw|\d+|probe)$")
 # Candidate subnets for the cluster network: 10.213.x.0/24, the first that no host address or route overlaps.
 _CANDIDATES = tuple(ipaddress.ip_network(f"10.213.{x}.0/24") for x in range(256))
 _CAP_NET_ADMIN = 12
@@ -77,6 +80,11 @@ class Cluster:
     @property
     def namespaces(self) -> list[str]:
         return [self.switch, *(n.netns for n in self.nodes)]
+
+    @property
+    def switch_address(self) -> str:
+        """The switch's own address on br0 (the last of the /24): the probe's source, a scheduler's address."""
+        return str(ipaddress.ip_network(self.subnet).broadcast_address - 1)
 
 
 # ---------------------------------------------------------------- checks
@@ -130,10 +138,11 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]  # fields after "(comm)" start at field 3
 
 
-def owner_tag(pid: int | None = None) -> str:
-    """`scalelab-<pid>-<starttime>`: the prefix of every namespace this process makes (a reused pid differs)."""
+def owner_tag(pid: int | None = None, prefix: str = PREFIX) -> str:
+    """`scalelab-<pid>-<starttime>`: the prefix of every namespace this process makes (a reused pid differs).
+    `prefix` other than PREFIX: a family of namespaces apart from scalelab's own (a test fixture's)."""
     pid = os.getpid() if pid is None else pid
-    return f"{PREFIX}{pid}-{_start_time(pid)}"
+    return f"{prefix}{pid}-{_start_time(pid)}"
 
 
 def list_namespaces() -> list[str]:
@@ -141,15 +150,15 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def is_leftover(name: str) -> bool:
+def is_leftover(name: str, prefix: str = PREFIX) -> bool:
     """A namespace of ours whose owner process is gone (dead, or its pid reused by another process)."""
-    match = _NAME_RE.match(name)
+    match = _name_re(prefix).match(name)
     return bool(match) and _start_time(int(match.group(1))) != match.group(2)
 
 
-def sweep_leftovers() -> list[str]:
+def sweep_leftovers(prefix: str = PREFIX) -> list[str]:
     """Remove every scalelab namespace whose owner is gone (a scalelab that was SIGKILLed); returns their names."""
-    gone = [name for name in list_namespaces() if is_leftover(name)]
+    gone = [name for name in list_namespaces() if is_leftover(name, prefix)]
     remove_namespaces(gone)
     return gone
 
@@ -195,11 +204,12 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise NamespacesUnavailable("local_nodes: every candidate subnet 10.213.0.0/16 is in use on this host")
 
 
-def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms: float | None = None) -> Cluster:
+def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms: float | None = None,
+                   prefix: str = PREFIX) -> Cluster:
     """Make the namespaces, bridge, veths, addresses and qdiscs of an N-node cluster; removes it all if a step
-    fails. Leftovers of dead owners are swept first."""
-    sweep_leftovers()
-    tag, subnet = owner_tag(), free_subnet()
+    fails. Leftovers of dead owners (of the same `prefix`) are swept first."""
+    sweep_leftovers(prefix)
+    tag, subnet = owner_tag(prefix=prefix), free_subnet()
     hosts = list(subnet.hosts())
     cluster = Cluster(f"{tag}-sw", str(subnet),
                       tuple(Node(k, f"{tag}-{k}", str(hosts[k])) for k in range(nodes)))
@@ -211,7 +221,7 @@ def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms:
         _ip("-n", sw, "link", "add", "br0", "type", "bridge")
         _ip("-n", sw, "link", "set", "br0", "up")
         # the switch's own address (the last of the /24), from which `unreachable_nodes` probes every node
-        _ip("-n", sw, "addr", "add", f"{hosts[-1]}/{subnet.prefixlen}", "dev", "br0")
+        _ip("-n", sw, "addr", "add", f"{cluster.switch_address}/{subnet.prefixlen}", "dev", "br0")
         for node in cluster.nodes:
             port = f"n{node.index}"
             # created inside the switch namespace, its peer straight inside the node's: never on the host
@@ -257,10 +267,10 @@ def unreachable_nodes(cluster: Cluster) -> list[int]:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int, *, link_gbps: float | None = None,
-                  link_delay_ms: float | None = None) -> Iterator[Cluster]:
+def local_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms: float | None = None,
+                  prefix: str = PREFIX) -> Iterator[Cluster]:
     """A cluster for the duration of the block; removed at its end, on an exception and on Ctrl-C."""
-    cluster = create_cluster(nodes, link_gbps=link_gbps, link_delay_ms=link_delay_ms)
+    cluster = create_cluster(nodes, link_gbps=link_gbps, link_delay_ms=link_delay_ms, prefix=prefix)
     try:
         yield cluster
     finally:

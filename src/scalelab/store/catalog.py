@@ -200,10 +200,16 @@ class Store:
         return rows[0][0]
 
     def create_run(self, config: dict, provenance: dict, *, kind: str = "train",
-                   study: str | None = None, run_id: str | None = None) -> str:
-        """Create the run directory and its catalog row (status "running"); returns the run_id."""
+                   study: str | None = None, run_id: str | None = None, adopt: bool = False) -> str:
+        """Create the run directory and its catalog row (status "running"); returns the run_id.
+
+        `adopt` (with `run_id`): when that run exists and is running, make it this process's (its config,
+        provenance and status replace the creator's). Node 0 of a multi-node run on a shared filesystem owns the
+        run, but another node may have created the directory first: node 0 adopts it.
+        """
         if run_id is not None and not _RUN_ID_RE.fullmatch(run_id):
             raise StoreError(f"run_id: {run_id!r} is not allowed; use letters, digits, '.', '_', '-'")
+        adopted = False
         for _ in range(5):
             rid = run_id or new_run_id()
             try:
@@ -212,6 +218,9 @@ class Store:
                 break
             except FileExistsError:
                 if run_id is not None:
+                    if adopt and self._running_soon(run_id):
+                        adopted = True
+                        break
                     raise StoreError(f"run: {run_id!r} already exists in {self.root}") from None
             except OSError as e:
                 raise StoreError(f"{self.run_dir(rid)}: cannot create run directory ({e.strerror or e})") from e
@@ -227,6 +236,11 @@ class Store:
                 "pid": os.getpid(), "pid_create_time": own_create_time(), "host": socket.gethostname()})
             den = _denormalise(config)
             with self._connect() as conn:
+                if adopted:
+                    conn.execute("UPDATE runs SET created=?, kind=?, study=?, config_json=?, "
+                                 + ", ".join(f"{c}=?" for c in DENORM_COLUMNS) + " WHERE run_id=?",
+                                 (created, kind, study, dumps(config), *(den[c] for c in DENORM_COLUMNS), rid))
+                    return rid
                 try:
                     conn.execute(
                         "INSERT INTO runs (run_id, created, kind, study, status, config_json, "
@@ -237,9 +251,21 @@ class Store:
                     raise StoreError(f"run: {rid!r} already exists in the catalog {self.catalog_path}") from None
         except BaseException:
             # The directory is ours (we just made it): do not leave a run without a catalog row.
-            shutil.rmtree(d, ignore_errors=True)
+            if not adopted:
+                shutil.rmtree(d, ignore_errors=True)
             raise
         return rid
+
+    def _running_soon(self, run_id: str, timeout_s: float = 10.0) -> bool:
+        """Whether `run_id` is in the catalog as running within `timeout_s` (its creator may be between making
+        the directory and writing the row: milliseconds)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._connect() as conn:
+                row = conn.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is not None or time.monotonic() > deadline:
+                return row is not None and row[0] == "running"
+            time.sleep(0.1)
 
     def finish_run(self, run_id: str, status: str, *, reason: str | None = None,
                    summary: dict | None = None) -> None:

@@ -1,4 +1,6 @@
 import socket
+import subprocess
+import sys
 
 from scalelab.config import TrainConfig
 from scalelab.run.launch import free_port, slurm_script, torchrun_argv, worker_env
@@ -39,3 +41,22 @@ def test_slurm_script_runs_torchrun_per_node_with_the_job_id_as_run_id():
         assert line in text
     assert "--nnodes 4 --ranks 8" in text and '--node-rank "$SLURM_NODEID"' in text
     assert "--run-id scalelab-$SLURM_JOB_ID" in text and "/abs/run.yaml" in text
+
+
+def test_slurm_script_exports_the_env_and_survives_a_path_with_quotes(tmp_path, monkeypatch):
+    """Known truth: the script's srun line, run by bash with srun a pass-through and the python a printer of its
+    arguments, hands scalelab the exact argv."""
+    printer = tmp_path / "python"
+    printer.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    printer.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(printer))
+    text = slurm_script("/a b/it's.yaml", nodes=2, gpus_per_node=0, env={"GLOO_SOCKET_IFNAME": "eth0", "X": "a b"})
+    assert "export GLOO_SOCKET_IFNAME=eth0\n" in text and "export X='a b'\n" in text
+    assert "#SBATCH --gpus-per-node" not in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    step = f'srun() {{ shift; "$@"; }}\nhead_addr=10.0.0.1 port=29511\n{srun}'
+    out = subprocess.run(["bash", "-c", step], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "SLURM_NODEID": "1", "SLURM_JOB_ID": "42"}).stdout
+    assert out.splitlines() == ["-m", "scalelab", "train", "--config", "/a b/it's.yaml", "--nnodes", "2",
+                                "--ranks", "1", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29511",
+                                "--run-id", "scalelab-42"]

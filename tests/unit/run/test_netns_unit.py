@@ -1,6 +1,7 @@
 """--local-nodes without running a cluster: config fields, the privilege refusal, owner-tagged names, root cause."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -68,6 +69,20 @@ def test_leftovers_are_namespaces_whose_owner_is_gone():
     assert netns.is_leftover(f"{netns.PREFIX}{pid}-{int(start) + 1}-1")  # same pid, another process
     assert not netns.is_leftover(f"{netns.PREFIX}{dead.pid}-123-x")  # not a name we make
     assert not netns.is_leftover("someone-else")
+
+
+def test_a_prefix_of_its_own_keeps_a_family_of_namespaces_apart():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert netns.owner_tag(prefix="other-").startswith(f"other-{os.getpid()}-")
+    assert netns.is_leftover(f"other-{dead.pid}-123-0", "other-")
+    assert not netns.is_leftover(f"other-{dead.pid}-123-0")  # scalelab's own sweep leaves it alone
+    assert not netns.is_leftover(f"{netns.PREFIX}{dead.pid}-123-0", "other-")
+
+
+def test_the_switch_address_is_the_last_host_of_the_subnet():
+    cluster = netns.Cluster("sw", "10.213.7.0/24", (netns.Node(0, "n", "10.213.7.1"),))
+    assert cluster.switch_address == "10.213.7.254"
 
 
 def test_tbf_bucket_holds_a_millisecond_at_the_rate():

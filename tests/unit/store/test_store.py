@@ -150,6 +150,24 @@ def test_create_finish_get_roundtrip(tmp_path):
     assert Store(tmp_path / "store").get(rid)["status"] == "failed"
 
 
+def test_node_0_adopts_a_running_run_another_node_created_first(tmp_path):
+    """A multi-node run on a shared filesystem: node 1 made the directory first; node 0 (adopt) makes the run its
+    own (config, status) instead of failing; a finished run of that id is never adopted."""
+    st = Store(tmp_path / "store")
+    node1 = {**CFG, "nnodes": 2, "node_rank": 1}
+    rid = st.create_run(node1, {"seed": 1}, run_id="job-7")
+    assert st.create_run({**node1, "node_rank": 0}, {"seed": 1}, run_id="job-7", adopt=True) == "job-7"
+    row = st.get("job-7")
+    assert (row["status"], row["config"]["node_rank"], row["ranks"]) == ("running", 0, 8)
+    assert read_json(Path(row["dir"]) / "config.json")["node_rank"] == 0
+    assert read_json(Path(row["dir"]) / "status.json")["pid"] == os.getpid()
+    with pytest.raises(StoreError, match="already exists"):
+        st.create_run(node1, {}, run_id=rid)  # without adopt: refused as before
+    st.finish_run(rid, "completed")
+    with pytest.raises(StoreError, match="already exists"):
+        st.create_run(node1, {}, run_id=rid, adopt=True)
+
+
 def test_config_is_denormalised(tmp_path):
     st = Store(tmp_path)
     row = st.get(st.create_run({**CFG, "ranks": 2, "nnodes": 3}, {}))
