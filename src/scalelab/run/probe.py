@@ -1,0 +1,237 @@
+"""The probe: scalelab's measurement inside a training loop it did not write (the public face is scalelab.probe).
+
+One `Probe` per rank process. While it is open it
+- times steps and stages with the StepTimer of scalelab.measure.timer: a step is opened by `data(loader)` (at the
+  request for a batch: the "data" stage is the wait for it) or by `step()`, and a stage by `stage(name)`; stages
+  outside any step open an implicit one, which ends when the first stage of that step comes round again;
+- meters collectives through scalelab.sync.intercept (torch.distributed calls and DDP models) into a CommMeter;
+  collectives inside a step go into that step's record, the others (before the first step, between steps, a
+  script without any step) into the rank's result, as totals of the same fields;
+- runs the system sampler and the heartbeat the hang watchdog reads (a stage or a collective is progress);
+- writes what `scalelab train`'s ranks write: steps.rank<r>.jsonl (the same fields) and, when closed without an
+  error, result.rank<r>.json; so the run's summary, trace and report are built by the same code.
+
+On CUDA (the script has initialised CUDA by its first step) stages are bounded by CUDA events, one wait per step,
+as in scalelab's own loop. Nothing here reads the environment: the caller passes the rank's DistContext.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from scalelab.distenv import DistContext
+from scalelab.measure.machine import RunCpu, local_rank_pids
+from scalelab.measure.memory import peak_memory
+from scalelab.measure.system import SystemSampler
+from scalelab.measure.timer import CudaMarks, StepTimer
+from scalelab.store.files import write_jsonl_atomic
+from scalelab.store.rundir import RunDir
+from scalelab.sync import intercept
+from scalelab.sync.meter import PHASES, CommMeter
+from scalelab.train.heartbeat import Heartbeat
+
+FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
+
+
+def first_tensor(value) -> torch.Tensor | None:
+    """The first tensor of a batch (a tensor, or a tuple / list / dict holding one); None without one."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def add_totals(acc: dict, totals: dict) -> dict:
+    """CommMeter.take_step totals accumulated over several takes: numbers summed, events concatenated."""
+    for key, value in totals.items():
+        if isinstance(value, list):
+            acc.setdefault(key, []).extend(value)
+        else:
+            acc[key] = acc.get(key, 0) + value
+    return acc
+
+
+class Probe:
+    """One rank's measurement of a user's loop; see the module docstring. `start()` before use, `close()` after."""
+
+    def __init__(self, run_dir: Path | str, ctx: DistContext, *, warmup_steps: int = 2,
+                 sample_interval_s: float = 0.5, heartbeat_s: float | None = 1.0,
+                 rank_pids: Callable[[], Iterable[int]] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.rundir, self.ctx = RunDir(run_dir), ctx
+        self.warmup_steps = warmup_steps
+        self.meter = CommMeter(ctx.world)
+        self.heartbeat = Heartbeat(self.rundir.path, ctx.rank, interval_s=heartbeat_s) if heartbeat_s else None
+        pids = rank_pids or (lambda: local_rank_pids(self.rundir.path))
+        machine = RunCpu(pids, since=time.time()) if ctx.local_rank == 0 else None
+        self.sampler = SystemSampler(self.rundir.system_file(ctx.rank), sample_interval_s, rank=ctx.rank,
+                                     gpu_index=ctx.device.index if ctx.device.type == "cuda" else None,
+                                     machine=machine)
+        self._clock = clock
+        self.timer: StepTimer | None = None  # made at the first step: by then the script has chosen its device
+        self.steps = 0
+        self.records: list[dict] = []
+        self.outside: dict = {}  # collectives outside every step
+        self.instrumented = False  # the script itself opened the probe (scalelab.probe.open)
+        self._in_step = False
+        self._implicit_first: str | None = None  # first stage of an implicit step
+        self._stage: str | None = None
+        self._samples: int | None = None
+        self._extra: dict = {}
+        self._opened = self._last_flush = time.monotonic()
+        self._closed = False
+
+    # ------------------------------------------------------------ life cycle
+    def start(self) -> "Probe":
+        self.sampler.start()
+        if self.heartbeat:
+            self.heartbeat.start()
+        intercept.install(self.meter, phase=self._phase, progress=self._progress)
+        return self
+
+    def close(self, *, failed: bool = False) -> None:
+        """End an open step, write the step records and (unless `failed`) the rank's result; stop metering and
+        sampling. Closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._in_step:
+                self.end_step()
+            add_totals(self.outside, self.meter.take_step())
+            self.flush()
+            if not failed:
+                self.rundir.write_result(self.ctx.rank, self.result())
+        finally:
+            intercept.uninstall()
+            self.sampler.stop()
+            if self.heartbeat:
+                self.heartbeat.stop(done=not failed)
+
+    def result(self) -> dict:
+        """This rank's result file: what `scalelab train`'s ranks write, plus the script's wall time and the
+        collectives outside steps. One epoch is the whole run (the probe does not know the user's epochs)."""
+        return {"rank": self.ctx.rank, "steps": self.steps, "steps_per_epoch": max(1, self.steps), "epochs": 1,
+                "evals": [], "memory": peak_memory(self.ctx.device), "threads": torch.get_num_threads(),
+                "wall(s)": time.monotonic() - self._opened, "comm_outside": self.outside}
+
+    # ------------------------------------------------------------ steps
+    def _timer(self) -> StepTimer:
+        if self.timer is None:
+            on_enter = self.heartbeat.enter if self.heartbeat else None
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                self.timer = StepTimer(on_enter=on_enter, marks=CudaMarks(torch.cuda.current_device()))
+            else:
+                self.timer = StepTimer(self._clock, on_enter=on_enter)
+        return self.timer
+
+    def start_step(self) -> None:
+        if self._in_step:
+            self.end_step()
+        add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
+        self._timer().start_step()
+        self._in_step, self._samples, self._extra = True, None, {}
+
+    def end_step(self) -> None:
+        if not self._in_step:
+            return
+        self._in_step, self._implicit_first = False, None
+        times = self.timer.end_step()
+        self.steps += 1
+        if self.heartbeat:
+            self.heartbeat.step = self.steps
+        samples = self._samples or 0
+        record = {"step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": self.steps <= self.warmup_steps,
+                  "samples": samples, "targets": samples, **{f"{k}(s)": v for k, v in times.items()},
+                  "t_end(unix_s)": time.time(), "t_end(perf_s)": time.perf_counter(), **self.meter.take_step(),
+                  **self._extra}
+        self.records.append(record)
+        if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
+            self.flush()
+
+    @contextmanager
+    def step(self, samples: int | None = None) -> Iterator["Probe"]:
+        """One training step (from the request for its batch to the end of the optimizer update)."""
+        self.start_step()
+        if samples is not None:
+            self._samples = int(samples)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    def data(self, batches: Iterable) -> Iterator:
+        """Iterate over `batches` (a DataLoader), one step per batch: the wait for a batch is the "data" stage and
+        its samples are its first tensor's length (`mark(samples=...)` overrides). The step ends when the next
+        batch is asked for, or when the loop ends or is left."""
+        it = iter(batches)
+        while True:
+            self.start_step()
+            try:
+                with self.stage("data"):
+                    batch = next(it)
+            except StopIteration:
+                self._in_step = False  # no batch: no step (its timer is simply restarted by the next one)
+                return
+            found = first_tensor(batch)
+            self._samples = int(found.shape[0]) if found is not None and found.dim() else None
+            try:
+                yield batch
+            finally:
+                self.end_step()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block as stage `name` (data, h2d, forward, backward, comm, optimizer, or a name of yours)."""
+        if not self._in_step or (self._implicit_first == name and self._stage is None):
+            self.start_step()  # an implicit step: it ends when this stage comes round again
+            self._implicit_first = name
+        outer, self._stage = self._stage, name
+        try:
+            with self.timer.span(name):
+                yield
+        finally:
+            self._stage = outer
+
+    def mark(self, *, samples: int | None = None, **values: float) -> None:
+        """The current step's samples (this rank's), and any number to keep in its record (e.g. loss=...)."""
+        if samples is not None:
+            self._samples = int(samples)
+        self._extra.update({k: float(v) for k, v in values.items()})
+
+    def flush(self) -> None:
+        write_jsonl_atomic(self.rundir.steps_file(self.ctx.rank), self.records)
+        self._last_flush = time.monotonic()
+
+    # ------------------------------------------------------------ for the intercept
+    def _phase(self) -> str:
+        """The phase a collective serves: the stage it runs in when that is a phase, else gradient sync."""
+        return self._stage if self._stage in PHASES else "backward"
+
+    def _progress(self) -> None:
+        if self.heartbeat:
+            self.heartbeat.progress += 1
+
+
+# ---------------------------------------------------------------- the process's probe
+_current: Probe | None = None
+
+
+def current() -> Probe | None:
+    """The probe open in this process (one per rank), or None."""
+    return _current
+
+
+def set_current(probe: Probe | None) -> None:
+    global _current
+    _current = probe
