@@ -113,6 +113,10 @@ class StepTimer:
         """Charge time measured elsewhere (e.g. inside a communication hook) to a stage."""
         self._added[name] = self._added.get(name, 0.0) + seconds
 
+    def cancel_step(self) -> None:
+        """Drop the step in progress: nothing of it is returned (a loop left right after asking for a batch)."""
+        self._t0 = None
+
     def end_step(self) -> dict[str, float]:
         if self._t0 is None:
             raise RuntimeError("end_step() without start_step()")

@@ -87,6 +87,7 @@ class Probe:
         self._implicit_first: str | None = None  # first stage of an implicit step
         self._stage: str | None = None
         self._samples: int | None = None
+        self._entered: set[str] = set()  # stages entered in the step in progress
         self._extra: dict = {}
         self._opened = self._last_flush = time.monotonic()
         self._closed = False
@@ -106,8 +107,7 @@ class Probe:
             return
         self._closed = True
         try:
-            if self._in_step:
-                self.end_step()
+            self.leave_step()
             add_totals(self.outside, self.meter.take_step())
             self.flush()
             if not failed:
@@ -140,7 +140,16 @@ class Probe:
             self.end_step()
         add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
         self._timer().start_step()
-        self._in_step, self._samples, self._extra = True, None, {}
+        self._in_step, self._samples, self._extra, self._entered = True, None, {}, set()
+
+    def leave_step(self) -> None:
+        """End the step in progress when the loop is left: one that only waited for a batch (the loop broke out
+        right after asking for it) is no step and is dropped."""
+        if self._in_step and self._entered <= {"data"}:
+            self._in_step, self._implicit_first = False, None
+            self.timer.cancel_step()
+        else:
+            self.end_step()
 
     def end_step(self) -> None:
         if not self._in_step:
@@ -181,14 +190,16 @@ class Probe:
                 with self.stage("data"):
                     batch = next(it)
             except StopIteration:
-                self._in_step = False  # no batch: no step (its timer is simply restarted by the next one)
+                self.leave_step()  # no batch: no step
                 return
             found = first_tensor(batch)
             self._samples = int(found.shape[0]) if found is not None and found.dim() else None
             try:
                 yield batch
-            finally:
-                self.end_step()
+            except GeneratorExit:  # the loop was left (break, an exception) while this step was open
+                self.leave_step()
+                raise
+            self.end_step()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -197,6 +208,7 @@ class Probe:
             self.start_step()  # an implicit step: it ends when this stage comes round again
             self._implicit_first = name
         outer, self._stage = self._stage, name
+        self._entered.add(name)
         try:
             with self.timer.span(name):
                 yield

@@ -141,9 +141,11 @@ def install(meter: CommMeter, phase: Callable[[], str] = lambda: "backward",
             attach_ddp(self, _state.meter)
 
     DDP.__init__ = ddp_init
-    for obj in gc.get_objects():  # models built before the probe opened
-        if isinstance(obj, DDP):
-            attach_ddp(obj, meter)
+    with warnings.catch_warnings():  # isinstance on every object touches torch's deprecated aliases
+        warnings.simplefilter("ignore")
+        built = [obj for obj in gc.get_objects() if isinstance(obj, DDP)]
+    for net in built:  # models built before the probe opened
+        attach_ddp(net, meter)
 
 
 def uninstall() -> None:

@@ -1,0 +1,105 @@
+"""The probe on a fixed clock: steps from the loader, stages, samples, implicit steps, the files it writes."""
+from __future__ import annotations
+
+import torch
+
+from scalelab.distenv import DistContext
+from scalelab.run.probe import Probe, add_totals, first_tensor
+from scalelab.store.rundir import RunDir
+
+
+class Clock:
+    """A clock that moves only when told to."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class SlowLoader:
+    """Batches of `n` samples; asking for one takes `wait` seconds of the clock."""
+
+    def __init__(self, clock: Clock, batches: int, n: int, wait: float):
+        self.clock, self.batches, self.n, self.wait = clock, batches, n, wait
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            self.clock.t += self.wait
+            yield torch.zeros(self.n, 3), torch.zeros(self.n, dtype=torch.long)
+
+
+def probe_on(tmp_path, clock, **kw) -> Probe:
+    return Probe(tmp_path, DistContext(0, 1, 0, 1, torch.device("cpu")), heartbeat_s=None, clock=clock, **kw)
+
+
+def test_steps_from_the_loader_time_each_stage_and_count_samples(tmp_path):
+    clock = Clock()
+    probe = probe_on(tmp_path, clock, warmup_steps=1)
+    for x, y in probe.data(SlowLoader(clock, batches=3, n=8, wait=0.5)):
+        with probe.stage("forward"):
+            clock.t += 0.25
+        with probe.stage("backward"):
+            clock.t += 1.0
+        with probe.stage("augment"):  # a stage of the user's own
+            clock.t += 0.125
+        clock.t += 0.0625  # outside every stage: "other"
+    probe.close()
+    steps = RunDir(tmp_path).read_steps(0)
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert [r["warmup"] for r in steps] == [True, False, False]
+    for r in steps:
+        assert (r["data(s)"], r["forward(s)"], r["backward(s)"], r["augment(s)"]) == (0.5, 0.25, 1.0, 0.125)
+        assert r["other(s)"] == 0.0625 and r["wall(s)"] == 1.9375
+        assert r["samples"] == 8
+    result = RunDir(tmp_path).read_result(0)
+    assert result["steps"] == 3 and result["steps_per_epoch"] == 3
+
+
+def test_a_loop_left_right_after_asking_for_a_batch_adds_no_step(tmp_path):
+    clock = Clock()
+    probe = probe_on(tmp_path, clock)
+    for i, _ in enumerate(probe.data(SlowLoader(clock, batches=10, n=4, wait=0.1))):
+        if i == 2:
+            break
+        with probe.stage("forward"):
+            clock.t += 1.0
+    probe.close()
+    assert [r["step"] for r in RunDir(tmp_path).read_steps(0)] == [1, 2]
+
+
+def test_stages_without_a_step_open_one_per_round(tmp_path):
+    clock = Clock()
+    probe = probe_on(tmp_path, clock)
+    for _ in range(4):
+        with probe.stage("forward"):
+            clock.t += 2.0
+        with probe.stage("backward"):
+            clock.t += 3.0
+        probe.mark(samples=5, loss=0.5)
+    probe.close()
+    steps = RunDir(tmp_path).read_steps(0)
+    assert len(steps) == 4
+    assert all(r["wall(s)"] == 5.0 and r["samples"] == 5 and r["loss"] == 0.5 for r in steps)
+
+
+def test_an_explicit_step_and_a_failed_close(tmp_path):
+    clock = Clock()
+    probe = probe_on(tmp_path, clock)
+    with probe.step(samples=7):
+        with probe.stage("optimizer"):
+            clock.t += 1.0
+    probe.close(failed=True)
+    rundir = RunDir(tmp_path)
+    assert rundir.read_steps(0)[0]["samples"] == 7
+    assert not rundir.result_file(0).exists()  # a failed rank writes no result, as in `scalelab train`
+
+
+def test_first_tensor_and_totals():
+    x = torch.zeros(3, 2)
+    assert first_tensor((x, 1)) is x and first_tensor({"a": [x]}) is x and first_tensor([1, "a"]) is None
+    acc = add_totals({}, {"comm_bytes": 4, "comm_events": [["allreduce", "backward", 0.0, 1.0, 4]]})
+    add_totals(acc, {"comm_bytes": 6, "comm_events": []})
+    assert acc == {"comm_bytes": 10, "comm_events": [["allreduce", "backward", 0.0, 1.0, 4]]}
+
