@@ -6,8 +6,8 @@ without them. Truths: injected sleeps in forward and backward, `scalelab train` 
 the plain script's collectives."""
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -17,6 +17,7 @@ import pytest
 
 from conftest import cli_env, run_cli
 from scalelab.analysis import keys
+from scalelab.run.launch import free_port
 from scalelab.store import Store
 from scalelab.store.rundir import RunDir
 
@@ -170,12 +171,18 @@ def test_without_the_probe_the_run_has_wall_time_system_samples_and_the_same_col
 def test_a_hook_registered_before_the_probe_under_plain_torchrun(tmp_path):
     """No `scalelab run`: the script's probe records its own run; the user's hook was on the model first."""
     script = seed_script(tmp_path, probe=True)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:0", "--master-addr",
-                           "127.0.0.1", str(script), "--hook", "before", "--steps", "4"],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                          env=cli_env({"SCALELAB_STORE": str(tmp_path / "store"), "GLOO_SOCKET_IFNAME": "lo"}))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                             "--master-addr", "127.0.0.1", str(script), "--hook", "before", "--steps", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            start_new_session=True,  # the ranks too are stopped if it hangs
+                            env=cli_env({"SCALELAB_STORE": str(tmp_path / "store"), "GLOO_SOCKET_IFNAME": "lo"}))
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
     run = only_run(tmp_path / "store")
     assert run["status"] == "completed" and run["kind"] == "script"
     rundir = RunDir(run["dir"])
