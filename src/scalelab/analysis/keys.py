@@ -7,6 +7,8 @@ STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
 
 STEPS_TIMED = "steps/timed"
 STEPS_TOTAL = "steps/total"
+STEPS_DETAILED = "steps/detailed"  # steps kept in full (records, trace) of a long probed run; the rest: sketches
+STEP_P95_MS = "time/step_p95(ms)"  # a long probed run: from the merged quantile sketch of its steps
 STEPS_PER_EPOCH = "steps/per_epoch"
 
 STEP_MEDIAN_MS = "time/step_median(ms)"

@@ -129,3 +129,36 @@ class Running:
     def from_dict(cls, data: dict) -> "Running":
         return cls(data["count"], data["sum"], math.inf if data["min"] is None else data["min"],
                    -math.inf if data["max"] is None else data["max"], QuantileSketch.from_dict(data["sketch"]))
+
+
+def whole_run_figures(aggregates: list[dict]) -> dict:
+    """Summary figures of a run over every timed step, from each rank's aggregates ({"steps", "timed", "samples",
+    "figures": {"wall(s)": Running dict, "<stage>(s)": ...}}): step count, median and p95 step (the ranks'
+    sketches merged: a rank's own step time, not the slowest rank's), the run's time as one epoch (mean step x
+    steps), mean stage times (mean over ranks) and
+    throughput (every rank's samples over the slowest rank's summed step time). Cost: O(ranks x k), not steps."""
+    from scalelab.analysis import keys
+
+    if not aggregates:
+        return {}
+    out = {keys.STEPS_TOTAL: max(a["steps"] for a in aggregates), keys.STEPS_TIMED: max(a["timed"] for a in aggregates)}
+    merged: dict[str, Running] = {}
+    for agg in aggregates:
+        for name, data in agg["figures"].items():
+            one = Running.from_dict(data)
+            merged[name] = merged[name].merge(one) if name in merged else one
+    wall = merged.get("wall(s)")
+    if wall is None or not wall.count:
+        return out
+    out[keys.STEP_MEDIAN_MS] = 1e3 * wall.sketch.quantile(0.5)
+    out[keys.STEP_P95_MS] = 1e3 * wall.sketch.quantile(0.95)
+    out[keys.STEP_MIN_MS], out[keys.STEP_MAX_MS] = 1e3 * wall.low, 1e3 * wall.high
+    out[keys.EPOCH_S] = wall.mean * out[keys.STEPS_TOTAL]  # the probe knows no epochs: the run is one
+    for name, fig in merged.items():
+        if name != "wall(s)" and fig.count:
+            out[keys.stage_ms(name[:-3])] = 1e3 * fig.mean
+    slowest = max(Running.from_dict(a["figures"]["wall(s)"]).total for a in aggregates if "wall(s)" in a["figures"])
+    samples = sum(a["samples"] for a in aggregates)
+    if slowest > 0:
+        out[keys.THROUGHPUT] = samples / slowest
+    return out

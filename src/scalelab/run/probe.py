@@ -19,10 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from scalelab.analysis.sketch import Running
 from scalelab.distenv import DistContext
 from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import peak_memory
@@ -35,6 +37,32 @@ from scalelab.sync.meter import PHASES, CommMeter
 from scalelab.train.heartbeat import Heartbeat
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Which steps keep their full record (steps file, trace), in the spirit of torch.profiler.schedule: the
+    first `first`, then a window of `length` steps every `every` steps, at most `windows` windows (0: no limit).
+    Every timed step, kept or not, feeds the whole-run aggregates (sums and quantile sketches per stage), so a run
+    of any length leaves at most first + length x windows records per rank (4,200 by default)."""
+
+    first: int = 200
+    every: int = 1000
+    length: int = 20
+    windows: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("first", "every", "length", "windows"):
+            if getattr(self, name) < 0 or name == "every" and self.every < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} is not allowed; an integer >= "
+                                 f"{1 if name == 'every' else 0}")
+
+    def keeps(self, step: int) -> bool:
+        """Whether step `step` (1-based) keeps its full record."""
+        if step <= self.first:
+            return True
+        window, position = divmod(step - self.first - 1, self.every)
+        return position < self.length and (not self.windows or window < self.windows)
 
 
 def first_tensor(value) -> torch.Tensor | None:
@@ -66,10 +94,13 @@ class Probe:
 
     def __init__(self, run_dir: Path | str, ctx: DistContext, *, warmup_steps: int = 2,
                  sample_interval_s: float = 0.5, heartbeat_s: float | None = 1.0,
-                 rank_pids: Callable[[], Iterable[int]] | None = None,
+                 rank_pids: Callable[[], Iterable[int]] | None = None, detail: Detail = Detail(),
                  clock: Callable[[], float] = time.perf_counter):
         self.rundir, self.ctx = RunDir(run_dir), ctx
-        self.warmup_steps = warmup_steps
+        self.warmup_steps, self.detail = warmup_steps, detail
+        self.figures: dict[str, Running] = {}  # every timed step's stage seconds, kept or not
+        self.timed = self.samples_timed = 0
+        self.dropped_comm: dict = {}  # collectives of steps whose record was not kept (totals, no events)
         self.meter = CommMeter(ctx.world)
         self.heartbeat = Heartbeat(self.rundir.path, ctx.rank, interval_s=heartbeat_s) if heartbeat_s else None
         pids = rank_pids or (lambda: local_rank_pids(self.rundir.path))
@@ -123,7 +154,14 @@ class Probe:
         collectives outside steps. One epoch is the whole run (the probe does not know the user's epochs)."""
         return {"rank": self.ctx.rank, "steps": self.steps, "steps_per_epoch": max(1, self.steps), "epochs": 1,
                 "evals": [], "memory": peak_memory(self.ctx.device), "threads": torch.get_num_threads(),
-                "wall(s)": time.monotonic() - self._opened, "comm_outside": self.outside}
+                "wall(s)": time.monotonic() - self._opened, "comm_outside": self.outside,
+                "detailed": len(self.records)}
+
+    def aggregates(self) -> dict:
+        """The whole run's figures (aggregates.rank<r>.json): analysis.sketch.whole_run_figures reads them."""
+        return {"rank": self.ctx.rank, "steps": self.steps, "timed": self.timed, "samples": self.samples_timed,
+                "detailed": len(self.records), "figures": {k: v.to_dict() for k, v in self.figures.items()},
+                "comm_dropped": self.dropped_comm}
 
     # ------------------------------------------------------------ steps
     def _timer(self) -> StepTimer:
@@ -160,11 +198,18 @@ class Probe:
         if self.heartbeat:
             self.heartbeat.step = self.steps
         samples = self._samples or 0
-        record = {"step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": self.steps <= self.warmup_steps,
-                  "samples": samples, "targets": samples, **{f"{k}(s)": v for k, v in times.items()},
-                  "t_end(unix_s)": time.time(), "t_end(perf_s)": time.perf_counter(), **self.meter.take_step(),
-                  **self._extra}
-        self.records.append(record)
+        warmup = self.steps <= self.warmup_steps
+        comm = self.meter.take_step()
+        if not warmup:
+            self._aggregate(times, samples)
+        if self.detail.keeps(self.steps):
+            self.records.append({
+                "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
+                "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
+                "t_end(perf_s)": time.perf_counter(), **comm, **self._extra})
+        else:
+            comm.pop("comm_events")
+            add_totals(self.dropped_comm, comm)
         if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
             self.flush()
 
@@ -221,8 +266,25 @@ class Probe:
             self._samples = int(samples)
         self._extra.update({k: float(v) for k, v in values.items()})
 
+    def _aggregate(self, times: dict[str, float], samples: int) -> None:
+        self.timed += 1
+        self.samples_timed += samples
+        figures = self.figures
+        for name, seconds in times.items():
+            key = f"{name}(s)"
+            fig = figures.get(key)
+            if fig is None:
+                fig = figures[key] = Running()
+                fig.count = self.timed - 1  # a stage first seen now took 0 s in the timed steps before
+            fig.add(seconds)
+        if len(figures) > len(times):  # a stage of the user's that this step did not enter: 0 s
+            for key, fig in figures.items():
+                if fig.count < self.timed:
+                    fig.add(0.0)
+
     def flush(self) -> None:
         write_jsonl_atomic(self.rundir.steps_file(self.ctx.rank), self.records)
+        self.rundir.write_aggregates(self.ctx.rank, self.aggregates())
         self._last_flush = time.monotonic()
 
     # ------------------------------------------------------------ for the intercept

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.analysis import keys
+from scalelab.analysis.sketch import whole_run_figures
 from scalelab.config import check_local_nodes, default_threads
 from scalelab.errors import ConfigError, StoreError
 from scalelab.run.exports import write_scalars, write_trace
@@ -152,18 +153,26 @@ def summarise_script(run_dir: Path) -> dict:
         rss = [r["memory"]["peak_rss(bytes)"] for r in results if "peak_rss(bytes)" in r.get("memory", {})]
         if rss:
             summary[keys.memory_gib("peak_rss")] = max(rss) / 2**30
+    aggregates = rundir.read_aggregates()
+    if any(a["steps"] > a["detailed"] for a in aggregates):
+        # a long run kept the records of some steps only (run.probe.Detail): its step figures come from the
+        # whole-run aggregates; the intervals and the trace stay those of the kept steps
+        summary.update(whole_run_figures(aggregates))
+        summary[keys.STEPS_DETAILED] = max(a["detailed"] for a in aggregates)
     summary[keys.SCRIPT_WALL_S] = max(r["wall(s)"] for r in results)
-    summary.update(comm_totals(records, results))
+    summary.update(comm_totals(records, results, aggregates))
     return summary
 
 
-def comm_totals(records: list[dict], results: list[dict]) -> dict:
-    """Every collective of the run, inside steps and out, per rank (mean over ranks): bytes, count, time."""
+def comm_totals(records: list[dict], results: list[dict], aggregates: list[dict] = ()) -> dict:
+    """Every collective of the run, inside steps (kept or not) and out, per rank (mean over ranks): bytes, count,
+    time."""
     if not any(r.get("comm_outside") for r in results) and not any("comm_bytes" in r for r in records):
         return {}
     n = len(results)
     total = {"comm_bytes": 0.0, "collectives": 0.0, "comm_total(s)": 0.0}
-    for source in (records, [r.get("comm_outside", {}) for r in results]):
+    for source in (records, [r.get("comm_outside", {}) for r in results],
+                   [a.get("comm_dropped", {}) for a in aggregates]):
         for rec in source:
             for key in total:
                 total[key] += rec.get(key, 0)

@@ -1,6 +1,7 @@
 """The probe on a fixed clock: steps from the loader, stages, samples, implicit steps, the files it writes."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from scalelab.distenv import DistContext
@@ -103,3 +104,36 @@ def test_first_tensor_and_totals():
     add_totals(acc, {"comm_bytes": 6, "comm_events": []})
     assert acc == {"comm_bytes": 10, "comm_events": [["allreduce", "backward", 0.0, 1.0, 4]]}
 
+
+
+def test_a_long_run_keeps_records_of_its_windows_and_sums_every_step(tmp_path):
+    from scalelab.analysis import keys
+    from scalelab.run.probe import Detail
+    from scalelab.run.script import summarise_script
+
+    clock = Clock()
+    probe = probe_on(tmp_path, clock, warmup_steps=1, detail=Detail(first=3, every=10, length=2, windows=2))
+    for i, _ in enumerate(probe.data(SlowLoader(clock, batches=50, n=4, wait=0.5))):
+        with probe.stage("forward"):
+            clock.t += 1.0 + (i % 2)  # 1 s or 2 s
+        if i == 10:
+            with probe.stage("rare"):  # a stage of the user's, entered once
+                clock.t += 4.0
+    probe.close()
+    rundir = RunDir(tmp_path)
+    assert [r["step"] for r in rundir.read_steps(0)] == [1, 2, 3, 4, 5, 14, 15]
+    summary = summarise_script(tmp_path)
+    assert summary[keys.STEPS_TOTAL] == 50 and summary[keys.STEPS_TIMED] == 49 and summary[keys.STEPS_DETAILED] == 7
+    assert summary[keys.stage_ms("forward")] == pytest.approx(1e3 * (24 * 1.0 + 25 * 2.0) / 49)
+    assert summary[keys.stage_ms("rare")] == pytest.approx(1e3 * 4.0 / 49)
+    assert summary[keys.STEP_MEDIAN_MS] == 2500.0 and summary[keys.STEP_MAX_MS] == 5500.0
+    assert summary[keys.THROUGHPUT] == pytest.approx(49 * 4 / (24 * 1.5 + 25 * 2.5 + 4.0))
+
+
+def test_detail_windows_and_their_bad_values():
+    from scalelab.run.probe import Detail
+
+    d = Detail(first=2, every=5, length=1, windows=0)
+    assert [s for s in range(1, 20) if d.keeps(s)] == [1, 2, 3, 8, 13, 18]
+    with pytest.raises(ValueError, match="every: 0 is not allowed"):
+        Detail(every=0)
