@@ -102,6 +102,7 @@ class Probe:
         self.timed = self.samples_timed = 0
         self.dropped_comm: dict = {}  # collectives of steps whose record was not kept (totals, no events)
         self.meter = CommMeter(ctx.world)
+        self._no_comm = self.meter.take_step()  # a step without collectives: its fields, all zero
         self.heartbeat = Heartbeat(self.rundir.path, ctx.rank, interval_s=heartbeat_s) if heartbeat_s else None
         pids = rank_pids or (lambda: local_rank_pids(self.rundir.path))
         machine = RunCpu(pids, since=time.time()) if ctx.local_rank == 0 else None
@@ -160,7 +161,8 @@ class Probe:
     def aggregates(self) -> dict:
         """The whole run's figures (aggregates.rank<r>.json): analysis.sketch.whole_run_figures reads them."""
         return {"rank": self.ctx.rank, "steps": self.steps, "timed": self.timed, "samples": self.samples_timed,
-                "detailed": len(self.records), "figures": {k: v.to_dict() for k, v in self.figures.items()},
+                "detailed": len(self.records),
+                "figures": {f"{k}(s)": v.to_dict() for k, v in self.figures.items()},
                 "comm_dropped": self.dropped_comm}
 
     # ------------------------------------------------------------ steps
@@ -176,7 +178,8 @@ class Probe:
     def start_step(self) -> None:
         if self._in_step:
             self.end_step()
-        add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
+        if not self.meter.idle():
+            add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
         self._timer().start_step()
         self._in_step, self._samples, self._extra, self._entered = True, None, {}, set()
 
@@ -199,7 +202,7 @@ class Probe:
             self.heartbeat.step = self.steps
         samples = self._samples or 0
         warmup = self.steps <= self.warmup_steps
-        comm = self.meter.take_step()
+        comm = self.meter.take_step() if not self.meter.idle() else dict(self._no_comm)
         if not warmup:
             self._aggregate(times, samples)
         if self.detail.keeps(self.steps):
@@ -207,7 +210,7 @@ class Probe:
                 "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
                 "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
                 "t_end(perf_s)": time.perf_counter(), **comm, **self._extra})
-        else:
+        elif comm["collectives"]:
             comm.pop("comm_events")
             add_totals(self.dropped_comm, comm)
         if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
@@ -246,19 +249,9 @@ class Probe:
                 raise
             self.end_step()
 
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str) -> "_Stage":
         """Time the block as stage `name` (data, h2d, forward, backward, comm, optimizer, or a name of yours)."""
-        if not self._in_step or (self._implicit_first == name and self._stage is None):
-            self.start_step()  # an implicit step: it ends when this stage comes round again
-            self._implicit_first = name
-        outer, self._stage = self._stage, name
-        self._entered.add(name)
-        try:
-            with self.timer.span(name):
-                yield
-        finally:
-            self._stage = outer
+        return _Stage(self, name)
 
     def mark(self, *, samples: int | None = None, **values: float) -> None:
         """The current step's samples (this rank's), and any number to keep in its record (e.g. loss=...)."""
@@ -267,18 +260,22 @@ class Probe:
         self._extra.update({k: float(v) for k, v in values.items()})
 
     def _aggregate(self, times: dict[str, float], samples: int) -> None:
+        """Every timed step into the whole-run figures; a stage never entered so far (h2d in most scripts) has
+        none, one entered later counts 0 s for the steps before (in its mean, not in its sketch)."""
         self.timed += 1
         self.samples_timed += samples
-        figures = self.figures
+        figures, added = self.figures, 0
         for name, seconds in times.items():
-            key = f"{name}(s)"
-            fig = figures.get(key)
+            fig = figures.get(name)
             if fig is None:
-                fig = figures[key] = Running()
-                fig.count = self.timed - 1  # a stage first seen now took 0 s in the timed steps before
+                if not seconds:
+                    continue
+                fig = figures[name] = Running()
+                fig.count = self.timed - 1
             fig.add(seconds)
-        if len(figures) > len(times):  # a stage of the user's that this step did not enter: 0 s
-            for key, fig in figures.items():
+            added += 1
+        if added < len(figures):  # a stage entered before but not in this step: 0 s
+            for fig in figures.values():
                 if fig.count < self.timed:
                     fig.add(0.0)
 
@@ -295,6 +292,31 @@ class Probe:
     def _progress(self) -> None:
         if self.heartbeat:
             self.heartbeat.progress += 1
+
+
+class _Stage:
+    """`Probe.stage`'s context manager (a class: it runs twice per stage of every step, where a generator-based
+    one costs several microseconds more)."""
+
+    __slots__ = ("probe", "name", "outer", "begin")
+
+    def __init__(self, probe: Probe, name: str):
+        self.probe, self.name = probe, name
+
+    def __enter__(self) -> None:
+        probe, name = self.probe, self.name
+        if not probe._in_step or (probe._implicit_first == name and probe._stage is None):
+            probe.start_step()  # an implicit step: it ends when this stage comes round again
+            probe._implicit_first = name
+        self.outer, probe._stage = probe._stage, name
+        probe._entered.add(name)
+        self.begin = probe.timer.begin(name)
+
+    def __exit__(self, *exc) -> bool:
+        probe = self.probe
+        probe.timer.end(self.name, self.begin)
+        probe._stage = self.outer
+        return False
 
 
 # ---------------------------------------------------------------- the process's probe
