@@ -51,3 +51,5 @@ def run_script(
     except RunFailed as err:
         raise run_failed(err)
     print_summary(done.run_id, done.summary)
+    if done.status != "completed":  # it ran, but not as asked (the batch it marked is not the one given)
+        raise run_failed(RunFailed(done.run_id, done.reason))

@@ -164,6 +164,21 @@ def summarise_script(run_dir: Path) -> dict:
     return summary
 
 
+def batch_mismatch(cfg: ScriptConfig, records: list[dict]) -> str | None:
+    """With a global batch given and steps marked, the samples a step marked over all ranks must be that batch
+    (the script took the batch it was given); the reason in one line when not, else None."""
+    if cfg.global_batch is None or not records:
+        return None
+    per_step: dict[int, int] = {}
+    for r in records:
+        per_step[r["step"]] = per_step.get(r["step"], 0) + r["samples"]
+    wrong = sorted({n for n in per_step.values() if n != cfg.global_batch})
+    if not wrong:
+        return None
+    return (f"samples per step: the script marked {wrong[0]} over all ranks, the global batch is {cfg.global_batch}; "
+            "pass {global_batch} or {per_worker_batch} to the script's batch argument")
+
+
 def comm_totals(records: list[dict], results: list[dict], aggregates: list[dict] = ()) -> dict:
     """Every collective of the run, inside steps (kept or not) and out, per rank (mean over ranks): bytes, count,
     time."""
@@ -209,7 +224,9 @@ class ScriptKind:
         return list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks)), cfg.hang_timeout_s
 
     def summarise(self, cfg: ScriptConfig, run_dir: Path) -> Verdict:
-        return Verdict(summarise_script(run_dir))
+        summary = summarise_script(run_dir)
+        reason = batch_mismatch(cfg, RunDir(run_dir).read_steps())
+        return Verdict(summary, "failed" if reason else "completed", reason)
 
     def export(self, cfg: ScriptConfig, run_dir: Path) -> None:
         if RunDir(run_dir).step_files():

@@ -137,3 +137,16 @@ def test_detail_windows_and_their_bad_values():
     assert [s for s in range(1, 20) if d.keeps(s)] == [1, 2, 3, 8, 13, 18]
     with pytest.raises(ValueError, match="every: 0 is not allowed"):
         Detail(every=0)
+
+
+def test_marked_samples_must_be_the_global_batch_given(tmp_path):
+    from scalelab.run.script import ScriptConfig, batch_mismatch
+
+    (tmp_path / "t.py").write_text("")
+    cfg = ScriptConfig(command=("python", "t.py"), ranks=2, global_batch=64, cwd=str(tmp_path))
+    steps = [{"step": s, "rank": r, "samples": 32} for s in (1, 2) for r in (0, 1)]
+    assert batch_mismatch(cfg, steps) is None
+    steps[0]["samples"] = 16
+    assert batch_mismatch(cfg, steps).startswith("samples per step: the script marked 48 over all ranks, the global "
+                                                 "batch is 64")
+    assert batch_mismatch(ScriptConfig(command=("python", "t.py"), cwd=str(tmp_path)), steps) is None
