@@ -198,3 +198,15 @@ def test_a_script_that_raises_is_recorded_failed_with_its_traceback(tmp_path):
     assert run["status"] == "failed"
     assert "injected failure at step 3" in run["reason"] and run["reason"].startswith("rank ")
     assert "ValueError: injected failure at step 3" in RunDir(run["dir"]).error_file.read_text()
+
+
+def test_scale_sweeps_workers_over_the_users_script(tmp_path):
+    script = seed_script(tmp_path, probe=True)
+    done = run_cli(["scale", "--workers", "1,2", "--batches", "32", "--mode", "strong", "--launches", "1", "--store",
+                    str(tmp_path / "store"), "--out", str(tmp_path / "out"), "--", "python", str(script),
+                    "--batch", "{per_worker_batch}", "--steps", "6"], timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = Store(tmp_path / "store").list_runs()  # a noisy row is measured again (experiments.checked)
+    assert set(rows["ranks"]) == {1, 2} and set(rows["kind"]) == {"script"} and set(rows["status"]) == {"completed"}
+    table = (tmp_path / "out" / "scale_strong.csv").read_text().splitlines()
+    assert len(table) == 3 and table[0].startswith("run_id,workers,global_batch")

@@ -20,9 +20,12 @@ from scalelab.sync import registry as syncs
 MODES = ("strong", "weak")
 
 
-def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[int],
+def mode_cells(base, mode: str, workers: list[int], batches: list[int],
                say=lambda line: None, launches: int = 1) -> tuple[list[Cell], list[Cell]]:
-    """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker."""
+    """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker.
+    `base` a TrainConfig, or a user's script (a ScriptConfig: its cells run the script, with no ablation, since
+    scalelab cannot skip the collectives of code it did not write)."""
+    script = not isinstance(base, TrainConfig)
     cells, ablation = [], []
     for b in batches:
         for n in workers:
@@ -31,8 +34,9 @@ def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[i
                 say(f"[scale_{mode}] skip {n} workers x batch {b}: not divisible")
                 continue
             cfg = with_fields(base, ranks=n, global_batch=global_batch)
-            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg, repeats=launches))
-            if n > 1:
+            cells.append(Cell(f"{mode}: {n} workers, batch {global_batch}", cfg, repeats=launches,
+                              kind="script" if script else "train"))
+            if n > 1 and not script:
                 ablation.append(Cell(f"{mode}: {n} workers, batch {global_batch}, no-op collectives",
                                      with_fields(cfg, **syncs.baseline_fields(cfg)), repeats=launches))
     return cells, ablation
@@ -78,12 +82,14 @@ EXPERIMENT = Experiment(
     title="How it scales",
     question="What speedup and efficiency do more workers give, strong and weak, and how much of each step is "
              "communication? (seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1)",
-    help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell.",
+    help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell; "
+         "after -- a script of yours: scale --workers 1,2 -- python train.py --batch {per_worker_batch}.",
     options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=positive_ints),
              Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
                     parse=int_list),
              Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option()),
     run=_run,
+    takes_command=True,
     figures=_figures,
     interpret=interpret.scale_result,
     captions={"scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",

@@ -74,7 +74,8 @@ class ScriptConfig:
         check_local_nodes(self)
         if self.local_nodes:
             raise ConfigError("local_nodes", self.local_nodes, "allowed: 0 for a script run (not supported yet)")
-        self.argv()  # a placeholder that is not a field fails here
+        for arg in self.command[1:]:  # a placeholder that is not a field fails here; one without a value at `argv`
+            fill(arg, dict.fromkeys(PLACEHOLDERS, 0), check_only=True)
         if not self.model:
             name = self.command[2] if self.command[1] == "-m" else Path(self.command[1]).name
             object.__setattr__(self, "model", f"script:{name}")
@@ -108,8 +109,9 @@ class ScriptConfig:
         return cls(**{k: (tuple(v) if k == "command" else v) for k, v in data.items() if k in names})
 
 
-def fill(arg: str, values: dict[str, int]) -> str:
-    """`--batch={global_batch}` -> `--batch=256`; a placeholder without a value is a ConfigError."""
+def fill(arg: str, values: dict[str, int], *, check_only: bool = False) -> str:
+    """`--batch={global_batch}` -> `--batch=256`; a placeholder that is not one, or has no value, is a
+    ConfigError."""
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
     except ValueError:
@@ -120,7 +122,7 @@ def fill(arg: str, values: dict[str, int]) -> str:
                               f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
         if name not in values:
             raise ConfigError("command", "{" + name + "}", "has no value here; allowed: give --global-batch")
-    return arg.format(**values) if names else arg
+    return arg if check_only or not names else arg.format(**values)
 
 
 def script_env(cfg: ScriptConfig) -> dict[str, str]:
@@ -199,6 +201,7 @@ class ScriptKind:
     name = "script"
 
     def prepare(self, cfg: ScriptConfig) -> ScriptConfig:
+        cfg.argv()  # every placeholder has its value (before anything is recorded)
         return cfg
 
     def seed(self, cfg: ScriptConfig) -> int | None:
