@@ -209,4 +209,4 @@ def test_scale_sweeps_workers_over_the_users_script(tmp_path):
     rows = Store(tmp_path / "store").list_runs()  # a noisy row is measured again (experiments.checked)
     assert set(rows["ranks"]) == {1, 2} and set(rows["kind"]) == {"script"} and set(rows["status"]) == {"completed"}
     table = (tmp_path / "out" / "scale_strong.csv").read_text().splitlines()
-    assert len(table) == 3 and table[0].startswith("run_id,workers,global_batch")
+    assert len(table) == 3 and table[0].startswith("run_id,mode,workers,global_batch")
