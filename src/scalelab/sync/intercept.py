@@ -29,7 +29,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
