@@ -7,6 +7,8 @@ STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
 
 STEPS_TIMED = "steps/timed"
 STEPS_TOTAL = "steps/total"
+STEPS_DETAILED = "steps/detailed"  # steps kept in full (records, trace) of a long probed run; the rest: sketches
+STEP_P95_MS = "time/step_p95(ms)"  # a long probed run: from the merged quantile sketch of its steps
 STEPS_PER_EPOCH = "steps/per_epoch"
 
 STEP_MEDIAN_MS = "time/step_median(ms)"
@@ -57,6 +59,11 @@ COMM_BYTES_FORWARD_PER_STEP = "comm/bytes_forward_per_step"
 COMM_BYTES_BACKWARD_PER_STEP = "comm/bytes_backward_per_step"
 COMM_BYTES_OPTIMIZER_PER_STEP = "comm/bytes_optimizer_per_step"
 COMM_LOOPBACK_BYTES_PER_STEP = "comm/loopback_bytes_per_step"
+# a user's script (scalelab run): every collective of the run, inside marked steps and out, per rank
+COMM_BYTES_TOTAL = "comm/bytes_total"
+COMM_COLLECTIVES_TOTAL = "comm/collectives_total"
+COMM_TIME_TOTAL_MS = "comm/time_total(ms)"  # summed per-step unions (collectives outside steps: their union)
+SCRIPT_WALL_S = "script/wall(s)"  # a script's rank from the probe's opening to its closing, the slowest rank
 
 # what the rest of the machine did over the timed window (scalelab.analysis.noise); the busiest host counts
 NOISE_OUTSIDE_CPU_CORES = "noise/outside_cpu(cores)"  # CPU taken by processes outside the run, in cores

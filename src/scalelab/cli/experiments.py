@@ -49,7 +49,11 @@ def command_for(experiment):
         given = {name: kw[name] for name in own if kw.get(name) is not None}
         opts = experiment.option_values({k: yaml.safe_load(v) if looks_like_yaml(v) else v for k, v in given.items()})
         base = None
-        if experiment.base:
+        if kw.get("command"):  # a user's script: its config from the command, not from the train flags
+            from scalelab.run.script import ScriptConfig
+
+            base = ScriptConfig(command=tuple(kw["command"]))
+        elif experiment.base:
             flags = {k: v for k, v in config_values(kw).items() if k not in own}
             base = merge(experiment.defaults, kw["config"], kw["set_"], flags)
         st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
@@ -59,6 +63,10 @@ def command_for(experiment):
     if experiment.base:
         params += config_params(skip=own)
     params += place_params()
+    if experiment.takes_command:
+        params.append(inspect.Parameter("command", KEYWORD, annotation=Optional[list[str]], default=typer.Argument(
+            None, help="After --, a script of yours instead of the built-in loop: python train.py ARGS, with "
+                       "{global_batch}, {per_worker_batch} or {workers} where the script takes them.")))
     command.__signature__ = inspect.Signature(params)
     command.__doc__ = experiment.help
     command.__name__ = experiment.name

@@ -1,6 +1,7 @@
 """The `scalelab` command: parse flags, build a config, call one function. Bad input: one line, exit code 2.
 
     scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1   (train.py)
+    scalelab run --ranks 2 -- python train.py ARGS                                          (script.py)
     scalelab runs list | show RUN | compare RUN RUN...                                       (runs.py)
     scalelab study [--quick] | report DIR                                                    (study.py)
     scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling | threads
@@ -22,7 +23,7 @@ try:  # typer >= 0.24 vendors its own click; its errors are not click's classes
 except ImportError:  # pragma: no cover - older typer uses click itself
     TyperUsageError = click.UsageError
 
-from scalelab.cli import bench, experiments, predict, runs, slurm, study, train
+from scalelab.cli import bench, experiments, predict, runs, script, slurm, study, train
 from scalelab.errors import ScalelabError
 
 USAGE_ERRORS = (click.UsageError, TyperUsageError)
@@ -30,6 +31,7 @@ USAGE_ERRORS = (click.UsageError, TyperUsageError)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
 app.command("train")(train.train)
+app.command("run")(script.run_script)  # a user's own script
 app.add_typer(runs.app, name="runs")
 app.add_typer(experiments.app)  # batch-sweep, profile, amp, checkpointing, loader-sweep, scale, max-batch, ...
 app.add_typer(study.app)  # study, report

@@ -77,6 +77,8 @@ class Experiment:
     captions: dict[str, str] = field(default_factory=dict)  # table or figure stem -> caption
     order: int = 100  # place in the study and the report
     interleave: bool = False  # run the cells' repeats in rounds (A B C, A B C: cells compared with each other)
+    # also over a user's script: `scalelab CMD ... -- python train.py ARGS` (base is then a run.script.ScriptConfig)
+    takes_command: bool = False
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.cells is None or self.analyse is None):

@@ -162,6 +162,18 @@ def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], No
     return Outcome(out.run_id, out.reason)
 
 
+@executor("script")
+def _execute_script(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
+    from scalelab.run.execute import RunFailed, execute_run
+    from scalelab.run.script import SCRIPT
+
+    try:
+        done = execute_run(SCRIPT, cell.config, store, study=study, say=say)
+    except RunFailed as err:
+        return Outcome(err.run_id, err.reason)
+    return Outcome(done.run_id, done.reason)
+
+
 class Cells:
     """The cells of one study on one store, run, reused or replayed by one rule."""
 
@@ -370,6 +382,15 @@ _KINDS_CONFIG: dict[str, Callable[[dict], str]] = {}
 def stored_kind(kind: str, key_of: Callable[[dict], str]) -> None:
     """Say how to identify a stored run of `kind` (kinds other than train and bench)."""
     _KINDS_CONFIG[kind] = key_of
+
+
+def _script_key(config: dict) -> str:
+    from scalelab.run.script import ScriptConfig
+
+    return cell_key(ScriptConfig.from_dict(config), "script")
+
+
+stored_kind("script", _script_key)
 
 
 def with_fields(cfg, **changes):

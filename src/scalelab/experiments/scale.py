@@ -15,6 +15,7 @@ from scalelab.analysis import interpret
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
     positive_ints
 from scalelab.experiments.cells import Cell, with_fields
@@ -25,10 +26,13 @@ from scalelab.sync import registry as syncs
 MODES = ("strong", "weak")
 
 
-def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[int],
+def mode_cells(base, mode: str, workers: list[int], batches: list[int],
                say=lambda line: None, launches: int = 1, nodes: list[int] | None = None) -> tuple[list[Cell], list[Cell]]:
     """(cells, their no-sync ablations): strong mode keeps `batches` as global batches, weak as per-worker.
-    With `nodes` the cells are node counts (local_nodes), `base.ranks` on each, instead of `workers` ranks."""
+    With `nodes` the cells are node counts (local_nodes), `base.ranks` on each, instead of `workers` ranks.
+    `base` a TrainConfig, or a user's script (a ScriptConfig: its cells run the script, with no ablation, since
+    scalelab cannot skip the collectives of code it did not write)."""
+    script = not isinstance(base, TrainConfig)
     cells, ablation = [], []
     for b in batches:
         for k in nodes or workers:
@@ -40,15 +44,21 @@ def mode_cells(base: TrainConfig, mode: str, workers: list[int], batches: list[i
             place = (dict(local_nodes=k, nnodes=k), f"{k} node{'s' * (k > 1)} x {base.ranks} rank{'s' * (base.ranks > 1)}") \
                 if nodes else (dict(ranks=n), f"{n} workers")
             cfg = with_fields(base, **place[0], global_batch=global_batch)
-            cells.append(Cell(f"{mode}: {place[1]}, batch {global_batch}", cfg, repeats=launches))
-            if n > 1:
+            cells.append(Cell(f"{mode}: {place[1]}, batch {global_batch}", cfg, repeats=launches,
+                              kind="script" if script else "train"))
+            if n > 1 and not script:
                 ablation.append(Cell(f"{mode}: {place[1]}, batch {global_batch}, no-op collectives",
                                      with_fields(cfg, **syncs.baseline_fields(cfg)), repeats=launches))
     return cells, ablation
 
 
-def node_counts(base: TrainConfig, nodes: list[int] | None) -> list[int] | None:
-    """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none."""
+def node_counts(base, nodes: list[int] | None) -> list[int] | None:
+    """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none.
+    A user's script runs on one node here (`scalelab run` has no --local-nodes yet)."""
+    if not isinstance(base, TrainConfig):
+        if nodes:
+            raise ConfigError("nodes", nodes, "allowed only for scalelab's own training (not with a script after --)")
+        return None
     if nodes:
         return nodes
     return list(range(1, base.local_nodes + 1)) if base.local_nodes >= 2 else None
@@ -107,7 +117,8 @@ EXPERIMENT = Experiment(
     title="How it scales",
     question="What speedup and efficiency do more workers give, strong and weak, and how much of each step is "
              "communication? (seed 000 Q2-Q3, seed 002 Q3, seed 003 table 1)",
-    help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell.",
+    help="Speedup and efficiency over worker counts (strong and weak), compute vs communication per cell; "
+         "after -- a script of yours: scale --workers 1,2 -- python train.py --batch {per_worker_batch}.",
     options=(Option(name="workers", default=[1, 2], help="Worker counts (ranks).", parse=positive_ints),
              Option(name="batches", default=[64, 256], help="Global batches (strong) / per-worker batches (weak).",
                     parse=int_list),
@@ -117,6 +128,7 @@ EXPERIMENT = Experiment(
                          "its link_gbps on every link) instead of worker counts; unset: 1 .. local_nodes when the "
                          "base has local_nodes >= 2.")),
     run=_run,
+    takes_command=True,
     figures=_figures,
     interpret=interpret.scale_result,
     captions={"scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",

@@ -76,7 +76,8 @@ def read_load(root: Path = PROC) -> float | None:
 
 
 def local_rank_pids(run_dir: Path) -> set[int]:
-    """This process and its siblings that are ranks of the same run (`scalelab.run.worker --run-dir RUN_DIR`)."""
+    """This process and its siblings that are ranks of the same run (`scalelab.run.worker` or
+    `scalelab.run.script_rank` with `--run-dir RUN_DIR`)."""
     me = psutil.Process()
     pids = {me.pid}
     parent = me.parent()
@@ -88,7 +89,7 @@ def local_rank_pids(run_dir: Path) -> set[int]:
             cmd = sibling.cmdline()
         except psutil.Error:
             continue
-        if any("scalelab.run.worker" in c for c in cmd) and any(marker in c for c in cmd):
+        if any(c.startswith("scalelab.run.") for c in cmd) and any(marker in c for c in cmd):  # worker, script_rank
             pids.add(sibling.pid)
     return pids
 

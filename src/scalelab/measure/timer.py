@@ -90,18 +90,26 @@ class StepTimer:
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
+        begin = self.begin(name)
+        try:
+            yield
+        finally:
+            self.end(name, begin)
+
+    def begin(self, name: str) -> Any:
+        """The start of span `name` (what `span` does on entry, for callers that keep their own context manager);
+        returns the mark to hand to `end`."""
         if self._t0 is None:
             raise RuntimeError("span() outside a step: call start_step() first")
         if self._on_enter:
             self._on_enter(name)
-        begin = self._mark()
-        try:
-            yield
-        finally:
-            end = self._mark()
-            self._spans.append((name, begin, end))
-            if name == "comm":
-                self._comm_end = end
+        return self._mark()
+
+    def end(self, name: str, begin: Any) -> None:
+        end = self._mark()
+        self._spans.append((name, begin, end))
+        if name == "comm":
+            self._comm_end = end
 
     def ready(self) -> None:
         """A gradient has just been produced (the latest call of a step wins). Not synchronising: called from
@@ -112,6 +120,10 @@ class StepTimer:
     def add(self, name: str, seconds: float) -> None:
         """Charge time measured elsewhere (e.g. inside a communication hook) to a stage."""
         self._added[name] = self._added.get(name, 0.0) + seconds
+
+    def cancel_step(self) -> None:
+        """Drop the step in progress: nothing of it is returned (a loop left right after asking for a batch)."""
+        self._t0 = None
 
     def end_step(self) -> dict[str, float]:
         if self._t0 is None:

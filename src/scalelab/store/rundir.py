@@ -5,6 +5,7 @@
     steps.rank<r>.jsonl               per-step records of rank r (train/loop.py)
     system.rank<r>.jsonl              system samples of rank r (measure/system.py)
     result.rank<r>.json               rank r's result: evaluations, memory, steps per epoch (run/worker.py)
+    aggregates.rank<r>.json           a probed run's whole-run sums and quantile sketches per stage (run/probe.py)
     heartbeat.rank<r>.json            where rank r is, about once a second (train/heartbeat.py)
     failure.node<k>.json              why node k of a --local-nodes run failed (run/nodeagent.py)
     error.txt                         the traceback of a failed run
@@ -110,6 +111,9 @@ class RunDir:
     def result_file(self, rank: int) -> Path:
         return self.path / f"result.rank{rank}.json"
 
+    def aggregates_file(self, rank: int) -> Path:
+        return self.path / f"aggregates.rank{rank}.json"
+
     def heartbeat_file(self, rank: int) -> Path:
         return self.path / f"heartbeat.rank{rank}.json"
 
@@ -118,7 +122,7 @@ class RunDir:
 
     def rank_files(self, rank: int) -> list[Path]:
         """What rank r leaves for the run's summary, trace and report: its steps, system samples and result."""
-        return [self.steps_file(rank), self.system_file(rank), self.result_file(rank)]
+        return [self.steps_file(rank), self.system_file(rank), self.result_file(rank), self.aggregates_file(rank)]
 
     def step_files(self) -> list[Path]:
         return sorted(self.path.glob("steps.rank*.jsonl"))
@@ -194,6 +198,13 @@ class RunDir:
 
     def write_result(self, rank: int, result: dict) -> None:
         write_json_atomic(self.result_file(rank), result)
+
+    def read_aggregates(self) -> list[dict]:
+        """Every rank's whole-run aggregates (a probed run), in file order."""
+        return [read_json(p) for p in sorted(self.path.glob("aggregates.rank*.json"))]
+
+    def write_aggregates(self, rank: int, aggregates: dict) -> None:
+        write_json_atomic(self.aggregates_file(rank), aggregates)
 
     def read_heartbeat(self, rank: int) -> dict:
         return read_json(self.heartbeat_file(rank))

@@ -120,7 +120,7 @@ class DDPSync:
         self.net = DDP(model, device_ids=ids, bucket_cap_mb=bucket_mb)
         if collectives:
             self._register_hook(hook, powersgd_rank)
-            self._meter_buffer_broadcast()
+            meter_buffer_broadcast(self.net, meter)
         else:
             self._without_collectives(hook)
 
@@ -174,21 +174,21 @@ class DDPSync:
         if hasattr(self.net, "_distributed_broadcast_coalesced"):
             self.net._distributed_broadcast_coalesced = lambda tensors, buffer_size, authoritative_rank=0: None
 
-    def _meter_buffer_broadcast(self) -> None:
-        original = getattr(self.net, "_distributed_broadcast_coalesced", None)
-        if original is None:  # a torch without this method: buffer bytes go unmeasured rather than fail
-            warnings.warn("DDP has no _distributed_broadcast_coalesced; buffer broadcasts are not metered")
-            return
-        meter = self.meter
 
-        def metered(tensors, buffer_size, authoritative_rank=0):
-            tensors = list(tensors)
-            nbytes = sum(tensor_bytes(t) for t in tensors)
-            with meter.collective("broadcast", nbytes, phase="forward",
-                                  count=broadcast_chunks(tensors, buffer_size)):
-                original(tensors, buffer_size, authoritative_rank)
+def meter_buffer_broadcast(net: DDP, meter: CommMeter) -> None:
+    """Meter the broadcast of module buffers DDP `net` makes before a forward, in phase "forward"."""
+    original = getattr(net, "_distributed_broadcast_coalesced", None)
+    if original is None:  # a torch without this method: buffer bytes go unmeasured rather than fail
+        warnings.warn("DDP has no _distributed_broadcast_coalesced; buffer broadcasts are not metered")
+        return
 
-        self.net._distributed_broadcast_coalesced = metered
+    def metered(tensors, buffer_size, authoritative_rank=0):
+        tensors = list(tensors)
+        nbytes = sum(tensor_bytes(t) for t in tensors)
+        with meter.collective("broadcast", nbytes, phase="forward", count=broadcast_chunks(tensors, buffer_size)):
+            original(tensors, buffer_size, authoritative_rank)
+
+    net._distributed_broadcast_coalesced = metered
 
 
 def cost(q: CostQuery) -> SyncCost:

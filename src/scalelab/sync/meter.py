@@ -164,6 +164,11 @@ class CommMeter:
         fut.add_done_callback(done)
         return out
 
+    def idle(self) -> bool:
+        """Whether no collective has been recorded since the last `take_step`."""
+        with self._lock:
+            return not self._records and not self._pending
+
     def take_step(self) -> dict:
         """This step's totals (the per-step record fields) since the previous call; clears the records."""
         with self._lock:

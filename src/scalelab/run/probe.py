@@ -1,0 +1,333 @@
+"""The probe: scalelab's measurement inside a training loop it did not write (the public face is scalelab.probe).
+
+One `Probe` per rank process. While it is open it
+- times steps and stages with the StepTimer of scalelab.measure.timer: a step is opened by `data(loader)` (at the
+  request for a batch: the "data" stage is the wait for it) or by `step()`, and a stage by `stage(name)`; stages
+  outside any step open an implicit one, which ends when the first stage of that step comes round again;
+- meters collectives through scalelab.sync.intercept (torch.distributed calls and DDP models) into a CommMeter;
+  collectives inside a step go into that step's record, the others (before the first step, between steps, a
+  script without any step) into the rank's result, as totals of the same fields;
+- runs the system sampler and the heartbeat the hang watchdog reads (a stage or a collective is progress);
+- writes what `scalelab train`'s ranks write: steps.rank<r>.jsonl (the same fields) and, when closed without an
+  error, result.rank<r>.json; so the run's summary, trace and report are built by the same code.
+
+On CUDA (the script has initialised CUDA by its first step) stages are bounded by CUDA events, one wait per step,
+as in scalelab's own loop. Nothing here reads the environment: the caller passes the rank's DistContext.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from scalelab.analysis.sketch import Running
+from scalelab.distenv import DistContext
+from scalelab.measure.machine import RunCpu, local_rank_pids
+from scalelab.measure.memory import peak_memory
+from scalelab.measure.system import SystemSampler
+from scalelab.measure.timer import CudaMarks, StepTimer
+from scalelab.store.files import write_jsonl_atomic
+from scalelab.store.rundir import RunDir
+from scalelab.sync import intercept
+from scalelab.sync.meter import PHASES, CommMeter
+from scalelab.train.heartbeat import Heartbeat
+
+FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
+
+
+@dataclass(frozen=True)
+class Detail:
+    """Which steps keep their full record (steps file, trace), in the spirit of torch.profiler.schedule: the
+    first `first`, then a window of `length` steps every `every` steps, at most `windows` windows (0: no limit).
+    Every timed step, kept or not, feeds the whole-run aggregates (sums and quantile sketches per stage), so a run
+    of any length leaves at most first + length x windows records per rank (4,200 by default)."""
+
+    first: int = 200
+    every: int = 1000
+    length: int = 20
+    windows: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("first", "every", "length", "windows"):
+            if getattr(self, name) < 0 or name == "every" and self.every < 1:
+                raise ValueError(f"{name}: {getattr(self, name)} is not allowed; an integer >= "
+                                 f"{1 if name == 'every' else 0}")
+
+    def keeps(self, step: int) -> bool:
+        """Whether step `step` (1-based) keeps its full record."""
+        if step <= self.first:
+            return True
+        window, position = divmod(step - self.first - 1, self.every)
+        return position < self.length and (not self.windows or window < self.windows)
+
+
+def first_tensor(value) -> torch.Tensor | None:
+    """The first tensor of a batch (a tensor, or a tuple / list / dict holding one); None without one."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def add_totals(acc: dict, totals: dict) -> dict:
+    """CommMeter.take_step totals accumulated over several takes: numbers summed, events concatenated."""
+    for key, value in totals.items():
+        if isinstance(value, list):
+            acc.setdefault(key, []).extend(value)
+        else:
+            acc[key] = acc.get(key, 0) + value
+    return acc
+
+
+class Probe:
+    """One rank's measurement of a user's loop; see the module docstring. `start()` before use, `close()` after."""
+
+    def __init__(self, run_dir: Path | str, ctx: DistContext, *, warmup_steps: int = 2,
+                 sample_interval_s: float = 0.5, heartbeat_s: float | None = 1.0,
+                 rank_pids: Callable[[], Iterable[int]] | None = None, detail: Detail = Detail(),
+                 clock: Callable[[], float] = time.perf_counter):
+        self.rundir, self.ctx = RunDir(run_dir), ctx
+        self.warmup_steps, self.detail = warmup_steps, detail
+        self.figures: dict[str, Running] = {}  # every timed step's stage seconds, kept or not
+        self.timed = self.samples_timed = 0
+        self.dropped_comm: dict = {}  # collectives of steps whose record was not kept (totals, no events)
+        self.meter = CommMeter(ctx.world)
+        self._no_comm = self.meter.take_step()  # a step without collectives: its fields, all zero
+        self.heartbeat = Heartbeat(self.rundir.path, ctx.rank, interval_s=heartbeat_s) if heartbeat_s else None
+        pids = rank_pids or (lambda: local_rank_pids(self.rundir.path))
+        machine = RunCpu(pids, since=time.time()) if ctx.local_rank == 0 else None
+        self.sampler = SystemSampler(self.rundir.system_file(ctx.rank), sample_interval_s, rank=ctx.rank,
+                                     gpu_index=ctx.device.index if ctx.device.type == "cuda" else None,
+                                     machine=machine)
+        self._clock = clock
+        self.timer: StepTimer | None = None  # made at the first step: by then the script has chosen its device
+        self.steps = 0
+        self.records: list[dict] = []
+        self.outside: dict = {}  # collectives outside every step
+        self.instrumented = False  # the script itself opened the probe (scalelab.probe.open)
+        self._in_step = False
+        self._implicit_first: str | None = None  # first stage of an implicit step
+        self._stage: str | None = None
+        self._samples: int | None = None
+        self._entered: set[str] = set()  # stages entered in the step in progress
+        self._extra: dict = {}
+        self._opened = self._last_flush = time.monotonic()
+        self._closed = False
+
+    # ------------------------------------------------------------ life cycle
+    def start(self) -> "Probe":
+        self.sampler.start()
+        if self.heartbeat:
+            self.heartbeat.start()
+        intercept.install(self.meter, phase=self._phase, progress=self._progress)
+        return self
+
+    def close(self, *, failed: bool = False) -> None:
+        """End an open step, write the step records and (unless `failed`) the rank's result; stop metering and
+        sampling. Closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.leave_step()
+            add_totals(self.outside, self.meter.take_step())
+            self.flush()
+            if not failed:
+                self.rundir.write_result(self.ctx.rank, self.result())
+        finally:
+            intercept.uninstall()
+            self.sampler.stop()
+            if self.heartbeat:
+                self.heartbeat.stop(done=not failed)
+
+    def result(self) -> dict:
+        """This rank's result file: what `scalelab train`'s ranks write, plus the script's wall time and the
+        collectives outside steps. One epoch is the whole run (the probe does not know the user's epochs)."""
+        return {"rank": self.ctx.rank, "steps": self.steps, "steps_per_epoch": max(1, self.steps), "epochs": 1,
+                "evals": [], "memory": peak_memory(self.ctx.device), "threads": torch.get_num_threads(),
+                "wall(s)": time.monotonic() - self._opened, "comm_outside": self.outside,
+                "detailed": len(self.records)}
+
+    def aggregates(self) -> dict:
+        """The whole run's figures (aggregates.rank<r>.json): analysis.sketch.whole_run_figures reads them."""
+        return {"rank": self.ctx.rank, "steps": self.steps, "timed": self.timed, "samples": self.samples_timed,
+                "detailed": len(self.records),
+                "figures": {f"{k}(s)": v.to_dict() for k, v in self.figures.items()},
+                "comm_dropped": self.dropped_comm}
+
+    # ------------------------------------------------------------ steps
+    def _timer(self) -> StepTimer:
+        if self.timer is None:
+            on_enter = self.heartbeat.enter if self.heartbeat else None
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                self.timer = StepTimer(on_enter=on_enter, marks=CudaMarks(torch.cuda.current_device()))
+            else:
+                self.timer = StepTimer(self._clock, on_enter=on_enter)
+        return self.timer
+
+    def start_step(self) -> None:
+        if self._in_step:
+            self.end_step()
+        if not self.meter.idle():
+            add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
+        self._timer().start_step()
+        self._in_step, self._samples, self._extra, self._entered = True, None, {}, set()
+
+    def leave_step(self) -> None:
+        """End the step in progress when the loop is left: one that only waited for a batch (the loop broke out
+        right after asking for it) is no step and is dropped."""
+        if self._in_step and self._entered <= {"data"}:
+            self._in_step, self._implicit_first = False, None
+            self.timer.cancel_step()
+        else:
+            self.end_step()
+
+    def end_step(self) -> None:
+        if not self._in_step:
+            return
+        self._in_step, self._implicit_first = False, None
+        times = self.timer.end_step()
+        self.steps += 1
+        if self.heartbeat:
+            self.heartbeat.step = self.steps
+        samples = self._samples or 0
+        warmup = self.steps <= self.warmup_steps
+        comm = self.meter.take_step() if not self.meter.idle() else dict(self._no_comm)
+        if not warmup:
+            self._aggregate(times, samples)
+        if self.detail.keeps(self.steps):
+            self.records.append({
+                "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
+                "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
+                "t_end(perf_s)": time.perf_counter(), **comm, **self._extra})
+        elif comm["collectives"]:
+            comm.pop("comm_events")
+            add_totals(self.dropped_comm, comm)
+        if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
+            self.flush()
+
+    @contextmanager
+    def step(self, samples: int | None = None) -> Iterator["Probe"]:
+        """One training step (from the request for its batch to the end of the optimizer update)."""
+        self.start_step()
+        if samples is not None:
+            self._samples = int(samples)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    def data(self, batches: Iterable) -> Iterator:
+        """Iterate over `batches` (a DataLoader), one step per batch: the wait for a batch is the "data" stage and
+        its samples are its first tensor's length (`mark(samples=...)` overrides). The step ends when the next
+        batch is asked for, or when the loop ends or is left."""
+        it = iter(batches)
+        while True:
+            self.start_step()
+            try:
+                with self.stage("data"):
+                    batch = next(it)
+            except StopIteration:
+                self.leave_step()  # no batch: no step
+                return
+            found = first_tensor(batch)
+            self._samples = int(found.shape[0]) if found is not None and found.dim() else None
+            try:
+                yield batch
+            except GeneratorExit:  # the loop was left (break, an exception) while this step was open
+                self.leave_step()
+                raise
+            self.end_step()
+
+    def stage(self, name: str) -> "_Stage":
+        """Time the block as stage `name` (data, h2d, forward, backward, comm, optimizer, or a name of yours)."""
+        return _Stage(self, name)
+
+    def mark(self, *, samples: int | None = None, **values: float) -> None:
+        """The current step's samples (this rank's), and any number to keep in its record (e.g. loss=...)."""
+        if samples is not None:
+            self._samples = int(samples)
+        self._extra.update({k: float(v) for k, v in values.items()})
+
+    def _aggregate(self, times: dict[str, float], samples: int) -> None:
+        """Every timed step into the whole-run figures; a stage never entered so far (h2d in most scripts) has
+        none, one entered later counts 0 s for the steps before (in its mean, not in its sketch)."""
+        self.timed += 1
+        self.samples_timed += samples
+        figures, added = self.figures, 0
+        for name, seconds in times.items():
+            fig = figures.get(name)
+            if fig is None:
+                if not seconds:
+                    continue
+                fig = figures[name] = Running()
+                fig.count = self.timed - 1
+            fig.add(seconds)
+            added += 1
+        if added < len(figures):  # a stage entered before but not in this step: 0 s
+            for fig in figures.values():
+                if fig.count < self.timed:
+                    fig.add(0.0)
+
+    def flush(self) -> None:
+        write_jsonl_atomic(self.rundir.steps_file(self.ctx.rank), self.records)
+        self.rundir.write_aggregates(self.ctx.rank, self.aggregates())
+        self._last_flush = time.monotonic()
+
+    # ------------------------------------------------------------ for the intercept
+    def _phase(self) -> str:
+        """The phase a collective serves: the stage it runs in when that is a phase, else gradient sync."""
+        return self._stage if self._stage in PHASES else "backward"
+
+    def _progress(self) -> None:
+        if self.heartbeat:
+            self.heartbeat.progress += 1
+
+
+class _Stage:
+    """`Probe.stage`'s context manager (a class: it runs twice per stage of every step, where a generator-based
+    one costs several microseconds more)."""
+
+    __slots__ = ("probe", "name", "outer", "begin")
+
+    def __init__(self, probe: Probe, name: str):
+        self.probe, self.name = probe, name
+
+    def __enter__(self) -> None:
+        probe, name = self.probe, self.name
+        if not probe._in_step or (probe._implicit_first == name and probe._stage is None):
+            probe.start_step()  # an implicit step: it ends when this stage comes round again
+            probe._implicit_first = name
+        self.outer, probe._stage = probe._stage, name
+        probe._entered.add(name)
+        self.begin = probe.timer.begin(name)
+
+    def __exit__(self, *exc) -> bool:
+        probe = self.probe
+        probe.timer.end(self.name, self.begin)
+        probe._stage = self.outer
+        return False
+
+
+# ---------------------------------------------------------------- the process's probe
+_current: Probe | None = None
+
+
+def current() -> Probe | None:
+    """The probe open in this process (one per rank), or None."""
+    return _current
+
+
+def set_current(probe: Probe | None) -> None:
+    global _current
+    _current = probe
