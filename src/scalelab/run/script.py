@@ -210,6 +210,9 @@ class ScriptKind:
     def joins(self, cfg: ScriptConfig) -> bool:
         return cfg.node_rank > 0 and bool(cfg.run_id)
 
+    def owns_shared(self, cfg: ScriptConfig) -> bool:
+        return False
+
     def describe(self, run_id: str, cfg: ScriptConfig) -> str:
         return f"run {run_id}: {shlex.join([cfg.command[0], *cfg.argv()])}, {cfg.workers} rank(s)"
 
