@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
+from scalelab.engines import registry as engines
 from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
@@ -44,10 +45,9 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
                             machine=machine).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
+    engine = engines.get(cfg.engine)
     try:
-        if cfg.distributed and not dist.is_initialized():
-            dist.init_process_group(cfg.resolved_backend, rank=ctx.rank, world_size=ctx.world,
-                                    device_id=ctx.device if ctx.device.type == "cuda" else None)
+        engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
         bundle, model = build_inputs(cfg)
         if cfg.memory_limit and ctx.device.type == "cpu":
             warm_up(model, bundle.train, ctx.device, cfg)
@@ -71,8 +71,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
             sampler.stop()
         if heartbeat:
             heartbeat.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        engine.disconnect()
 
 
 def gather_on_rank0(rundir: RunDir, ctx: DistContext) -> None:
