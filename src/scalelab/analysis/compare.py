@@ -239,5 +239,26 @@ def backends_table(entries: list[tuple[dict, dict | None]]) -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+ENGINE_COLUMNS = ["engine", *(c for c in BACKEND_COLUMNS if c != "backend")]
+
+
+def engines_table(entries: list[tuple[dict, dict | None]], *, order: Sequence[str]) -> pd.DataFrame:
+    """One row per training engine in `order`: (a run, its baseline run or None: exposed communication not
+    measured), or an engine that cannot run here (a dict without "config", with its reason) paired with None."""
+    rows = []
+    for entry, baseline in entries:
+        if "config" not in entry:
+            rows.append({"engine": entry["engine"], "status": entry["status"], "reason": entry["reason"]})
+            continue
+        c = entry["config"]
+        row = {"engine": c.get("engine", "ddp"), "status": entry.get("status", "completed"),
+               "reason": entry.get("reason"), "sync": c.get("sync"), "run_id": entry["run_id"], **run_metrics(entry)}
+        rows.append(with_baseline(row, entry, completed(baseline)))
+    frame = pd.DataFrame(rows, columns=ENGINE_COLUMNS)
+    rank = {e: i for i, e in enumerate(order)}
+    frame = frame.sort_values("engine", key=lambda s: s.map(rank), kind="stable")
+    return frame.reset_index(drop=True)
+
+
 def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
