@@ -214,6 +214,11 @@ class RunDir:
     def write_node_failure(self, node: int, failure: dict) -> None:
         write_json_atomic(self.node_failure_file(node), failure)
 
+    def read_horovod_timeline(self) -> str | None:
+        """The text of Horovod's timeline (None without one); analysis.timeline parses it."""
+        path = self.horovod_timeline
+        return path.read_text(errors="replace") if path.is_file() else None
+
     def write_error(self, text: str) -> None:
         self.error_file.write_text(text)
 
