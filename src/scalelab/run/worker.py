@@ -38,14 +38,15 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     rundir = RunDir(run_dir)
+    engine = engines.get(cfg.engine)
     # the first rank of each host also samples the whole machine, for noise detection (measure.machine)
-    machine = RunCpu(lambda: local_rank_pids(run_dir), since=time.time()) if ctx.local_rank == 0 else None
+    machine = (RunCpu(lambda: local_rank_pids(run_dir, siblings_only=engine.launcher == "torchrun"),
+                      since=time.time()) if ctx.local_rank == 0 else None)
     sampler = SystemSampler(rundir.system_file(ctx.rank), cfg.sample_interval_s, rank=ctx.rank,
                             gpu_index=ctx.device.index if ctx.device.type == "cuda" else None,
                             machine=machine).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
-    engine = engines.get(cfg.engine)
     try:
         engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
         bundle, model = build_inputs(cfg)
