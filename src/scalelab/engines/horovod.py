@@ -29,6 +29,7 @@ totals, the auto-length agreement); its store is hosted by the launcher on 127.0
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.util
 import os
 from contextlib import nullcontext
@@ -49,12 +50,24 @@ SETUP_HINT = "run `scalelab setup horovod`"
 
 
 def unavailable() -> str | None:
-    """Why Horovod cannot run here, or None. Cheap: finds the module without loading Horovod's library."""
+    """Why Horovod cannot run here, or None: not installed, or installed but not loadable with gloo (a build for
+    another torch). The load is tried once per process, in a fresh interpreter (a broken build may crash it)."""
     try:
         found = importlib.util.find_spec("horovod.torch") is not None
     except (ImportError, ValueError):
         found = False
-    return None if found else f"horovod is not installed ({SETUP_HINT})"
+    if not found:
+        return f"horovod is not installed ({SETUP_HINT})"
+    if _loadable() is None:
+        return f"horovod is installed but `import horovod.torch` with gloo fails ({SETUP_HINT} --rebuild)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _loadable() -> str | None:
+    from scalelab.install.horovod import installed_version
+
+    return installed_version()
 
 
 def check(cfg) -> None:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 from scalelab.analysis import keys
 from scalelab.analysis.summary import loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig, default_threads
+from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
-from scalelab.engines import registry as engines
 from scalelab.run.horovodrun import horovodrun_launch
 from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec, torchrun_args, torchrun_launch, train_launch_spec
 
@@ -117,6 +117,9 @@ class TrainKind:
     name = "train"
 
     def prepare(self, cfg: TrainConfig) -> TrainConfig:
+        missing = engines.get(cfg.engine).unavailable()
+        if missing:  # refused before anything is recorded
+            raise ConfigError("engine", cfg.engine, missing)
         check_inputs(cfg)
         # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
         return cfg.resolved()

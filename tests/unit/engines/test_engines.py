@@ -125,3 +125,32 @@ def test_wire_bytes_halve_with_fp16():
     assert horovod.wire_bytes(g, fp16=False) == 120
     assert horovod.wire_bytes(g, fp16=True) == 60
     assert horovod.wire_bytes(torch.zeros(4, dtype=torch.int64), fp16=True) == 32
+
+
+def test_a_run_of_a_missing_engine_is_refused_before_it_is_recorded(monkeypatch, store):
+    from scalelab.run.execute import execute
+
+    monkeypatch.setattr(horovod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"engine: 'horovod' is not allowed; horovod is not installed \(run "):
+        execute(TrainConfig(engine="horovod", ranks=2, model="mlp", steps=2), store, say=lambda s: None)
+    assert len(store.list_runs()) == 0
+
+
+def test_a_broken_install_is_one_line_too(monkeypatch):
+    monkeypatch.setattr(horovod.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(horovod, "_loadable", lambda: None)
+    assert horovod.unavailable() == ("horovod is installed but `import horovod.torch` with gloo fails "
+                                     "(run `scalelab setup horovod` --rebuild)")
+
+
+def test_the_cli_refuses_a_missing_engine_in_one_line(monkeypatch, capsys, tmp_path):
+    from scalelab.cli.main import main
+
+    monkeypatch.setattr(horovod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--engine", "horovod", "--ranks", "2", "--model", "mlp", "--steps", "2",
+              "--store", str(tmp_path / "st")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: engine: 'horovod' is not allowed; horovod is not installed (run `scalelab setup "
+                   "horovod`)"), err
