@@ -138,3 +138,12 @@ def test_a_killed_rank_fails_the_run_named_and_leaves_nothing(tmp_path, sleepy_m
     assert reason == "rank 1 killed by signal SIGKILL", reason
     assert "rank 1" in err and "SIGKILL" in err, err[-800:]
     assert read_jsonl(run_dir / "steps.rank0.jsonl")
+
+
+def test_accumulation_syncs_once_per_step_and_keeps_the_weights(tmp_path, mlp, ddp):
+    """--accumulate 2: Horovod counts two backward passes before it allreduces (backward_passes_per_step); the
+    batch mean is the same, so the weights are DDP's (without accumulation) to rounding."""
+    run = train(tmp_path, mlp, "--engine", "horovod", "--accumulate", "2")
+    assert [r["comm_bytes_backward"] for r in run["steps"][0]] == [PARAM_BYTES] * STEPS
+    for name, w in ddp["weights"].items():
+        torch.testing.assert_close(run["weights"][name], w, rtol=1e-4, atol=1e-5, msg=name)
