@@ -1,4 +1,5 @@
-"""Gradient-sync strategies and backends side by side (pure): one row per sync variant or backend.
+"""Gradient-sync strategies, backends and training engines side by side (pure): one row per sync variant, backend
+or engine.
 
 Definitions (DESIGN.md, "Measurement definitions"):
 - step = the run's median timed step (min and max beside it); compute = the median step of its baseline: the same
