@@ -104,9 +104,9 @@ class TrainConfig:
     net_bandwidth_gbps: float | None = doc(None, "Emulated bandwidth cap (Gbit/s) for every collective.")
     noop_collectives: bool = doc(False, "Keep the sync strategy's work but skip its collectives: the baseline for "
                                         "exposed communication.", flag=("--noop-collectives/--real-collectives",))
-    engine: str = doc("ddp", "Training engine (scalelab.engines.registry): ddp (torchrun, the sync strategy) or "
-                             "horovod (horovodrun with gloo on loopback, hvd.DistributedOptimizer; needs "
-                             "`scalelab setup horovod`). horovod makes the run distributed, even with one rank.")
+    engine: str = doc("ddp", "Training engine of scalelab.engines.registry: what starts, connects and syncs the "
+                             "ranks (ddp: torchrun and the sync strategy; horovod needs `scalelab setup horovod`); "
+                             "any engine but ddp makes the run distributed, even with one rank.")
     hvd_fusion_threshold: int | None = doc(None, "Horovod engine: fusion buffer size, e.g. 64MiB (0 = no fusion; "
                                                  "unset: Horovod's 128 MiB).", parse=parse_bytes)
     hvd_cycle_time_ms: float | None = doc(None, "Horovod engine: ms between fusion cycles (unset: Horovod's 1 ms).")
