@@ -147,3 +147,53 @@ def test_accumulation_syncs_once_per_step_and_keeps_the_weights(tmp_path, mlp, d
     assert [r["comm_bytes_backward"] for r in run["steps"][0]] == [PARAM_BYTES] * STEPS
     for name, w in ddp["weights"].items():
         torch.testing.assert_close(run["weights"][name], w, rtol=1e-4, atol=1e-5, msg=name)
+
+
+FAILS_ONCE = """
+import os
+import torch
+from torch import nn
+
+MARK = {mark!r}
+
+class FailsOnce(nn.Module):
+    '''Raises in its 5th training forward on every rank, until the file MARK exists.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 5 and not os.path.exists(MARK):
+                raise ValueError("injected failure")
+        return self.fc(x.flatten(1))
+
+def make(spec):
+    return FailsOnce(spec)
+"""
+
+
+def test_a_failed_run_names_the_error_and_resumes_from_its_checkpoint(tmp_path):
+    """A rank's exception is the run's one-line reason; `train --resume` continues under horovodrun from the
+    checkpoint (optimizer state broadcast from rank 0) and completes."""
+    mark = tmp_path / "fixed"
+    model = tmp_path / "fails_once.py"
+    model.write_text(FAILS_ONCE.format(mark=str(mark)))
+    root = tmp_path / "store"
+    first = run_cli(["train", "--engine", "horovod", "--ranks", "2", "--model", f"{model}:make", "--samples", "256",
+                     "--global-batch", "16", "--steps", "8", "--checkpoint-every", "2", "--store", str(root)],
+                    timeout=240)
+    assert first.returncode == 1
+    row = Store(root).list_runs().iloc[0]
+    assert row["status"] == "failed"
+    assert row["reason"].endswith("exited with code 1: ValueError: injected failure"), row["reason"]
+    mark.write_text("")
+    again = run_cli(["train", "--resume", row["run_id"], "--store", str(root)], timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from the checkpoint at step 4" in again.stdout
+    row = Store(root).list_runs().iloc[0]
+    assert row["status"] == "completed"
+    steps = read_jsonl(root / "runs" / row["run_id"] / "steps.rank1.jsonl")
+    assert [r["step"] for r in steps] == list(range(1, 9))

@@ -24,7 +24,7 @@ from scalelab.store.rundir import RunDir
 HOROVODRUN = "horovod.runner.launch"
 LOG_NAME = "horovodrun.log"
 _EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.", re.MULTILINE)
-_RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+_RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(?:\[rank\d+\]:)?(.*)$")  # torch prefixes "[rankN]:"
 # what a rank says when its peer went away or horovodrun stopped it: a consequence, not the cause
 _CONSEQUENCE = re.compile(r"connection (reset|closed)|broken pipe|shut ?down|terminat|Gloo|peer", re.IGNORECASE)
 
@@ -88,7 +88,7 @@ def horovodrun_launch(spec: LaunchSpec) -> None:
     rundir = RunDir(spec.run_dir)
     rundir.logs.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    with bound_store(LOOPBACK, 0, any_port=True) as port, (rundir.logs / LOG_NAME).open("w") as log:
+    with bound_store(LOOPBACK, 0, any_port=True) as port, (rundir.logs / LOG_NAME).open("a") as log:  # a resumed run adds to it
         env = {**os.environ, **spec.env, STORE_ENV: f"{LOOPBACK}:{port}"}
         # its own session: an interrupt here ends horovodrun and every rank it started, nothing is left behind
         proc = subprocess.Popen(horovodrun_args(spec), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

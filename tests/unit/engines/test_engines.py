@@ -80,8 +80,8 @@ Terminating remaining workers after failure of Process 1.
 Process 0 exit with status code 1.
 """
 
-RAISED = """[1]<stderr>:Traceback (most recent call last):
-[1]<stderr>:ValueError: bad batch
+RAISED = """[1]<stderr>:[rank1]: Traceback (most recent call last):
+[1]<stderr>:[rank1]: ValueError: bad batch
 [0]<stderr>:gloo: Connection closed by peer [127.0.0.1]:1234
 Process 0 exit with status code 1.
 Process 1 exit with status code 1.
