@@ -197,3 +197,23 @@ def test_a_failed_run_names_the_error_and_resumes_from_its_checkpoint(tmp_path):
     assert row["status"] == "completed"
     steps = read_jsonl(root / "runs" / row["run_id"] / "steps.rank1.jsonl")
     assert [r["step"] for r in steps] == list(range(1, 9))
+
+
+def test_every_listening_socket_of_the_run_is_on_loopback(tmp_path, sleepy_model):
+    """horovodrun's rendezvous server (every interface in Horovod), the side store and gloo: loopback only."""
+    from dist.test_reliability_launch import listening_sockets, socket_inodes
+
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
+                             sleepy_model(0.05), "--samples", "512", "--global-batch", "8", "--ranks", "2",
+                             "--steps", "40", "--store", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    wait_for_steps(proc, root, rank=1, timeout=180)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    listening = listening_sockets()
+    held = {inode for p in family for inode in socket_inodes(p.pid)}
+    addresses = {listening[i] for i in held if i in listening}
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-1500:]
+    assert len(addresses) >= 3, addresses  # the side store, horovodrun's rendezvous, gloo's listeners
+    assert all(host in ("127.0.0.1", "::1") for host, _ in addresses), addresses

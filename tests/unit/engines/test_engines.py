@@ -69,7 +69,7 @@ def test_the_train_kind_picks_the_engines_launcher_unless_one_is_given():
 def test_horovodrun_argv_is_gloo_on_loopback(tmp_path):
     spec = LaunchSpec(module="scalelab.run.worker", run_dir=tmp_path, nproc_per_node=2, env={}, args=("--resume",))
     assert horovodrun_args(spec, python="py") == [
-        "py", "-m", "horovod.runner.launch", "--gloo", "-np", "2", "-H", "127.0.0.1:2", "--network-interfaces", "lo",
+        "py", "-m", "scalelab.run.horovodrun", "--gloo", "-np", "2", "-H", "127.0.0.1:2", "--network-interfaces", "lo",
         "py", "-m", "scalelab.run.worker", "--run-dir", str(tmp_path), "--resume"]
 
 
