@@ -4,8 +4,9 @@ Horovod 0.28.1 (its last release) compiles as C++14 and torch >= 2.1's headers n
 #4014; the fix, PR #3998, was never released). So the source distribution is fetched from the package index, both
 `set(CMAKE_CXX_STANDARD 14)` lines (the top-level and the torch one; changing only the torch one fails to link)
 become 17, and the wheel is built with gloo as controller and CPU ops, no MPI, TensorFlow or MXNet. The build
-takes 5-8 minutes on 2 cores (448 s measured through this command), so the wheel is kept in a cache outside the checkout, keyed by the Horovod,
-torch and Python versions; a later setup installs the kept wheel (13 s measured). NCCL builds are out of scope.
+takes 5-8 minutes on 2 cores (448 s measured through this command), so the wheel is kept in a cache outside the
+checkout, keyed by the Horovod, torch and Python versions; a later setup installs the kept wheel (13 s measured).
+NCCL builds are out of scope.
 
     python -m scalelab setup horovod            # build or reuse, install, check hvd.gloo_built()
     python -m scalelab setup horovod --rebuild  # ignore the kept wheel
