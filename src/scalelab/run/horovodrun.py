@@ -92,7 +92,8 @@ def horovodrun_launch(spec: LaunchSpec) -> None:
     rundir = RunDir(spec.run_dir)
     rundir.logs.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
-    with bound_store(LOOPBACK, 0, any_port=True) as port, (rundir.logs / LOG_NAME).open("a") as log:  # a resumed run adds to it
+    # the log is appended to: a resumed run keeps the output of the attempt that failed
+    with bound_store(LOOPBACK, 0, any_port=True) as port, (rundir.logs / LOG_NAME).open("a") as log:
         env = {**os.environ, **spec.env, STORE_ENV: f"{LOOPBACK}:{port}"}
         # its own session: an interrupt here ends horovodrun and every rank it started, nothing is left behind
         proc = subprocess.Popen(horovodrun_args(spec), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
