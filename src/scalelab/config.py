@@ -104,6 +104,14 @@ class TrainConfig:
     net_bandwidth_gbps: float | None = doc(None, "Emulated bandwidth cap (Gbit/s) for every collective.")
     noop_collectives: bool = doc(False, "Keep the sync strategy's work but skip its collectives: the baseline for "
                                         "exposed communication.", flag=("--noop-collectives/--real-collectives",))
+    engine: str = doc("ddp", "Training engine of scalelab.engines.registry: what starts, connects and syncs the "
+                             "ranks (ddp: torchrun and the sync strategy; horovod needs `scalelab setup horovod`); "
+                             "any engine but ddp makes the run distributed, even with one rank.")
+    hvd_fusion_threshold: int | None = doc(None, "Horovod engine: fusion buffer size, e.g. 64MiB (0 = no fusion; "
+                                                 "unset: Horovod's 128 MiB).", parse=parse_bytes)
+    hvd_cycle_time_ms: float | None = doc(None, "Horovod engine: ms between fusion cycles (unset: Horovod's 1 ms).")
+    hvd_fp16: bool = doc(False, "Horovod engine: fp16 compression of the gradient allreduce.",
+                         flag=("--hvd-fp16/--no-hvd-fp16",))
 
     precision: Precision = doc("fp32", "Precision; fp16 (with GradScaler) needs CUDA.")
     checkpoint_segments: int = doc(0, "Activation checkpointing: the model's blocks in this many contiguous segments, "
@@ -190,6 +198,7 @@ class TrainConfig:
         self._check_model_options()
         self._check_sync()
         self._check_hardware()
+        self._check_engine()
 
     def _take_local_nodes(self) -> None:
         """local_nodes N is a run of nnodes N whose node ranks and endpoint scalelab chooses: a stored run then
@@ -248,6 +257,21 @@ class TrainConfig:
             raise ConfigError("noop_collectives", True,
                               "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
 
+    def _check_engine(self) -> None:
+        from scalelab.engines import registry  # local: the engines import torch
+
+        engine = registry.get(self.engine, "engine")
+        if self.hvd_fusion_threshold is not None and self.hvd_fusion_threshold < 0:
+            raise ConfigError("hvd_fusion_threshold", self.hvd_fusion_threshold, "allowed: bytes >= 0 (0 = no fusion)")
+        if self.hvd_cycle_time_ms is not None and self.hvd_cycle_time_ms <= 0:
+            raise ConfigError("hvd_cycle_time_ms", self.hvd_cycle_time_ms, "allowed: ms > 0 (or leave unset)")
+        for other in registry.entries():
+            for name in other.options:
+                value = getattr(self, name)
+                if other is not engine and value not in (None, False):
+                    raise ConfigError(name, value, f"allowed only with engine {other.name} (engine is {self.engine})")
+        engine.check(self)
+
     def _check_hardware(self) -> None:
         gpus = cuda_device_count()
         if self.device == "cuda" and gpus == 0:
@@ -294,7 +318,7 @@ class TrainConfig:
     def resolved_wrapper(self) -> str:
         if self.wrapper != "auto":
             return self.wrapper
-        return "ddp" if self.world_size > 1 or self.sync != "auto" else "single"
+        return "ddp" if self.world_size > 1 or self.sync != "auto" or self.engine != "ddp" else "single"
 
     @property
     def distributed(self) -> bool:
@@ -306,11 +330,13 @@ class TrainConfig:
         """The gradient-sync strategy that runs: auto is ddp; "none" without a process group."""
         if not self.distributed:
             return "none"
+        if self.engine != "ddp":  # the engine's own sync (hvd.DistributedOptimizer)
+            return self.engine
         return "ddp" if self.sync == "auto" else self.sync
 
     def resolved(self) -> "TrainConfig":
         """The same config with "auto" replaced by what runs on this machine (device, backend, wrapper, sync)."""
-        sync = self.resolved_sync if self.distributed else "auto"
+        sync = self.resolved_sync if self.distributed and self.engine == "ddp" else "auto"
         return dataclasses.replace(self, device=self.resolved_device, backend=self.resolved_backend,
                                    wrapper=self.resolved_wrapper, sync=sync)
 

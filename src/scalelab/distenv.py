@@ -1,7 +1,8 @@
 """A rank's place in the job: the one place that reads rank, world size and device from the environment.
 
 torchrun (and any launcher after it) puts RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in each rank's
-environment; `dist_context` reads them, everything else receives the `DistContext`.
+environment, horovodrun HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK and HOROVOD_LOCAL_SIZE; `dist_context` reads
+them, everything else receives the `DistContext`.
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ class DistContext:
 
 
 def dist_context(device_kind: str) -> DistContext:
-    """Read the rank layout torchrun put in the environment (single process when it is absent)."""
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    """Read the rank layout torchrun or horovodrun put in the environment (single process when it is absent)."""
+    def read(torchrun: str, horovodrun: str, default: int) -> int:
+        return int(os.environ.get(torchrun, os.environ.get(horovodrun, default)))
+
+    rank = read("RANK", "HOROVOD_RANK", 0)
+    world = read("WORLD_SIZE", "HOROVOD_SIZE", 1)
+    local_rank = read("LOCAL_RANK", "HOROVOD_LOCAL_RANK", 0)
+    local_world = read("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", 1)
     device = torch.device("cuda", local_rank) if device_kind == "cuda" else torch.device("cpu")
     return DistContext(rank, world, local_rank, local_world, device)

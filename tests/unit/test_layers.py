@@ -24,7 +24,8 @@ LAYERS = [
     ("run",),
     ("train",),
     ("config",),  # the run's description: validated against the registries of the layers below
-    ("sync", "measure", "zoo"),
+    ("engines",),  # ddp / horovod: a rank's communicator and gradient sync, built on the sync layer
+    ("sync", "measure", "zoo", "install"),
     ("analysis",),  # pure functions over plain data
     ("store",),
     ("errors", "distenv", "provenance", "sizes", "registry"),

@@ -1,4 +1,5 @@
-"""Gradient-sync strategies and backends side by side (pure): one row per sync variant or backend.
+"""Gradient-sync strategies, backends and training engines side by side (pure): one row per sync variant, backend
+or engine.
 
 Definitions (DESIGN.md, "Measurement definitions"):
 - step = the run's median timed step (min and max beside it); compute = the median step of its baseline: the same
@@ -236,6 +237,27 @@ def backends_table(entries: list[tuple[dict, dict | None]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=BACKEND_COLUMNS)
     order = {b: i for i, b in enumerate(BACKENDS)}
     frame = frame.sort_values("backend", key=lambda s: s.map(order), kind="stable")
+    return frame.reset_index(drop=True)
+
+
+ENGINE_COLUMNS = ["engine", *(c for c in BACKEND_COLUMNS if c != "backend")]
+
+
+def engines_table(entries: list[tuple[dict, dict | None]], *, order: Sequence[str]) -> pd.DataFrame:
+    """One row per training engine in `order`: (a run, its baseline run or None: exposed communication not
+    measured), or an engine that cannot run here (a dict without "config", with its reason) paired with None."""
+    rows = []
+    for entry, baseline in entries:
+        if "config" not in entry:
+            rows.append({"engine": entry["engine"], "status": entry["status"], "reason": entry["reason"]})
+            continue
+        c = entry["config"]
+        row = {"engine": c.get("engine", "ddp"), "status": entry.get("status", "completed"),
+               "reason": entry.get("reason"), "sync": c.get("sync"), "run_id": entry["run_id"], **run_metrics(entry)}
+        rows.append(with_baseline(row, entry, completed(baseline)))
+    frame = pd.DataFrame(rows, columns=ENGINE_COLUMNS)
+    rank = {e: i for i, e in enumerate(order)}
+    frame = frame.sort_values("engine", key=lambda s: s.map(rank), kind="stable")
     return frame.reset_index(drop=True)
 
 

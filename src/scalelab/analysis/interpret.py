@@ -363,6 +363,28 @@ def backends_result(result) -> tuple[list[str], str | None]:
     return out, rec
 
 
+def engines_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_engines", pd.DataFrame())
+    out = []
+    for row in table.to_dict("records"):
+        if row["status"] == "completed":
+            exposed = row.get("exposed_comm(ms)")
+            out.append(f"{row['engine']}: step {_fmt(row['step(ms)'], ' ms')}, time inside collectives "
+                       f"{_fmt(row['comm(ms)'], ' ms')}, blocking wait {_fmt(row['comm_wait(ms)'], ' ms')}, exposed "
+                       + (f"{_fmt(exposed, ' ms')}." if exposed is not None and not pd.isna(exposed)
+                          else "not measured (no baseline)."))
+        else:
+            out.append(f"{row['engine']}: {row['status']} ({row['reason']}).")
+    done = table[table["status"] == "completed"] if len(table) else table
+    rec = None
+    if len(done) > 1:
+        ranking, best = _ranking(done, "engine", "engine")
+        out += ranking
+        if best is not None:
+            rec = f"Use the {best['engine']} engine ({_fmt(best['step(ms)'], ' ms')} per step)."
+    return out, rec
+
+
 def comm_result(result) -> tuple[list[str], str | None]:
     table = result.tables.get("comm", pd.DataFrame())
     if not len(table):

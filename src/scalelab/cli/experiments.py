@@ -23,8 +23,8 @@ from scalelab.cli.common import experiment_context, show_result, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
 
 app = typer.Typer()
-compare_app = typer.Typer(no_args_is_help=True, help="Gradient-sync strategies or backends side by side (exposed "
-                                                     "comm, bytes, bandwidth).")
+compare_app = typer.Typer(no_args_is_help=True, help="Gradient-sync strategies, backends or engines side by side "
+                                                     "(exposed comm, bytes, bandwidth).")
 
 
 def option_param(option) -> inspect.Parameter:

@@ -7,6 +7,7 @@
     scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling | threads
     scalelab compare strategies|backends                       (experiments.py, generated from the registry)
     scalelab bench comm | predict | slurm                      (bench.py, predict.py, slurm.py)
+    scalelab setup horovod                                     (setup.py)
 
 Every command that starts from a training config takes every config field as a flag (options.py), and builds the
 config by one rule: defaults < YAML file (--config) < --set FIELD=VALUE < flags.
@@ -23,7 +24,7 @@ try:  # typer >= 0.24 vendors its own click; its errors are not click's classes
 except ImportError:  # pragma: no cover - older typer uses click itself
     TyperUsageError = click.UsageError
 
-from scalelab.cli import bench, experiments, predict, runs, script, slurm, study, train
+from scalelab.cli import bench, experiments, predict, runs, script, setup, slurm, study, train
 from scalelab.errors import ScalelabError
 
 USAGE_ERRORS = (click.UsageError, TyperUsageError)
@@ -39,6 +40,7 @@ app.add_typer(bench.app, name="bench")
 app.add_typer(experiments.compare_app, name="compare")  # strategies, backends
 app.command("predict")(predict.predict_cmd)
 app.command("slurm")(slurm.slurm)
+app.add_typer(setup.app, name="setup")  # setup horovod
 
 
 def main(argv: list[str] | None = None) -> None:

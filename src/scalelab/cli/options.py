@@ -70,6 +70,10 @@ def config_flags() -> tuple[ConfigFlag, ...]:
         kind, choices = (str, ()) if parse is not None else field_kind(hints[f.name])
         if f.name == "sync":
             choices = sync_choices()
+        if f.name == "engine":
+            from scalelab.engines import registry as engines  # imports the engines (and torch) when asked
+
+            choices = engines.names()
         dashed = f.name.replace("_", "-")
         decls = tuple(f.metadata.get("flag") or ((f"--{dashed}/--no-{dashed}",) if kind is bool else (f"--{dashed}",)))
         text = f.metadata["help"] + registry_help(f.name)

@@ -75,16 +75,18 @@ def read_load(root: Path = PROC) -> float | None:
         return None
 
 
-def local_rank_pids(run_dir: Path) -> set[int]:
-    """This process and its siblings that are ranks of the same run (`scalelab.run.worker` or
-    `scalelab.run.script_rank` with `--run-dir RUN_DIR`)."""
+def local_rank_pids(run_dir: Path, *, siblings_only: bool = True) -> set[int]:
+    """This process and the other ranks of the same run on this host (`scalelab.run.worker` or
+    `scalelab.run.script_rank` with `--run-dir RUN_DIR`): its siblings (torchrun starts every rank itself), or
+    with `siblings_only` False every such process of the host (horovodrun starts each rank under its own shell and
+    middleman process)."""
     me = psutil.Process()
     pids = {me.pid}
     parent = me.parent()
     if parent is None:
         return pids
     marker = str(run_dir)
-    for sibling in parent.children():
+    for sibling in parent.children() if siblings_only else psutil.process_iter():
         try:
             cmd = sibling.cmdline()
         except psutil.Error:

@@ -25,7 +25,7 @@ from scalelab.measure.commbench import CommBenchConfig, read_results
 from scalelab.provenance import collect_provenance
 from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
 from scalelab.run import netns
-from scalelab.run.launch import Launcher, torchrun_launch
+from scalelab.run.launch import LaunchFailed, Launcher, torchrun_launch
 from scalelab.run.nodes import LocalNodes
 from scalelab.run.watchdog import Watchdog
 from scalelab.store import RunDir, Store
@@ -92,6 +92,7 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
     abort, explain = None if spec is not None else _interrupt_main_thread, None
+    launcher = kind.launcher(cfg, launcher)
     if cfg.local_nodes and launcher is torchrun_launch:
         launcher = LocalNodes(cfg)  # the same ranks, across namespaced nodes of this machine
         # a hang stops the node agents too (one stuck in the rendezvous started no rank) and names the node
@@ -163,6 +164,8 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
     """(one-line reason, full traceback text) for a failed launch or an in-process exception."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    if isinstance(err, LaunchFailed):  # horovodrun: its launcher found the root cause already
+        return err.reason, err.trace
     if isinstance(err, ChildFailedError):
         # After the first failure torchrun stops the other ranks with SIGTERM; a rank that dies of a signal leaves
         # no error file, so its timestamp is only when the agent noticed it, and a rank the agent stopped can look

@@ -5,7 +5,8 @@ The trace puts every rank's stage spans and collectives on one timeline. Open `t
 "stages" (data, h2d, forward, backward, comm, optimizer, eval, laid end to end from the step's start in the
 order the loop runs them; micro-steps of accumulation are merged into one forward and one backward span) and
 "collectives" (each collective from launch to completion as its caller saw it; they may overlap backward).
-Times come from each rank's wall clock (unix time), so ranks on one host line up.
+Times come from each rank's wall clock (unix time), so ranks on one host line up. A run of the Horovod engine
+adds a row for Horovod's timeline (rank 0): each tensor's negotiation and fused allreduce, aligned to the steps.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from scalelab.analysis import timeline
 from scalelab.store.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -49,9 +51,27 @@ def trace_events(records: list[dict]) -> list[dict]:
 
 
 def write_trace(run_dir: Path) -> Path:
-    """Write `trace.json` for a stored run from its step records alone."""
+    """Write `trace.json` for a stored run from its step records (and Horovod's timeline, when it has one)."""
     rundir = RunDir(run_dir)
-    return rundir.write_trace({"traceEvents": trace_events(rundir.read_steps()), "displayTimeUnit": "ms"})
+    records = rundir.read_steps()
+    events = trace_events(records)
+    text = rundir.read_horovod_timeline()
+    if text:
+        events += horovod_events(text, [r for r in records if r["rank"] == 0])
+    return rundir.write_trace({"traceEvents": events, "displayTimeUnit": "ms"})
+
+
+HOROVOD_PID = 1000  # the timeline's process row, apart from the ranks'
+
+
+def horovod_events(text: str, rank0: list[dict]) -> list[dict]:
+    """Horovod's timeline on the step clock: aligned on rank 0's gradient enqueues (analysis.timeline)."""
+    spans = timeline.intervals(timeline.load_events(text))
+    # each allreduce's enqueue on unix time: the record's end less how long before it the collective started
+    enqueues = [rec["t_end(unix_s)"] - (rec["t_end(perf_s)"] - start)
+                for rec in rank0 if "t_end(perf_s)" in rec
+                for op, phase, start, _, _ in rec.get("comm_events", []) if op == "allreduce"]
+    return timeline.trace_events(spans, timeline.align(spans, enqueues), pid=HOROVOD_PID)
 
 
 TB_STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")

@@ -13,11 +13,16 @@ from typing import Any, Protocol
 from scalelab.analysis import keys
 from scalelab.analysis.summary import loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig, default_threads
+from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
-from scalelab.run.launch import LOOPBACK_ENV, LaunchSpec, torchrun_args, train_launch_spec
+from scalelab.run.horovodrun import horovodrun_launch
+from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec, torchrun_args, torchrun_launch, train_launch_spec
+
+# the engines' launchers by the name their EngineEntry gives
+LAUNCHERS: dict[str, Launcher] = {"torchrun": torchrun_launch, "horovodrun": horovodrun_launch}
 from scalelab.store.rundir import RunDir
 
 
@@ -54,6 +59,9 @@ class RunKind(Protocol):
 
     def run_here(self, cfg: Any, run_dir: Path, *, resume: bool) -> None:
         """Run the single rank in this process."""
+
+    def launcher(self, cfg: Any, given: Launcher) -> Launcher:
+        """The launcher that starts the ranks: the engine's, unless the caller gave its own (not torchrun)."""
 
     def watched(self, cfg: Any) -> tuple[list[int], float]:
         """The ranks of this node the hang watchdog watches, and its timeout (0: no watchdog)."""
@@ -113,6 +121,9 @@ class TrainKind:
     name = "train"
 
     def prepare(self, cfg: TrainConfig) -> TrainConfig:
+        missing = engines.get(cfg.engine).unavailable()
+        if missing:  # refused before anything is recorded
+            raise ConfigError("engine", cfg.engine, missing)
         check_inputs(cfg)
         # Store what actually runs: "auto" resolved to this machine's device, backend and strategy.
         return cfg.resolved()
@@ -130,7 +141,7 @@ class TrainKind:
     def describe(self, run_id: str, cfg: TrainConfig) -> str:
         return (f"run {run_id}: {cfg.model} on {cfg.dataset}, {cfg.world_size} rank(s){_on_nodes(cfg)}, global batch "
                 f"{cfg.global_batch}, {cfg.resolved_wrapper}/{cfg.resolved_backend if cfg.distributed else '-'}, "
-                f"{cfg.precision}")
+                f"{cfg.precision}{'' if cfg.engine == 'ddp' else f', engine {cfg.engine}'}")
 
     def launch_spec(self, cfg: TrainConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec | None:
         # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
@@ -147,6 +158,9 @@ class TrainKind:
 
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
         run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
+
+    def launcher(self, cfg: TrainConfig, given: Launcher) -> Launcher:
+        return LAUNCHERS[engines.get(cfg.engine).launcher] if given is torchrun_launch else given
 
     def watched(self, cfg: TrainConfig) -> tuple[list[int], float]:
         if cfg.local_nodes:  # every node's ranks heartbeat into the one run directory this process watches
@@ -215,6 +229,9 @@ class BenchKind:
 
     def run_here(self, cfg: CommBenchConfig, run_dir: Path, *, resume: bool) -> None:
         raise NotImplementedError("a benchmark always runs its ranks under a launcher")
+
+    def launcher(self, cfg: CommBenchConfig, given: Launcher) -> Launcher:
+        return given
 
     def watched(self, cfg: CommBenchConfig) -> tuple[list[int], float]:
         return list(range(cfg.world)), 0.0  # the benchmark's ranks publish no heartbeat

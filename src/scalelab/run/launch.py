@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from scalelab.config import TrainConfig, default_threads
+from scalelab.engines import registry as engines
 from scalelab.errors import ScalelabError
 from scalelab.store.rundir import RunDir
 
@@ -29,6 +30,15 @@ LOOPBACK = "127.0.0.1"
 # NVLink/PCIe/shared memory), on the loopback interface.
 LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 LOCAL_HOSTS = (LOOPBACK, "localhost")
+
+
+class LaunchFailed(Exception):
+    """A launcher other than torchrun saw a rank fail: `reason` is the root cause in one line, `trace` the
+    launcher's whole output (torchrun raises its own ChildFailedError)."""
+
+    def __init__(self, reason: str, trace: str):
+        self.reason, self.trace = reason, trace
+        super().__init__(reason)
 
 
 class PortInUse(ScalelabError):
@@ -106,7 +116,8 @@ def _agent_log_level(level: int | None):
 
 def train_launch_spec(cfg: TrainConfig, run_dir: Path, *, quiet: bool = False, resume: bool = False) -> LaunchSpec:
     """A training run's ranks on this node, each running `scalelab.run.worker`."""
-    return LaunchSpec(module=TRAIN_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=worker_env(cfg),
+    env = {**worker_env(cfg), **engines.get(cfg.engine).env(cfg, run_dir)}  # Horovod's knobs and timeline
+    return LaunchSpec(module=TRAIN_WORKER, run_dir=run_dir, nproc_per_node=cfg.ranks, env=env,
                       nnodes=cfg.nnodes, node_rank=cfg.node_rank,
                       endpoint=cfg.rdzv_endpoint if cfg.nnodes > 1 else None, quiet=quiet,
                       args=("--resume",) if resume else ())  # continue from the run's last checkpoint

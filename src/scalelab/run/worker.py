@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
+from scalelab.engines import registry as engines
 from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import added_since, cap_address_space, training_baseline
 from scalelab.measure.system import SystemSampler
@@ -37,17 +38,17 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     rundir = RunDir(run_dir)
+    engine = engines.get(cfg.engine)
     # the first rank of each host also samples the whole machine, for noise detection (measure.machine)
-    machine = RunCpu(lambda: local_rank_pids(run_dir), since=time.time()) if ctx.local_rank == 0 else None
+    machine = (RunCpu(lambda: local_rank_pids(run_dir, siblings_only=engine.launcher == "torchrun"),
+                      since=time.time()) if ctx.local_rank == 0 else None)
     sampler = SystemSampler(rundir.system_file(ctx.rank), cfg.sample_interval_s, rank=ctx.rank,
                             gpu_index=ctx.device.index if ctx.device.type == "cuda" else None,
                             machine=machine).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
     try:
-        if cfg.distributed and not dist.is_initialized():
-            dist.init_process_group(cfg.resolved_backend, rank=ctx.rank, world_size=ctx.world,
-                                    device_id=ctx.device if ctx.device.type == "cuda" else None)
+        engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
         bundle, model = build_inputs(cfg)
         if cfg.memory_limit and ctx.device.type == "cpu":
             warm_up(model, bundle.train, ctx.device, cfg)
@@ -71,8 +72,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
             sampler.stop()
         if heartbeat:
             heartbeat.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        engine.disconnect()
 
 
 def gather_on_rank0(rundir: RunDir, ctx: DistContext) -> None:

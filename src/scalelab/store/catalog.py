@@ -94,6 +94,8 @@ def _denormalise(config: dict) -> dict:
             v = config.get("strategy")  # the wrapper's name in configs of scalelab 0.1
         if col == "sync" and (config.get("wrapper", config.get("strategy")) != "ddp" or v == "auto"):
             v = None  # no process group, nothing synchronised
+        if col == "sync" and config.get("engine", "ddp") != "ddp":
+            v = config["engine"]  # an engine's own sync (horovod: hvd.DistributedOptimizer)
         if col in ("ranks", "global_batch"):
             v = int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         elif v is not None:

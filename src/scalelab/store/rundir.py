@@ -13,7 +13,8 @@
     files through the process group at the end, run/worker.py; each other node keeps its own)
     trace.json, tensorboard/          exports of a finished run (run/exports.py)
     checkpoints/                      train/checkpoint.py owns what is inside
-    logs/                             the ranks' stdout/stderr when torchrun redirects them
+    logs/                             the ranks' stdout/stderr when torchrun redirects them; horovodrun's output
+    horovod_timeline.json             Horovod's timeline (HOROVOD_TIMELINE, rank 0) of a run of the horovod engine
     timings.json, results.csv, results.json, busbw.png      a communication benchmark's outputs
 
 Analyses receive a `ParsedRun` (`RunDir(path).load()`): the files parsed once, no paths.
@@ -85,6 +86,10 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / "logs"
+
+    @property
+    def horovod_timeline(self) -> Path:
+        return self.path / "horovod_timeline.json"
 
     @property
     def timings_file(self) -> Path:
@@ -219,6 +224,11 @@ class RunDir:
 
     def write_node_failure(self, node: int, failure: dict) -> None:
         write_json_atomic(self.node_failure_file(node), failure)
+
+    def read_horovod_timeline(self) -> str | None:
+        """The text of Horovod's timeline (None without one); analysis.timeline parses it."""
+        path = self.horovod_timeline
+        return path.read_text(errors="replace") if path.is_file() else None
 
     def write_error(self, text: str) -> None:
         self.error_file.write_text(text)

@@ -5,6 +5,7 @@ issues its collectives through the rank's CommMeter. The loop uses a strategy li
 
     sync = build_sync(cfg, model, ctx, meter)  # scalelab.sync.registry
     net = sync.wrap()                          # the module to call forward on
+    sync.attach_optimizer(optimizer)           # once the optimizer exists (Horovod wraps it)
     for each micro-step j of K:
         with sync.micro_step(last=j == K - 1):  # no gradient sync on the first K-1 micro-steps
             forward; backward
@@ -37,6 +38,9 @@ class GradSync(Protocol):
     def micro_step(self, last: bool) -> ContextManager:
         """Context for one forward+backward micro-step; gradients are synced only when `last`."""
 
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Called once the loop's optimizer exists (restored, on a resume), before the first step."""
+
     def after_backward(self) -> None:
         """Finish the gradient sync after the last micro-step's backward (the loop's "comm" span)."""
 
@@ -55,6 +59,9 @@ class PlainSync:
 
     def micro_step(self, last: bool) -> ContextManager:
         return nullcontext()
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        pass
 
     def after_backward(self) -> None:
         pass

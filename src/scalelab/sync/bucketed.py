@@ -90,6 +90,9 @@ class BucketedSync:
         self._inflight[b] = (flat, fut)
         self._order.append(b)
 
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
     def after_backward(self) -> None:
         for b in range(len(self.buckets)):
             if b not in self._inflight:

@@ -130,6 +130,9 @@ class DDPSync:
     def micro_step(self, last: bool) -> ContextManager:
         return nullcontext() if last else self.net.no_sync()
 
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        pass
+
     def after_backward(self) -> None:
         pass  # DDP finished the sync inside backward
 

@@ -178,6 +178,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
         step, evals = resume.step, list(resume.state["evals"])
         if log.path.exists():  # steps after the checkpoint are run again, so their old records go
             log.records = [r for r in read_jsonl(log.path) if r["step"] <= step]
+    if sync:  # after a resume's restore: an engine may wrap or broadcast the optimizer's state (Horovod)
+        sync.attach_optimizer(optimizer)
     memory = MemoryByKind(model, optimizer, device, net=net)
     reset_peak(device)
     t_start, last_progress, first_step = time.monotonic(), time.monotonic(), step

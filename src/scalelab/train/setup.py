@@ -10,7 +10,7 @@ from scalelab.distenv import DistContext
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
     """Apply the model wrapper (cfg.wrapper): none, DataParallel over the node's GPUs, or across ranks with the
-    gradient-sync strategy `cfg.sync` (scalelab.sync; DDP by default).
+    engine's gradient sync (scalelab.engines: the strategy `cfg.sync`, DDP by default; or Horovod's).
 
     Returns (module to call, GradSync or None); None means no process group, and then nothing of the sync layer
     runs in the step.
@@ -19,10 +19,10 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
     if wrapper == "dp":
         return nn.DataParallel(model), None
     if wrapper == "ddp":
+        from scalelab.engines import registry
         from scalelab.sync.meter import CommMeter
-        from scalelab.sync.registry import build_sync
 
-        sync = build_sync(cfg, model, ctx, CommMeter.from_config(cfg, ctx.world, ctx.device))
+        sync = registry.get(cfg.engine).build_sync(cfg, model, ctx, CommMeter.from_config(cfg, ctx.world, ctx.device))
         return sync.wrap(), sync
     return model, None
 

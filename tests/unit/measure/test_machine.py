@@ -80,3 +80,21 @@ def test_machine_sample_fields(tmp_path):
     assert (sample["cpu_run_user(s)"], sample["cpu_run_system(s)"]) == pytest.approx((250 / ticks, 50 / ticks))
     assert sample["cpu_run(s)"] == pytest.approx(300 / ticks)
     assert sample["load1"] == 1.5
+
+
+def test_ranks_under_their_own_parents_are_found_by_the_run_directory(tmp_path):
+    """horovodrun starts each rank under its own shell: not a sibling, found by scanning the host."""
+    import subprocess
+    import sys
+
+    from scalelab.measure.machine import local_rank_pids
+
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "scalelab.run.worker",
+                             "--run-dir", str(tmp_path)])
+    try:
+        assert rank.pid not in local_rank_pids(tmp_path)  # a child of this process, not its sibling
+        assert rank.pid in local_rank_pids(tmp_path, siblings_only=False)
+        assert rank.pid not in local_rank_pids(tmp_path / "other", siblings_only=False)
+    finally:
+        rank.kill()
+        rank.wait()

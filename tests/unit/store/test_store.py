@@ -176,6 +176,8 @@ def test_config_is_denormalised(tmp_path):
     assert row["model"] is None and row["ranks"] is None
     row = st.get(st.create_run({**CFG, "wrapper": "single", "sync": "auto"}, {}))
     assert (row["wrapper"], row["sync"]) == ("single", None)  # one process: nothing is synchronised
+    row = st.get(st.create_run({**CFG, "sync": "auto", "engine": "horovod"}, {}))
+    assert row["sync"] == "horovod"  # the engine's own sync: `runs list` tells a Horovod run apart
 
 
 def test_a_catalog_of_scalelab_0_1_gains_wrapper_and_sync_from_the_stored_configs(tmp_path):

@@ -1,0 +1,88 @@
+"""Training engines side by side: the same config under torchrun + DDP and horovodrun + Horovod (seed 002).
+
+Each engine that can run here is a cell, and (unless `baseline` is off) so is its exposed-communication baseline:
+the same loop without the engine's collectives (DDP with no-op collectives; Horovod with the plain optimizer and no
+allreduce). An engine that cannot run here (Horovod not installed, a base config it cannot honour) is a row with
+the reason. The DDP cell is the one `compare backends` runs on gloo (same resolved config): run once in a study.
+"""
+from __future__ import annotations
+
+from scalelab.analysis import interpret
+from scalelab.analysis.compare import engines_table
+from scalelab.config import TrainConfig
+from scalelab.engines import registry as engines
+from scalelab.errors import ConfigError
+from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list
+from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.checked import run_checked
+from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
+
+HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "
+                "moment the rank knows it is done; Horovod's own collective intervals are in the run's trace, from "
+                "its timeline); comm_wait = the blocking synchronize(); collectives = gradient tensors handed to "
+                "Horovod (its fusion buffer merges them on the wire); no buffers are broadcast per step")
+
+
+def engine_skip_reason(name: str) -> str | None:
+    return engines.get(name).unavailable()
+
+
+def run_engines(ctx: Context, base: TrainConfig, opts: dict) -> Result:
+    with_baseline = opts["baseline"]
+    cells, skipped, names = [], {}, []
+    for name in ordered(opts["engines"], engines.names()):
+        reason = engine_skip_reason(name)
+        if reason is None:
+            try:
+                cell = Cell(name, with_fields(base, engine=name), repeats=opts["launches"])
+                pair = [cell, *baseline_cells([cell])] if with_baseline else [cell]
+            except ConfigError as err:  # the base config cannot run on this engine: say why, do not drop it
+                reason = str(err)
+        if reason is not None:
+            ctx.say(f"[engines] {name}: skipped: {reason}")
+            skipped[name] = reason
+            continue
+        cells += pair
+        names.append(name)
+
+    def analyse(results):
+        runs = ctx.cells.rows(results)
+        step = 2 if with_baseline else 1
+        pairs = [(runs[i], runs[i + 1] if with_baseline else None) for i in range(0, len(runs), step)]
+        pairs += [({"engine": e, "status": "skipped", "reason": why}, None) for e, why in skipped.items()]
+        return engines_table(pairs, order=engines.names())
+
+    table = run_checked(ctx, cells, group="compare", analyse=analyse)
+    notes = {"exposed": EXPOSED_NOTE if with_baseline else "exposed communication: not applicable (run without "
+                                                             "the baseline cells, option baseline off)",
+             "horovod": HOROVOD_NOTE, "skipped": skipped}
+    return Result("compare_engines", {"compare_engines": table}, notes=notes)
+
+
+def _flag(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ConfigError(name, value, "allowed: true or false")
+
+
+EXPERIMENT = Experiment(
+    name="engines", command="compare engines", section="engines", order=65,
+    title="Training engines: DDP and Horovod",
+    question="Horovod (seed 002's engine) next to torchrun + DDP on the same model, data and loop: step, "
+             "communication, exposed communication, bytes.",
+    help="The same config under torchrun + DDP and horovodrun + Horovod (skipped, with the reason, where Horovod "
+         "is not installed: run `scalelab setup horovod`).",
+    options=(Option(name="engines", default=None,
+                    help=f"Comma-separated subset (default all): {', '.join(engines.names())}.",
+                    parse=lambda v, n: name_list(v, n, engines.names())),
+             launches_option(),
+             Option(name="baseline", default=True, help="Run each engine's baseline cell (no collectives) for its "
+                                                         "exposed communication; off: marked not applicable.",
+                    parse=_flag)),
+    defaults=DEFAULTS,
+    run=run_engines,
+    figures=comm_figures("compare_engines", "engine"),
+    interpret=interpret.engines_result,
+)

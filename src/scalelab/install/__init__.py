@@ -1,0 +1,1 @@
+"""Optional third-party parts scalelab builds for this machine (Horovod)."""

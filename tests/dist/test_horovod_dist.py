@@ -1,0 +1,219 @@
+"""The Horovod engine on 2 real ranks under horovodrun (gloo, 127.0.0.1), against DDP on the same data.
+
+Model: conftest's bias-free MLP (no buffers), so every byte on the wire is a gradient:
+(3072*16 + 16*16 + 16*10) * 4 = 198272 bytes per step, three tensors. Both engines average gradients over the
+ranks, so after N steps on the same batches their weights agree to floating-point rounding (checked on the
+checkpoint both write at step CHECKPOINT_AT). Skips, with the reason, where Horovod is not installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
+from scalelab.engines import registry
+from scalelab.store import Store, read_jsonl
+
+MISSING = registry.get("horovod").unavailable()
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+
+PARAM_BYTES = (3072 * 16 + 16 * 16 + 16 * 10) * 4  # 198272
+STEPS, CHECKPOINT_AT = 5, 4
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "mlp.py"
+    path.write_text(TINY_MLP)
+    return f"{path}:make"
+
+
+def train(root, model: str, *flags: str) -> dict:
+    """One CLI run of 2 ranks on the MLP; its stored records."""
+    proc = run_cli(["train", "--model", model, "--dataset", "synthetic", "--samples", "128", "--eval-samples", "16",
+                    "--global-batch", "16", "--ranks", "2", "--steps", str(STEPS), "--lr", "0.1", "--seed", "3",
+                    "--checkpoint-every", str(CHECKPOINT_AT), "--store", str(root), *flags], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = Store(root).list_runs().iloc[-1]
+    run_dir = root / "runs" / run["run_id"]
+    state = torch.load(run_dir / "checkpoints" / f"step-{CHECKPOINT_AT:08d}" / "state.pt", weights_only=True)
+    return {"row": run, "dir": run_dir, "steps": [read_jsonl(run_dir / f"steps.rank{r}.jsonl") for r in (0, 1)],
+            "weights": state["model"], "summary": json.loads((run_dir / "summary.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory, mlp):
+    return train(tmp_path_factory.mktemp("ddp"), mlp, "--sync", "ddp")
+
+
+@pytest.fixture(scope="module")
+def hvd(tmp_path_factory, mlp):
+    return train(tmp_path_factory.mktemp("hvd"), mlp, "--engine", "horovod")
+
+
+def test_gradient_bytes_per_step_equal_ddps(ddp, hvd):
+    for run in (ddp, hvd):
+        for records in run["steps"]:
+            assert [r["comm_bytes_backward"] for r in records] == [PARAM_BYTES] * STEPS
+            assert all(r["comm_bytes_forward"] == 0 for r in records)  # no buffers: nothing broadcast per step
+    assert all(r["collectives"] == 3 for r in hvd["steps"][0])  # one allreduce per gradient tensor
+
+
+def test_weights_after_n_steps_equal_ddps(ddp, hvd):
+    assert ddp["weights"].keys() == hvd["weights"].keys()
+    for name, w in ddp["weights"].items():
+        torch.testing.assert_close(hvd["weights"][name], w, rtol=1e-5, atol=1e-6, msg=name)
+    assert not torch.equal(ddp["weights"]["1.weight"], torch.zeros_like(ddp["weights"]["1.weight"]))
+
+
+def test_a_horovod_run_has_ddps_records(ddp, hvd):
+    row = hvd["row"]
+    assert row["status"] == "completed"
+    assert json.loads((hvd["dir"] / "config.json").read_text())["engine"] == "horovod"
+    # the same stages and the blocking wait, timed around the optimizer's synchronize()
+    assert {"data(s)", "forward(s)", "backward(s)", "comm(s)", "optimizer(s)", "wait(s)"} <= set(hvd["steps"][0][-1])
+    assert all(r["comm(s)"] > 0 for r in hvd["steps"][0])
+    assert set(ddp["summary"]) - set(hvd["summary"]) <= {"comm/loopback_bytes_per_step"}
+    assert (hvd["dir"] / "horovod_timeline.json").is_file()
+    assert (hvd["dir"] / "trace.json").is_file()
+
+
+def test_fp16_compression_halves_the_bytes(tmp_path, mlp):
+    run = train(tmp_path, mlp, "--engine", "horovod", "--hvd-fp16", "--hvd-cycle-time-ms", "2",
+                "--hvd-fusion-threshold", "1MiB")
+    assert [r["comm_bytes_backward"] for r in run["steps"][0]] == [PARAM_BYTES // 2] * STEPS
+
+
+def test_the_baseline_runs_the_same_loop_without_allreduce(tmp_path, mlp):
+    run = train(tmp_path, mlp, "--engine", "horovod", "--noop-collectives")
+    assert all(r["comm_bytes"] == 0 for records in run["steps"] for r in records)
+    # each rank kept its own gradients: the replicas differ after a step
+    assert run["row"]["status"] == "completed"
+
+
+def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+    """The pid of Horovod rank `rank`: a worker (not a loader worker) whose HOROVOD_RANK is `rank`."""
+    def worker(p: psutil.Process) -> bool:  # python -m scalelab.run.worker (not the shell that starts it)
+        cmd = p.cmdline()
+        return "scalelab.run.worker" in cmd and cmd[cmd.index("scalelab.run.worker") - 1] == "-m"
+
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if worker(child) and not worker(child.parent()) and child.environ().get("HOROVOD_RANK") == str(rank):
+                return child.pid
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_a_killed_rank_fails_the_run_named_and_leaves_nothing(tmp_path, sleepy_model):
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
+                             sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
+                             "--epochs", "3", "--store", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    run_dir = wait_for_steps(proc, root, rank=0, timeout=180)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    victim = _rank_pid(proc, 1)
+    assert victim is not None
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - killed_at < 90
+    _, alive = psutil.wait_procs(family, timeout=20)
+    assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive if p.is_running()]}"
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["failed"]
+    reason = runs["reason"][0]
+    assert reason == "rank 1 killed by signal SIGKILL", reason
+    assert "rank 1" in err and "SIGKILL" in err, err[-800:]
+    assert read_jsonl(run_dir / "steps.rank0.jsonl")
+
+
+def test_accumulation_syncs_once_per_step_and_keeps_the_weights(tmp_path, mlp, ddp):
+    """--accumulate 2: Horovod counts two backward passes before it allreduces (backward_passes_per_step); the
+    batch mean is the same, so the weights are DDP's (without accumulation) to rounding."""
+    run = train(tmp_path, mlp, "--engine", "horovod", "--accumulate", "2")
+    assert [r["comm_bytes_backward"] for r in run["steps"][0]] == [PARAM_BYTES] * STEPS
+    for name, w in ddp["weights"].items():
+        torch.testing.assert_close(run["weights"][name], w, rtol=1e-4, atol=1e-5, msg=name)
+
+
+FAILS_ONCE = """
+import os
+import torch
+from torch import nn
+
+MARK = {mark!r}
+
+class FailsOnce(nn.Module):
+    '''Raises in its 5th training forward on every rank, until the file MARK exists.'''
+    def __init__(self, spec):
+        super().__init__()
+        self.fc = nn.Linear(int(torch.tensor(spec.shape).prod()), spec.num_classes)
+        self.calls = 0
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+            if self.calls == 5 and not os.path.exists(MARK):
+                raise ValueError("injected failure")
+        return self.fc(x.flatten(1))
+
+def make(spec):
+    return FailsOnce(spec)
+"""
+
+
+def test_a_failed_run_names_the_error_and_resumes_from_its_checkpoint(tmp_path):
+    """A rank's exception is the run's one-line reason; `train --resume` continues under horovodrun from the
+    checkpoint (optimizer state broadcast from rank 0) and completes."""
+    mark = tmp_path / "fixed"
+    model = tmp_path / "fails_once.py"
+    model.write_text(FAILS_ONCE.format(mark=str(mark)))
+    root = tmp_path / "store"
+    first = run_cli(["train", "--engine", "horovod", "--ranks", "2", "--model", f"{model}:make", "--samples", "256",
+                     "--global-batch", "16", "--steps", "8", "--checkpoint-every", "2", "--store", str(root)],
+                    timeout=240)
+    assert first.returncode == 1
+    row = Store(root).list_runs().iloc[0]
+    assert row["status"] == "failed"
+    assert row["reason"].endswith("exited with code 1: ValueError: injected failure"), row["reason"]
+    mark.write_text("")
+    again = run_cli(["train", "--resume", row["run_id"], "--store", str(root)], timeout=240)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming from the checkpoint at step 4" in again.stdout
+    row = Store(root).list_runs().iloc[0]
+    assert row["status"] == "completed"
+    steps = read_jsonl(root / "runs" / row["run_id"] / "steps.rank1.jsonl")
+    assert [r["step"] for r in steps] == list(range(1, 9))
+
+
+def test_every_listening_socket_of_the_run_is_on_loopback(tmp_path, sleepy_model):
+    """horovodrun's rendezvous server (every interface in Horovod), the side store and gloo: loopback only."""
+    from dist.test_reliability_launch import listening_sockets, socket_inodes
+
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
+                             sleepy_model(0.05), "--samples", "512", "--global-batch", "8", "--ranks", "2",
+                             "--steps", "40", "--store", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    wait_for_steps(proc, root, rank=1, timeout=180)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    listening = listening_sockets()
+    held = {inode for p in family for inode in socket_inodes(p.pid)}
+    addresses = {listening[i] for i in held if i in listening}
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-1500:]
+    assert len(addresses) >= 3, addresses  # the side store, horovodrun's rendezvous, gloo's listeners
+    assert all(host in ("127.0.0.1", "::1") for host, _ in addresses), addresses
