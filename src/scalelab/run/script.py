@@ -26,7 +26,7 @@ from scalelab.config import check_local_nodes, default_threads
 from scalelab.errors import ConfigError, StoreError
 from scalelab.run.exports import write_scalars, write_trace
 from scalelab.run.kinds import Verdict, collect_summary
-from scalelab.run.launch import LOOPBACK_ENV, LaunchSpec
+from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec
 from scalelab.store.rundir import RunDir
 
 SCRIPT_RANK = "scalelab.run.script_rank"
@@ -212,6 +212,9 @@ class ScriptKind:
 
     def owns_shared(self, cfg: ScriptConfig) -> bool:
         return False
+
+    def launcher(self, cfg: ScriptConfig, given: Launcher) -> Launcher:
+        return given  # a user's script runs under torchrun (the DDP engine's launcher)
 
     def describe(self, run_id: str, cfg: ScriptConfig) -> str:
         return f"run {run_id}: {shlex.join([cfg.command[0], *cfg.argv()])}, {cfg.workers} rank(s)"
