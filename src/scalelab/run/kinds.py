@@ -175,11 +175,15 @@ class TrainKind:
         write_scalars(run_dir)
 
     def on_failure(self, run_dir: Path) -> None:
-        """The trace of whatever a failed run recorded; a failure to write it must not hide the run's own."""
-        try:
-            write_trace(run_dir)
-        except Exception:  # noqa: BLE001 - best effort on an already failed run
-            pass
+        trace_on_failure(run_dir)
+
+
+def trace_on_failure(run_dir: Path) -> None:
+    """The trace of whatever a failed run recorded; a failure to write it must not hide the run's own."""
+    try:
+        write_trace(run_dir)
+    except Exception:  # noqa: BLE001 - best effort on an already failed run
+        pass
 
 
 # ---------------------------------------------------------------- bench

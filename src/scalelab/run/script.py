@@ -25,7 +25,7 @@ from scalelab.analysis.sketch import whole_run_figures
 from scalelab.config import check_local_nodes, default_threads
 from scalelab.errors import ConfigError, StoreError
 from scalelab.run.exports import write_scalars, write_trace
-from scalelab.run.kinds import Verdict, collect_summary
+from scalelab.run.kinds import Verdict, collect_summary, trace_on_failure
 from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec
 from scalelab.store.rundir import RunDir
 
@@ -243,10 +243,7 @@ class ScriptKind:
             write_scalars(run_dir)
 
     def on_failure(self, run_dir: Path) -> None:
-        try:
-            write_trace(run_dir)
-        except Exception:  # noqa: BLE001 - best effort on an already failed run
-            pass
+        trace_on_failure(run_dir)
 
 
 SCRIPT = ScriptKind()
