@@ -77,6 +77,14 @@ def _failed_cleanly(proc: subprocess.Popen, family: list, root: Path) -> str:
     return runs["reason"][0]
 
 
+def _reap(procs: list[subprocess.Popen]) -> None:
+    """Kill and wait for whichever of the test's own processes is still running (a test that failed midway)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def _owned(pid: int) -> list[str]:
     """The namespaces of the scalelab process `pid` (their names start with its owner tag)."""
     return [n for n in netns.list_namespaces() if n.startswith(f"{netns.PREFIX}{pid}-")]
@@ -303,10 +311,7 @@ def test_nodes_with_their_own_stores_gather_every_rank_on_node_0(tmp_path, mlp, 
         try:
             outs = [p.communicate(timeout=120) for p in procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            _reap(procs)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     run = Store(stores[0]).get("gathered")
@@ -350,10 +355,7 @@ def test_on_a_shared_store_node_0_adopts_the_run_node_1_created_first(tmp_path, 
             procs.insert(0, start(cluster.nodes[0]))
             outs = [p.communicate(timeout=120) for p in procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            _reap(procs)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
     run = Store(store).get("shared")
