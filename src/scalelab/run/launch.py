@@ -135,9 +135,11 @@ def worker_env(cfg: TrainConfig) -> dict[str, str]:
     if cfg.nnodes == 1:
         env.update(LOOPBACK_ENV)
     if cfg.memory_limit:
-        # Under a cap on address space: few malloc arenas (each reserves address space), and a fixed mmap
-        # threshold so freed large blocks go back to the OS instead of lingering in the heap.
-        env.update({"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "131072"})
+        # Under a cap on address space: one malloc arena. A thread's arena reserves 64 MiB of address space up
+        # front, and when mmap is refused at the cap glibc retries the allocation inside that reserve, so with a
+        # second arena a rank could grow by up to 64 MiB past its cap unseen. A fixed mmap threshold sends freed
+        # large blocks back to the OS instead of letting them linger in the heap.
+        env.update({"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072"})
     return env
 
 
