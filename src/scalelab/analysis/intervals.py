@@ -23,7 +23,6 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 MAX_CORRELATION = 0.95  # beyond this a series is a trend, not noise: the factor is capped (sqrt(39) = 6.2)
 
@@ -52,6 +51,8 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     n = len(x)
     if n == 0:
         return math.nan, math.nan
+    from scipy import stats  # here, not at the top: ranks import this module and scipy.stats costs them ~1 s
+
     k = int(stats.binom.ppf((1 - confidence) / 2, n, 0.5))  # P(Bin <= k-1) <= alpha/2 < P(Bin <= k)
     low, high = (x[0], x[-1]) if k < 1 else (x[k - 1], x[n - k])
     median = float(np.median(x))
@@ -71,6 +72,8 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     if n == 1:
         return mean, mean
     r = lag1_autocorrelation(values)
+    from scipy import stats
+
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
     half *= math.sqrt((1 + r) / (1 - r))
     return mean - half, mean + half

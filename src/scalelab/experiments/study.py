@@ -100,8 +100,9 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
         # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
         "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 256 * 2**20, "segments": 2,
-                      # AMP's memory is in the amp experiment; its search (~1 min) is left to `max-batch`
-                      "variants": ["base"] if q else ["base", "checkpointing"],
+                      # one search (~1.5 min): what checkpointing and AMP do to memory is in their own experiments;
+                      # their searches are left to `max-batch --variants` (the default study's 10-minute budget)
+                      "variants": ["base"],
                       "set": {"model": "resnet18"}},
         # seed 004: at this batch narrow MLPs are activation-bound (2 workers halve that), wide ones parameter-bound
         # (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow ones on 1 and 2 workers
@@ -116,7 +117,10 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         # once (its intervals then come from the steps of one launch: the tables' `launches` column says so)
         "scale": {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
                   "set": comm_model},
-        "strategies": {"strategies": ["allreduce", "bucketed", "ddp"] if q else None, "launches": 1 if q else 3,
+        # seed 003's three (the naive gather/scatter, blocking allreduce, DDP's overlapped buckets); every
+        # variant, scalelab's own bucketed overlap and DDP's hooks, is `scalelab compare strategies`: 3 launches of
+        # 9 variants and their baselines take ~7 minutes here
+        "strategies": {"strategies": ["gather_scatter", "allreduce", "ddp"], "launches": 1 if q else 3,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
         "backends": {"launches": 1 if q else 3,  # shares cells with strategies
                      "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
@@ -130,7 +134,8 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "checkpointing": {"segments": [0, 2, 4], "launches": 1 if q else 2,
                           "set": {"model": "resnet18", "global_batch": 32, "steps": 3 if q else 5,
                                   "warmup_steps": 1}},
-        "lr_scaling": {"batches": [32, 256] if q else [32, 256, 1024], "workers": [1], "target": 0.9,
+        # 1024 (where the linear rule diverges) is left to `lr-scaling --batches` (~30 s more)
+        "lr_scaling": {"batches": [32, 256], "workers": [1], "target": 0.9,
                        "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",
                                                                      "lars"],
                        "set": {"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03,

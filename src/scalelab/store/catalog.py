@@ -16,14 +16,15 @@ import socket
 import sqlite3
 import time
 from pathlib import Path
-from typing import Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Iterator
 
 from scalelab.errors import StoreError
 from scalelab.store.files import dumps
 from scalelab.store.liveness import own_create_time, pid_alive
 from scalelab.store.rundir import RunDir
+
+if TYPE_CHECKING:  # pandas only where tables are built: every rank imports the store, and pandas costs it ~0.3 s
+    import pandas as pd
 
 STATUSES = ("running", "completed", "failed", "interrupted")
 FINAL_STATUSES = ("completed", "failed", "interrupted")
@@ -344,6 +345,8 @@ class Store:
             args.append(int(limit))
         with self._connect() as conn:
             rows = [tuple(r) for r in conn.execute(sql, args).fetchall()]
+        import pandas as pd
+
         df = pd.DataFrame.from_records(rows, columns=list(LIST_COLUMNS))
         return df.astype({"ranks": "Int64", "global_batch": "Int64"})
 
@@ -366,6 +369,8 @@ class Store:
         # A metric named like an identifying column gets a prefix instead of overwriting it.
         names = {m: (f"summary/{m}" if m in COMPARE_ID_COLUMNS else m) for m in metrics}
         out = [{**ident, **{names[m]: flat.get(m) for m in metrics}} for ident, flat in records]
+        import pandas as pd
+
         df = pd.DataFrame(out, columns=list(COMPARE_ID_COLUMNS) + list(names.values()))
         return df.astype({"ranks": "Int64", "global_batch": "Int64"})
 
