@@ -221,7 +221,7 @@ def show(result) -> None:
     if "validation" in result.tables:
         where = result.meta.get("compute_of", "this machine")
         console.rule(f"validation: predicted vs measured median step (ms) on {where}")
-        cols = ["sync", "per_rank_batch", "net_latency_ms", "net_bandwidth_gbps", "compute(ms)",
+        cols = ["sync", "per_rank_batch", "network", "compute(ms)",
                 "exposed_comm(ms)", "predicted", "measured", "error(%)"]
         print(result.tables["validation"][cols].to_string(index=False, float_format=fmt))
     for key, value in result.notes.items():

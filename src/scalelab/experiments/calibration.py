@@ -48,6 +48,7 @@ from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_f
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.cells import Cell, Cells, with_fields
+from scalelab.experiments.links import NodeLink, link_hardware, link_text
 from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
@@ -60,7 +61,7 @@ class Calibration:
 
     model: str
     dataset: str
-    ranks: int  # ranks of the compute runs (sync=noop when > 1) and of the bench (at least 2)
+    ranks: int  # ranks of the compute runs (sync=noop when > 1) and of the bench (at least 2), over all nodes
     threads: int | None  # torch threads per rank in the compute runs (None: the default, cores / ranks)
     backend: str  # of the bench: what α and β describe
     accumulate: int
@@ -77,6 +78,12 @@ class Calibration:
     compute_runs: list[str] = field(default_factory=list)
     bench_run: str = ""
     key: str = ""  # identity of the measurement (cells + bench config)
+    nodes: int = 1  # nodes the compute runs and the bench spanned (local_nodes; 1: ranks on this host's loopback)
+    link_gbps: float | None = None  # each node's shaped link in the bench (kernel tbf); None: unshaped
+    # α, β of a loopback bench on this machine when the bench ran over a shaped link: what moving bytes costs the
+    # hosts themselves, the floor under every link (`hardware` for another link)
+    host_alpha_s: float | None = None
+    host_beta_s_per_byte: float | None = None
     device: str = ""  # what compute ran on: "<n>-core CPU" or the CUDA device's name ("": a file of an older version)
     host: str | None = None  # the host of runs measured elsewhere (`predict --from`); None: calibrated here
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -85,14 +92,22 @@ class Calibration:
         f, b, o, x = (pm.Linear(*self.compute[s]) for s in STAGES)
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
 
-    def hardware(self, gpus_per_node: int = 1) -> Hardware:
-        """The calibrated machine's links as training sees them: the bench's α, β times comm_scale."""
+    def hardware(self, gpus_per_node: int = 1, *, link: NodeLink | None = None) -> Hardware:
+        """The calibrated machine's links as training sees them: the bench's α, β times comm_scale. With `link`
+        other than the calibrated one (`calibrated_link`), the same hosts joined by that link (`link_hardware`)."""
+        if link is not None and link != self.calibrated_link:
+            return link_hardware(self, link, gpus_per_node)
         k = self.comm_scale
-        where = " loopback, this machine" if self.host is None else f", host {self.host}"
+        where = (" loopback, this machine" if self.host is None else f", host {self.host}") + (
+            f", {self.nodes} nodes over {link_text(self.link_gbps)}" if self.nodes > 1 else "")
         return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
                                  name=f"{MEASURED} ({self.backend}{where})", overlap=self.overlap,
                                  source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
                                         f"scale {k:.2f}; overlap {self.overlap:.2f} fitted in situ")
+
+    @property
+    def calibrated_link(self) -> NodeLink:
+        return NodeLink(self.nodes > 1, self.link_gbps)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -100,7 +115,8 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
-        optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host"}
+        optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
+                    "link_gbps", "host_alpha_s", "host_beta_s_per_byte"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
@@ -132,17 +148,17 @@ def calibration_path(store: Store, study: str) -> Path:
 
 
 def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
-    """One run without gradient sync per per-rank batch: same ranks, threads and data as `base`."""
-    if base.nnodes != 1:
-        raise ConfigError("nnodes", base.nnodes, "calibration runs on this machine: allowed 1")
+    """One run without gradient sync per per-rank batch: same ranks, nodes, threads and data as `base`."""
+    if base.nnodes != 1 and not base.local_nodes:
+        raise ConfigError("nnodes", base.nnodes, "calibration runs on this machine: allowed 1, or local_nodes")
     if len(set(batches)) < 2 or min(batches) < 1:
         raise ConfigError("batches", list(batches), "allowed: at least two different per-rank batches >= 1")
     bad = [b for b in batches if b % base.accumulate]
     if bad:
         raise ConfigError("batches", bad[0], f"allowed: per-rank batches divisible by accumulate {base.accumulate}")
     quiet = {"net_latency_ms": 0.0, "net_bandwidth_gbps": None, "ddp_hook": "none"}
-    sync = {"sync": "noop" if base.ranks > 1 else "auto", "wrapper": "auto"}
-    return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, **quiet, **sync))
+    sync = {"sync": "noop" if base.world_size > 1 else "auto", "wrapper": "auto"}
+    return [Cell(f"compute, per-rank batch {b}", with_fields(base, global_batch=b * base.world_size, **quiet, **sync))
             for b in sorted(set(batches))]
 
 
@@ -150,7 +166,7 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
     """Per per-rank batch, one run with per-parameter blocking allreduce and one with overlapped buckets (about a
     quarter of the gradient each, so there is overlap to measure; one per parameter when the last-ready tensor
     alone fills a quarter), no emulation; none for one rank."""
-    if base.ranks < 2:
+    if base.world_size < 2:
         return []
     cap = sum(param_bytes) / 4
     if len(pm.bucket_sizes(param_bytes, cap)) < 2:
@@ -189,8 +205,10 @@ def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
     top, end = min(64 * pm.MIB, max(4 * pm.MIB, sum(param_bytes))), 1024
     while end < top:
         end *= 4
+    nodes = {"local_nodes": base.local_nodes, "link_gbps": base.link_gbps, "link_delay_ms": base.link_delay_ms,
+             "ranks": base.ranks} if base.local_nodes > 1 else {"ranks": max(2, base.ranks)}
     return CommBenchConfig(ops="allreduce", begin=1024, end=end, factor=4, warmup=5, iters=30,
-                           ranks=max(2, base.ranks), backend="auto" if base.backend == "auto" else base.backend)
+                           backend="auto" if base.backend == "auto" else base.backend, **nodes)
 
 
 def gradient_sizes(base: TrainConfig) -> tuple[list[int], int]:
@@ -202,6 +220,11 @@ def gradient_sizes(base: TrainConfig) -> tuple[list[int], int]:
     return [p.numel() * p.element_size() for p in params], sum(p.numel() for p in params)
 
 
+def world(config: dict) -> int:
+    """Ranks over all nodes of a stored run's config."""
+    return int(config.get("ranks", 1)) * int(config.get("nnodes", 1))
+
+
 def compute_points(runs: list[dict]) -> pd.DataFrame:
     """One row per compute run: per_rank_batch, accumulate, stage means in ms and the rest of the median step."""
     rows = []
@@ -209,7 +232,7 @@ def compute_points(runs: list[dict]) -> pd.DataFrame:
         cfg, s = run["config"], run["summary"] or {}
         stages = {st: s.get(keys.stage_ms(st), 0.0) for st in STAGES[:3]}
         step = s[keys.STEP_MEDIAN_MS]
-        rows.append({"run_id": run["run_id"], "per_rank_batch": cfg["global_batch"] / (cfg["ranks"] * cfg["nnodes"]),
+        rows.append({"run_id": run["run_id"], "per_rank_batch": cfg["global_batch"] / world(cfg),
                      "accumulate": cfg.get("accumulate", 1), **{f"{k}(ms)": v for k, v in stages.items()},
                      "other(ms)": max(0.0, step - sum(stages.values())), "step(ms)": step})
     return pd.DataFrame(rows).sort_values("per_rank_batch").reset_index(drop=True)
@@ -223,7 +246,7 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
                                hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
     rows = []
     for run in insitu:
-        b = run["config"]["global_batch"] / run["config"]["ranks"]
+        b = run["config"]["global_batch"] / world(run["config"])
         summary, plain = run["summary"], by_batch.get(b)
         if plain is None:
             continue
@@ -252,7 +275,7 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
     rows = []
     for run in runs:
         cfg, summary = run["config"], run["summary"]
-        b = cfg["global_batch"] / cfg["ranks"]
+        b = cfg["global_batch"] / world(cfg)
         if b not in by_batch:
             continue
         measured = summary[keys.STEP_MEDIAN_MS] - cal.compute_scale * by_batch[b]["step(ms)"]
@@ -291,7 +314,12 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     bench = bench or bench_config(base, param_bytes)
     bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
     study = cells.study
-    identity = [c.key for c in compute + insitu] + [json.dumps(bench.to_dict(), sort_keys=True)]
+    # over a shaped link, a loopback bench too: the hosts' own cost per byte, under any link (experiments/links.py)
+    host_bench = (dataclasses.replace(bench, local_nodes=0, link_gbps=None, link_delay_ms=None, ranks=2)
+                  if bench.link_gbps is not None else None)
+    benches = [Cell("bench allreduce", bench, kind="bench")] + (
+        [Cell("bench allreduce, loopback (the hosts)", host_bench, kind="bench")] if host_bench else [])
+    identity = [c.key for c in compute + insitu] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
     path = calibration_path(cells.store, study)
     if path.exists():
@@ -305,7 +333,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
     paired = [c for cell in compute for c in [cell, *(i for i in insitu
                                                       if i.config.per_rank_batch == cell.config.per_rank_batch)]]
-    results = cells.run([*paired, Cell("bench allreduce", bench, kind="bench")], group="calibration")
+    results = cells.run([*paired, *benches], group="calibration")
     failed = [r for r in results if r.status != "completed"]
     if failed:
         raise RunFailed(failed[0].run_id or "-", f"calibration cell {failed[0].label}: {failed[0].reason}")
@@ -313,16 +341,18 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     by_key = {res.cell.key: run for res, run in zip(results, runs)}
     points = compute_points([by_key[c.key] for c in compute])
     fit = pm.fit_compute_model(points)
-    bench_run = runs[-1]["run_id"]
-    sizes, means, ranks = bench_means(runs[-1]["files"])
-    alpha, beta = fit_alpha_beta(sizes, means, ranks, op="allreduce")
+    bench_runs = runs[len(paired):]
+    bench_run = bench_runs[0]["run_id"]
+    alpha, beta = fit_alpha_beta(*bench_means(bench_runs[0]["files"]), op="allreduce")
+    host = fit_alpha_beta(*bench_means(bench_runs[1]["files"]), op="allreduce") if host_bench else (None, None)
     cal = Calibration(
-        model=base.model, dataset=base.dataset, ranks=bench.ranks, threads=base.threads,
+        model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
         backend=bench.resolved_backend,
         accumulate=base.accumulate,
         compute={s: [fit_of(fit, s).c0, fit_of(fit, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
+        nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, host_alpha_s=host[0], host_beta_s_per_byte=host[1],
         key=key, device=device_name(by_key[compute[0].key]["config"], by_key[compute[0].key]["files"]))
     runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync] for sync in ("allreduce", "bucketed")}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)

@@ -31,7 +31,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware, fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, ScalelabError, StoreError
-from scalelab.experiments.calibration import (MEASURED, STAGES, Calibration, bench_means, compute_points,
+from scalelab.experiments.calibration import (MEASURED, STAGES, Calibration, bench_means, compute_points, world,
                                               device_name, fit_of, gradient_sizes)
 from scalelab.experiments.base import Result
 from scalelab.experiments.prediction import VALIDATION_COLUMNS, prediction_result, validate_measured
@@ -95,10 +95,6 @@ def with_summary(run: dict, need: Sequence[str] = ()) -> dict:
         raise StoreError(f"{files.summary_file}: no number for {lacking[0]!r}; the compute fit needs "
                          f"{', '.join(need)}")
     return {**run, "summary": summary}
-
-
-def world(config: dict) -> int:
-    return int(config.get("ranks", 1)) * int(config.get("nnodes", 1))
 
 
 def without_communication(config: dict) -> bool:

@@ -23,6 +23,7 @@ from scalelab.errors import ConfigError
 from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path
 from scalelab.experiments.base import Context, Result
 from scalelab.experiments.cells import Cell, with_fields
+from scalelab.experiments.links import NodeLink, network_label
 
 
 # ---------------------------------------------------------------- prediction
@@ -127,14 +128,16 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
 
 # ---------------------------------------------------------------- validation
 
-VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "net_latency_ms",
+VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
+                      "net_latency_ms",
                       "net_bandwidth_gbps", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "predicted", "measured",
                       "measured_comm(ms)", "error(%)", "measured_speedup", "measured_efficiency"]
 
 
 def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
     """The model's prediction for one stored run's config on this machine: the "measured" hardware (fitted α/β
-    × comm_scale, compute × compute_scale where collectives run) plus the run's network emulation (each
+    × comm_scale, compute × compute_scale where collectives run) over the run's own link (namespace nodes, a
+    shaped rate: `links.link_hardware` when it is not the calibrated one) plus the run's padding (each
     collective takes max(fitted time, L + S·8/(bw·1e9)), see `perfmodel.Emulation`). None for what the model
     does not cover (PowerSGD)."""
     if config.get("ddp_hook", "none") == "powersgd":
@@ -144,7 +147,9 @@ def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
     strategy = "ddp" if sync == "auto" else sync
     compression = config.get("ddp_hook", "none")
     emulation = pm.Emulation.from_config(config.get("net_latency_ms", 0.0), config.get("net_bandwidth_gbps"))
-    return pm.predict(cal.compute_model(), cal.hardware(), [n], param_bytes=cal.param_bytes, mode="weak",
+    link = NodeLink.of(config)
+    hardware = cal.hardware(config["ranks"] if link.namespaced else 1, link=link)
+    return pm.predict(cal.compute_model(), hardware, [n], param_bytes=cal.param_bytes, mode="weak",
                       per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
                       bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
                       accumulate=config.get("accumulate", 1), emulation=emulation,
@@ -175,7 +180,8 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
                      "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
                      "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),
-                     "ddp_hook": cfg.get("ddp_hook"), "net_latency_ms": cfg.get("net_latency_ms", 0.0),
+                     "ddp_hook": cfg.get("ddp_hook"), "network": network_label(cfg),
+                     "net_latency_ms": cfg.get("net_latency_ms", 0.0),
                      "net_bandwidth_gbps": cfg.get("net_bandwidth_gbps"), "measured_efficiency": one / step,
                      "measured_speedup": n * one / step})
     if not pred:

@@ -99,7 +99,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "profile": {"set": {"ranks": 2}},
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
         # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
-        "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 256 * 2**20, "segments": 2,
+        "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,
                       # one search (~1.5 min): what checkpointing and AMP do to memory is in their own experiments;
                       # their searches are left to `max-batch --variants` (the default study's 10-minute budget)
                       "variants": ["base"],
@@ -112,7 +112,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "model_grid": {"depths": [2] if q else [2, 8], "widths": [1024] if q else [256, 1024],
                        "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
                        "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
-                               "steps": 3 if q else 6, "warmup_steps": 1 if q else 2}},
+                               "steps": 3 if q else 4, "warmup_steps": 1}},
         # compared cells: launched 3 times in interleaved rounds in the default study; the quick one launches each
         # once (its intervals then come from the steps of one launch: the tables' `launches` column says so)
         "scale": {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
@@ -127,23 +127,24 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         # the DDP cell is backends' gloo cell; Horovod adds one launch (~15 s on 2 cores), without its baseline
         # (the default study's 10-minute budget): its exposed communication is marked not applicable
         "engines": {"launches": 1, "baseline": False, "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
-        "comm": {"begin": "4K", "end": "4M" if q else "32M", "iters": 5 if q else 10, "ranks": 2},
-        "loader": {"workers": [0, 2] if q else [0, 1, 2, 4], "launches": 1 if q else 2,
+        "comm": {"begin": "4K", "end": "4M" if q else "16M", "iters": 5 if q else 10, "ranks": 2},
+        "loader": {"workers": [0, 2] if q else [0, 2, 4], "launches": 1 if q else 2,
                    "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}},
-        "amp": {"launches": 1 if q else 3, "set": {"steps": 20 if q else 60, "eval_every": 10}},
+        "amp": {"launches": 1 if q else 3, "set": {"steps": 20 if q else 40, "eval_every": 10}},
         "checkpointing": {"segments": [0, 2, 4], "launches": 1 if q else 2,
-                          "set": {"model": "resnet18", "global_batch": 32, "steps": 3 if q else 5,
+                          "set": {"model": "resnet18", "global_batch": 32, "steps": 3 if q else 4,
                                   "warmup_steps": 1}},
         # 1024 (where the linear rule diverges) is left to `lr-scaling --batches` (~30 s more)
         "lr_scaling": {"batches": [32, 256], "workers": [1], "target": 0.9,
                        "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",
                                                                      "lars"],
                        "set": {"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03,
-                               "epochs": 4 if q else 40, "steps": None, "samples": None, "eval_samples": None,
+                               "epochs": 4 if q else 24, "steps": None, "samples": None, "eval_samples": None,
                                "warmup_steps": 1}},
         "predict": {"workers": [1, 2, 4, 8, 16, 64, 256, 1024, 4096], "hardware": ["measured", "10gbe", "ib_hdr",
                                                                                     "nvlink3"],
                     # 2 ranks calibrate in situ and validate on measured runs; the quick study keeps to one rank
+                    "calibration_batches": [16, 64],  # two points fit the line (a third: ~25 s more)
                     "set": {**comm_model, "ranks": 1 if q else 2}},
     }
     # the quick study (150 s) leaves out what starts another launcher (horovodrun)

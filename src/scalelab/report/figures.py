@@ -329,14 +329,19 @@ def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *
 
 def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
     """Predicted vs measured median step time per run (log-log) with the y = x line; colour = sync strategy,
-    filled = no network emulation, open = emulated latency / bandwidth."""
+    marker = what the collectives went over (circle: loopback, triangle: namespace nodes' link, real or shaped by
+    the kernel); open markers = caller-side padding, labelled approximate."""
     fig, ax = plt.subplots(figsize=(6, 5))
-    emulated = (validation["net_latency_ms"].astype(float) > 0) | validation["net_bandwidth_gbps"].notna()
+    network = validation["network"] if "network" in validation else pd.Series("loopback", index=validation.index)
+    padded = network.str.contains("approximate")
+    nodes = network.str.contains("nodes over")
+    kind = pd.Series(list(zip(nodes, padded)), index=validation.index)
     for i, (sync, g) in enumerate(validation.groupby("sync", sort=False)):
         color = f"C{i}"
-        for emu, h in g.groupby(emulated[g.index]):
-            ax.plot(h["measured"], h["predicted"], "o", color=color, mfc="none" if emu else color,
-                    label=f"{sync}{', emulated net' if emu else ''}")
+        for (on_nodes, pad), h in g.groupby(kind[g.index]):
+            where = "nodes' link" if on_nodes else "loopback"
+            ax.plot(h["measured"], h["predicted"], "^" if on_nodes else "o", color=color,
+                    mfc="none" if pad else color, label=f"{sync}, {where}{', padded (approximate)' if pad else ''}")
     lo = float(min(validation["measured"].min(), validation["predicted"].min())) * 0.8
     hi = float(max(validation["measured"].max(), validation["predicted"].max())) * 1.25
     ax.plot([lo, hi], [lo, hi], "k:", label="y = x")

@@ -28,6 +28,16 @@ def test_worker_env_keeps_one_node_on_loopback_and_splits_threads():
     assert env == {"OMP_NUM_THREADS": "3", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
+def test_namespace_nodes_split_this_machines_cores_among_all_their_ranks(monkeypatch):
+    """Local nodes are namespaces of one machine: 2 nodes of 2 ranks on 8 cores get 2 threads a rank, not 4 (each
+    rank sees only its own node's ranks as local, so splitting by those would oversubscribe the cores 2x)."""
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert worker_env(TrainConfig(ranks=2, local_nodes=2, global_batch=8))["OMP_NUM_THREADS"] == "2"
+    assert worker_env(TrainConfig(ranks=2, global_batch=8))["OMP_NUM_THREADS"] == "4"
+    assert worker_env(TrainConfig(ranks=1, nnodes=3, node_rank=1, rdzv_endpoint="head:1234",
+                                  global_batch=6))["OMP_NUM_THREADS"] == "8"  # real nodes: cores of its own
+
+
 def test_free_port_is_bindable():
     port = free_port()
     with socket.socket() as s:

@@ -1,0 +1,81 @@
+"""The network a run's ranks talked over, and the calibrated hosts joined by another link (issue: real what-if).
+
+A run talks over one of: this host's loopback; an unshaped link between network-namespace nodes (veth and a
+bridge, `--local-nodes`); or such a link shaped by the kernel (`--link-gbps`, tbf). Caller-side padding
+(`net_latency_ms`, `net_bandwidth_gbps`) is a fourth, approximate, way: it delays the caller, not the bytes.
+
+`link_hardware` predicts a link that was not calibrated from one that was. Per byte, moving data costs the
+hosts (copies, the kernel's TCP path: what a loopback bench measures) and the wire; the two run at the same
+time, so the slower one sets the pace: β(link) = max(β_host, β_wire(link)). The wire's β scales with the rate the
+link is shaped to: calibrated over a shaped link of C Gbit/s with fitted β_C, β_wire(L) = β_C · C / L (tbf's own
+efficiency at C carried along); calibrated without shaping, β_wire(L) = 8 / (L · 10⁹), the rate itself. α is the
+calibrated link's (shaping adds no latency) or the host's for an unshaped target. Inside a node (ranks per node
+> 1) ranks talk over the host's loopback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from scalelab.analysis.hardware import Hardware
+from scalelab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from scalelab.experiments.calibration import Calibration
+
+
+@dataclass(frozen=True)
+class NodeLink:
+    """namespaced: the ranks ran on namespace nodes (else on one host's loopback); gbps: each node's shaped rate
+    (None: unshaped)."""
+
+    namespaced: bool = False
+    gbps: float | None = None
+
+    @classmethod
+    def of(cls, config: dict) -> "NodeLink":
+        """The link of a stored run's config (a TrainConfig or CommBenchConfig as a dict)."""
+        namespaced = bool(config.get("local_nodes"))
+        return cls(namespaced, config.get("link_gbps") if namespaced else None)
+
+
+def link_text(gbps: float | None) -> str:
+    return f"a {gbps:g} Gbit/s link (tbf)" if gbps else "an unshaped link"
+
+
+def network_label(config: dict) -> str:
+    """What a run's collectives went over, for tables and plots; padding is marked approximate."""
+    link = NodeLink.of(config)
+    parts = [f"{config.get('nnodes', 1)} nodes over {link_text(link.gbps)}" if link.namespaced else "loopback"]
+    latency, bandwidth = float(config.get("net_latency_ms") or 0.0), config.get("net_bandwidth_gbps")
+    if latency > 0 or bandwidth is not None:
+        padded = [f"{latency:g} ms"] if latency > 0 else []
+        padded += [f"{bandwidth:g} Gbit/s"] if bandwidth is not None else []
+        parts.append(f"padded {', '.join(padded)} (approximate)")
+    return " + ".join(parts)
+
+
+def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1) -> Hardware:
+    """The calibrated hosts joined by `link` (module docstring), times the calibration's in-training scale."""
+    if cal.link_gbps is None:
+        host = (cal.alpha_s, cal.beta_s_per_byte)
+    elif cal.host_alpha_s is not None and cal.host_beta_s_per_byte is not None:
+        host = (cal.host_alpha_s, cal.host_beta_s_per_byte)
+    else:
+        raise ConfigError("link_gbps", link.gbps, f"the calibration ran over {link_text(cal.link_gbps)} without a "
+                                                  "loopback bench, so another link cannot be predicted; calibrate "
+                                                  "again")
+    if link.gbps is None:
+        alpha, beta = host
+    elif cal.link_gbps is not None:
+        alpha, beta = cal.alpha_s, max(host[1], cal.beta_s_per_byte * cal.link_gbps / link.gbps)
+    else:
+        alpha, beta = host[0], max(host[1], 8 / (link.gbps * 1e9))
+    k = cal.comm_scale
+    target = link_text(link.gbps) if link.namespaced else "this host's loopback"
+    return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=host[0] * k,
+                    beta_intra=host[1] * k, alpha_inter=alpha * k, beta_inter=beta * k, gpus_per_node=gpus_per_node,
+                    overlap=cal.overlap,
+                    source=f"calibrated over {link_text(cal.link_gbps) if cal.nodes > 1 else 'loopback'} "
+                           f"(bench {cal.bench_run}): per byte the slower of the hosts and the wire, "
+                           f"× in-training scale {k:.2f}")

@@ -1,0 +1,87 @@
+"""The calibrated hosts over another link (experiments/links.py): β per byte is the slower of the hosts and the
+wire, the wire scaling with the shaped rate; known numbers in, exact numbers out. A real calibration over
+namespace nodes is in tests/dist/test_local_nodes.py."""
+from __future__ import annotations
+
+import pytest
+
+from scalelab.errors import ConfigError
+from scalelab.experiments.calibration import Calibration
+from scalelab.experiments.links import NodeLink, link_hardware, network_label
+from scalelab.experiments.prediction import predict_run
+
+ONE_GBIT = 8e-9  # s per byte at 1 Gbit/s
+
+
+def calibration(**changes) -> Calibration:
+    """Compute of 1 ms whatever the batch; one tensor of 1 MB; a bench over a 1 Gbit/s tbf link that ran at
+    0.95 Gbit/s; the hosts' own cost per byte 1.25 ns (6.4 Gbit/s)."""
+    fields = dict(model="m", dataset="d", ranks=3, threads=None, backend="gloo", accumulate=1,
+                  compute={"forward": [1.0, 0.0], "backward": [0.0, 0.0], "optimizer": [0.0, 0.0],
+                           "other": [0.0, 0.0]},
+                  points=[], alpha_s=1e-4, beta_s_per_byte=ONE_GBIT / 0.95, param_bytes=[1_000_000],
+                  parameters=250_000, compute_runs=[], bench_run="b", key="k", nodes=3, link_gbps=1.0,
+                  host_alpha_s=5e-5, host_beta_s_per_byte=1.25e-9)
+    return Calibration(**{**fields, **changes})
+
+
+def test_a_slower_shaped_link_scales_the_wire_and_keeps_the_calibrated_latency():
+    cal = calibration()
+    for gbps in (0.5, 0.2):
+        hw = cal.hardware(link=NodeLink(True, gbps))
+        assert hw.beta_inter == pytest.approx(ONE_GBIT / 0.95 / gbps) and hw.alpha_inter == 1e-4
+        assert (hw.alpha_intra, hw.beta_intra) == (5e-5, 1.25e-9)  # ranks of one node: the host's loopback
+        assert "0.5" in cal.hardware(link=NodeLink(True, 0.5)).name
+
+
+def test_an_unshaped_or_fast_link_runs_at_the_hosts_pace():
+    cal = calibration()
+    unshaped = cal.hardware(link=NodeLink(True, None))
+    assert (unshaped.alpha_inter, unshaped.beta_inter) == (5e-5, 1.25e-9)
+    fast = cal.hardware(link=NodeLink(True, 100.0))  # wire 0.084 ns per byte: the hosts are slower
+    assert fast.beta_inter == 1.25e-9 and fast.alpha_inter == 1e-4
+    assert cal.hardware(link=NodeLink(False, None)).beta_inter == 1.25e-9  # one host's loopback
+
+
+def test_the_calibrated_link_is_the_fit_itself_and_the_in_training_scale_applies_to_every_link():
+    cal = calibration(comm_scale=2.0)
+    same = cal.hardware(link=NodeLink(True, 1.0))
+    assert (same.alpha_inter, same.beta_inter) == (2e-4, 2 * ONE_GBIT / 0.95) == (same.alpha_intra, same.beta_intra)
+    slow = cal.hardware(link=NodeLink(True, 0.5))
+    assert slow.beta_inter == pytest.approx(2 * ONE_GBIT / 0.95 / 0.5) and slow.beta_intra == 2 * 1.25e-9
+
+
+def test_a_loopback_calibration_takes_the_shaped_rate_as_the_wire():
+    cal = calibration(nodes=1, link_gbps=None, host_alpha_s=None, host_beta_s_per_byte=None, beta_s_per_byte=1e-9)
+    hw = cal.hardware(link=NodeLink(True, 0.5))
+    assert hw.beta_inter == pytest.approx(ONE_GBIT / 0.5) and hw.alpha_inter == 1e-4 and hw.beta_intra == 1e-9
+    assert cal.hardware().beta_inter == 1e-9  # the calibrated loopback: unchanged
+
+
+def test_a_shaped_calibration_without_the_hosts_bench_cannot_predict_another_link():
+    cal = calibration(host_alpha_s=None, host_beta_s_per_byte=None)
+    with pytest.raises(ConfigError, match="loopback bench"):
+        link_hardware(cal, NodeLink(True, None))
+
+
+def test_a_run_over_a_slower_link_is_predicted_with_the_ring_over_that_link():
+    """3 nodes of one rank, per-parameter allreduce of one 1 MB tensor over 0.2 Gbit/s: the step is compute plus
+    the ring, 2(n−1)·α + 2(n−1)/n·S·β, β the calibrated wire × 1/0.2."""
+    cal = calibration()
+    config = {"ranks": 1, "nnodes": 3, "local_nodes": 3, "link_gbps": 0.2, "global_batch": 3, "sync": "allreduce",
+              "bucket_mb": 25.0}
+    beta = ONE_GBIT / 0.95 / 0.2
+    ring_ms = 1e3 * (4 * 1e-4 + 4 / 3 * 1_000_000 * beta)
+    row = predict_run(cal, config)
+    assert row["comm(ms)"] == pytest.approx(ring_ms)
+    assert row["step(ms)"] == pytest.approx(1.0 + ring_ms)  # blocking: nothing hidden
+    loopback = predict_run(cal, {**config, "local_nodes": 0, "nnodes": 1, "ranks": 3, "link_gbps": None})
+    assert loopback["comm(ms)"] == pytest.approx(1e3 * (4 * 5e-5 + 4 / 3 * 1_000_000 * 1.25e-9))
+
+
+def test_the_network_label_names_the_link_and_marks_padding_approximate():
+    assert network_label({"ranks": 2}) == "loopback"
+    assert network_label({"local_nodes": 3, "nnodes": 3, "link_gbps": 0.5}) == "3 nodes over a 0.5 Gbit/s link (tbf)"
+    assert network_label({"local_nodes": 2, "nnodes": 2}) == "2 nodes over an unshaped link"
+    padded = network_label({"ranks": 2, "net_latency_ms": 5.0, "net_bandwidth_gbps": 1.0})
+    assert padded == "loopback + padded 5 ms, 1 Gbit/s (approximate)"
