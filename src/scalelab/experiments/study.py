@@ -78,7 +78,9 @@ class StudySpec:
         return cls(**data)
 
 
-QUICK_LEAVES_OUT = ("engines",)
+# the quick study (150 s) leaves out what starts another launcher (horovodrun) and the max-batch search (at least
+# 7 trials of ~8 s each under a cap resnet18 can train under)
+QUICK_LEAVES_OUT = ("engines", "max_batch")
 
 # (experiment, option name in scalelab 0.1) -> its name now
 LEGACY_OPTIONS = {("strategies", "names"): "strategies", ("scale", "modes"): "mode"}
@@ -97,6 +99,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
     comm_model = {"model": "mlp", "steps": 6 if q else 8}
     options = {
         "profile": {"set": {"ranks": 2}},
+        "threads": {"threads": [1, 2] if q else None},  # default: 1, 2, 4 (oversubscribed) on 2 cores
         "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
         # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
         "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,
@@ -119,10 +122,11 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         # baseline of strategies and backends, measured once and reused (6 launches fewer in the default study)
         "scale": {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
                   "set": {**comm_model, "bucket_mb": 4.0}},
-        # seed 003's three (the naive gather/scatter, blocking allreduce, DDP's overlapped buckets); every
-        # variant, scalelab's own bucketed overlap and DDP's hooks, is `scalelab compare strategies`: 3 launches of
-        # 9 variants and their baselines take ~7 minutes here
-        "strategies": {"strategies": ["gather_scatter", "allreduce", "ddp"], "launches": 1 if q else 3,
+        # seed 003's three (the naive gather/scatter, blocking allreduce, DDP's overlapped buckets; the quick study
+        # the last two); every variant, scalelab's own bucketed overlap and DDP's hooks, is `scalelab compare
+        # strategies`: 3 launches of 9 variants and their baselines take ~7 minutes here
+        "strategies": {"strategies": ["allreduce", "ddp"] if q else ["gather_scatter", "allreduce", "ddp"],
+                       "launches": 1 if q else 3,
                        "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
         "backends": {"launches": 1 if q else 3,  # shares cells with strategies
                      "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
@@ -134,7 +138,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                    "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}},
         "amp": {"launches": 1 if q else 3, "set": {"steps": 20 if q else 40, "eval_every": 10}},
         "checkpointing": {"segments": [0, 2, 4], "launches": 1 if q else 2,
-                          "set": {"model": "resnet18", "global_batch": 32, "steps": 3 if q else 4,
+                          "set": {"model": "resnet18", "global_batch": 8 if q else 32, "steps": 3 if q else 4,
                                   "warmup_steps": 1}},
         # 1024 (where the linear rule diverges) is left to `lr-scaling --batches` (~30 s more)
         "lr_scaling": {"batches": [32, 256], "workers": [1], "target": 0.9,
@@ -149,7 +153,6 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                     "calibration_batches": [16, 64],  # two points fit the line (a third: ~25 s more)
                     "set": {**comm_model, "ranks": 1 if q else 2}},
     }
-    # the quick study (150 s) leaves out what starts another launcher (horovodrun)
     names = [n for n in registry.names() if not (q and n in QUICK_LEAVES_OUT)]
     return StudySpec(name=name or ("quick" if q else "default"), quick=q, base=base, options=options,
                      experiments=names)
