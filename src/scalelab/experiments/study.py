@@ -138,7 +138,7 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                    "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}},
         "amp": {"launches": 1 if q else 3, "set": {"steps": 20 if q else 40, "eval_every": 10}},
         "checkpointing": {"segments": [0, 2, 4], "launches": 1 if q else 2,
-                          "set": {"model": "resnet18", "global_batch": 8 if q else 32, "steps": 3 if q else 4,
+                          "set": {"model": "resnet18", "global_batch": 8 if q else 16, "steps": 3 if q else 4,
                                   "warmup_steps": 1}},
         # 1024 (where the linear rule diverges) is left to `lr-scaling --batches` (~30 s more)
         "lr_scaling": {"batches": [32, 256], "workers": [1], "target": 0.9,
@@ -150,8 +150,10 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
         "predict": {"workers": [1, 2, 4, 8, 16, 64, 256, 1024, 4096], "hardware": ["measured", "10gbe", "ib_hdr",
                                                                                     "nvlink3"],
                     # 2 ranks calibrate in situ and validate on measured runs; the quick study keeps to one rank
-                    "calibration_batches": [16, 64],  # two points fit the line (a third: ~25 s more)
-                    "set": {**comm_model, "ranks": 1 if q else 2}},
+                    # two points fit the line (a third: ~25 s more); with scale's buckets the validation run at
+                    # per-rank batch 32 is scale's 2-worker DDP cell, reused
+                    "calibration_batches": [16, 32],
+                    "set": {**comm_model, "ranks": 1 if q else 2, "bucket_mb": 4.0}},
     }
     names = [n for n in registry.names() if not (q and n in QUICK_LEAVES_OUT)]
     return StudySpec(name=name or ("quick" if q else "default"), quick=q, base=base, options=options,
