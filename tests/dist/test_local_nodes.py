@@ -395,3 +395,25 @@ def test_scale_over_nodes_gives_each_node_its_epoch_cpu_and_network(tmp_path, na
     alone = nodes[nodes["nodes"] == 1].iloc[0]
     assert alone["net_sent(MB/s)"] < 0.02 * two["net_sent(MB/s)"].min()  # one node: nothing leaves it
     assert (out / "scale_strong_nodes.png").exists()
+
+
+def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_one(tmp_path, mlp,
+                                                                                  namespaces_restored):
+    """Known truth: the kernel's tbf at 0.2 Gbit/s. Calibrating over 2 namespace nodes fits β from a bench over that
+    link (each byte 40 ns on the wire; tbf delivers ~0.19 Gbit/s here) and β_hosts from a loopback bench, which is
+    far faster; another link is then predicted from the same hosts (experiments/links.py)."""
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.calibration import calibrate
+    from scalelab.experiments.cells import Cells
+    from scalelab.experiments.links import NodeLink
+
+    base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
+                       global_batch=8, steps=4, warmup_steps=1, eval_every=1000, hang_timeout_s=120)
+    cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], say=lambda _: None)
+    assert (cal.nodes, cal.link_gbps, cal.ranks) == (2, 0.2, 2)
+    gbps = 8 / cal.beta_s_per_byte / 1e9
+    assert 0.14 < gbps < 0.21, gbps  # the shaped rate, give or take tbf's efficiency and this machine's noise
+    assert cal.host_beta_s_per_byte is not None and cal.host_beta_s_per_byte < cal.beta_s_per_byte / 5
+    slower = cal.hardware(link=NodeLink(True, 0.1))
+    assert slower.beta_inter == pytest.approx(2 * cal.beta_s_per_byte * cal.comm_scale)
+    assert [p["per_rank_batch"] for p in cal.points] == [4, 8]  # compute at the node count calibrated
