@@ -412,7 +412,7 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], say=lambda _: None)
     assert (cal.nodes, cal.link_gbps, cal.ranks) == (2, 0.2, 2)
     gbps = 8 / cal.beta_s_per_byte / 1e9
-    assert 0.14 < gbps < 0.21, gbps  # the shaped rate, give or take tbf's efficiency and this machine's noise
+    assert 0.14 < gbps < 0.25, gbps  # the shaped rate, give or take tbf's burst and efficiency (unshaped: ~6)
     assert cal.host_beta_s_per_byte is not None and cal.host_beta_s_per_byte < cal.beta_s_per_byte / 5
     slower = cal.hardware(link=NodeLink(True, 0.1))
     assert slower.beta_inter == pytest.approx(2 * cal.beta_s_per_byte * cal.comm_scale)
