@@ -483,12 +483,8 @@ def check_local_nodes(cfg: Any) -> None:
             raise ConfigError(name, value, "allowed only with local_nodes >= 1 (a link of namespaced nodes)")
 
 
-def default_threads(local_ranks: int) -> int:
-    """Intra-op threads per rank so that local ranks do not oversubscribe the cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
-
-
-def ranks_on_host(ranks_per_node: int, local_nodes: int = 0) -> int:
-    """Ranks sharing this machine's cores: a node's ranks, times the nodes when they are namespaces of this machine
-    (local_nodes; a rank there sees only its own node's ranks as local)."""
-    return ranks_per_node * max(1, local_nodes)
+def default_threads(local_ranks: int, local_nodes: int = 0) -> int:
+    """Intra-op threads per rank so that the ranks on this machine do not oversubscribe its cores: a node's ranks,
+    times the nodes when they are namespaces of this machine (local_nodes; a rank there sees only its own node's
+    ranks as local)."""
+    return max(1, (os.cpu_count() or 1) // (max(1, local_ranks) * max(1, local_nodes)))

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from scalelab.analysis import keys
 from scalelab.analysis.summary import loopback_bytes_per_step, summarize
-from scalelab.config import TrainConfig, default_threads, ranks_on_host
+from scalelab.config import TrainConfig, default_threads
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
@@ -193,7 +193,7 @@ BENCH_WORKER = "scalelab.measure.commbench_worker"
 
 def commbench_env(cfg: CommBenchConfig) -> dict[str, str]:
     """Threads split over the ranks; on one node collectives kept on loopback (local nodes: on the node's link)."""
-    return {"OMP_NUM_THREADS": str(default_threads(ranks_on_host(cfg.ranks, cfg.local_nodes))), **(LOOPBACK_ENV if cfg.nnodes == 1 else {})}
+    return {"OMP_NUM_THREADS": str(default_threads(cfg.ranks, cfg.local_nodes)), **(LOOPBACK_ENV if cfg.nnodes == 1 else {})}
 
 
 def bench_launch_spec(cfg: CommBenchConfig, run_dir: Path) -> LaunchSpec:

@@ -22,7 +22,7 @@ from typing import Any
 
 from scalelab.analysis import keys
 from scalelab.analysis.sketch import whole_run_figures
-from scalelab.config import check_local_nodes, default_threads, ranks_on_host
+from scalelab.config import check_local_nodes, default_threads
 from scalelab.errors import ConfigError, StoreError
 from scalelab.run.exports import write_scalars, write_trace
 from scalelab.run.kinds import Verdict, collect_summary, trace_on_failure
@@ -126,7 +126,7 @@ def fill(arg: str, values: dict[str, int], *, check_only: bool = False) -> str:
 
 
 def script_env(cfg: ScriptConfig) -> dict[str, str]:
-    env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(ranks_on_host(cfg.ranks, cfg.local_nodes)))}
+    env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks, cfg.local_nodes))}
     if cfg.nnodes == 1:
         env.update(LOOPBACK_ENV)
     return env

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from scalelab.config import TrainConfig, default_threads, ranks_on_host
+from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
 from scalelab.engines import registry as engines
 from scalelab.measure.machine import RunCpu, local_rank_pids
@@ -34,7 +34,7 @@ from scalelab.train.heartbeat import Heartbeat
 def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False) -> dict:
     """Set up this rank, train (from the run's last checkpoint if `resume`), and write its result file. Always
     closes the sampler and the process group."""
-    torch.set_num_threads(cfg.threads or default_threads(ranks_on_host(ctx.local_world, cfg.local_nodes)))
+    torch.set_num_threads(cfg.threads or default_threads(ctx.local_world, cfg.local_nodes))
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     rundir = RunDir(run_dir)
