@@ -20,7 +20,9 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
     steps = [r for r in read_jsonl(out.run_dir / "steps.rank0.jsonl") if not r["warmup"]]
     assert len(steps) == 6
     forward = statistics.median(r["forward(s)"] for r in steps)
-    assert abs(forward - 0.05) / 0.05 < 0.05  # the known 50 ms, within 5 %
+    # the known 50 ms plus the model's own few ms of forward (3 ms seen on a loaded CI machine, which failed a
+    # 5 % bound); the margin is half the sleep, as below: a misplaced sleep would move 50 ms
+    assert 0.05 <= forward < 0.075
     for r in steps:
         assert r["other(s)"] <= 0.02 * r["wall(s)"]  # the named stages account for the step
     # the same model without the sleep: the 50 ms shows up in forward and in the step's wall time, nowhere else
