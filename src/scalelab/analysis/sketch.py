@@ -39,6 +39,15 @@ class QuantileSketch:
         if len(level0) >= self._cap0:
             self._compress()
 
+    def extend(self, values: list[float]) -> None:
+        """Add many values at once (a chunk of a run's steps): one compaction pass per chunk instead of one check
+        per value. A level far over its capacity is halved level by level like any other, so the rank error stays
+        that of the per-value path (each halving errs by at most the weight of its level)."""
+        self.levels[0].extend(values)
+        self.n += len(values)
+        while any(len(v) >= self._capacity(i) for i, v in enumerate(self.levels)):
+            self._compress()
+
     def _compress(self) -> None:
         """Halve every level over its capacity, from the bottom up (a promoted half may fill the next level)."""
         for level in range(len(self.levels)):
@@ -109,6 +118,15 @@ class Running:
         if value > self.high:
             self.high = value
         self.sketch.add(value)
+
+    def extend(self, values) -> None:
+        """Add a chunk of values (a numpy array)."""
+        if not len(values):
+            return
+        self.count += len(values)
+        self.total += float(values.sum())
+        self.low, self.high = min(self.low, float(values.min())), max(self.high, float(values.max()))
+        self.sketch.extend(values.tolist())
 
     @property
     def mean(self) -> float:

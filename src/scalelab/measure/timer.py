@@ -72,6 +72,8 @@ class StepTimer:
                  on_enter: Callable[[str], None] | None = None, marks=None):
         self._marks = marks if marks is not None else HostMarks(clock)
         self._sync = sync  # device-wide synchronisation at every boundary (only when asked for)
+        if sync is None:
+            self._mark = self._marks.mark  # called at every boundary of every step: no indirection
         self._on_enter = on_enter  # told the name of every span as it begins (the hang watchdog's heartbeat)
         self._t0 = None
         self._spans: list[tuple[str, Any, Any]] = []
@@ -80,8 +82,7 @@ class StepTimer:
         self._comm_end = None
 
     def _mark(self):
-        if self._sync:
-            self._sync()
+        self._sync()
         return self._marks.mark()
 
     def start_step(self) -> None:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from scalelab.analysis.sketch import Running
@@ -37,6 +38,7 @@ from scalelab.sync.meter import PHASES, CommMeter
 from scalelab.train.heartbeat import Heartbeat
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
+FOLD_EVERY = 4096  # steps whose stage times are folded into the whole-run figures at once (numpy, not per step)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class Probe:
         self.rundir, self.ctx = RunDir(run_dir), ctx
         self.warmup_steps, self.detail = warmup_steps, detail
         self.figures: dict[str, Running] = {}  # every timed step's stage seconds, kept or not
+        self._pending: list[dict[str, float]] = []  # timed steps not yet folded into the figures
         self.timed = self.samples_timed = 0
         self.dropped_comm: dict = {}  # collectives of steps whose record was not kept (totals, no events)
         self.meter = CommMeter(ctx.world)
@@ -202,10 +205,11 @@ class Probe:
             self.heartbeat.step = self.steps
         samples = self._samples or 0
         warmup = self.steps <= self.warmup_steps
-        comm = self.meter.take_step() if not self.meter.idle() else dict(self._no_comm)
+        comm = self.meter.take_step() if not self.meter.idle() else self._no_comm
         if not warmup:
             self._aggregate(times, samples)
         if self.detail.keeps(self.steps):
+            comm = dict(comm)
             self.records.append({
                 "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
                 "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
@@ -240,7 +244,7 @@ class Probe:
             except StopIteration:
                 self.leave_step()  # no batch: no step
                 return
-            found = first_tensor(batch)
+            found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
             self._samples = int(found.shape[0]) if found is not None and found.dim() else None
             try:
                 yield batch
@@ -260,26 +264,41 @@ class Probe:
         self._extra.update({k: float(v) for k, v in values.items()})
 
     def _aggregate(self, times: dict[str, float], samples: int) -> None:
-        """Every timed step into the whole-run figures; a stage never entered so far (h2d in most scripts) has
-        none, one entered later counts 0 s for the steps before (in its mean, not in its sketch)."""
-        self.timed += 1
+        """Every timed step into the whole-run figures, folded in chunks (`_fold`): per step only an append."""
+        self._pending.append(times)
         self.samples_timed += samples
-        figures, added = self.figures, 0
-        for name, seconds in times.items():
-            fig = figures.get(name)
+        if len(self._pending) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        """The pending steps into the figures, a stage at a time with numpy. A stage never entered so far (h2d in
+        most scripts) has no figure; one first entered in step i counts 0 s for the steps before (in its mean, not
+        in its sketch); one entered before but not in a step counts 0 s for it."""
+        chunk, self._pending = self._pending, []
+        if not chunk:
+            return
+        before = self.timed
+        self.timed += len(chunk)
+        names = dict.fromkeys(self.figures)
+        for times in (chunk[0], chunk[-1]):  # every step has the timer's stages; user-named ones may come and go
+            names.update(dict.fromkeys(times))
+        for times in chunk:
+            if times.keys() - names.keys():
+                names.update(dict.fromkeys(times))
+        for name in names:
+            values = np.fromiter((t.get(name, 0.0) for t in chunk), float, len(chunk))
+            fig = self.figures.get(name)
             if fig is None:
-                if not seconds:
+                entered = np.flatnonzero(values)
+                if not len(entered):
                     continue
-                fig = figures[name] = Running()
-                fig.count = self.timed - 1
-            fig.add(seconds)
-            added += 1
-        if added < len(figures):  # a stage entered before but not in this step: 0 s
-            for fig in figures.values():
-                if fig.count < self.timed:
-                    fig.add(0.0)
+                first = int(entered[0])
+                fig = self.figures[name] = Running()
+                fig.count, values = before + first, values[first:]
+            fig.extend(values)
 
     def flush(self) -> None:
+        self._fold()
         write_jsonl_atomic(self.rundir.steps_file(self.ctx.rank), self.records)
         self.rundir.write_aggregates(self.ctx.rank, self.aggregates())
         self._last_flush = time.monotonic()

@@ -52,3 +52,22 @@ def test_small_counts_are_exact_and_running_sums_exact():
     assert Running.from_dict(Running().to_dict()).count == 0
     with pytest.raises(ValueError, match="k: 2"):
         QuantileSketch(k=2)
+
+
+@pytest.mark.parametrize("chunk", [1, 300, 4096, 50_000])
+def test_chunks_added_at_once_keep_the_rank_error_and_the_size_bound(chunk):
+    values = np.random.default_rng(7).lognormal(mean=-3, sigma=0.5, size=200_000)
+    sketch, run = QuantileSketch(seed=3), Running()
+    for i in range(0, len(values), chunk):
+        sketch.extend(values[i:i + chunk].tolist())
+        run.extend(values[i:i + chunk])
+    assert sketch.n == run.sketch.n == len(values)
+    for q in (0.5, 0.95):
+        assert rank_error(values, sketch.quantile(q), q) < 0.01
+        assert rank_error(values, run.sketch.quantile(q), q) < 0.01
+    assert sum(len(lv) for lv in sketch.levels) < 2000
+    assert sum(w for _, w in sketch.weighted()) == pytest.approx(len(values), rel=0.01)
+    assert (run.count, run.low, run.high) == (len(values), values.min(), values.max())
+    assert run.total == pytest.approx(values.sum(), rel=1e-12)
+    run.extend(np.array([]))
+    assert run.count == len(values)

@@ -106,11 +106,14 @@ def test_first_tensor_and_totals():
 
 
 
-def test_a_long_run_keeps_records_of_its_windows_and_sums_every_step(tmp_path):
+@pytest.mark.parametrize("fold_every", [4096, 7, 1])  # the stage times folded at the end, in chunks, per step
+def test_a_long_run_keeps_records_of_its_windows_and_sums_every_step(tmp_path, monkeypatch, fold_every):
     from scalelab.analysis import keys
+    from scalelab.run import probe as probe_module
     from scalelab.run.probe import Detail
     from scalelab.run.script import summarise_script
 
+    monkeypatch.setattr(probe_module, "FOLD_EVERY", fold_every)
     clock = Clock()
     probe = probe_on(tmp_path, clock, warmup_steps=1, detail=Detail(first=3, every=10, length=2, windows=2))
     for i, _ in enumerate(probe.data(SlowLoader(clock, batches=50, n=4, wait=0.5))):
