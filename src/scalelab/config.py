@@ -177,8 +177,7 @@ class TrainConfig:
         if self.sample_interval_s <= 0:
             raise ConfigError("sample_interval_s", self.sample_interval_s, "allowed: a number > 0")
         check_local_nodes(self)
-        if self.local_nodes:
-            self._take_local_nodes()
+        self.nnodes = local_nnodes(self)
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError("node_rank", self.node_rank, f"allowed: 0..{self.nnodes - 1} (nnodes={self.nnodes})")
         if self.nnodes > 1 and not self.rdzv_endpoint and not self.local_nodes:
@@ -199,18 +198,6 @@ class TrainConfig:
         self._check_sync()
         self._check_hardware()
         self._check_engine()
-
-    def _take_local_nodes(self) -> None:
-        """local_nodes N is a run of nnodes N whose node ranks and endpoint scalelab chooses: a stored run then
-        counts its workers (ranks x nnodes) like any multi-node run."""
-        if self.nnodes not in (1, self.local_nodes):
-            raise ConfigError("nnodes", self.nnodes, f"set by local_nodes ({self.local_nodes}); leave it 1")
-        if self.node_rank != 0:
-            raise ConfigError("node_rank", self.node_rank, "chosen by local_nodes for each node; leave it 0")
-        if self.rdzv_endpoint is not None:
-            raise ConfigError("rdzv_endpoint", self.rdzv_endpoint,
-                              "chosen by local_nodes (node 0's private address); leave it unset")
-        self.nnodes = self.local_nodes
 
     def _check_model_options(self) -> None:
         if self.model_options is None:
@@ -481,6 +468,22 @@ def check_local_nodes(cfg: Any) -> None:
             raise ConfigError(name, value, "allowed: a number > 0 (or leave unset)")
         if not cfg.local_nodes:
             raise ConfigError(name, value, "allowed only with local_nodes >= 1 (a link of namespaced nodes)")
+
+
+def local_nnodes(cfg: Any) -> int:
+    """The node count of a config: local_nodes N is a run of nnodes N whose node ranks and endpoint scalelab
+    chooses (a stored run then counts its workers, ranks x nnodes, like any multi-node run); without local nodes,
+    nnodes as given."""
+    if not cfg.local_nodes:
+        return cfg.nnodes
+    if cfg.nnodes not in (1, cfg.local_nodes):
+        raise ConfigError("nnodes", cfg.nnodes, f"set by local_nodes ({cfg.local_nodes}); leave it 1")
+    if cfg.node_rank != 0:
+        raise ConfigError("node_rank", cfg.node_rank, "chosen by local_nodes for each node; leave it 0")
+    if cfg.rdzv_endpoint is not None:
+        raise ConfigError("rdzv_endpoint", cfg.rdzv_endpoint,
+                          "chosen by local_nodes (node 0's private address); leave it unset")
+    return cfg.local_nodes
 
 
 def default_threads(local_ranks: int, local_nodes: int = 0) -> int:

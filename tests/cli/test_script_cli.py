@@ -21,11 +21,16 @@ def run_main(argv, capsys) -> tuple[int, str]:
     (["bash", "train.sh"], "'bash' is not allowed"),
     (["python", "train.py", "--batch", "{batch}"], "'{batch}' is not allowed; is not a placeholder"),
     (["python", "train.py", "--batch", "{global_batch}"], "'{global_batch}' is not allowed; has no value"),
+    (["--link-gbps", "1", "--", "python", "train.py"], "link_gbps: 1.0 is not allowed; allowed only with local_nodes"),
+    (["--local-nodes", "2", "--nnodes", "3", "--", "python", "train.py"], "nnodes: 3 is not allowed; set by local"),
+    (["--local-nodes", "-1", "--", "python", "train.py"], "local_nodes: -1 is not allowed"),
 ])
 def test_bad_run_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, command, needle):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
-    code, err = run_main(["run", "--store", str(tmp_path / "store"), "--", *command], capsys)
+    options = command[:command.index("--")] if "--" in command else []
+    command = command[command.index("--") + 1:] if "--" in command else command
+    code, err = run_main(["run", "--store", str(tmp_path / "store"), *options, "--", *command], capsys)
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
     assert not (tmp_path / "store" / "runs").exists() or not any((tmp_path / "store" / "runs").iterdir())
@@ -53,3 +58,14 @@ def test_placeholders_are_filled_and_the_ranks_run_the_script_rank_module(tmp_pa
 
 def test_fill_leaves_text_without_placeholders_alone():
     assert fill("plain", {}) == "plain" and fill("a{", {}) == "a{"
+
+
+def test_local_nodes_set_the_node_count_and_leave_the_endpoint_to_the_cluster(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    cfg = ScriptConfig(command=("python", "train.py", "-w", "{workers}"), ranks=2, local_nodes=3, link_gbps=0.5,
+                       cwd=str(tmp_path))
+    assert (cfg.nnodes, cfg.workers, cfg.argv()) == (3, 6, ["train.py", "-w", "6"])
+    spec = SCRIPT.launch_spec(cfg, tmp_path / "run", isolate=False, resume=False)
+    assert (spec.nnodes, spec.endpoint) == (3, None)  # node 0's private address, chosen when the cluster exists
+    assert SCRIPT.watched(cfg)[0] == list(range(6))  # every node's ranks heartbeat into this run directory
+    assert ScriptConfig.from_dict(cfg.to_dict()) == cfg

@@ -417,3 +417,25 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     slower = cal.hardware(link=NodeLink(True, 0.1))
     assert slower.beta_inter == pytest.approx(2 * cal.beta_s_per_byte * cal.comm_scale)
     assert [p["per_rank_batch"] for p in cal.points] == [4, 8]  # compute at the node count calibrated
+
+
+def test_a_users_script_runs_across_nodes(tmp_path, namespaces_restored):
+    # `scalelab run --local-nodes 2`: the seed-like script (with the probe) on 2 namespace nodes of one rank. Both
+    # ranks report their steps into the one run, and each rank's collectives are those of the other (one DDP job)
+    from seed_script import collectives, seed_script
+
+    store = tmp_path / "store"
+    res = run_cli(["run", "--store", str(store), "--local-nodes", "2", "--", "python",
+                   str(seed_script(tmp_path, probe=True))], timeout=200)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = Store(store).list_runs()
+    assert list(runs["status"]) == ["completed"] and list(runs["ranks"]) == [2]
+    run = Store(store).get(runs["run_id"][0])
+    assert (run["config"]["local_nodes"], run["config"]["nnodes"], run["config"]["ranks"]) == (2, 2, 1)
+    assert run["summary"][keys.RANKS_REPORTED] == 2 and run["summary"][keys.COMM_BYTES_TOTAL] > 0
+    rundir = RunDir(run["dir"])
+    assert all(count % 2 == 0 for count in collectives(run["dir"]).values())  # every collective on both ranks
+    per_rank = [[(e[0], e[4]) for r in rundir.read_steps(rank) for e in r["comm_events"]] for rank in (0, 1)]
+    assert per_rank[0] and per_rank[0] == per_rank[1]
+    steps = {rank: [r["step"] for r in rundir.read_steps(rank)] for rank in (0, 1)}
+    assert steps[0] == steps[1] and len(steps[0]) >= 6

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from scalelab.cli.common import console, err_console, run_failed
-from scalelab.cli.options import store_option
+from scalelab.cli.options import field_option, store_option
 
 app = typer.Typer(no_args_is_help=True, help="Microbenchmarks.")
 
@@ -23,12 +23,9 @@ def bench_comm(
     iters: Optional[int] = typer.Option(None, help="Timed iterations per size and op; default: chosen per size "
                                                    "(~0.2 s each, 5..1000: many for small messages)."),
     ranks: int = typer.Option(2, "--ranks", "-n", help="Processes on this node (with --local-nodes: on each node)."),
-    local_nodes: int = typer.Option(0, help="Make this many nodes out of network namespaces on this machine and "
-                                            "run across them (needs root or CAP_NET_ADMIN); 0 = off."),
-    link_gbps: Optional[float] = typer.Option(None, help="With --local-nodes: each node's link shaped to this "
-                                                         "many Gbit/s in both directions (kernel tbf)."),
-    link_delay_ms: Optional[float] = typer.Option(None, help="With --local-nodes: one-way delay (ms) on each "
-                                                             "node's link (kernel netem, where it exists)."),
+    local_nodes: int = field_option("local_nodes"),
+    link_gbps: Optional[float] = field_option("link_gbps"),
+    link_delay_ms: Optional[float] = field_option("link_delay_ms"),
     backend: str = typer.Option("auto", help="auto, gloo or nccl (nccl needs a CUDA GPU per rank)."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
     store: Optional[Path] = store_option(),

@@ -154,6 +154,13 @@ def config_params(skip: Iterable[str] = (), renamed: dict[str, str] | None = Non
 STORE_HELP = "Directory holding runs and the catalog (env SCALELAB_STORE; default ./scalelab-runs)."
 
 
+def field_option(name: str) -> Any:
+    """A TrainConfig field's flag for a command that builds another config (bench comm, run): the same default and
+    help, so `--local-nodes` means one thing everywhere."""
+    f = next(f for f in fields(TrainConfig) if f.name == name)
+    return typer.Option(f.default, help=f.metadata["help"])
+
+
 def store_option() -> Any:
     return typer.Option(None, "--store", help=STORE_HELP)
 

@@ -2,6 +2,7 @@
 
     scalelab run -- python train.py --epochs 1
     scalelab run --ranks 2 -- python train.py --batch {per_worker_batch} --global-batch 256
+    scalelab run --local-nodes 2 --link-gbps 1 -- python train.py
     scalelab run --nnodes 2 --node-rank 0 --rdzv-endpoint HOST:PORT --run-id job7 -- python -m mypkg.train
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 
 from scalelab.cli.common import console, run_failed
-from scalelab.cli.options import store_option
+from scalelab.cli.options import field_option, store_option
 from scalelab.cli.train import print_summary
 
 
@@ -26,6 +27,9 @@ def run_script(
     nnodes: int = typer.Option(1, help="Nodes in the run (each node runs the same command)."),
     node_rank: int = typer.Option(0, help="This node's rank, 0..nnodes-1."),
     rdzv_endpoint: Optional[str] = typer.Option(None, help="host:port of node 0 for multi-node runs."),
+    local_nodes: int = field_option("local_nodes"),
+    link_gbps: Optional[float] = field_option("link_gbps"),
+    link_delay_ms: Optional[float] = field_option("link_delay_ms"),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", "-b",
                                                help="Fills {global_batch} and {per_worker_batch}."),
     threads: Optional[int] = typer.Option(None, help="Torch threads per rank (default: cores / local ranks)."),
@@ -44,7 +48,8 @@ def run_script(
     from scalelab.store import open_store
 
     cfg = ScriptConfig(command=tuple(command or ()), ranks=ranks, nnodes=nnodes, node_rank=node_rank,
-                       rdzv_endpoint=rdzv_endpoint, global_batch=global_batch, threads=threads,
+                       rdzv_endpoint=rdzv_endpoint, local_nodes=local_nodes, link_gbps=link_gbps,
+                       link_delay_ms=link_delay_ms, global_batch=global_batch, threads=threads,
                        warmup_steps=warmup_steps, hang_timeout_s=hang_timeout, run_id=run_id)
     try:
         done = execute_run(SCRIPT, cfg, open_store(store), argv=sys.argv, study=study, say=console.print)

@@ -1,6 +1,7 @@
 """A user's own training script as a run (`scalelab run -- python train.py ARGS`): its config, its kind, its summary.
 
-The script's ranks start under torchrun like `scalelab train`'s (loopback rendezvous on one node), each as
+The script's ranks start under torchrun like `scalelab train`'s (loopback rendezvous on one node; with
+`local_nodes`, one torchrun agent per namespaced node, run/nodes.py), each as
 `python -m scalelab.run.script_rank --run-dir DIR -- train.py ARGS`: that module opens a probe (scalelab.run.probe)
 before the script runs, so a script without a line of scalelab still leaves wall time, system samples and its
 collectives (bytes, count, time); a script that calls `scalelab.probe.open()` gets that same probe and marks its
@@ -22,7 +23,7 @@ from typing import Any
 
 from scalelab.analysis import keys
 from scalelab.analysis.sketch import whole_run_figures
-from scalelab.config import check_local_nodes, default_threads
+from scalelab.config import check_local_nodes, default_threads, local_nnodes
 from scalelab.errors import ConfigError, StoreError
 from scalelab.run.exports import write_scalars, write_trace
 from scalelab.run.kinds import Verdict, collect_summary, trace_on_failure
@@ -43,7 +44,7 @@ class ScriptConfig:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
-    local_nodes: int = 0  # namespaced nodes are not offered for scripts yet (the field keeps execute's checks)
+    local_nodes: int = 0  # nodes made of network namespaces on this machine (sets nnodes)
     link_gbps: float | None = None
     link_delay_ms: float | None = None
     global_batch: int | None = None  # only to fill {global_batch} / {per_worker_batch}
@@ -69,11 +70,10 @@ class ScriptConfig:
         for name in ("ranks", "nnodes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "allowed: an integer >= 1")
+        check_local_nodes(self)
+        object.__setattr__(self, "nnodes", local_nnodes(self))
         if self.global_batch is not None and (self.global_batch < 1 or self.global_batch % self.workers):
             raise ConfigError("global_batch", self.global_batch, f"allowed: a multiple of the {self.workers} workers")
-        check_local_nodes(self)
-        if self.local_nodes:
-            raise ConfigError("local_nodes", self.local_nodes, "allowed: 0 for a script run (not supported yet)")
         for arg in self.command[1:]:  # a placeholder that is not a field fails here; one without a value at `argv`
             fill(arg, dict.fromkeys(PLACEHOLDERS, 0), check_only=True)
         if not self.model:
@@ -223,13 +223,16 @@ class ScriptKind:
         # always its own processes: the user's script must not run inside scalelab's
         return LaunchSpec(module=SCRIPT_RANK, run_dir=run_dir, nproc_per_node=cfg.ranks, env=script_env(cfg),
                           nnodes=cfg.nnodes, node_rank=cfg.node_rank,
-                          endpoint=cfg.rdzv_endpoint if cfg.nnodes > 1 else None, quiet=isolate,
+                          endpoint=cfg.rdzv_endpoint if cfg.nnodes > 1 and not cfg.local_nodes else None,
+                          quiet=isolate,
                           args=("--", *cfg.argv()))
 
     def run_here(self, cfg: ScriptConfig, run_dir: Path, *, resume: bool) -> None:
         raise NotImplementedError("a script always runs its ranks under a launcher")
 
     def watched(self, cfg: ScriptConfig) -> tuple[list[int], float]:
+        if cfg.local_nodes:  # every node's ranks heartbeat into the one run directory this process watches
+            return list(range(cfg.workers)), cfg.hang_timeout_s
         return list(range(cfg.node_rank * cfg.ranks, (cfg.node_rank + 1) * cfg.ranks)), cfg.hang_timeout_s
 
     def summarise(self, cfg: ScriptConfig, run_dir: Path) -> Verdict:
