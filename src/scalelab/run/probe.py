@@ -169,6 +169,11 @@ class Probe:
                 "comm_dropped": self.dropped_comm}
 
     # ------------------------------------------------------------ steps
+    @property
+    def in_step(self) -> bool:
+        """A step is open (started and not yet ended)."""
+        return self._in_step
+
     def _timer(self) -> StepTimer:
         if self.timer is None:
             on_enter = self.heartbeat.enter if self.heartbeat else None

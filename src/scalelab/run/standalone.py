@@ -55,13 +55,18 @@ def same_command_pids() -> set[int]:
     return pids
 
 
-def open_standalone(*, store: str | None = None, warmup_steps: int = 2, sample_interval_s: float = 0.5) -> Probe:
-    ctx = dist_context("cuda" if torch.cuda.is_available() else "cpu")
+def open_standalone(*, store: str | None = None, warmup_steps: int = 2, sample_interval_s: float = 0.5,
+                    ctx: DistContext | None = None, run_id: str | None = None) -> Probe:
+    """A new run recorded by this job's ranks. `ctx` and `run_id` are for launchers that are not torchrun (the
+    Lightning callback passes the trainer's ranks and an id its rank 0 broadcast); by default both come from
+    torchrun's environment."""
+    ctx = ctx or dist_context("cuda" if torch.cuda.is_available() else "cpu")
     st = open_store(store)
+    if ctx.world > 1 and run_id is None:
+        run_id = shared_run_id(dict(os.environ))
     cfg = ScriptConfig(command=("python", *sys.argv), ranks=ctx.local_world,
                        nnodes=max(1, ctx.world // max(1, ctx.local_world)), warmup_steps=warmup_steps,
-                       sample_interval_s=sample_interval_s, hang_timeout_s=0.0,
-                       run_id=shared_run_id(dict(os.environ)) if ctx.world > 1 else None)
+                       sample_interval_s=sample_interval_s, hang_timeout_s=0.0, run_id=run_id)
     if ctx.rank == 0:
         run_id = record_run(SCRIPT, cfg, st, sys.argv, None)
     else:
