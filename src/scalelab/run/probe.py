@@ -12,7 +12,8 @@ One `Probe` per rank process. While it is open it
   error, result.rank<r>.json; so the run's summary, trace and report are built by the same code.
 
 On CUDA (the script has initialised CUDA by its first step) stages are bounded by CUDA events, one wait per step,
-as in scalelab's own loop. Nothing here reads the environment: the caller passes the rank's DistContext.
+as in scalelab's own loop; a collective on CUDA tensors is timed by events around it on the stream
+(sync/intercept.py), as the meter of scalelab's own strategies does. Nothing here reads the environment: the caller passes the rank's DistContext.
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ class Probe:
         self._pending: list[dict[str, float]] = []  # timed steps not yet folded into the figures
         self.timed = self.samples_timed = 0
         self.dropped_comm: dict = {}  # collectives of steps whose record was not kept (totals, no events)
-        self.meter = CommMeter(ctx.world)
+        # on CUDA a collective is timed by events on the stream (NCCL returns at launch); CPU tensors by the clock
+        self.meter = CommMeter(ctx.world, devices=[ctx.device] if ctx.device.type == "cuda" else None)
         self._no_comm = self.meter.take_step()  # a step without collectives: its fields, all zero
         self.heartbeat = Heartbeat(self.rundir.path, ctx.rank, interval_s=heartbeat_s) if heartbeat_s else None
         pids = rank_pids or (lambda: local_rank_pids(self.rundir.path))

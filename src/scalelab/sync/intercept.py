@@ -67,6 +67,18 @@ def payload(name: str, args: dict, world: int, rank: int) -> tuple[int, int]:
     return ((world - 1) * s if rank == (root or 0) else s), world * s
 
 
+def on_cuda(args: dict) -> bool:
+    """Whether a call's data is on a CUDA device (its first tensor argument): only then is it timed by CUDA events.
+    A script may run gloo on CPU tensors on a machine with a GPU; events would time an idle stream there."""
+    for key in ("tensor", "input_tensor", "input", "input_list", "tensor_list"):
+        value = args.get(key)
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None and hasattr(value, "is_cuda"):
+            return bool(value.is_cuda)
+    return False
+
+
 @dataclass
 class _Installed:
     meter: CommMeter
@@ -97,7 +109,7 @@ def _metered(name: str, fn: Callable) -> Callable:
         world = dist.get_world_size(group)
         nbytes, alg = payload(name, bound.arguments, world, dist.get_rank())
         meter, phase = state.meter, state.phase()
-        start, mark = meter.now(), meter.device_mark()
+        start, mark = meter.now(), meter.device_mark() if on_cuda(bound.arguments) else None
         _inside.busy = True
         try:
             work = fn(*args, **kwargs)

@@ -108,3 +108,15 @@ def test_a_model_without_a_hook_is_metered_as_scalelab_trains_it(group):
 ])
 def test_payload_follows_the_meters_conventions(name, args, world, rank, expected):
     assert payload(name, args, world, rank) == expected
+
+
+def test_cpu_tensors_are_timed_by_the_clock_even_where_the_meter_times_cuda(group):
+    # a script running gloo on CPU tensors on a machine with a GPU: the probe's meter is made for CUDA, but CUDA
+    # events would time an idle stream. Here (no GPU needed) making one would fail: the call must not try
+    meter = CommMeter(1, devices=[torch.device("cuda", 0)])
+    intercept.install(meter)
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(2), async_op=True).wait()
+    step = meter.take_step()
+    assert step["collectives"] == 2 and step["comm_bytes"] == 24 and step["comm_total(s)"] > 0
+    assert not intercept.on_cuda({"tensor": torch.ones(1)}) and not intercept.on_cuda({"input_list": []})
