@@ -23,10 +23,13 @@ SLEEP_S = 0.05
 NBYTES = 64 * 2**20
 
 
-def _measure(rank: int, world: int, cycles: int) -> dict:
-    """The meter's time and a synchronised wall clock of one allreduce, without and with a queued sleep."""
+def _measure(rank: int, world: int, cycles: int, via: str = "meter") -> dict:
+    """The meter's time and a synchronised wall clock of one allreduce, without and with a queued sleep. `via`:
+    "meter" times the call in the meter's own span (scalelab's strategies); "intercept" calls torch.distributed
+    while the probe's intercept is installed (a user's script)."""
     import torch.distributed as dist
 
+    from scalelab.sync import intercept
     from scalelab.sync.meter import CommMeter
 
     t = torch.ones(NBYTES // 4, device="cuda")
@@ -41,8 +44,15 @@ def _measure(rank: int, world: int, cycles: int) -> dict:
         if sleep:
             torch.cuda._sleep(cycles)
         slept[1].record()
-        with meter.collective("allreduce", NBYTES, phase="backward"):
-            dist.all_reduce(t)
+        if via == "meter":
+            with meter.collective("allreduce", NBYTES, phase="backward"):
+                dist.all_reduce(t)
+        else:
+            intercept.install(meter)
+            try:
+                dist.all_reduce(t)
+            finally:
+                intercept.uninstall()
         torch.cuda.synchronize()
         wall = time.perf_counter() - wall0
         step = meter.take_step()
@@ -51,14 +61,14 @@ def _measure(rank: int, world: int, cycles: int) -> dict:
     return out
 
 
-def _gloo_rank(rank: int, folder: str, port: int) -> None:
+def _gloo_rank(rank: int, folder: str, port: int, via: str) -> None:
     import torch.distributed as dist
 
     torch.cuda.set_device(0)
     os.environ.update(GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        result = _measure(rank, 2, cuda_sleep_cycles(SLEEP_S))
+        result = _measure(rank, 2, cuda_sleep_cycles(SLEEP_S), via)
         Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
     except BaseException:
         dist.destroy_process_group()
@@ -66,10 +76,11 @@ def _gloo_rank(rank: int, folder: str, port: int) -> None:
     leave_group(folder, rank)
 
 
-def test_gloo_on_cuda_tensors_collective_time_excludes_kernels_queued_before_it(tmp_path):
+@pytest.mark.parametrize("via", ["meter", "intercept"])
+def test_gloo_on_cuda_tensors_collective_time_excludes_kernels_queued_before_it(tmp_path, via):
     from scalelab.run.launch import free_port
 
-    spawn_ranks(_gloo_rank, (str(tmp_path), free_port()), timeout_s=240)
+    spawn_ranks(_gloo_rank, (str(tmp_path), free_port(), via), timeout_s=240)
     r = json.loads((tmp_path / "rank0.json").read_text())
     plain, slept = r["plain"], r["slept"]
     # the event-timed collective matches a device-synchronised wall clock of the same collective
