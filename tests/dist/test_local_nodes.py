@@ -439,3 +439,25 @@ def test_a_users_script_runs_across_nodes(tmp_path, namespaces_restored):
     assert per_rank[0] and per_rank[0] == per_rank[1]
     steps = {rank: [r["step"] for r in rundir.read_steps(rank)] for rank in (0, 1)}
     assert steps[0] == steps[1] and len(steps[0]) >= 6
+
+
+def test_horovod_runs_across_nodes_without_horovodrun(tmp_path, mlp, namespaces_restored):
+    # each node's agent starts its own Horovod ranks (run/hvdnode.py); node 0 hosts the rendezvous server and the
+    # side process group's store on its private address. The bias-free MLP's gradients, every step on each rank
+    from scalelab.engines import registry
+
+    missing = registry.get("horovod").unavailable()
+    if missing:
+        pytest.skip(missing)
+    root = tmp_path / "store"
+    res = run_cli(_train_args(mlp, root, "--steps", "6", "--engine", "horovod"), timeout=200)
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["completed"] and list(runs["ranks"]) == [2]
+    run = Store(root).get(runs["run_id"][0])
+    assert (run["config"]["engine"], run["config"]["nnodes"], run["summary"][keys.RANKS_REPORTED]) == ("horovod", 2, 2)
+    param_bytes = (3072 * 16 + 16 * 16 + 16 * 10) * 4
+    for rank in (0, 1):
+        records = read_jsonl(Path(run["dir"]) / f"steps.rank{rank}.jsonl")
+        assert [r["comm_bytes_backward"] for r in records] == [param_bytes] * 6
+    assert (Path(run["dir"]) / "logs" / "horovod.rank1.log").exists()  # node 1's rank, its own log

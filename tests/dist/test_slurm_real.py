@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_MLP, cli_env, run_cli
+from scalelab.engines import registry
 from scalelab.run import netns
 from scalelab.store import Store, read_jsonl
 from slurm_cluster import PREFIX, slurm_cluster, unavailable
 
 JOB_TIMEOUT_S = 150.0
+HOROVOD_MISSING = registry.get("horovod").unavailable()
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
 
@@ -37,14 +39,19 @@ def _job_state(slurm, job_id: str) -> str | None:
     return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), None)
 
 
-def test_the_script_scalelab_slurm_writes_runs_under_sbatch_and_stores_its_run(tmp_path, slurm):
+@pytest.mark.parametrize("engine", ["ddp", "horovod"])
+def test_the_script_scalelab_slurm_writes_runs_under_sbatch_and_stores_its_run(tmp_path, slurm, engine):
+    # horovod: each node starts its own ranks (run/hvdnode.py), no horovodrun and no ssh between the nodes
+    if engine == "horovod" and HOROVOD_MISSING:
+        pytest.skip(HOROVOD_MISSING)
     model = tmp_path / "tiny_mlp.py"
     model.write_text(TINY_MLP)
     config = tmp_path / "run.yaml"
     config.write_text(f"model: {model}:make\nsamples: 256\nglobal_batch: 16\nsteps: 6\n")
     store = tmp_path / "store"
     script = tmp_path / "job.sbatch"
-    res = run_cli(["slurm", "--config", str(config), "--nodes", "2", "--gpus-per-node", "0", "--time", "00:05:00",
+    res = run_cli(["slurm", "--config", str(config), "--engine", engine, "--nodes", "2", "--gpus-per-node", "0",
+                   "--time", "00:05:00",
                    # the nodes share eth0, the namespace's interface; the store is on the one filesystem
                    "--env", f"GLOO_SOCKET_IFNAME={netns.IFACE}", "--env", f"SCALELAB_STORE={store}",
                    "--output", str(script)])
@@ -62,6 +69,6 @@ def test_the_script_scalelab_slurm_writes_runs_under_sbatch_and_stores_its_run(t
     assert state == "COMPLETED", f"job {job_id}: {state}\n{log[-3000:]}\n{slurm.logs()}"
     run = Store(store).get(f"scalelab-{job_id}")
     assert run["status"] == "completed"
-    assert (run["config"]["nnodes"], run["summary"]["ranks/reported"]) == (2, 2)
+    assert (run["config"]["nnodes"], run["config"]["engine"], run["summary"]["ranks/reported"]) == (2, engine, 2)
     for rank in (0, 1):  # one rank on each Slurm node
         assert len(read_jsonl(Path(run["dir"]) / f"steps.rank{rank}.jsonl")) == 6

@@ -49,10 +49,11 @@ def command_for(experiment):
         given = {name: kw[name] for name in own if kw.get(name) is not None}
         opts = experiment.option_values({k: yaml.safe_load(v) if looks_like_yaml(v) else v for k, v in given.items()})
         base = None
-        if kw.get("command"):  # a user's script: its config from the command, not from the train flags
-            from scalelab.run.script import ScriptConfig
+        if kw.get("command"):  # a user's script: its config from the command and the flags that apply to it
+            from scalelab.run.script import SCRIPT_FLAGS, ScriptConfig
 
-            base = ScriptConfig(command=tuple(kw["command"]))
+            base = ScriptConfig(command=tuple(kw["command"]),
+                                **{k: kw[k] for k in SCRIPT_FLAGS if kw.get(k) is not None})
         elif experiment.base:
             flags = {k: v for k, v in config_values(kw).items() if k not in own}
             base = merge(experiment.defaults, kw["config"], kw["set_"], flags)

@@ -77,7 +77,6 @@ def check(cfg) -> None:
         "wrapper": (cfg.wrapper not in ("auto", "ddp"), "horovodrun runs one process per rank; allowed: auto"),
         "device": (cfg.resolved_device != "cpu", "the Horovod engine is built for CPU (gloo) here; NCCL builds "
                                                   "are untested; allowed: cpu"),
-        "nnodes": (cfg.nnodes > 1 or cfg.local_nodes > 0, "the Horovod engine runs on one node; allowed: 1"),
         "lr_rule": (cfg.lr_rule == "lars", "LARS cannot be wrapped by hvd.DistributedOptimizer; allowed: none, "
                                            "linear, sqrt, linear_warmup"),
         "net_latency_ms": (cfg.net_latency_ms > 0 or cfg.net_bandwidth_gbps is not None,

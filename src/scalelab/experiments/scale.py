@@ -15,7 +15,6 @@ from scalelab.analysis import interpret
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.errors import ConfigError
 from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
     positive_ints
 from scalelab.experiments.cells import Cell, with_fields
@@ -53,12 +52,8 @@ def mode_cells(base, mode: str, workers: list[int], batches: list[int],
 
 
 def node_counts(base, nodes: list[int] | None) -> list[int] | None:
-    """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none.
-    A user's script runs on one node here (`scalelab run` has no --local-nodes yet)."""
-    if not isinstance(base, TrainConfig):
-        if nodes:
-            raise ConfigError("nodes", nodes, "allowed only for scalelab's own training (not with a script after --)")
-        return None
+    """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none
+    (scalelab's loop or a user's script alike)."""
     if nodes:
         return nodes
     return list(range(1, base.local_nodes + 1)) if base.local_nodes >= 2 else None

@@ -92,12 +92,14 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
     abort, explain = None if spec is not None else _interrupt_main_thread, None
-    launcher = kind.launcher(cfg, launcher)
     if cfg.local_nodes and launcher is torchrun_launch:
-        launcher = LocalNodes(cfg)  # the same ranks, across namespaced nodes of this machine
+        # the same ranks, across namespaced nodes of this machine: each node's agent runs the kind's launcher
+        launcher = LocalNodes(cfg, node_launcher=kind.launcher(cfg, launcher))
         # a hang stops the node agents too (one stuck in the rendezvous started no rank) and names the node
         # that cannot be reached
         abort, explain = launcher.abort, launcher.unreachable
+    else:
+        launcher = kind.launcher(cfg, launcher)
     ranks, timeout_s = kind.watched(cfg)
     dog = Watchdog(run_dir, ranks, timeout_s, abort=abort, explain=explain)
     with marking_failures(store, run_id, on_failure=kind.on_failure, verdict=lambda: dog.verdict), dog:

@@ -18,11 +18,11 @@ from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
-from scalelab.run.horovodrun import horovodrun_launch
+from scalelab.run.hvdnode import horovod_launch
 from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec, torchrun_args, torchrun_launch, train_launch_spec
 
 # the engines' launchers by the name their EngineEntry gives
-LAUNCHERS: dict[str, Launcher] = {"torchrun": torchrun_launch, "horovodrun": horovodrun_launch}
+LAUNCHERS: dict[str, Launcher] = {"torchrun": torchrun_launch, "horovodrun": horovod_launch}
 from scalelab.store.rundir import RunDir
 
 

@@ -1,5 +1,6 @@
 """One node of a --local-nodes run: `python -m scalelab.run.nodeagent SPEC_JSON`, started by run/nodes.py inside
-the node's network namespace. Runs torchrun's agent for this node's ranks; on failure writes the root cause as
+the node's network namespace. Runs torchrun's agent for this node's ranks (or, for the Horovod engine, Horovod's
+per-node launch: run/hvdnode.py); on failure writes the root cause as
 seen from this node to the run directory (`failure.node<k>.json`) and exits 1.
 
 Node 0 hosts the rendezvous store, bound to its private address only (`bound_store`: torchrun's own server would
@@ -19,12 +20,17 @@ from scalelab.store.rundir import RunDir
 
 def main(argv: list[str] | None = None) -> int:
     data = json.loads((argv if argv is not None else sys.argv[1:])[0])
+    launcher = data.pop("launcher", "torchrun")
     spec = LaunchSpec(**{**data, "run_dir": Path(data["run_dir"]), "args": tuple(data["args"])})
     from scalelab.run.worker import end_with_parent
 
     end_with_parent()  # scalelab SIGKILLed: stop this node's ranks instead of training on as orphans
     try:
-        if spec.node_rank == 0:
+        if launcher != "torchrun":  # Horovod's: node 0's services are the launcher's own (run/hvdnode.py)
+            from scalelab.run.kinds import LAUNCHERS
+
+            LAUNCHERS[launcher](spec)
+        elif spec.node_rank == 0:
             host, port = spec.endpoint.rsplit(":", 1)
             with bound_store(host, int(port)):
                 torchrun_launch(spec)

@@ -23,7 +23,7 @@ from typing import Any
 
 from scalelab.errors import ScalelabError
 from scalelab.run import netns
-from scalelab.run.launch import LaunchSpec
+from scalelab.run.launch import Launcher, LaunchSpec, torchrun_launch
 from scalelab.run.watchdog import kill_local_ranks
 from scalelab.store.rundir import RunDir
 
@@ -41,8 +41,9 @@ class LocalNodes:
     """The launcher (a `Launcher`) for a config with local_nodes > 0 (TrainConfig or CommBenchConfig): a cluster
     for the duration of the launch, the spec's ranks run across it."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, node_launcher: Launcher = torchrun_launch):
         self.cfg = cfg
+        self.node_launcher = node_launcher  # what each node's agent runs for its ranks (torchrun, Horovod's)
         self.spec: LaunchSpec | None = None
         self.cluster: netns.Cluster | None = None
         self.agents: list[subprocess.Popen] = []  # the running launch's node agents
@@ -53,7 +54,7 @@ class LocalNodes:
                                  link_delay_ms=cfg.link_delay_ms) as cluster:
             self.spec, self.cluster = spec, cluster
             try:
-                run_on_cluster(spec, cluster, self.agents)
+                run_on_cluster(spec, cluster, self.agents, launcher=launcher_name(self.node_launcher))
             finally:
                 self.cluster = None
 
@@ -86,8 +87,16 @@ def node_spec(spec: LaunchSpec, cluster: netns.Cluster, k: int) -> LaunchSpec:
                                endpoint=f"{cluster.nodes[0].address}:{RDZV_PORT}")
 
 
-def agent_argv(spec: LaunchSpec, node: netns.Node) -> list[str]:
-    payload = json.dumps({**dataclasses.asdict(spec), "run_dir": str(spec.run_dir), "args": list(spec.args)})
+def launcher_name(launcher: Launcher) -> str:
+    """The name a node agent finds the launcher by (run/kinds.LAUNCHERS)."""
+    from scalelab.run.kinds import LAUNCHERS
+
+    return next(name for name, fn in LAUNCHERS.items() if fn is launcher)
+
+
+def agent_argv(spec: LaunchSpec, node: netns.Node, launcher: str = "torchrun") -> list[str]:
+    payload = json.dumps({**dataclasses.asdict(spec), "run_dir": str(spec.run_dir), "args": list(spec.args),
+                          "launcher": launcher})
     return ["ip", "netns", "exec", node.netns, sys.executable, "-m", NODE_AGENT, payload]
 
 
@@ -97,7 +106,8 @@ def ranks_of(spec: LaunchSpec, k: int) -> str:
     return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
 
-def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster, agents: list[subprocess.Popen] | None = None) -> None:
+def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster, agents: list[subprocess.Popen] | None = None, *,
+                   launcher: str = "torchrun") -> None:
     """Start a node agent per node (into `agents`) and wait for them; raises NodeFailed naming the root cause when
     one fails."""
     rundir = RunDir(spec.run_dir)
@@ -112,7 +122,7 @@ def run_on_cluster(spec: LaunchSpec, cluster: netns.Cluster, agents: list[subpro
             part = node_spec(spec, cluster, node.index)
             # own session: a Ctrl-C at the terminal reaches scalelab, which stops the nodes in order. The agent's
             # own environment has the node's too: torch reads TORCH_CPP_LOG_LEVEL when it is imported.
-            agents.append(subprocess.Popen(agent_argv(part, node), start_new_session=True,
+            agents.append(subprocess.Popen(agent_argv(part, node, launcher), start_new_session=True,
                                            env={**os.environ, **part.env},
                                            stdin=subprocess.PIPE if node.index == 0 else subprocess.DEVNULL))
         failed_at = None

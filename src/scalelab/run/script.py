@@ -32,6 +32,9 @@ from scalelab.store.rundir import RunDir
 
 SCRIPT_RANK = "scalelab.run.script_rank"
 PLACEHOLDERS = ("workers", "ranks", "nnodes", "global_batch", "per_worker_batch")
+# training-config flags that mean the same for a script (an experiment over a script takes these from its flags)
+SCRIPT_FLAGS = ("ranks", "local_nodes", "link_gbps", "link_delay_ms", "threads", "warmup_steps", "sample_interval_s",
+                "hang_timeout_s")
 _PYTHON = re.compile(r"python[0-9.]*$")
 
 

@@ -58,9 +58,9 @@ def test_horovod_env_names_fusion_cycle_and_the_timeline(tmp_path):
 
 
 def test_the_train_kind_picks_the_engines_launcher_unless_one_is_given():
-    from scalelab.run.horovodrun import horovodrun_launch
+    from scalelab.run.hvdnode import horovod_launch
 
-    assert TRAIN.launcher(TrainConfig(engine="horovod"), torchrun_launch) is horovodrun_launch
+    assert TRAIN.launcher(TrainConfig(engine="horovod"), torchrun_launch) is horovod_launch
     assert TRAIN.launcher(TrainConfig(ranks=2), torchrun_launch) is torchrun_launch
     mine = lambda spec: None  # noqa: E731
     assert TRAIN.launcher(TrainConfig(engine="horovod"), mine) is mine

@@ -32,3 +32,16 @@ def test_weak_scaling_over_nodes_grows_the_global_batch_with_the_workers():
     cells, ablation = mode_cells(base(local_nodes=2), "weak", [9], [16], nodes=[1, 2])
     assert [(c.config.local_nodes, c.config.global_batch) for c in cells] == [(1, 16), (2, 32)]
     assert [a.config.local_nodes for a in ablation] == [2]  # one worker has no collectives to skip
+
+
+def test_a_users_script_sweeps_nodes_too(tmp_path):
+    from scalelab.run.script import ScriptConfig
+
+    (tmp_path / "train.py").write_text("")
+    script = ScriptConfig(command=("python", "train.py", "--batch", "{per_worker_batch}"), local_nodes=2,
+                          link_gbps=0.5, cwd=str(tmp_path))
+    assert node_counts(script, None) == [1, 2]
+    cells, ablation = mode_cells(script, "strong", [1], [32], nodes=[1, 2])
+    assert [(c.kind, c.config.local_nodes, c.config.nnodes, c.config.argv()[-1]) for c in cells] == \
+        [("script", 1, 1, "32"), ("script", 2, 2, "16")]
+    assert all(c.config.link_gbps == 0.5 for c in cells) and not ablation  # no no-op baseline for a script
