@@ -45,8 +45,10 @@ FORMULAS = {
     "allgather": {"ring": lambda n: (n - 1, (n - 1) / n)},
     "reduce_scatter": {"ring": lambda n: (n - 1, (n - 1) / n)},
     "broadcast": {"binomial_tree": lambda n: (_LOG(n), _LOG(n))},
-    "gather": {"linear": lambda n: (n - 1, (n - 1) / n)},  # the root receives n-1 pieces of S/n: its bottleneck
-    "scatter": {"linear": lambda n: (n - 1, (n - 1) / n)},
+    # the root receives (sends) n-1 pieces of S/n: its link is the bottleneck. gloo and NCCL (grouped send/recv)
+    # post every piece at once, so the latency is paid once; MPICH's linear algorithm pays it per piece
+    "gather": {"concurrent": lambda n: (1 if n > 1 else 0, (n - 1) / n), "linear": lambda n: (n - 1, (n - 1) / n)},
+    "scatter": {"concurrent": lambda n: (1 if n > 1 else 0, (n - 1) / n), "linear": lambda n: (n - 1, (n - 1) / n)},
 }
 OPS = tuple(FORMULAS)
 
@@ -62,7 +64,10 @@ def cost_terms(op: str, n: int, algorithm: str | None = None) -> tuple[float, fl
                                                           term O(√(S·α·β·log n)) is neglected
     allgather / reduce_scatter ring  (n−1)α + (n−1)/n·Sβ  Thakur et al. 2005 (S = total size)
     broadcast binomial_tree  ⌈log2 n⌉(α + Sβ)             Thakur et al. 2005
-    gather / scatter linear  (n−1)α + (n−1)/n·Sβ          at the root, which sends or receives every piece
+    gather / scatter concurrent  α + (n−1)/n·Sβ           every piece posted at once (gloo's gather.cc and
+                                                          scatter.cc; NCCL's grouped send/recv); the root's
+                                                          link carries every piece
+    gather / scatter linear  (n−1)α + (n−1)/n·Sβ          one piece after another (MPICH's linear)
     """
     if op not in FORMULAS:
         raise ConfigError("op", op, f"allowed: {', '.join(OPS)}")

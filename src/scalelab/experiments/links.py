@@ -9,8 +9,9 @@ hosts (copies, the kernel's TCP path: what a loopback bench measures) and the wi
 time, so the slower one sets the pace: β(link) = max(β_host, β_wire(link)). The wire's β scales with the rate the
 link is shaped to: calibrated over a shaped link of C Gbit/s with fitted β_C, β_wire(L) = β_C · C / L (tbf's own
 efficiency at C carried along); calibrated without shaping, β_wire(L) = 8 / (L · 10⁹), the rate itself. α is the
-calibrated link's (shaping adds no latency) or the host's for an unshaped target. Inside a node (ranks per node
-> 1) ranks talk over the host's loopback.
+calibrated link's whenever the target runs over the same kind of path (namespace nodes, shaped or not: shaping adds
+no latency; a message between namespaces crosses two veth pairs and a bridge, which costs more than loopback),
+the host's for a loopback target. Inside a node (ranks per node > 1) ranks talk over the host's loopback.
 """
 from __future__ import annotations
 
@@ -66,7 +67,9 @@ def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1) ->
                                                   "loopback bench, so another link cannot be predicted; calibrate "
                                                   "again")
     if link.gbps is None:
-        alpha, beta = host
+        # unshaped: the hosts' per-byte cost; the latency of the path the calibration ran over when that was the
+        # same kind of path (namespace nodes: shaping adds no latency), else the host's
+        alpha, beta = (cal.alpha_s if link.namespaced and cal.nodes > 1 else host[0]), host[1]
     elif cal.link_gbps is not None:
         alpha, beta = cal.alpha_s, max(host[1], cal.beta_s_per_byte * cal.link_gbps / link.gbps)
     else:

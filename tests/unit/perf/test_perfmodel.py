@@ -27,7 +27,9 @@ A, B, S = 10e-6, 1e-9, 1e6  # α = 10 µs, β = 1 ns/byte (1 GB/s), S = 1 MB
     ("allgather", 4, None, 3 * A + 3 / 4 * S * B),
     ("reduce_scatter", 4, None, 3 * A + 3 / 4 * S * B),
     ("broadcast", 8, None, 3 * (A + S * B)),
-    ("gather", 4, None, 3 * A + 3 / 4 * S * B),
+    ("gather", 4, None, A + 3 / 4 * S * B),  # every piece posted at once: one latency
+    ("gather", 4, "linear", 3 * A + 3 / 4 * S * B),
+    ("scatter", 4, "concurrent", A + 3 / 4 * S * B),
 ])
 def test_collective_formulas_are_exact_on_fixed_inputs(op, n, algorithm, expected):
     assert collective_cost(op, S, n, A, B, algorithm) == pytest.approx(expected, rel=1e-12)
@@ -138,7 +140,7 @@ def test_gather_scatter_goes_through_the_root_and_is_not_hidden():
     assert cost.comm_s == pytest.approx(2 * (2e-3 + 3e-3 + 4e-3)) and cost.exposed_s == cost.comm_s
     # the root's bandwidth term grows with n: (n−1)·S_p·β per gather, unlike the ring's 2(n−1)/n·S_p·β
     big = sync_cost("gather_scatter", param_bytes=[1e6], n=8, hardware=TOY, backward_s=0).comm_s
-    assert big == pytest.approx(2 * (7e-3 + 7 * 1e6 * 1e-6))
+    assert big == pytest.approx(2 * (1e-3 + 7 * 1e6 * 1e-6))  # latency once per op: every piece posted at once
 
 
 def test_bucketed_exposes_only_the_last_bucket_when_backward_is_long():
