@@ -22,17 +22,20 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from scalelab.analysis.bandwidth import tbf_burst_bytes
 from scalelab.errors import ScalelabError
 
 PREFIX = "scalelab-"
 IFACE = "eth0"  # a node's interface on the cluster network (each namespace has its own, so one name serves all)
+NETNS_ETC = Path("/etc/netns")  # per-namespace files that `ip netns exec` mounts over /etc (iproute2)
 
 
 def _name_re(prefix: str) -> re.Pattern:
@@ -177,10 +180,28 @@ def kill_inside(netns: str) -> None:
 
 
 def remove_namespaces(names: list[str]) -> None:
-    """Kill what runs inside, then delete: the veths, bridge and qdiscs in them go with the namespaces."""
+    """Kill what runs inside, then delete: the veths, bridge and qdiscs in them go with the namespaces; their
+    files under /etc/netns too."""
     for name in names:
         kill_inside(name)
         _ip("netns", "del", name, check=False)
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+
+
+def write_hosts(node: "Node") -> None:
+    """/etc/netns/<node>/hosts, which `ip netns exec` mounts over /etc/hosts for the node's processes: this
+    machine's host name resolves to the node's own address there, as a node's name does on a real cluster.
+    Software that finds its address from the host name then uses the node's link, not loopback (Horovod 0.28's
+    per-process-set gloo contexts ignore HOROVOD_GLOO_IFACE and do exactly that)."""
+    hostname = socket.gethostname()
+    try:
+        lines = Path("/etc/hosts").read_text().splitlines()
+    except OSError:
+        lines = ["127.0.0.1 localhost"]
+    kept = [ln for ln in lines if hostname not in ln.split("#")[0].split()[1:]]
+    folder = NETNS_ETC / node.netns
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text("\n".join([*kept, f"{node.address} {hostname}"]) + "\n")
 
 
 # ---------------------------------------------------------------- making a cluster
@@ -232,6 +253,7 @@ def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms:
             _ip("-n", node.netns, "link", "set", IFACE, "up")
             shape_link(node.netns, IFACE, link_gbps, link_delay_ms)
             shape_link(sw, port, link_gbps, None)  # the node's receive direction: delay is counted once
+            write_hosts(node)
     except BaseException:
         remove_namespaces(cluster.namespaces)
         raise
