@@ -34,6 +34,14 @@ class Clock:
         return self.t
 
 
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -70,12 +78,20 @@ def main() -> None:
                 clock.t += opt[i]
         probe.close()
         recorded = time.perf_counter() - began
+        # the same loop without the probe (a no-op stage), to tell the probe's cost from the loop's own
+        began = time.perf_counter()
+        for i, _ in enumerate(loader()):
+            for seconds in (fwd[i], bwd[i], opt[i]):
+                with _Nothing():
+                    clock.t += seconds
+        bare = time.perf_counter() - began
         rss1 = peak_rss_mb()
         began = time.perf_counter()
         summary = summarise_script(run_dir)
         summarised = time.perf_counter() - began
         size = sum(f.stat().st_size for f in run_dir.iterdir() if f.is_file())
     walls = np.sort(sum(stages.values()))
+    print(f"{n:,} steps, the loop alone (no probe): {bare:.1f} s ({1e6 * bare / n:.1f} us/step)")
     print(f"{n:,} steps: recorded in {recorded:.1f} s ({1e6 * recorded / n:.1f} us/step), summarised in "
           f"{summarised:.2f} s; peak RSS {rss1:.0f} MB (before recording {rss0:.0f} MB); files {size / 1e6:.1f} MB")
     print(f"steps in the summary: {summary[keys.STEPS_TOTAL]:,} total, {summary.get(keys.STEPS_DETAILED, n):,} kept "

@@ -76,8 +76,11 @@ class StepTimer:
             self._mark = self._marks.mark  # called at every boundary of every step: no indirection
         self._on_enter = on_enter  # told the name of every span as it begins (the hang watchdog's heartbeat)
         self._t0 = None
+        # host marks are read at once: a span adds its seconds as it ends (the per-step cost a long run pays);
+        # device marks are read after the step's last one completes, so their spans wait in a list
+        self._host = isinstance(self._marks, HostMarks)
         self._spans: list[tuple[str, Any, Any]] = []
-        self._added: dict[str, float] = {}
+        self._totals: dict[str, float] = {}
         self._ready = None  # mark of the latest gradient produced in this step
         self._comm_end = None
 
@@ -87,7 +90,7 @@ class StepTimer:
 
     def start_step(self) -> None:
         self._t0 = self._mark()
-        self._spans, self._added, self._ready, self._comm_end = [], {}, None, None
+        self._spans, self._totals, self._ready, self._comm_end = [], {}, None, None
 
     @contextmanager
     def span(self, name: str) -> Iterator[None]:
@@ -108,7 +111,11 @@ class StepTimer:
 
     def end(self, name: str, begin: Any) -> None:
         end = self._mark()
-        self._spans.append((name, begin, end))
+        if self._host:
+            totals = self._totals
+            totals[name] = totals.get(name, 0.0) + (end - begin)
+        else:
+            self._spans.append((name, begin, end))
         if name == "comm":
             self._comm_end = end
 
@@ -120,7 +127,7 @@ class StepTimer:
 
     def add(self, name: str, seconds: float) -> None:
         """Charge time measured elsewhere (e.g. inside a communication hook) to a stage."""
-        self._added[name] = self._added.get(name, 0.0) + seconds
+        self._totals[name] = self._totals.get(name, 0.0) + seconds
 
     def cancel_step(self) -> None:
         """Drop the step in progress: nothing of it is returned (a loop left right after asking for a batch)."""
@@ -132,11 +139,11 @@ class StepTimer:
         end = self._mark()
         self._marks.settle(end)
         seconds = self._marks.seconds
-        out = dict.fromkeys(TIMED_STAGES, 0.0)
+        totals = self._totals
         for name, begin, stop in self._spans:
-            out[name] = out.get(name, 0.0) + seconds(begin, stop)
-        for name, value in self._added.items():
-            out[name] = out.get(name, 0.0) + value
+            totals[name] = totals.get(name, 0.0) + seconds(begin, stop)
+        out = dict.fromkeys(TIMED_STAGES, 0.0)
+        out.update(totals)
         wall = seconds(self._t0, end)
         out["other"] = wall - sum(out.values())
         out["wall"] = wall
