@@ -206,11 +206,14 @@ class Probe:
         if not self._in_step:
             return
         self._in_step, self._implicit_first = False, None
-        times = self.timer.end_step()
+        self.record(self.timer.end_step(), self._samples or 0)
+
+    def record(self, times: dict[str, float], samples: int) -> None:
+        """The recorder: one finished step's stage seconds (the timer's `end_step`: every stage, `wall`, `other`)
+        and samples into the whole-run figures, its full record when the step is kept, and its collectives."""
         self.steps += 1
         if self.heartbeat:
             self.heartbeat.step = self.steps
-        samples = self._samples or 0
         warmup = self.steps <= self.warmup_steps
         comm = self.meter.take_step() if not self.meter.idle() else self._no_comm
         if not warmup:
