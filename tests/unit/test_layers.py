@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # Higher layers may import lower ones, never the other way round. A module of the package root (config.py) is its
 # own package here.
 LAYERS = [
-    ("cli", "probe"),  # probe: the public API a user's script imports (scalelab.probe)
+    ("cli", "probe", "lightning"),  # probe, lightning: the public APIs a user's script imports
     ("experiments",),
     ("report",),
     ("perf",),
