@@ -115,7 +115,8 @@ def main() -> None:
           f"(goal < 10 s: {'met' if total < 10 else 'NOT met'})")
     walls = np.sort(sum(stages.values()))
     print(f"{n:,} steps, the loop alone (no probe): {bare:.1f} s ({1e6 * bare / n:.1f} us/step)")
-    print(f"{n:,} steps through the whole probe (data, 3 stages, recorder): recorded in {recorded:.1f} s ({1e6 * recorded / n:.1f} us/step), summarised in "
+    print(f"{n:,} steps through the whole probe (data, 3 stages, recorder): recorded in {recorded:.1f} s "
+          f"({1e6 * recorded / n:.1f} us/step), summarised in "
           f"{summarised:.2f} s; peak RSS {rss1:.0f} MB (before recording {rss0:.0f} MB); files {size / 1e6:.1f} MB")
     print(f"steps in the summary: {summary[keys.STEPS_TOTAL]:,} total, {summary.get(keys.STEPS_DETAILED, n):,} kept "
           "in full")

@@ -29,7 +29,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError("scalelab.lightning needs PyTorch Lightning: pip install lightning") from err
 
 from scalelab.distenv import DistContext
-from scalelab.run.probe import Probe, current, first_tensor
+from scalelab.run.probe import Probe, batch_samples, current
 
 
 class ScalelabCallback(Callback):
@@ -91,9 +91,9 @@ class ScalelabCallback(Callback):
         self._leave()
         if not self.run.in_step:  # after a validation inside the epoch: this step did not wait for its batch
             self.run.start_step()
-        found = first_tensor(batch)
-        if found is not None and found.dim():
-            self.run.mark(samples=int(found.shape[0]))
+        samples = batch_samples(batch)
+        if samples is not None:
+            self.run.mark(samples=samples)
         self._enter("forward")
 
     def on_before_backward(self, trainer, pl_module, loss) -> None:

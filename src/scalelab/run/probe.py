@@ -13,7 +13,8 @@ One `Probe` per rank process. While it is open it
 
 On CUDA (the script has initialised CUDA by its first step) stages are bounded by CUDA events, one wait per step,
 as in scalelab's own loop; a collective on CUDA tensors is timed by events around it on the stream
-(sync/intercept.py), as the meter of scalelab's own strategies does. Nothing here reads the environment: the caller passes the rank's DistContext.
+(sync/intercept.py), as the meter of scalelab's own strategies does. Nothing here reads the environment: the
+caller passes the rank's DistContext.
 """
 from __future__ import annotations
 
@@ -80,6 +81,12 @@ def first_tensor(value) -> torch.Tensor | None:
             if found is not None:
                 return found
     return None
+
+
+def batch_samples(batch) -> int | None:
+    """A batch's samples: its first tensor's length (None without a tensor of one dimension or more)."""
+    found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
+    return int(found.shape[0]) if found is not None and found.dim() else None
 
 
 def add_totals(acc: dict, totals: dict) -> dict:
@@ -254,8 +261,7 @@ class Probe:
             except StopIteration:
                 self.leave_step()  # no batch: no step
                 return
-            found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
-            self._samples = int(found.shape[0]) if found is not None and found.dim() else None
+            self._samples = batch_samples(batch)
             try:
                 yield batch
             except GeneratorExit:  # the loop was left (break, an exception) while this step was open
@@ -290,9 +296,7 @@ class Probe:
         before = self.timed
         self.timed += len(chunk)
         names = dict.fromkeys(self.figures)
-        for times in (chunk[0], chunk[-1]):  # every step has the timer's stages; user-named ones may come and go
-            names.update(dict.fromkeys(times))
-        for times in chunk:
+        for times in chunk:  # every step has the timer's stages; user-named ones may come and go
             if times.keys() - names.keys():
                 names.update(dict.fromkeys(times))
         for name in names:

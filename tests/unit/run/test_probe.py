@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from scalelab.distenv import DistContext
-from scalelab.run.probe import Probe, add_totals, first_tensor
+from scalelab.run.probe import Probe, add_totals, batch_samples, first_tensor
 from scalelab.store.rundir import RunDir
 
 
@@ -100,6 +100,8 @@ def test_an_explicit_step_and_a_failed_close(tmp_path):
 def test_first_tensor_and_totals():
     x = torch.zeros(3, 2)
     assert first_tensor((x, 1)) is x and first_tensor({"a": [x]}) is x and first_tensor([1, "a"]) is None
+    assert batch_samples(x) == 3 and batch_samples([x, x]) == 3 and batch_samples(torch.tensor(1.0)) is None
+    assert batch_samples({"y": "text"}) is None
     acc = add_totals({}, {"comm_bytes": 4, "comm_events": [["allreduce", "backward", 0.0, 1.0, 4]]})
     add_totals(acc, {"comm_bytes": 6, "comm_events": []})
     assert acc == {"comm_bytes": 10, "comm_events": [["allreduce", "backward", 0.0, 1.0, 4]]}
