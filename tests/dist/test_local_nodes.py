@@ -405,7 +405,7 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     from scalelab.config import TrainConfig
     from scalelab.experiments.calibration import calibrate
     from scalelab.experiments.cells import Cells
-    from scalelab.experiments.links import NodeLink
+    from scalelab.experiments.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
                        global_batch=8, steps=4, warmup_steps=1, eval_every=1000, hang_timeout_s=120)
@@ -415,7 +415,10 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     assert 0.14 < gbps < 0.25, gbps  # the shaped rate, give or take tbf's burst and efficiency (unshaped: ~6)
     assert cal.host_beta_s_per_byte is not None and cal.host_beta_s_per_byte < cal.beta_s_per_byte / 5
     slower = cal.hardware(link=NodeLink(True, 0.1))
-    assert slower.beta_inter == pytest.approx(2 * cal.beta_s_per_byte * cal.comm_scale)
+    # half the rate: twice the wire's β, never faster than the rate less TCP/IP headers, the hosts' part scaled
+    assert slower.beta_inter == pytest.approx(max(2 * cal.beta_s_per_byte, wire_beta(0.1),
+                                                  cal.comm_scale * cal.host_beta_s_per_byte))
+    assert 0.07 < 8 / slower.beta_inter / 1e9 < 0.0957
     assert [p["per_rank_batch"] for p in cal.points] == [4, 8]  # compute at the node count calibrated
 
 

@@ -16,9 +16,11 @@ Calibration measures what the model needs, as stored runs (resumable through the
   - compute is slower in runs that communicate: compute_scale = median over batches of the in-situ run's
     forward + backward + optimizer spans / the compute run's (means over ranks and steps; at least 1);
   - collectives inside training cost more than the bench's (the sync layer's own copies and scaling of every
-    gradient, cold caches, ranks arriving apart): comm_scale = median over batches of (allreduce step −
-    compute_scale × compute step) / Σ_p T(S_p) with the bench's α, β, at least 1 (the bench is the best case).
-  The "measured" hardware is the bench's α, β times comm_scale, and its predictions (and the validation's, on
+    gradient, cold caches, ranks arriving apart): comm_scale = median over batches of the scale k at which
+    Σ_p T(S_p) equals (allreduce step − compute_scale × compute step), at least 1 (the bench is the best case).
+    k multiplies what the hosts do (α, the hosts' β); over a shaped link the wire keeps its rate
+    (`links.link_costs`), so on loopback k is the plain ratio to the bench's Σ_p T(S_p).
+  The "measured" hardware is the bench's α, β with comm_scale, and its predictions (and the validation's, on
   this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
 - overlap (base.ranks > 1): one run per per-rank batch with overlapped buckets (sync=bucketed, about a quarter
   of the gradient per bucket, or one per parameter when that gives a single bucket), right after the allreduce
@@ -44,11 +46,11 @@ import pandas as pd
 
 from scalelab.perf import perfmodel as pm
 from scalelab.analysis import keys
-from scalelab.analysis.hardware import Hardware, fit_alpha_beta, hardware_from_fit
+from scalelab.analysis.hardware import Hardware, fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments.cells import Cell, Cells, with_fields
-from scalelab.experiments.links import NodeLink, link_hardware, link_text
+from scalelab.experiments.links import NodeLink, link_costs, link_hardware, link_text
 from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
@@ -92,18 +94,22 @@ class Calibration:
         f, b, o, x = (pm.Linear(*self.compute[s]) for s in STAGES)
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
 
-    def hardware(self, gpus_per_node: int = 1, *, link: NodeLink | None = None) -> Hardware:
-        """The calibrated machine's links as training sees them: the bench's α, β times comm_scale. With `link`
-        other than the calibrated one (`calibrated_link`), the same hosts joined by that link (`link_hardware`)."""
+    def hardware(self, gpus_per_node: int = 1, *, link: NodeLink | None = None,
+                 scale: float | None = None) -> Hardware:
+        """The calibrated machine's links as training sees them: the bench's α, β with the in-training scale
+        (`scale`, default comm_scale) on the hosts' part (`links.link_costs`: a shaped wire's rate is not
+        scaled). With `link` other than the calibrated one (`calibrated_link`), the same hosts joined by that
+        link (`link_hardware`)."""
         if link is not None and link != self.calibrated_link:
             return link_hardware(self, link, gpus_per_node)
-        k = self.comm_scale
+        k = self.comm_scale if scale is None else scale
+        alpha_intra, beta_intra, alpha, beta = link_costs(self, self.calibrated_link, k)
         where = (" loopback, this machine" if self.host is None else f", host {self.host}") + (
             f", {self.nodes} nodes over {link_text(self.link_gbps)}" if self.nodes > 1 else "")
-        return hardware_from_fit(self.alpha_s * k, self.beta_s_per_byte * k, gpus_per_node=gpus_per_node,
-                                 name=f"{MEASURED} ({self.backend}{where})", overlap=self.overlap,
-                                 source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size) × in-training "
-                                        f"scale {k:.2f}; overlap {self.overlap:.2f} fitted in situ")
+        return Hardware(name=f"{MEASURED} ({self.backend}{where})", alpha_intra=alpha_intra, beta_intra=beta_intra,
+                        alpha_inter=alpha, beta_inter=beta, gpus_per_node=gpus_per_node, overlap=self.overlap,
+                        source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size), in-training scale "
+                               f"{k:.2f} on the hosts' part; overlap {self.overlap:.2f} fitted in situ")
 
     @property
     def calibrated_link(self) -> NodeLink:
@@ -242,8 +248,11 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
     """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
     (definitions in the module docstring)."""
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
-    bench = 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
-                               hardware=hardware_from_fit(cal.alpha_s, cal.beta_s_per_byte)).comm_s
+    def model_ms(scale: float) -> float:  # the per-parameter allreduce of one step with the hosts' part × scale
+        return 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+                                  hardware=cal.hardware(scale=scale)).comm_s
+
+    bench = model_ms(1.0)
     rows = []
     for run in insitu:
         b = run["config"]["global_batch"] / world(run["config"])
@@ -260,9 +269,26 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
     ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
     compute = max(1.0, float(ratios.median())) if len(ratios) else 1.0
     for r in rows:
-        r["comm_ratio"] = (r["step(ms)"] - compute * r["compute_step(ms)"]) / bench if bench > 0 else math.nan
+        r["comm_ratio"] = scale_to_match(model_ms, r["step(ms)"] - compute * r["compute_step(ms)"])
     comm = pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
     return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
+
+
+def scale_to_match(model_ms: Callable[[float], float], measured_ms: float) -> float:
+    """The scale k at which `model_ms(k)` (non-decreasing in k) equals `measured_ms`, by bisection: the ratio
+    measured / model when the whole cost scales (loopback), less where a shaped wire's fixed rate is part of it;
+    0 when the unscaled part alone is already longer; NaN without a model cost."""
+    if not math.isfinite(measured_ms) or model_ms(1.0) <= 0:
+        return math.nan
+    lo, hi = 0.0, 1.0
+    while model_ms(hi) < measured_ms and hi < 1e6:
+        lo, hi = hi, hi * 2
+    if model_ms(lo) >= measured_ms:
+        return lo
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model_ms(mid) < measured_ms else (lo, mid)
+    return (lo + hi) / 2
 
 
 def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> tuple[float, list[dict]]:

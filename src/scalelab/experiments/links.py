@@ -6,12 +6,16 @@ bridge, `--local-nodes`); or such a link shaped by the kernel (`--link-gbps`, tb
 
 `link_hardware` predicts a link that was not calibrated from one that was. Per byte, moving data costs the
 hosts (copies, the kernel's TCP path: what a loopback bench measures) and the wire; the two run at the same
-time, so the slower one sets the pace: β(link) = max(β_host, β_wire(link)). The wire's β scales with the rate the
-link is shaped to: calibrated over a shaped link of C Gbit/s with fitted β_C, β_wire(L) = β_C · C / L (tbf's own
-efficiency at C carried along); calibrated without shaping, β_wire(L) = 8 / (L · 10⁹), the rate itself. α is the
-calibrated link's whenever the target runs over the same kind of path (namespace nodes, shaped or not: shaping adds
-no latency; a message between namespaces crosses two veth pairs and a bridge, which costs more than loopback),
-the host's for a loopback target. Inside a node (ranks per node > 1) ranks talk over the host's loopback.
+time, so the slower one sets the pace: β(link) = max(k·β_host, β_wire(link)). The wire's β scales with the rate
+the link is shaped to: calibrated over a shaped link of C Gbit/s with fitted β_C, β_C · C / L (tbf's own
+efficiency at C carried along), and never below the rate itself less TCP/IP headers (`wire_beta`): an α-β line
+through a sweep whose small sizes are latency-bound can come out faster than the wire, and no stream beats the
+rate tbf enforces. k is the calibration's in-training scale (collectives inside training cost the hosts more
+than the bench's); it scales what the hosts do (α and β_host), not a shaped wire's rate. α is the calibrated
+link's whenever the target runs over the same kind of path (namespace nodes, shaped or not: shaping adds no
+latency; a message between namespaces crosses two veth pairs and a bridge, which costs more than loopback), the
+host's for a loopback target. Inside a node (ranks per node > 1) ranks talk over the host's loopback. The
+calibrated link itself is computed the same way (`link_costs`).
 """
 from __future__ import annotations
 
@@ -56,29 +60,47 @@ def network_label(config: dict) -> str:
     return " + ".join(parts)
 
 
-def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1) -> Hardware:
-    """The calibrated hosts joined by `link` (module docstring), times the calibration's in-training scale."""
+# TCP payload per frame on the nodes' 1500-byte-MTU veths: a 1448-byte segment (timestamps on) travels with 32 bytes of
+# TCP, 20 of IPv4 and 14 of Ethernet header, and tbf counts them all (qdisc_pkt_len of every GSO segment)
+WIRE_EFFICIENCY = 1448 / 1514
+
+
+def wire_beta(gbps: float) -> float:
+    """s per payload byte through a link shaped to `gbps` Gbit/s: no TCP stream can beat the rate tbf enforces."""
+    return 8 / (gbps * 1e9 * WIRE_EFFICIENCY)
+
+
+def link_costs(cal: "Calibration", link: NodeLink, scale: float) -> tuple[float, float, float, float]:
+    """(α, β of the hosts; α, β across nodes) of the calibrated hosts joined by `link` (the module docstring), with
+    the in-training `scale` on what the hosts do (α, the hosts' β), not on a shaped wire's rate."""
     if cal.link_gbps is None:
         host = (cal.alpha_s, cal.beta_s_per_byte)
     elif cal.host_alpha_s is not None and cal.host_beta_s_per_byte is not None:
         host = (cal.host_alpha_s, cal.host_beta_s_per_byte)
+    elif link == cal.calibrated_link:  # a calibration file from before loopback benches: its own fit
+        host = (cal.alpha_s, cal.beta_s_per_byte)
     else:
         raise ConfigError("link_gbps", link.gbps, f"the calibration ran over {link_text(cal.link_gbps)} without a "
                                                   "loopback bench, so another link cannot be predicted; calibrate "
                                                   "again")
-    if link.gbps is None:
-        # unshaped: the hosts' per-byte cost; the latency of the path the calibration ran over when that was the
-        # same kind of path (namespace nodes: shaping adds no latency), else the host's
-        alpha, beta = (cal.alpha_s if link.namespaced and cal.nodes > 1 else host[0]), host[1]
-    elif cal.link_gbps is not None:
-        alpha, beta = cal.alpha_s, max(host[1], cal.beta_s_per_byte * cal.link_gbps / link.gbps)
-    else:
-        alpha, beta = host[0], max(host[1], 8 / (link.gbps * 1e9))
+    # the latency of the path the calibration ran over when the target is the same kind of path (namespace nodes:
+    # shaping adds no latency), else the host's
+    alpha = cal.alpha_s if link.namespaced and cal.nodes > 1 else host[0]
+    beta = scale * host[1]
+    if link.gbps is not None:
+        fitted = cal.beta_s_per_byte * cal.link_gbps / link.gbps if cal.link_gbps is not None else 0.0
+        beta = max(beta, fitted, wire_beta(link.gbps))
+    return scale * host[0], scale * host[1], scale * alpha, beta
+
+
+def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1) -> Hardware:
+    """The calibrated hosts joined by `link` (module docstring), with the calibration's in-training scale."""
     k = cal.comm_scale
+    alpha_intra, beta_intra, alpha, beta = link_costs(cal, link, k)
     target = link_text(link.gbps) if link.namespaced else "this host's loopback"
-    return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=host[0] * k,
-                    beta_intra=host[1] * k, alpha_inter=alpha * k, beta_inter=beta * k, gpus_per_node=gpus_per_node,
+    return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=alpha_intra,
+                    beta_intra=beta_intra, alpha_inter=alpha, beta_inter=beta, gpus_per_node=gpus_per_node,
                     overlap=cal.overlap,
                     source=f"calibrated over {link_text(cal.link_gbps) if cal.nodes > 1 else 'loopback'} "
                            f"(bench {cal.bench_run}): per byte the slower of the hosts and the wire, "
-                           f"× in-training scale {k:.2f}")
+                           f"in-training scale {k:.2f} on the hosts' part")

@@ -3,11 +3,12 @@ wire, the wire scaling with the shaped rate; known numbers in, exact numbers out
 namespace nodes is in tests/dist/test_local_nodes.py."""
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.calibration import Calibration
-from scalelab.experiments.links import NodeLink, link_hardware, network_label
+from scalelab.experiments.calibration import Calibration, insitu_scales, scale_to_match
+from scalelab.experiments.links import NodeLink, link_hardware, network_label, wire_beta
 from scalelab.experiments.prediction import predict_run
 
 ONE_GBIT = 8e-9  # s per byte at 1 Gbit/s
@@ -46,18 +47,50 @@ def test_an_unshaped_or_fast_link_runs_at_the_hosts_pace():
     assert cal.hardware(link=NodeLink(False, None)).beta_inter == 1.25e-9  # one host's loopback
 
 
-def test_the_calibrated_link_is_the_fit_itself_and_the_in_training_scale_applies_to_every_link():
+def test_the_in_training_scale_applies_to_the_hosts_part_not_to_the_shaped_wire():
     cal = calibration(comm_scale=2.0)
     same = cal.hardware(link=NodeLink(True, 1.0))
-    assert (same.alpha_inter, same.beta_inter) == (2e-4, 2 * ONE_GBIT / 0.95) == (same.alpha_intra, same.beta_intra)
+    # α and the hosts' β are scaled; the wire (the bench's 0.95 Gbit/s) still runs at its rate
+    assert (same.alpha_inter, same.beta_inter) == (2e-4, ONE_GBIT / 0.95)
+    assert (same.alpha_intra, same.beta_intra) == (1e-4, 2 * 1.25e-9)
+    assert cal.hardware() == same  # the calibrated link is the default
     slow = cal.hardware(link=NodeLink(True, 0.5))
-    assert slow.beta_inter == pytest.approx(2 * ONE_GBIT / 0.95 / 0.5) and slow.beta_intra == 2 * 1.25e-9
+    assert slow.beta_inter == pytest.approx(ONE_GBIT / 0.95 / 0.5) and slow.beta_intra == 2 * 1.25e-9
+    # hosts slowed 8x by training are slower than a 1 Gbit/s wire: they set the pace
+    busy = calibration(comm_scale=8.0).hardware(link=NodeLink(True, 1.0))
+    assert busy.beta_inter == 8 * 1.25e-9
+
+
+def test_no_link_is_predicted_faster_than_its_shaped_rate_with_tcp_headers():
+    """A bench fit whose β beat the wire (an α-β line through latency-bound small sizes) is held to the rate tbf
+    enforces: 1448 payload bytes in every 1514 it counts."""
+    cal = calibration(beta_s_per_byte=ONE_GBIT / 1.4)
+    wire = ONE_GBIT * 1514 / 1448
+    assert wire_beta(1.0) == pytest.approx(wire)
+    assert cal.hardware().beta_inter == pytest.approx(wire)
+    assert cal.hardware(link=NodeLink(True, 0.2)).beta_inter == pytest.approx(wire / 0.2)
+
+
+def test_the_in_training_scale_over_a_shaped_link_is_fitted_on_the_hosts_part():
+    """In-situ allreduce runs over the calibrated 1 Gbit/s link whose communication is the model's with the hosts'
+    part × 3: the fit finds 3 (the ratio to the unscaled model, 1.07, would blame the wire for the hosts)."""
+    cal = calibration()
+    truth = 1e3 * (4 * 3e-4 + 4 / 3 * 1_000_000 * ONE_GBIT / 0.95)  # ms: ring on 3 ranks, the wire unscaled
+    points = pd.DataFrame([{"per_rank_batch": float(b), "forward(ms)": 1.0, "backward(ms)": 1.0,
+                            "optimizer(ms)": 1.0, "step(ms)": 3.0} for b in (4, 8)])
+    runs = [{"run_id": f"r{b}", "config": {"global_batch": 3 * b, "ranks": 1, "nnodes": 3},
+             "summary": {f"stage/{s}(ms)": 1.0 for s in ("forward", "backward", "optimizer")}
+             | {"time/step_median(ms)": 3.0 + truth}} for b in (4, 8)]
+    compute, comm, rows = insitu_scales(points, runs, cal)
+    assert compute == 1.0 and comm == pytest.approx(3.0, rel=1e-5)
+    assert rows[0]["bench_comm(ms)"] == pytest.approx(truth - 1e3 * 4 * 2e-4)  # the model at scale 1
+    assert scale_to_match(lambda k: 5.0 + k, 4.0) == 0.0  # the unscaled part alone is longer
 
 
 def test_a_loopback_calibration_takes_the_shaped_rate_as_the_wire():
     cal = calibration(nodes=1, link_gbps=None, host_alpha_s=None, host_beta_s_per_byte=None, beta_s_per_byte=1e-9)
     hw = cal.hardware(link=NodeLink(True, 0.5))
-    assert hw.beta_inter == pytest.approx(ONE_GBIT / 0.5) and hw.alpha_inter == 1e-4 and hw.beta_intra == 1e-9
+    assert hw.beta_inter == pytest.approx(wire_beta(0.5)) and hw.alpha_inter == 1e-4 and hw.beta_intra == 1e-9
     assert cal.hardware().beta_inter == 1e-9  # the calibrated loopback: unchanged
 
 
