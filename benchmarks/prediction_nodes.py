@@ -16,7 +16,7 @@ Goal on a quiet machine: held-out median |error| <= 10 %, max <= 25 %.
     python benchmarks/prediction_nodes.py [--nodes 2,3,4] [--links 0.5,0.2,unshaped] [--calibration-gbps 1]
         [--strategies gather_scatter,allreduce,bucketed,ddp] [--repeats 3] [--model-options depth=1,width=64]
         [--steps 10] [--store DIR] [--out DIR]
-Needs root (network namespaces); takes ~25 minutes with the defaults on 2 cores.
+Needs root (network namespaces); takes ~40 minutes with the defaults on 2 cores.
 """
 from __future__ import annotations
 
