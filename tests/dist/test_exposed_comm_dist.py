@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.dist, pytest.mark.timeout(400)]
 
 LATENCY_MS = 25.0
 COLLECTIVES = {"allreduce": 3, "gather_scatter": 6, "bucketed": 1, "ddp": 1}  # per step, each padded to the latency
-OVERSHOOT_MS = 1.5  # per collective: a sleep returns late, a timer thread wakes late (seen: < 1 ms idle)
+# per collective, how late the pad can end: a caller's sleep returns late (seen: < 1 ms idle); an async
+# collective's pad is a timer thread that must be started, woken and then wake the thread waiting on the future,
+# two wake-ups on 2 cores that the ranks keep busy (seen: 1.75-2.5 ms for DDP's one bucket during the full suite)
+OVERSHOOT_MS = {"allreduce": 1.5, "gather_scatter": 1.5, "bucketed": 3.0, "ddp": 3.0}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def table(tmp_path_factory):
 def test_injected_delay_is_recovered_as_exposed_communication(table, sync):
     row = table.loc[sync]
     injected = COLLECTIVES[sync] * LATENCY_MS
-    slack = COLLECTIVES[sync] * OVERSHOOT_MS
+    slack = COLLECTIVES[sync] * OVERSHOOT_MS[sync]
     # the true delay lies in [injected, injected + overshoot]: the interval of the difference of medians meets it
     assert row["exposed_ci_low(ms)"] <= injected + slack and row["exposed_ci_high(ms)"] >= injected, row.to_dict()
     assert injected - 0.1 * injected <= row["exposed_comm(ms)"] <= injected + slack + 0.1 * injected, row.to_dict()
