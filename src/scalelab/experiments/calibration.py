@@ -248,6 +248,7 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
     """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
     (definitions in the module docstring)."""
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
+
     def model_ms(scale: float) -> float:  # the per-parameter allreduce of one step with the hosts' part × scale
         return 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
                                   hardware=cal.hardware(scale=scale)).comm_s
@@ -275,27 +276,30 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
 
 
 def scale_to_match(model_ms: Callable[[float], float], measured_ms: float) -> float:
-    """The scale k at which `model_ms(k)` (non-decreasing in k) equals `measured_ms`, by bisection: the ratio
-    measured / model when the whole cost scales (loopback), less where a shaped wire's fixed rate is part of it;
-    0 when the unscaled part alone is already longer; NaN without a model cost."""
+    """The scale k at which `model_ms(k)` (non-decreasing in k) equals `measured_ms`: the ratio measured / model
+    when the whole cost scales (loopback), less where a shaped wire's fixed rate is part of it; 0 when the
+    unscaled part alone is already longer; NaN without a model cost."""
+    from scipy.optimize import brentq  # here: ranks import this package, and scipy costs them start-up time
+
     if not math.isfinite(measured_ms) or model_ms(1.0) <= 0:
         return math.nan
-    lo, hi = 0.0, 1.0
-    while model_ms(hi) < measured_ms and hi < 1e6:
-        lo, hi = hi, hi * 2
-    if model_ms(lo) >= measured_ms:
-        return lo
-    while hi - lo > 1e-6 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if model_ms(mid) < measured_ms else (lo, mid)
-    return (lo + hi) / 2
+    if model_ms(0.0) >= measured_ms:
+        return 0.0
+    hi = 1.0
+    while model_ms(hi) < measured_ms:
+        if hi >= 1e6:
+            return hi
+        hi *= 2
+    return float(brentq(lambda k: model_ms(k) - measured_ms, 0.0, hi, xtol=1e-9))
 
 
 def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> tuple[float, list[dict]]:
     """(overlap, rows) from the in-situ bucketed runs: per batch, the overlap in [0, 1] at which the model's
     exposed communication equals the measured one (step − compute_scale × the compute run's step; exposed
-    falls as overlap rises, so bisection finds it; clipped at the ends), then the median over batches.
+    falls as overlap rises, so a root search finds it; clipped at the ends), then the median over batches.
     1 when no run has hideable communication (a single bucket, or backward too short to matter)."""
+    from scipy.optimize import brentq  # here, as in scale_to_match
+
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
     model, hw = cal.compute_model(), cal.hardware()
     rows = []
@@ -315,12 +319,10 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
         none, full = exposed(0.0), exposed(1.0)
         if none - full < 1e-3:  # under a µs of hideable time: this run says nothing about overlap
             continue
-        lo, hi = (0.0, 0.0) if measured >= none else (1.0, 1.0) if measured <= full else (0.0, 1.0)
-        while hi - lo > 1e-9:
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if exposed(mid) > measured else (lo, mid)
+        overlap = (0.0 if measured >= none else 1.0 if measured <= full
+                   else float(brentq(lambda o: exposed(o) - measured, 0.0, 1.0, xtol=1e-9)))
         rows.append({"run_id": run["run_id"], "per_rank_batch": b, "measured_exposed(ms)": measured,
-                     "exposed_no_overlap(ms)": none, "exposed_full_overlap(ms)": full, "overlap": (lo + hi) / 2})
+                     "exposed_no_overlap(ms)": none, "exposed_full_overlap(ms)": full, "overlap": overlap})
     values = pd.Series([r["overlap"] for r in rows], dtype=float)
     return (float(values.median()) if len(values) else 1.0), rows
 
