@@ -2,7 +2,8 @@
 
 Calibration (scalelab.experiments.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
 compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives),
-2 ranks with overlapped buckets of a quarter of the gradient at each batch (the in-situ overlap)
+2 ranks with overlapped buckets of a quarter of the gradient at each batch (the in-situ overlap), 2 ranks with
+gather/scatter at each batch when it is among the strategies (its own in-training scale)
 and a `bench comm` allreduce sweep (α, β of gloo on loopback). Measured points: 2 ranks × per-rank batches ×
 strategies × networks: loopback, and where network namespaces can be made (root) 2 namespace nodes of one rank
 over a kernel-shaped --bandwidth-gbps link and over an unshaped one (the calibrated hosts over that link:
@@ -72,7 +73,7 @@ def main() -> int:
     study = "bench-prediction"
     compute = {int(c.config.per_rank_batch): c for c in calibration_cells(base, batches)}
     insitu: dict[int, list] = {}
-    for c in insitu_cells(base, batches, gradient_sizes(base)[0]):
+    for c in insitu_cells(base, batches, gradient_sizes(base)[0], strategies):
         insitu.setdefault(int(c.config.per_rank_batch), []).append(c)
     engine = Cells(store, study)
     # the compute runs again, as the noise floor: a study of their own, since within one study an identical
@@ -93,7 +94,7 @@ def main() -> int:
                 loads[res.run_id] = before
             if group == "validation":
                 measured += cells_of.runs(results)
-    cal = calibrate(base, engine, batches=batches, say=print)
+    cal = calibrate(base, engine, batches=batches, say=print, strategies=strategies)
     check = validate_measured(cal, measured, say=print)
     check["load1"] = check["run_id"].map(loads)
     check["net"] = check["network"]
@@ -121,13 +122,13 @@ def main() -> int:
     write_table(check, out, "prediction_accuracy")
     figure = figures.predicted_vs_measured(points, out / "prediction_accuracy.png")
     error = pm.median_abs_error(points)
-    # the in-situ calibration ran allreduce and bucketed (other bucket size) without emulation
-    fresh = points[~(points["sync"].isin(["allreduce", "bucketed"]) & (points["net"] == "loopback"))]
+    # the in-situ calibration ran allreduce, bucketed (other bucket size) and gather/scatter without emulation
+    fresh = points[~(points["sync"].isin(["allreduce", "bucketed", "gather_scatter"]) & (points["net"] == "loopback"))]
     noise = check[check["sync"] == "noop"]
     print(f"\nfigure: {figure}")
     print(f"noise floor: the compute runs repeated (noop) differ from the fit by a median "
           f"{pm.median_abs_error(noise):.1f} %")
-    print(f"without allreduce and bucketed on loopback (near the in-situ calibration's configurations): "
+    print(f"without allreduce, bucketed and gather/scatter on loopback (near the in-situ calibration's configurations): "
           f"{pm.median_abs_error(fresh):.1f} % over {len(fresh)} points")
     print(f"median |error| over {len(points)} points: {error:.1f} % (goal <= 10 %): "
           f"{'met' if error <= 10 else 'NOT met'}")

@@ -2,9 +2,10 @@
 
 Nodes are network namespaces on this machine (`--local-nodes`), one rank each, joined by a bridge; each node's link
 is shaped by the kernel (tbf). For each node count k:
-- calibration (in-sample): compute without sync at k nodes, in-situ per-parameter allreduce and overlapped buckets
-  at k nodes over the calibration link (1 Gbit/s), a `bench comm` allreduce sweep over that link, and one on
-  loopback (what moving bytes costs the hosts themselves; scalelab.experiments.links);
+- calibration (in-sample): compute without sync at k nodes, in-situ per-parameter allreduce, overlapped buckets
+  and gather/scatter (its own in-training scale) at k nodes over the calibration link (1 Gbit/s), a `bench comm`
+  allreduce sweep over that link, and one on loopback (what moving bytes costs the hosts themselves;
+  scalelab.experiments.links);
 - measured points: every sync strategy over the calibration link (in-sample) and over the held-out links
   (0.5 and 0.2 Gbit/s, unshaped), each launched --repeats times in interleaved rounds; a point is the median of
   its launches' median steps, with the launches' interval.
@@ -15,7 +16,7 @@ Goal on a quiet machine: held-out median |error| <= 10 %, max <= 25 %.
 
     python benchmarks/prediction_nodes.py [--nodes 2,3,4] [--links 0.5,0.2,unshaped] [--calibration-gbps 1]
         [--strategies gather_scatter,allreduce,bucketed,ddp] [--repeats 3] [--model-options depth=1,width=64]
-        [--steps 10] [--store DIR] [--out DIR]
+        [--steps 30] [--store DIR] [--out DIR]
 Needs root (network namespaces); takes ~40 minutes with the defaults on 2 cores.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def main() -> int:
     ap.add_argument("--model-options", default="depth=1,width=64", help="the MLP: 0.8 MB of gradients")
     ap.add_argument("--batches", default="16,32", help="per-rank batches of the compute calibration")
     ap.add_argument("--batch", type=int, default=32, help="per-rank batch of the measured points")
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30,
+                    help="steps per launch (2 untimed): the median of 28 rather than 8 steps")
     ap.add_argument("--store", type=Path, default=None, help="run store (default: a temporary directory)")
     ap.add_argument("--out", type=Path, default=None, help="table and figure (default: STORE/out)")
     args = ap.parse_args()
@@ -69,7 +71,8 @@ def main() -> int:
                            eval_samples=64, ranks=1, local_nodes=k, link_gbps=cal_link, global_batch=k * args.batch,
                            steps=args.steps, warmup_steps=2, eval_every=10_000, bucket_mb=0.25, hang_timeout_s=120)
         cells = Cells(store, f"bench-nodes-{k}")
-        cal = calibrate(base, cells, batches=[int(b) for b in args.batches.split(",")], say=print)
+        cal = calibrate(base, cells, batches=[int(b) for b in args.batches.split(",")], say=print,
+                        strategies=strategies)
         grid = [Cell(f"{k} nodes, {s}, {network_label(with_fields(base, sync=s, link_gbps=g).to_dict())}",
                      with_fields(base, sync=s, link_gbps=g), repeats=args.repeats)
                 for g in links for s in strategies]

@@ -20,6 +20,13 @@ Calibration measures what the model needs, as stored runs (resumable through the
     Σ_p T(S_p) equals (allreduce step − compute_scale × compute step), at least 1 (the bench is the best case).
     k multiplies what the hosts do (α, the hosts' β); over a shaped link the wire keeps its rate
     (`links.link_costs`), so on loopback k is the plain ratio to the bench's Σ_p T(S_p).
+  - comm_scale is fitted on allreduce and holds for the strategies that run allreduce (allreduce, bucketed, ddp).
+    A strategy with other collectives (`OWN_SCALE`: gather_scatter) costs differently inside training: gloo's
+    gather and scatter each post one message where its allreduce runs a ring of dependent steps, and on 2 shared
+    cores the ratio of the two moved between calibrations (allreduce ×1.1 to ×2.6 the bench, gather/scatter about
+    ×1 in the same sessions). When the caller predicts such a strategy (`calibrate(strategies=...)`), one run of
+    it per batch gives its own scale (sync_scales), found the same way; it has no floor of 1, since the bench
+    it scales timed another collective.
   The "measured" hardware is the bench's α, β with comm_scale, and its predictions (and the validation's, on
   this machine) multiply compute by compute_scale wherever collectives run; presets do not (`perfmodel.predict`).
 - overlap (base.ranks > 1): one run per per-rank batch with overlapped buckets (sync=bucketed, about a quarter
@@ -74,6 +81,7 @@ class Calibration:
     comm_scale: float = 1.0  # in-training collective time / the bench fit's (>= 1), see the module docstring
     compute_scale: float = 1.0  # compute with communication / without, on this machine (>= 1)
     overlap: float = 1.0  # share of the hideable communication backward hides here (Hardware.overlap)
+    sync_scales: dict[str, float] = field(default_factory=dict)  # strategy -> its own in-training scale (OWN_SCALE)
     insitu: list[dict] = field(default_factory=list)  # the in-situ runs the scales and the overlap came from
     param_bytes: list[int]  # gradient bytes per trainable parameter, registration order
     parameters: int  # trainable parameter elements
@@ -94,15 +102,20 @@ class Calibration:
         f, b, o, x = (pm.Linear(*self.compute[s]) for s in STAGES)
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
 
+    def scale_for(self, strategy: str | None) -> float:
+        """The in-training scale of `strategy`'s collectives: its own where calibrated (sync_scales), else
+        comm_scale (fitted on allreduce)."""
+        return self.sync_scales.get(strategy or "", self.comm_scale)
+
     def hardware(self, gpus_per_node: int = 1, *, link: NodeLink | None = None,
-                 scale: float | None = None) -> Hardware:
+                 scale: float | None = None, strategy: str | None = None) -> Hardware:
         """The calibrated machine's links as training sees them: the bench's α, β with the in-training scale
-        (`scale`, default comm_scale) on the hosts' part (`links.link_costs`: a shaped wire's rate is not
-        scaled). With `link` other than the calibrated one (`calibrated_link`), the same hosts joined by that
+        (`scale`, default `scale_for(strategy)`) on the hosts' part (`links.link_costs`: a shaped wire's rate is
+        not scaled). With `link` other than the calibrated one (`calibrated_link`), the same hosts joined by that
         link (`link_hardware`)."""
+        k = self.scale_for(strategy) if scale is None else scale
         if link is not None and link != self.calibrated_link:
-            return link_hardware(self, link, gpus_per_node)
-        k = self.comm_scale if scale is None else scale
+            return link_hardware(self, link, gpus_per_node, scale=k)
         alpha_intra, beta_intra, alpha, beta = link_costs(self, self.calibrated_link, k)
         where = (" loopback, this machine" if self.host is None else f", host {self.host}") + (
             f", {self.nodes} nodes over {link_text(self.link_gbps)}" if self.nodes > 1 else "")
@@ -122,7 +135,7 @@ class Calibration:
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
         optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
-                    "link_gbps", "host_alpha_s", "host_beta_s_per_byte"}
+                    "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
@@ -168,20 +181,29 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
             for b in sorted(set(batches))]
 
 
-def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequence[int]) -> list[Cell]:
+# strategies whose collectives are not allreduce: comm_scale does not carry over to them (module docstring)
+OWN_SCALE = ("gather_scatter",)
+
+
+def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequence[int],
+                 strategies: Sequence[str] = ()) -> list[Cell]:
     """Per per-rank batch, one run with per-parameter blocking allreduce and one with overlapped buckets (about a
     quarter of the gradient each, so there is overlap to measure; one per parameter when the last-ready tensor
-    alone fills a quarter), no emulation; none for one rank."""
+    alone fills a quarter), and one of each strategy of `strategies` in OWN_SCALE; no emulation; none for one
+    rank."""
     if base.world_size < 2:
         return []
     cap = sum(param_bytes) / 4
     if len(pm.bucket_sizes(param_bytes, cap)) < 2:
         cap = min(param_bytes)
     bucket_mb = max(1, cap) / pm.MIB
+    own = [s for s in OWN_SCALE if s in strategies]
     return [cell for c in calibration_cells(base, batches) for cell in (
         Cell(f"in situ allreduce, per-rank batch {c.config.per_rank_batch}", with_fields(c.config, sync="allreduce")),
         Cell(f"in situ bucketed, per-rank batch {c.config.per_rank_batch}",
-             with_fields(c.config, sync="bucketed", bucket_mb=bucket_mb)))]
+             with_fields(c.config, sync="bucketed", bucket_mb=bucket_mb)),
+        *(Cell(f"in situ {s}, per-rank batch {c.config.per_rank_batch}", with_fields(c.config, sync=s))
+          for s in own))]
 
 
 def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
@@ -244,13 +266,15 @@ def compute_points(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("per_rank_batch").reset_index(drop=True)
 
 
-def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, float, list[dict]]:
+def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration", *, strategy: str = "allreduce",
+                  compute_scale: float | None = None) -> tuple[float, float, list[dict]]:
     """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
-    (definitions in the module docstring)."""
+    (definitions in the module docstring). With another `strategy` (OWN_SCALE) and the `compute_scale` found on
+    allreduce: (compute_scale, that strategy's own scale, rows), without the floor of 1."""
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
 
-    def model_ms(scale: float) -> float:  # the per-parameter allreduce of one step with the hosts' part × scale
-        return 1e3 * pm.sync_cost("allreduce", param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+    def model_ms(scale: float) -> float:  # the strategy's communication of one step with the hosts' part × scale
+        return 1e3 * pm.sync_cost(strategy, param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
                                   hardware=cal.hardware(scale=scale)).comm_s
 
     bench = model_ms(1.0)
@@ -262,17 +286,20 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") 
             continue
         spans = sum(summary.get(keys.stage_ms(st), 0.0) for st in STAGES[:3])
         plain_spans = sum(plain[f"{st}(ms)"] for st in STAGES[:3])
-        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "step(ms)": summary[keys.STEP_MEDIAN_MS],
+        rows.append({"run_id": run["run_id"], "sync": strategy, "per_rank_batch": b,
+                     "step(ms)": summary[keys.STEP_MEDIAN_MS],
                      "compute_step(ms)": plain["step(ms)"], "bench_comm(ms)": bench,
                      "compute_ratio": spans / plain_spans if plain_spans > 0 else math.nan})
     if not rows:
-        return 1.0, 1.0, rows
+        return compute_scale or 1.0, 1.0, rows
     ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
-    compute = max(1.0, float(ratios.median())) if len(ratios) else 1.0
+    compute = compute_scale or (max(1.0, float(ratios.median())) if len(ratios) else 1.0)
     for r in rows:
         r["comm_ratio"] = scale_to_match(model_ms, r["step(ms)"] - compute * r["compute_step(ms)"])
     comm = pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
-    return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
+    if not len(comm):
+        return compute, 1.0, rows
+    return compute, (float(comm.median()) if strategy in OWN_SCALE else max(1.0, float(comm.median()))), rows
 
 
 def scale_to_match(model_ms: Callable[[float], float], measured_ms: float) -> float:
@@ -321,7 +348,7 @@ def fit_overlap(points: pd.DataFrame, runs: list[dict], cal: "Calibration") -> t
             continue
         overlap = (0.0 if measured >= none else 1.0 if measured <= full
                    else float(brentq(lambda o: exposed(o) - measured, 0.0, 1.0, xtol=1e-9)))
-        rows.append({"run_id": run["run_id"], "per_rank_batch": b, "measured_exposed(ms)": measured,
+        rows.append({"run_id": run["run_id"], "sync": "bucketed", "per_rank_batch": b, "measured_exposed(ms)": measured,
                      "exposed_no_overlap(ms)": none, "exposed_full_overlap(ms)": full, "overlap": overlap})
     values = pd.Series([r["overlap"] for r in rows], dtype=float)
     return (float(values.median()) if len(values) else 1.0), rows
@@ -332,13 +359,14 @@ def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
 
 
 def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: Callable[[str], None] = print,
-              bench=None) -> Calibration:
+              bench=None, strategies: Sequence[str] = ()) -> Calibration:
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
-    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`)."""
+    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`). `strategies`: the sync strategies
+    the caller will predict; those in OWN_SCALE get in-situ runs of their own (module docstring)."""
     from scalelab.run.execute import RunFailed
 
     param_bytes, parameters = gradient_sizes(base)
-    compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes)
+    compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)
     bench = bench or bench_config(base, param_bytes)
     bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
     study = cells.study
@@ -382,13 +410,25 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
         nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, host_alpha_s=host[0], host_beta_s_per_byte=host[1],
         key=key, device=device_name(by_key[compute[0].key]["config"], by_key[compute[0].key]["files"]))
-    runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync] for sync in ("allreduce", "bucketed")}
+    runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync]
+            for sync in ("allreduce", "bucketed", *OWN_SCALE)}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
+    for sync in OWN_SCALE:
+        if runs[sync]:
+            _, cal.sync_scales[sync], rows = insitu_scales(points, runs[sync], cal, strategy=sync,
+                                                           compute_scale=cal.compute_scale)
+            cal.insitu += rows
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
     cal.insitu += overlap_rows
     cal.save(path)
     say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
         f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
         f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); with communication: collectives "
-        f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; wrote {path}")
+        f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, overlap "
+        f"{cal.overlap:.2f}; wrote {path}")
     return cal
+
+
+def own_scales_text(cal: Calibration) -> str:
+    """", gather_scatter ×0.93" for each strategy with its own in-training scale ("" when none)."""
+    return "".join(f", {sync} ×{k:.2f}" for sync, k in cal.sync_scales.items())

@@ -93,9 +93,11 @@ def link_costs(cal: "Calibration", link: NodeLink, scale: float) -> tuple[float,
     return scale * host[0], scale * host[1], scale * alpha, beta
 
 
-def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1) -> Hardware:
-    """The calibrated hosts joined by `link` (module docstring), with the calibration's in-training scale."""
-    k = cal.comm_scale
+def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1, *,
+                  scale: float | None = None) -> Hardware:
+    """The calibrated hosts joined by `link` (module docstring), with the in-training `scale` (default the
+    calibration's comm_scale)."""
+    k = cal.comm_scale if scale is None else scale
     alpha_intra, beta_intra, alpha, beta = link_costs(cal, link, k)
     target = link_text(link.gbps) if link.namespaced else "this host's loopback"
     return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=alpha_intra,

@@ -20,7 +20,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware, hardware_from_dict, presets
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path
+from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path, own_scales_text
 from scalelab.experiments.base import Context, Result
 from scalelab.experiments.cells import Cell, with_fields
 from scalelab.experiments.links import NodeLink, network_label
@@ -86,6 +86,14 @@ def compute_scale(cal: Calibration, hw: Hardware) -> float:
     return cal.compute_scale if hw.name == cal.hardware().name else 1.0
 
 
+def for_strategy(cal: Calibration, hw: Hardware, strategy: str) -> Hardware:
+    """`hw` as `strategy` sees it: this machine's own hardware with the strategy's in-training scale
+    (`Calibration.scale_for`), any other unchanged."""
+    if hw.name != cal.hardware().name:
+        return hw
+    return cal.hardware(hw.gpus_per_node, strategy=strategy)
+
+
 def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], workers: Sequence[int], *,
                   mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
                   compression: str = "none", accumulate: int = 1,
@@ -97,7 +105,7 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
     frames = []
     for hw in [hardware] if isinstance(hardware, Hardware) else hardware:
         batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
-        frame = pm.predict(cal.compute_model(), hw, workers, param_bytes=cal.param_bytes, mode=mode,
+        frame = pm.predict(cal.compute_model(), for_strategy(cal, hw, strategy), workers, param_bytes=cal.param_bytes, mode=mode,
                            strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
                            accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(cal, hw),
                            **batches)
@@ -119,7 +127,8 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
     (`perfmodel.options_for_efficiency`: those meeting it first, smallest batch first)."""
     if not 0 < target <= 1:
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
-    return pm.options_for_efficiency(cal.compute_model(), hardware, workers, target=target,
+    return pm.options_for_efficiency(cal.compute_model(), lambda s: for_strategy(cal, hardware, s), workers,
+                                     target=target,
                                      per_rank_batches=per_rank_batches, strategies=strategies,
                                      param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
                                      compression=compression, accumulate=accumulate,
@@ -148,7 +157,7 @@ def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
     compression = config.get("ddp_hook", "none")
     emulation = pm.Emulation.from_config(config.get("net_latency_ms", 0.0), config.get("net_bandwidth_gbps"))
     link = NodeLink.of(config)
-    hardware = cal.hardware(config["ranks"] if link.namespaced else 1, link=link)
+    hardware = cal.hardware(config["ranks"] if link.namespaced else 1, link=link, strategy=strategy)
     return pm.predict(cal.compute_model(), hardware, [n], param_bytes=cal.param_bytes, mode="weak",
                       per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
                       bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
@@ -234,7 +243,7 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
     >= `target` at the largest worker count, validate on measured runs of this machine; write tables and plots."""
     if not 0 < target <= 1:
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
-    cal = calibrate(base, ctx.cells, batches=calibration_batches, say=say)
+    cal = calibrate(base, ctx.cells, batches=calibration_batches, say=say, strategies=[strategy])
     hws = resolve_hardware(hardware, cal, file=hardware_file, gpus_per_node=gpus_per_node)
     cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
     validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
@@ -265,7 +274,8 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
              f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s from the bench"
              if cal.bench_run else "no bench: links from the hardware only")
     notes = {"calibration": f"{calibration} (compute of {compute_origin(cal)}; {links}; in training collectives "
-                            f"×{cal.comm_scale:.2f}, compute ×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; "
+                            f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, "
+                            f"overlap {cal.overlap:.2f}; "
                             f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
              "efficiency < 50 % from": {hw: (f"{n} workers" if n else f"never up to {top} workers")
                                         for hw, n in below.items()},

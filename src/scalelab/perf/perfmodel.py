@@ -19,7 +19,7 @@ runs the backward span also holds the wait for the last buckets).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,17 +224,20 @@ def efficiency_threshold(pred: pd.DataFrame, threshold: float = 0.5) -> int | No
     return int(below["workers"].min()) if len(below) else None
 
 
-def options_for_efficiency(model: ComputeModel, hardware: Hardware, workers: int, *, target: float = 0.5,
-                           per_rank_batches: Sequence[float], strategies: Sequence[str] | None = None,
+def options_for_efficiency(model: ComputeModel, hardware: Hardware | Callable[[str], Hardware], workers: int, *,
+                           target: float = 0.5, per_rank_batches: Sequence[float],
+                           strategies: Sequence[str] | None = None,
                            **kwargs) -> pd.DataFrame:
     """Which per-rank batch (from the candidates) and strategy keep weak-scaling efficiency X(N)/(N·X(1)) >=
     `target` at N = `workers`: one row per pair (strategy, per_rank_batch, efficiency, step(ms),
     throughput(samples/s), meets_target), those meeting the target first, then the smallest batch, then the
-    highest efficiency. `kwargs` go to `predict` (param_bytes, bucket_bytes, compression, ...)."""
+    highest efficiency. `hardware` may be a function of the strategy (a calibration's own hardware, whose
+    in-training scale depends on the collectives). `kwargs` go to `predict` (param_bytes, bucket_bytes, ...)."""
     rows = []
     for strategy in strategies if strategies is not None else [s for s in modelled_syncs() if s != "noop"]:
         for b in per_rank_batches:
-            p = predict(model, hardware, [workers], per_rank_batch=b, mode="weak", strategy=strategy,
+            hw = hardware if isinstance(hardware, Hardware) else hardware(strategy)
+            p = predict(model, hw, [workers], per_rank_batch=b, mode="weak", strategy=strategy,
                         **kwargs).iloc[0]
             rows.append({"strategy": strategy, "per_rank_batch": b, "efficiency": p["efficiency"],
                          "step(ms)": p["step(ms)"], THROUGHPUT: p[THROUGHPUT],

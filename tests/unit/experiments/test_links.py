@@ -121,3 +121,63 @@ def test_the_network_label_names_the_link_and_marks_padding_approximate():
     assert network_label({"local_nodes": 2, "nnodes": 2}) == "2 nodes over an unshaped link"
     padded = network_label({"ranks": 2, "net_latency_ms": 5.0, "net_bandwidth_gbps": 1.0})
     assert padded == "loopback + padded 5 ms, 1 Gbit/s (approximate)"
+
+
+def test_gather_scatter_gets_its_own_in_training_scale_without_a_floor():
+    """In-situ gather/scatter runs over the calibrated 1 Gbit/s link whose communication is the model's with the
+    hosts' part × 0.5 (its collectives cost less inside training than the allreduce bench's α says): the fit finds
+    0.5, below the floor of 1 that allreduce's scale keeps; predictions of gather/scatter use it, over any link,
+    and every allreduce-based strategy keeps comm_scale."""
+    cal = calibration(comm_scale=2.0)
+    # 3 ranks, one 1 MB tensor: gather and scatter each α + (n−1)·S·β, α × 0.5, the wire unscaled
+    truth = 1e3 * 2 * (0.5 * 1e-4 + 2 * 1_000_000 * ONE_GBIT / 0.95)
+    points = pd.DataFrame([{"per_rank_batch": float(b), "forward(ms)": 1.0, "backward(ms)": 1.0,
+                            "optimizer(ms)": 1.0, "step(ms)": 3.0} for b in (4, 8)])
+    runs = [{"run_id": f"g{b}", "config": {"global_batch": 3 * b, "ranks": 1, "nnodes": 3},
+             "summary": {f"stage/{s}(ms)": 1.0 for s in ("forward", "backward", "optimizer")}
+             | {"time/step_median(ms)": 1.2 * 3.0 + truth}} for b in (4, 8)]
+    compute, own, rows = insitu_scales(points, runs, cal, strategy="gather_scatter", compute_scale=1.2)
+    assert compute == 1.2 and own == pytest.approx(0.5, rel=1e-5)
+    assert {r["sync"] for r in rows} == {"gather_scatter"}
+    cal = calibration(comm_scale=2.0, sync_scales={"gather_scatter": own})
+    assert cal.scale_for("gather_scatter") == own and cal.scale_for("ddp") == 2.0 and cal.scale_for(None) == 2.0
+    assert cal.hardware(strategy="gather_scatter").alpha_inter == pytest.approx(0.5e-4)
+    assert cal.hardware(strategy="allreduce").alpha_inter == pytest.approx(2e-4)
+    config = {"ranks": 1, "nnodes": 3, "local_nodes": 3, "link_gbps": None, "global_batch": 3, "bucket_mb": 25.0}
+    gs = predict_run(cal, {**config, "sync": "gather_scatter"})
+    assert gs["comm(ms)"] == pytest.approx(1e3 * 2 * (0.5 * 1e-4 + 2 * 1_000_000 * 0.5 * 1.25e-9))
+    ring = predict_run(cal, {**config, "sync": "allreduce"})
+    assert ring["comm(ms)"] == pytest.approx(1e3 * (4 * 2e-4 + 4 / 3 * 1_000_000 * 2 * 1.25e-9))
+    # a calibration file written before strategies had their own scale reads back with none
+    old = {k: v for k, v in cal.to_dict().items() if k != "sync_scales"}
+    assert Calibration.from_dict(old).scale_for("gather_scatter") == 2.0
+
+
+def test_in_situ_gather_scatter_runs_only_when_it_will_be_predicted():
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.calibration import insitu_cells
+
+    base = TrainConfig(model="mlp", dataset="synthetic", ranks=2, global_batch=16)
+    plain = insitu_cells(base, [8, 16], [1000, 10])
+    assert sorted({c.config.sync for c in plain}) == ["allreduce", "bucketed"] and len(plain) == 4
+    both = insitu_cells(base, [8, 16], [1000, 10], strategies=["ddp", "gather_scatter"])
+    assert [c.config.sync for c in both if c.config.sync == "gather_scatter"] == ["gather_scatter"] * 2
+    assert [c.key for c in both if c.config.sync != "gather_scatter"] == [c.key for c in plain]
+
+
+def test_tables_and_options_give_each_strategy_its_scale_on_the_measured_hardware_only():
+    from scalelab.analysis.hardware import PRESETS
+    from scalelab.experiments.prediction import options_for_efficiency, predict_table
+
+    cal = calibration(comm_scale=2.0, sync_scales={"gather_scatter": 0.5})
+    low = calibration(comm_scale=0.5)  # the same hardware with every collective at gather/scatter's scale
+    table = predict_table(cal, [cal.hardware(), PRESETS["10gbe"]], [3], batch=4, strategy="gather_scatter")
+    assert table.iloc[0]["comm(ms)"] == pytest.approx(
+        predict_table(low, low.hardware(), [3], batch=4, strategy="gather_scatter").iloc[0]["comm(ms)"])
+    assert table.iloc[1]["comm(ms)"] == pytest.approx(  # a preset has no in-training scale
+        predict_table(low, PRESETS["10gbe"], [3], batch=4, strategy="gather_scatter").iloc[0]["comm(ms)"])
+    opts = options_for_efficiency(cal, cal.hardware(), 3, per_rank_batches=[4],
+                                  strategies=["gather_scatter", "allreduce"]).set_index("strategy")
+    assert opts.loc["gather_scatter", "step(ms)"] == pytest.approx(table.iloc[0]["step(ms)"])
+    assert opts.loc["allreduce", "step(ms)"] == pytest.approx(
+        predict_table(cal, cal.hardware(), [3], batch=4, strategy="allreduce").iloc[0]["step(ms)"])
