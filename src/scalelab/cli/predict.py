@@ -11,8 +11,8 @@ on more workers and other hardware, and check the model against measured runs.
 Every config field is a flag as in `scalelab train`, except the three predict reads itself: --global-batch (strong
 mode's batch), --sync (the strategy to predict) and --bucket-mb; set the base config's with --set or the YAML file.
 The calibration (runs without sync at several per-rank batches, in-situ allreduce and bucketed runs with 2+ ranks,
-a `bench comm` allreduce sweep) is stored in the study and reused; `--no-validate` skips the measured runs of the
-chosen sync.
+in-situ gather/scatter runs when --sync gather_scatter is predicted, a `bench comm` allreduce sweep) is stored in the
+study and reused; `--no-validate` skips the measured runs of the chosen sync.
 
 With --from DIR, nothing runs: compute (and α, β when a `bench comm` run is there) comes from the stored runs in DIR
 (experiments/elsewhere.py). Rows pairing compute measured on one device with another hardware's links say so:

@@ -105,8 +105,8 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
     frames = []
     for hw in [hardware] if isinstance(hardware, Hardware) else hardware:
         batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
-        frame = pm.predict(cal.compute_model(), for_strategy(cal, hw, strategy), workers, param_bytes=cal.param_bytes, mode=mode,
-                           strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
+        frame = pm.predict(cal.compute_model(), for_strategy(cal, hw, strategy), workers, param_bytes=cal.param_bytes,
+                           mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
                            accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(cal, hw),
                            **batches)
         frames.append(frame.assign(hardware=row_label(cal, hw), strategy=strategy, mode=mode,
