@@ -266,20 +266,13 @@ def compute_points(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("per_rank_batch").reset_index(drop=True)
 
 
-def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration", *, strategy: str = "allreduce",
-                  compute_scale: float | None = None) -> tuple[float, float, list[dict]]:
-    """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
-    (definitions in the module docstring). With another `strategy` (OWN_SCALE) and the `compute_scale` found on
-    allreduce: (compute_scale, that strategy's own scale, rows), without the floor of 1."""
+def insitu_rows(points: pd.DataFrame, runs: list[dict], cal: "Calibration", strategy: str) -> list[dict]:
+    """One row per in-situ run of `strategy` with a compute run at its batch: its median step, that compute run's
+    step, the model's communication at scale 1 and the ratio of compute spans (with / without communication)."""
     by_batch = {row["per_rank_batch"]: row for row in points.to_dict("records")}
-
-    def model_ms(scale: float) -> float:  # the strategy's communication of one step with the hosts' part × scale
-        return 1e3 * pm.sync_cost(strategy, param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
-                                  hardware=cal.hardware(scale=scale)).comm_s
-
-    bench = model_ms(1.0)
+    bench = strategy_comm_ms(cal, strategy)(1.0)
     rows = []
-    for run in insitu:
+    for run in runs:
         b = run["config"]["global_batch"] / world(run["config"])
         summary, plain = run["summary"], by_batch.get(b)
         if plain is None:
@@ -290,16 +283,45 @@ def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration", 
                      "step(ms)": summary[keys.STEP_MEDIAN_MS],
                      "compute_step(ms)": plain["step(ms)"], "bench_comm(ms)": bench,
                      "compute_ratio": spans / plain_spans if plain_spans > 0 else math.nan})
-    if not rows:
-        return compute_scale or 1.0, 1.0, rows
-    ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
-    compute = compute_scale or (max(1.0, float(ratios.median())) if len(ratios) else 1.0)
+    return rows
+
+
+def strategy_comm_ms(cal: "Calibration", strategy: str) -> Callable[[float], float]:
+    """The model's communication of one step of `strategy` (ms) as a function of the hosts' in-training scale."""
+    def comm_ms(scale: float) -> float:
+        return 1e3 * pm.sync_cost(strategy, param_bytes=cal.param_bytes, n=cal.ranks, backward_s=0.0,
+                                  hardware=cal.hardware(scale=scale)).comm_s
+    return comm_ms
+
+
+def fitted_scales(rows: list[dict], cal: "Calibration", strategy: str, compute_scale: float) -> pd.Series:
+    """Per row, the scale at which the model's communication equals step − compute_scale × compute step
+    (stored in the row as comm_ratio); the finite ones."""
+    comm_ms = strategy_comm_ms(cal, strategy)
     for r in rows:
-        r["comm_ratio"] = scale_to_match(model_ms, r["step(ms)"] - compute * r["compute_step(ms)"])
-    comm = pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
-    if not len(comm):
-        return compute, 1.0, rows
-    return compute, (float(comm.median()) if strategy in OWN_SCALE else max(1.0, float(comm.median()))), rows
+        r["comm_ratio"] = scale_to_match(comm_ms, r["step(ms)"] - compute_scale * r["compute_step(ms)"])
+    return pd.Series([r["comm_ratio"] for r in rows], dtype=float).dropna()
+
+
+def insitu_scales(points: pd.DataFrame, insitu: list[dict], cal: "Calibration") -> tuple[float, float, list[dict]]:
+    """(compute_scale, comm_scale, rows) from the in-situ allreduce runs and the compute runs at the same batches
+    (definitions in the module docstring)."""
+    rows = insitu_rows(points, insitu, cal, "allreduce")
+    if not rows:
+        return 1.0, 1.0, rows
+    ratios = pd.Series([r["compute_ratio"] for r in rows], dtype=float).dropna()
+    compute = max(1.0, float(ratios.median())) if len(ratios) else 1.0
+    comm = fitted_scales(rows, cal, "allreduce", compute)
+    return compute, (max(1.0, float(comm.median())) if len(comm) else 1.0), rows
+
+
+def own_scale(points: pd.DataFrame, runs: list[dict], cal: "Calibration",
+              strategy: str) -> tuple[float | None, list[dict]]:
+    """(scale, rows): `strategy`'s own in-training scale (OWN_SCALE) from its in-situ runs, with the calibration's
+    compute_scale, without the floor of 1; None when no run gives one (the strategy then keeps comm_scale)."""
+    rows = insitu_rows(points, runs, cal, strategy)
+    scales = fitted_scales(rows, cal, strategy, cal.compute_scale)
+    return (float(scales.median()) if len(scales) else None), rows
 
 
 def scale_to_match(model_ms: Callable[[float], float], measured_ms: float) -> float:
@@ -414,10 +436,10 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
             for sync in ("allreduce", "bucketed", *OWN_SCALE)}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     for sync in OWN_SCALE:
-        if runs[sync]:
-            _, cal.sync_scales[sync], rows = insitu_scales(points, runs[sync], cal, strategy=sync,
-                                                           compute_scale=cal.compute_scale)
-            cal.insitu += rows
+        scale, rows = own_scale(points, runs[sync], cal, sync)
+        if scale is not None:
+            cal.sync_scales[sync] = scale
+        cal.insitu += rows
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
     cal.insitu += overlap_rows
     cal.save(path)

@@ -3,11 +3,13 @@ wire, the wire scaling with the shaped rate; known numbers in, exact numbers out
 namespace nodes is in tests/dist/test_local_nodes.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.calibration import Calibration, insitu_scales, scale_to_match
+from scalelab.experiments.calibration import Calibration, insitu_scales, own_scale, scale_to_match
 from scalelab.experiments.links import NodeLink, link_hardware, network_label, wire_beta
 from scalelab.experiments.prediction import predict_run
 
@@ -136,9 +138,10 @@ def test_gather_scatter_gets_its_own_in_training_scale_without_a_floor():
     runs = [{"run_id": f"g{b}", "config": {"global_batch": 3 * b, "ranks": 1, "nnodes": 3},
              "summary": {f"stage/{s}(ms)": 1.0 for s in ("forward", "backward", "optimizer")}
              | {"time/step_median(ms)": 1.2 * 3.0 + truth}} for b in (4, 8)]
-    compute, own, rows = insitu_scales(points, runs, cal, strategy="gather_scatter", compute_scale=1.2)
-    assert compute == 1.2 and own == pytest.approx(0.5, rel=1e-5)
+    own, rows = own_scale(points, runs, dataclasses.replace(cal, compute_scale=1.2), "gather_scatter")
+    assert own == pytest.approx(0.5, rel=1e-5)
     assert {r["sync"] for r in rows} == {"gather_scatter"}
+    assert own_scale(points, [], cal, "gather_scatter") == (None, [])  # no run: it keeps comm_scale
     cal = calibration(comm_scale=2.0, sync_scales={"gather_scatter": own})
     assert cal.scale_for("gather_scatter") == own and cal.scale_for("ddp") == 2.0 and cal.scale_for(None) == 2.0
     assert cal.hardware(strategy="gather_scatter").alpha_inter == pytest.approx(0.5e-4)
