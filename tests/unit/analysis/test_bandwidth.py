@@ -26,10 +26,13 @@ def test_the_link_bound_over_nodes():
 
 
 def test_tbf_bursts_raise_the_ceiling_and_small_steps_have_none():
-    assert tbf_burst_bytes(1.0) == 125_000 and tbf_burst_bytes(0.2) == 64 * 1024
-    # 1 Gbit/s = 0.125 GB/s; 1 MB a step in one collective, 125 kB of it may pass as a burst
+    # room for two GSO segments at 0.5 and 1 Gbit/s; one at 0.2 Gbit/s, where it takes 2.6 ms to refill; 1 ms of
+    # the rate above 1.05 Gbit/s
+    assert tbf_burst_bytes(1.0) == tbf_burst_bytes(0.5) == 128 * 1024 and tbf_burst_bytes(0.2) == 64 * 1024
+    assert tbf_burst_bytes(0.3) == 93_750 and tbf_burst_bytes(10.0) == 1_250_000
+    # 1 Gbit/s = 0.125 GB/s; 1 MB a step in one collective, 128 KiB of it may pass as a burst
     assert busbw_ceiling(1.0, world=2, nodes=2, bus_bytes_per_step=1e6, collectives_per_step=1) == \
-        pytest.approx(0.125 * 1e6 / 875_000)
+        pytest.approx(0.125 * 1e6 / (1e6 - 131_072))
     assert busbw_ceiling(1.0, world=2, nodes=2, bus_bytes_per_step=100_000, collectives_per_step=1) is None
     assert busbw_ceiling(1.0, world=2, nodes=1, bus_bytes_per_step=1e9, collectives_per_step=1) is None
 
