@@ -61,8 +61,7 @@ def reshape(cluster, gbps: float, burst: int) -> None:
     """Both ends of every node's veth to tbf at `gbps` with a bucket of `burst` bytes."""
     from scalelab.run import netns
 
-    args = netns.tbf_args(gbps)
-    args[args.index("burst") + 1] = str(burst)
+    args = netns.tbf_args(gbps, burst)
     for node in cluster.nodes:
         for ns, dev in ((node.netns, netns.IFACE), (cluster.switch, f"n{node.index}")):
             subprocess.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *args], check=True,

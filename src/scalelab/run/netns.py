@@ -260,10 +260,11 @@ def create_cluster(nodes: int, *, link_gbps: float | None = None, link_delay_ms:
     return cluster
 
 
-def tbf_args(gbps: float) -> list[str]:
-    """tbf at `gbps` Gbit/s: the smallest bucket that carries the rate (`tbf_burst_bytes`) and up to 100 ms of
-    queue, so TCP sees the rate rather than drops."""
-    burst = tbf_burst_bytes(gbps)  # the analysis knows it too: it bounds what a shaped link lets through
+def tbf_args(gbps: float, burst: int | None = None) -> list[str]:
+    """tbf at `gbps` Gbit/s: the smallest bucket that carries the rate (`tbf_burst_bytes`; `burst` bytes to try
+    another) and up to 100 ms of queue, so TCP sees the rate rather than drops."""
+    if burst is None:
+        burst = tbf_burst_bytes(gbps)  # the analysis knows it too: it bounds what a shaped link lets through
     return ["tbf", "rate", f"{int(gbps * 1e6)}kbit", "burst", str(burst), "latency", "100ms"]
 
 
