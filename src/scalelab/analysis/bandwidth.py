@@ -38,11 +38,12 @@ def tbf_burst_bytes(gbps: float) -> int:
 
     1 ms at the rate, at least one GSO segment (64 KiB), and room for two segments (128 KiB) unless one segment
     already takes 2.5 ms to refill. Measured with `benchmarks/tbf_link.py` (2 nodes, gloo allreduce both ways
-    at once, 800 KiB and 2 MiB): with one segment's bucket, 1 Gbit/s ran 41-61 % and 0.5 Gbit/s 10-19 % slower
-    than the rate (a bucket that refills in about 1 ms while a whole segment waits for it loses its tokens
+    at once, 800 KiB and 2 MiB): with one segment's bucket, 1 Gbit/s ran 41-61 % (1 run) and 0.5 Gbit/s
+    10-25 % (4 runs) slower than the rate (a bucket that refills in about 1 ms while a whole segment waits for it loses its tokens
     whenever the qdisc's timer fires late on a busy host); at 0.2 Gbit/s (2.6 ms) it kept the rate, as did
-    122-128 KiB at 0.5 and 1 Gbit/s. A collective after an idle spell then finished about (bucket / rate −
-    1 ms) early, 0-0.3 ms at 1 Gbit/s, about 1 ms at 0.5 and 1.5 ms at 0.2; the model leaves this out."""
+    128 KiB at 0.5 and 1 Gbit/s (0.98-1.05× the wire time, 3-5 runs). A collective after an idle spell then
+    finished about (bucket / rate − 1 ms) early: 0-0.5 ms at 1 Gbit/s, 1.0-1.5 ms at 0.5 and 1.4-2.0 ms at 0.2;
+    the model leaves this out."""
     rate = gbps * 1e9 / 8  # bytes per s
     return int(max(GSO_SEGMENT, rate * 1e-3, min(2 * GSO_SEGMENT, rate * 2.5e-3)))
 
