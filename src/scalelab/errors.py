@@ -34,6 +34,13 @@ class StoreError(ScalelabError):
     """A run directory or the catalog cannot be read or written."""
 
 
+class MissingExtra(ScalelabError):
+    """An optional feature whose package is not installed; the message says what to install."""
+
+    def __init__(self, feature: str, package: str, extra: str):
+        super().__init__(f"{feature} needs {package}, which is not installed: pip install 'scalelab[{extra}]'")
+
+
 class RenamedOption(ScalelabError):
     """A command-line flag that has a new spelling."""
 

@@ -22,11 +22,14 @@ batches that step the optimizer have an optimizer stage.
 from __future__ import annotations
 
 import os
+import sys
 
 try:
     from lightning.pytorch.callbacks import Callback
-except ImportError as err:  # pragma: no cover - the message is the point
-    raise ImportError("scalelab.lightning needs PyTorch Lightning: pip install lightning") from err
+except ImportError:  # a user's script: one line saying what to install, exit 2, as the CLI does for bad input
+    print("error: scalelab.lightning needs PyTorch Lightning, which is not installed: "
+          "pip install 'scalelab[lightning]'", file=sys.stderr)
+    raise SystemExit(2) from None
 
 from scalelab.distenv import DistContext
 from scalelab.run.probe import Probe, batch_samples, current

@@ -16,18 +16,10 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
-
-try:  # typer >= 0.24 vendors its own click; its errors are not click's classes
-    from typer._click.exceptions import UsageError as TyperUsageError
-except ImportError:  # pragma: no cover - older typer uses click itself
-    TyperUsageError = click.UsageError
 
 from scalelab.cli import bench, experiments, predict, runs, script, setup, slurm, study, train
 from scalelab.errors import ScalelabError
-
-USAGE_ERRORS = (click.UsageError, TyperUsageError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="Run PyTorch data-parallel training experiments and explain them.")
@@ -49,18 +41,19 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, standalone_mode=False)
         if isinstance(code, int) and code:
             sys.exit(code)
-    except (click.exceptions.Exit, typer.Exit) as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except USAGE_ERRORS as e:
+    except typer.TyperException as e:  # typer's own (vendored) click errors: a bad flag or value
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `scalelab` / `scalelab runs`: show the help
             print(e.format_message())
             sys.exit(0)
-        hint = f" (see {e.ctx.command_path} --help)" if e.ctx else ""
+        ctx = getattr(e, "ctx", None)  # usage errors know their command
+        hint = f" (see {ctx.command_path} --help)" if ctx else ""
         print(f"error: {e.format_message()}{hint}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2) or 2)
     except ScalelabError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         print("interrupted", file=sys.stderr)
         sys.exit(130)

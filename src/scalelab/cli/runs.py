@@ -61,3 +61,14 @@ def runs_compare(
     from scalelab.store import open_store
 
     console.print(open_store(store).compare(runs, metric or None).T.to_string())
+
+
+@app.command("tensorboard")
+def runs_tensorboard(run: str = typer.Argument(..., help="Run id or a unique prefix."),
+                     store: Optional[Path] = store_option()) -> None:
+    """Write (or rewrite) a run's TensorBoard scalars into its directory; needs scalelab[tensorboard]."""
+    from scalelab.run.exports import write_scalars
+    from scalelab.store import open_store
+
+    out = write_scalars(Path(open_store(store).get(run)["dir"]), required=True)
+    print(out if out is not None else "this run has no step records: nothing to export")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalelab.analysis import timeline
+from scalelab.errors import MissingExtra
 from scalelab.store.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -77,12 +78,15 @@ def horovod_events(text: str, rank0: list[dict]) -> list[dict]:
 TB_STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")
 
 
-def write_scalars(run_dir: Path) -> Path | None:
+def write_scalars(run_dir: Path, *, required: bool = False) -> Path | None:
     """Rank 0's per-step loss, accuracy, lr, step and stage times (ms), bytes, and the evaluations, into
-    `run_dir/tensorboard`. Returns None (and writes nothing) when tensorboard is not installed."""
+    `run_dir/tensorboard`. Without tensorboard: None and nothing written after a run (the export is a courtesy
+    there), MissingExtra when the user asked for it (`required`, `scalelab runs tensorboard`)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional: pip install 'scalelab[tensorboard]'
+        if required:
+            raise MissingExtra("the TensorBoard export", "tensorboard", "tensorboard") from None
         return None
     rundir = RunDir(run_dir)
     if not rundir.steps_file(0).is_file():
