@@ -150,10 +150,10 @@ def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> 
             if ok.empty:
                 ax.plot([], [], linestyle="none", label=f"{op} (skipped)")
                 continue
-            sizes = ok["size(B)"].astype(float)
-            line, = ax.plot(sizes, ok["busbw(GB/s)"].astype(float), marker="o", markersize=3, label=op)
-            ax.fill_between(sizes, ok["busbw_min(GB/s)"].astype(float), ok["busbw_max(GB/s)"].astype(float),
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            # plain arrays: matplotlib 3.7.0's fill_between fails on pandas Series
+            sizes, low, high = (ok[c].to_numpy(dtype=float) for c in ("size(B)", "busbw_min(GB/s)", "busbw_max(GB/s)"))
+            line, = ax.plot(sizes, ok["busbw(GB/s)"].to_numpy(dtype=float), marker="o", markersize=3, label=op)
+            ax.fill_between(sizes, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _bytes_label(x)))
         ax.set_xlabel("message size S (bytes)")

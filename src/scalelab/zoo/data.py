@@ -48,7 +48,7 @@ class DataBundle:
 
 def _seed(*parts: int) -> int:
     """A well-mixed 63-bit seed from integers (Python's hash() is salted per process, so not that)."""
-    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0] >> 1)
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(2, np.uint64)[0]) >> 1
 
 
 # ---------------------------------------------------------------- augmentation
