@@ -1,121 +1,179 @@
-"""What does scalelab's measurement cost? Throughput of scalelab's loop vs a bare DDP loop, interleaved.
+"""What does scalelab's measured loop cost? Its default loop against a bare DDP loop, in interleaved launch pairs.
 
-Same model (ResNet-18), data (synthetic 32×32), global batch and ranks (2 gloo ranks) for both; the two
-variants alternate `--repeats` times in one invocation so machine drift hits both alike. Each variant's
-throughput counts only steps after the warm-up. Prints every measurement and the ratio of medians.
-Goal: scalelab / bare >= 0.98.
+Both sides train the same model on the same data (scalelab's `build_inputs`, so the same weights, dataset and
+optimizer) with 2 gloo ranks and the same threads per rank. The bare loop is what a user writes: DataLoader with a
+DistributedSampler, DDP, cross-entropy, backward, step; no timers, records, threads or hooks. A pair is one launch
+of each, in alternating order, so machine drift hits both alike.
 
-    python benchmarks/overhead.py [--steps 20] [--warmup 3] [--global-batch 64] [--repeats 3]
+Each launch's rate is taken the same way on both sides, from rank 0's clock: the samples of the steps after the
+warm-up over the time from the end of the warm-up's last step to the end of the last step. Everything the loop
+does between those two instants counts (records, flushes, heartbeats, sampler threads, metering), which
+scalelab's own stage-timed `throughput_no_data` would not see; that figure is printed beside it.
+
+A pair's ratio is scalelab's rate over the bare rate; the headline is the median ratio over the pairs, with a
+95 % interval from a bootstrap over the pairs (the pairing kept). Goal: median >= 0.98, lower bound >= 0.95.
+
+    python benchmarks/overhead.py [--models resnet18,bncnn] [--pairs 10]
+
+Models: resnet18 (11.2 M parameters; batch 64, 40 steps) and bncnn, a small CNN with BatchNorm defined here
+(~240 k parameters; batch 128, 300 steps: its steps are short, so a run needs more of them to span the loop's
+periodic work). Per-feature costs: benchmarks/overhead_ablation.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# (global batch, steps, warm-up steps) per model
+SHAPES = {"resnet18": (64, 40, 8), "bncnn": (128, 300, 30)}
 
-def bare_worker(args) -> None:
-    """One rank of the bare loop: no timers, no records, no sampler thread."""
+
+def bn_cnn(spec):
+    """Four Conv-BatchNorm-ReLU blocks (32, 64, 128, 128 channels, the last three stride 2), mean pool, Linear."""
+    from torch import nn
+
+    def block(c_in: int, c_out: int, stride: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+    return nn.Sequential(block(spec.shape[0], 32, 1), block(32, 64, 2), block(64, 128, 2), block(128, 128, 2),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, spec.num_classes))
+
+
+def train_config(model: str):
+    from scalelab.config import TrainConfig
+
+    batch, steps, warmup = SHAPES[model]
+    name = f"{__file__}:bn_cnn" if model == "bncnn" else model
+    return TrainConfig(model=name, dataset="synthetic", samples=batch * steps, eval_samples=16, ranks=2,
+                       global_batch=batch, steps=steps, warmup_steps=warmup, eval_every=10**9, drop_last=True)
+
+
+def rate_after_warmup(t_ends: list[float], warmup: int, global_batch: int) -> float:
+    """Samples per second from the end of step `warmup` to the end of the last step (one clock, one rank)."""
+    return (len(t_ends) - warmup) * global_batch / (t_ends[-1] - t_ends[warmup - 1])
+
+
+def bare_worker(model_name: str, out: str) -> None:
+    """One rank of the bare loop."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, DistributedSampler
 
     from scalelab.config import default_threads
-    from scalelab.zoo.data import build_data
-    from scalelab.zoo.models import build_model
+    from scalelab.train.setup import build_inputs, build_optimizer
 
+    cfg = train_config(model_name)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
-    bundle = build_data("synthetic", samples=args.samples, eval_samples=16, seed=0)
-    torch.manual_seed(0)
-    model = DDP(build_model("resnet18", bundle.spec))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sampler = torch.utils.data.distributed.DistributedSampler(bundle.train, world, rank, seed=0)
-    loader = DataLoader(bundle.train, batch_size=args.global_batch // world, sampler=sampler, drop_last=True)
-    batches, step, t0 = iter(loader), 0, None
-    while step < args.steps:
-        if step == args.warmup:
-            dist.barrier()
-            t0 = time.perf_counter()
+    bundle, model = build_inputs(cfg)
+    net = DDP(model)
+    opt = build_optimizer(model, cfg)
+    sampler = DistributedSampler(bundle.train, world, rank, seed=cfg.seed)
+    loader = DataLoader(bundle.train, batch_size=cfg.per_rank_batch, sampler=sampler, drop_last=True)
+    batches, t_ends = iter(loader), []
+    for step in range(cfg.steps):
         try:
             x, y = next(batches)
         except StopIteration:
             sampler.set_epoch(step)
             batches = iter(loader)
             x, y = next(batches)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
+        F.cross_entropy(net(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        step += 1
-    dist.barrier()
-    elapsed = time.perf_counter() - t0
+        t_ends.append(time.perf_counter())
     if rank == 0:
-        samples = (args.steps - args.warmup) * args.global_batch
-        Path(args.out).write_text(json.dumps({"throughput": samples / elapsed}))
+        Path(out).write_text(json.dumps({"t_end": t_ends}))
     dist.destroy_process_group()
 
 
-def run_bare(args, port_dir: Path) -> float:
+def run_bare(model: str, tmp: Path) -> float:
     from scalelab.run.launch import free_port, run_torchrun
 
-    out = port_dir / f"bare-{time.time_ns()}.json"
-    argv = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--bare-worker",
-            "--steps", str(args.steps), "--warmup", str(args.warmup), "--global-batch", str(args.global_batch),
-            "--samples", str(args.samples), "--out", str(out)]
-    run_torchrun(argv)
-    return json.loads(out.read_text())["throughput"]
+    out = tmp / f"bare-{time.time_ns()}.json"
+    run_torchrun(["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__,
+                  "--bare-worker", model, "--out", str(out)])
+    batch, _, warmup = SHAPES[model]
+    return rate_after_warmup(json.loads(out.read_text())["t_end"], warmup, batch)
 
 
-def run_scalelab(args, store) -> float:
-    from scalelab.config import TrainConfig
+def run_scalelab(model: str, store) -> tuple[float, float]:
+    """The same rate from rank 0's step records, and scalelab's own throughput_no_data."""
     from scalelab.run.execute import execute
+    from scalelab.store.rundir import RunDir
 
-    cfg = TrainConfig(model="resnet18", dataset="synthetic", samples=args.samples, eval_samples=16, ranks=2,
-                      global_batch=args.global_batch, steps=args.steps, warmup_steps=args.warmup, eval_every=10**9,
-                      drop_last=True)
-    return execute(cfg, store, say=lambda s: None).summary["throughput(samples/s)"]
+    outcome = execute(train_config(model), store, say=lambda s: None)
+    batch, _, warmup = SHAPES[model]
+    t_ends = [r["t_end(perf_s)"] for r in RunDir(outcome.run_dir).read_steps(0)]
+    return rate_after_warmup(t_ends, warmup, batch), outcome.summary["throughput_no_data(samples/s)"]
+
+
+def median_interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """The median and its 95 % percentile-bootstrap interval (10,000 resamples); no interval (NaN) from fewer
+    than 5 values, where a bootstrap's 95 % would be a fiction."""
+    import numpy as np
+    from scipy import stats
+
+    if len(values) < 5:
+        return statistics.median(values), float("nan"), float("nan")
+    res = stats.bootstrap((np.asarray(values),), np.median, confidence_level=0.95, method="percentile",
+                          n_resamples=10_000, random_state=np.random.default_rng(seed))
+    return statistics.median(values), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def compare(model: str, pairs: int, tmp: Path, store) -> dict:
+    ratios, own = [], []
+    for i in range(pairs):
+        got = {}
+        for side in (("scalelab", "bare") if i % 2 == 0 else ("bare", "scalelab")):
+            if side == "bare":
+                got["bare"] = run_bare(model, tmp)
+            else:
+                got["scalelab"], got["own"] = run_scalelab(model, store)
+        ratios.append(got["scalelab"] / got["bare"])
+        own.append(got["own"] / got["bare"])
+        print(f"{model} pair {i + 1}/{pairs}: scalelab {got['scalelab']:7.1f}  bare {got['bare']:7.1f} samples/s  "
+              f"ratio {ratios[-1]:.3f}  (scalelab's own throughput_no_data / bare: {own[-1]:.3f})", flush=True)
+    med, low, high = median_interval(ratios)
+    print(f"{model}: scalelab / bare over {pairs} pairs: median {med:.3f}, 95 % interval [{low:.3f}, {high:.3f}], "
+          f"range {min(ratios):.3f}-{max(ratios):.3f}; goal median >= 0.98 and lower bound >= 0.95: "
+          f"{'met' if med >= 0.98 and low >= 0.95 else 'NOT met'}", flush=True)
+    return {"model": model, "pairs": pairs, "ratios": ratios, "own_ratios": own, "median": med, "low": low,
+            "high": high}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--global-batch", type=int, default=64)
-    p.add_argument("--samples", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--bare-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--models", default="resnet18,bncnn", help="comma-separated: resnet18, bncnn")
+    p.add_argument("--pairs", type=int, default=10)
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--bare-worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.bare_worker:
-        bare_worker(args)
+        bare_worker(args.bare_worker, args.out)
         return
-    import os
-
     from scalelab.config import default_threads
     from scalelab.store import Store
 
     os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(2)))
-    results: dict[str, list[float]] = {"scalelab": [], "bare": []}
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
-        for i in range(args.repeats):
-            order = ("scalelab", "bare") if i % 2 == 0 else ("bare", "scalelab")
-            for variant in order:
-                value = run_scalelab(args, store) if variant == "scalelab" else run_bare(args, Path(tmp))
-                results[variant].append(value)
-                print(f"repeat {i + 1}/{args.repeats} {variant:8s} {value:8.1f} samples/s", flush=True)
-    ours, bare = statistics.median(results["scalelab"]), statistics.median(results["bare"])
-    print(f"median throughput: scalelab {ours:.1f} samples/s, bare DDP {bare:.1f} samples/s")
-    print(f"ratio scalelab/bare = {ours / bare:.3f} (goal >= 0.98)")
+        for model in args.models.split(","):
+            results.append(compare(model, args.pairs, Path(tmp), store))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

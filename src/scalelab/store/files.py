@@ -1,7 +1,9 @@
-"""Atomic writes (temp file + fsync + rename) and strict readers of JSON, JSON Lines and text files.
+"""Atomic writes (temp file + fsync + rename), appends to logs, and strict readers of JSON, JSON Lines and text.
 
-A crash at any moment leaves either the old file or the new one, never half of one; a reader that finds a file
-missing, corrupt or of the wrong shape raises StoreError naming the file (and the line, for JSON Lines).
+A crash at any moment leaves either the old file or the new one, never half of one. A log that grows by appends
+(`append_jsonl`: a training run's step records) keeps every line written before the crash, and at most one torn
+last line, which has no newline and which `read_jsonl` skips. A reader that finds a file missing, corrupt or of
+the wrong shape raises StoreError naming the file (and the line, for JSON Lines).
 """
 from __future__ import annotations
 
@@ -77,6 +79,20 @@ def write_jsonl_atomic(path: Path, records: Iterable[dict]) -> None:
     write_text_atomic(path, "".join(dumps(r) + "\n" for r in records))
 
 
+def append_jsonl(path: Path, records: Iterable[dict]) -> int:
+    """Append one JSON object per line to ``path`` in one write, then fsync; returns the bytes written. The cost is
+    that of the new records alone, however long the file already is."""
+    text = "".join(dumps(r) + "\n" for r in records)
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise StoreError(f"{path}: cannot append ({e.strerror or e})") from e
+    return len(text.encode("utf-8"))
+
+
 def _read_text(path: Path) -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -98,14 +114,19 @@ def read_json(path: Path) -> dict:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Read one JSON object per line; blank lines are allowed, any other bad line is a StoreError naming file:line."""
+    """Read one JSON object per line; blank lines are allowed, and so is a torn last line with no newline (an append
+    cut short by a crash), which is skipped; any other bad line is a StoreError naming file:line."""
     out = []
-    for no, line in enumerate(_read_text(path).splitlines(), 1):
+    text = _read_text(path)
+    lines = text.splitlines()
+    for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
+            if no == len(lines) and not text.endswith("\n"):
+                break  # the torn tail of an interrupted append
             raise StoreError(f"{path}:{no}: corrupt JSON line ({e.msg})") from None
         if not isinstance(rec, dict):
             raise StoreError(f"{path}:{no}: expected a JSON object, found {type(rec).__name__}")

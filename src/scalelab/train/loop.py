@@ -23,7 +23,7 @@ from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
 from scalelab.measure.memory import peak_memory, reset_peak
 from scalelab.measure.timer import CudaMarks, StepTimer
-from scalelab.store.files import read_jsonl, write_jsonl_atomic
+from scalelab.store.files import append_jsonl, read_jsonl, write_jsonl_atomic
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
 from scalelab.train.lr import lr_at, set_lr
@@ -39,12 +39,19 @@ PROGRESS_EVERY_S = 2.0
 
 @dataclass
 class StepLog:
-    """Per-rank step records, flushed atomically to `path` so a crash never leaves a torn file."""
+    """Per-rank step records, appended to `path` at each flush: a flush writes and holds only the records since the
+    last one, so its cost does not grow with the run (a crash keeps every flushed line; store.files)."""
 
     path: Path
-    records: list[dict] = field(default_factory=list)
     pending: list[tuple[dict, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     last_flush: float = field(default_factory=time.monotonic)
+    flushed_bytes: int = 0  # of the last flush: what it cost on disk
+
+    def restart_at(self, step: int) -> None:
+        """Keep the records up to `step`, rewritten once: none for a fresh run (step 0), those up to the checkpoint
+        for a resumed one (later steps run again)."""
+        if self.path.exists():
+            write_jsonl_atomic(self.path, [r for r in read_jsonl(self.path) if r["step"] <= step])
 
     def add(self, record: dict, loss: torch.Tensor, correct: torch.Tensor) -> None:
         self.pending.append((record, loss, correct))
@@ -53,9 +60,8 @@ class StepLog:
         for record, loss, correct in self.pending:  # .item(): a CPU-GPU sync point, once per flush
             record["loss"] = float(loss.item())
             record["acc"] = float(correct.item()) / max(1, record["targets"])
-        self.records.extend(r for r, _, _ in self.pending)
+        self.flushed_bytes = append_jsonl(self.path, [r for r, _, _ in self.pending])
         self.pending.clear()
-        write_jsonl_atomic(self.path, self.records)
         self.last_flush = time.monotonic()
 
     def maybe_flush(self) -> None:
@@ -176,8 +182,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     if resume:
         checkpoint.restore(resume, model, optimizer, scaler)
         step, evals = resume.step, list(resume.state["evals"])
-        if log.path.exists():  # steps after the checkpoint are run again, so their old records go
-            log.records = [r for r in read_jsonl(log.path) if r["step"] <= step]
+    log.restart_at(step)  # a fresh run keeps no old records; a resumed one those up to its checkpoint
     if sync:  # after a resume's restore: an engine may wrap or broadcast the optimizer's state (Horovod)
         sync.attach_optimizer(optimizer)
     memory = MemoryByKind(model, optimizer, device, net=net)

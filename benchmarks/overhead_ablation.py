@@ -1,0 +1,250 @@
+"""What each of scalelab's measurements costs, switched off and on in alternating blocks within one launch.
+
+One launch of 2 gloo ranks trains a model (benchmarks/overhead.py's shapes) in a loop built from scalelab's own
+parts, as `train.loop.train` and `run.worker.run_rank` use them:
+- stages: the StepTimer's spans around data, h2d, forward, backward, comm and optimizer, and the per-parameter
+  hooks that mark the last gradient (the blocking wait);
+- records: each step's record (stage times, lr, sizes, collective totals) added to the StepLog, flushed every
+  FLUSH_EVERY_S;
+- heartbeat: the hang watchdog's thread, told every stage boundary;
+- sampling: the system sampler's thread, with the machine-wide /proc readings of noise detection on local rank 0;
+- metering: the CommMeter behind scalelab's DDP comm hook and buffer broadcast (off: the hook passes the future
+  through, nothing is timed or recorded).
+For each feature in turn, blocks of `k` steps alternate with the feature on and off, every other feature on, the
+order flipped every round. Launch-to-launch noise cancels: a round's cost is (mean step time on) / (mean step time
+off) - 1 from neighbouring blocks of one launch. Printed: the median cost over the rounds with a 95 % bootstrap
+interval. Blocks are timed on rank 0 from the start of their first step to the end of their last; the threads are
+started and stopped between blocks, outside them.
+
+    python benchmarks/overhead_ablation.py [--model bncnn] [--rounds 8] [--block-s 4]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from overhead import SHAPES, median_interval, train_config  # noqa: E402
+
+FEATURES = ("stages", "records", "heartbeat", "sampling", "metering")
+
+
+class NullTimer:
+    """The stage timer switched off: no clock reads, no spans."""
+
+    def start_step(self) -> None:
+        pass
+
+    def span(self, name: str):
+        return nullcontext()
+
+    def ready(self) -> None:
+        pass
+
+    def end_step(self) -> dict[str, float]:
+        return {}
+
+
+class Loop:
+    """scalelab's step with each measurement switchable between steps."""
+
+    def __init__(self, model_name: str, run_dir: Path):
+        import torch
+        import torch.distributed as dist
+
+        from scalelab.config import default_threads
+        from scalelab.distenv import dist_context
+        from scalelab.train.loop import StepLog, make_loader
+        from scalelab.train.setup import build_inputs, build_optimizer, wrap_model
+
+        self.cfg = train_config(model_name)
+        dist.init_process_group("gloo")
+        self.ctx = dist_context(self.cfg.resolved_device)
+        torch.set_num_threads(default_threads(self.ctx.world))
+        self.run_dir = run_dir
+        bundle, self.model = build_inputs(self.cfg)
+        self.net, self.sync = wrap_model(self.model, self.cfg, self.ctx)
+        self.meter = self.sync.meter
+        self.opt = build_optimizer(self.model, self.cfg)
+        self.loader, self.sampler = make_loader(bundle.train, self.cfg, self.ctx)
+        self.batches, self.epoch = iter(self.loader), 0
+        self.log = StepLog(run_dir / f"steps.rank{self.ctx.rank}.jsonl")
+        self.on = dict.fromkeys(FEATURES, True)
+        self.heartbeat = self.system = None
+        self.hooks: list = []
+        self.step = 0
+        self.timer = NullTimer()
+        self.apply()
+
+    # ------------------------------------------------------------ switching (between blocks)
+    def apply(self) -> None:
+        """Start or stop each feature's parts to match `self.on`."""
+        from scalelab.measure.machine import RunCpu, local_rank_pids
+        from scalelab.measure.system import SystemSampler
+        from scalelab.measure.timer import StepTimer
+        from scalelab.train.heartbeat import Heartbeat
+
+        on = self.on
+        if on["heartbeat"] and self.heartbeat is None:
+            self.heartbeat = Heartbeat(self.run_dir, self.ctx.rank, interval_s=1.0).start()
+        elif not on["heartbeat"] and self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
+        if on["sampling"] and self.system is None:
+            machine = (RunCpu(lambda: local_rank_pids(self.run_dir), since=time.time())
+                       if self.ctx.local_rank == 0 else None)
+            self.system = SystemSampler(self.run_dir / f"system.rank{self.ctx.rank}.jsonl",
+                                        self.cfg.sample_interval_s, rank=self.ctx.rank, machine=machine).start()
+        elif not on["sampling"] and self.system is not None:
+            self.system.stop()
+            self.system = None
+        if on["stages"]:
+            self.timer = StepTimer(on_enter=self.heartbeat.enter if self.heartbeat else None)
+            if not self.hooks:
+                self.hooks = [p.register_post_accumulate_grad_hook(lambda _p: self.timer.ready())
+                              for p in self.model.parameters() if p.requires_grad]
+        else:
+            self.timer = NullTimer()
+            for h in self.hooks:
+                h.remove()
+            self.hooks = []
+        meter = self.meter
+        if on["metering"]:
+            for name in ("track", "collective"):
+                meter.__dict__.pop(name, None)
+        else:  # the hook's future passes through; a synchronous collective runs untimed
+            meter.track = lambda fut, *a, **k: fut
+            meter.collective = lambda *a, **k: nullcontext()
+        self.meter.take_step()  # nothing carries across a switch
+
+    def close(self) -> None:
+        self.on = dict.fromkeys(FEATURES, False)
+        self.apply()
+        self.log.flush()
+
+    # ------------------------------------------------------------ one step, as train.loop.train runs it
+    def run_step(self) -> None:
+        from scalelab.train.loop import loss_and_correct
+        from scalelab.train.lr import lr_at, set_lr
+
+        cfg, timer, on = self.cfg, self.timer, self.on
+        timer.start_step()
+        with timer.span("data"):
+            try:
+                x, y = next(self.batches)
+            except StopIteration:
+                self.epoch += 1
+                self.sampler.set_epoch(self.epoch)
+                self.batches = iter(self.loader)
+                x, y = next(self.batches)
+        with timer.span("h2d"):
+            x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+        with timer.span("forward"):
+            loss, correct = loss_and_correct(self.net(x), y)
+        with timer.span("backward"):
+            loss.backward()
+        with timer.span("comm"):
+            self.sync.after_backward()
+        with timer.span("optimizer"):
+            lr = lr_at(self.step, rule=cfg.lr_rule, base_lr=cfg.lr, base_batch=cfg.base_batch or cfg.global_batch,
+                       batch=cfg.global_batch, warmup=cfg.lr_warmup_steps)
+            set_lr(self.opt, lr)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.heartbeat:
+            self.heartbeat.step = self.step
+        times = timer.end_step()
+        comm = self.meter.take_step() if on["metering"] else {}
+        if on["records"]:
+            record = {"step": self.step, "epoch": self.epoch, "rank": self.ctx.rank, "warmup": False, "lr": lr,
+                      "samples": int(x.shape[0]), "targets": int(y.numel()),
+                      **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
+                      "t_end(perf_s)": time.perf_counter(), **comm}
+            self.log.add(record, loss.detach(), correct.detach())
+            self.log.maybe_flush()
+
+
+def ablation_worker(model_name: str, rounds: int, block_s: float, out: str) -> None:
+    import torch.distributed as dist
+
+    run_dir = Path(out).parent / f"rank-files-{Path(out).stem}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loop = Loop(model_name, run_dir)
+    _, _, warmup = SHAPES[model_name]
+    for _ in range(warmup):
+        loop.run_step()
+    # block length in steps from the warm-up's step time, agreed by both ranks (rank 0's)
+    began = time.perf_counter()
+    for _ in range(5):
+        loop.run_step()
+    k = [max(5, round(block_s / ((time.perf_counter() - began) / 5)))]
+    dist.broadcast_object_list(k, src=0)
+    k = k[0]
+    blocks = []  # (feature, round, on, seconds per step)
+    for feature in FEATURES:
+        for r in range(rounds):
+            for state in ((True, False) if r % 2 == 0 else (False, True)):
+                loop.on = {**dict.fromkeys(FEATURES, True), feature: state}
+                loop.apply()
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(k):
+                    loop.run_step()
+                blocks.append((feature, r, state, (time.perf_counter() - t0) / k))
+    loop.close()
+    if loop.ctx.rank == 0:
+        Path(out).write_text(json.dumps({"k": k, "blocks": blocks}))
+    dist.destroy_process_group()
+
+
+def costs(blocks: list, rounds: int) -> dict[str, list[float]]:
+    """Each feature's cost per round: on / off - 1."""
+    by = {(f, r, on): s for f, r, on, s in blocks}
+    return {f: [by[(f, r, True)] / by[(f, r, False)] - 1 for r in range(rounds)] for f in FEATURES}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bncnn", choices=sorted(SHAPES))
+    p.add_argument("--rounds", type=int, default=8, help="on/off block pairs per feature (>= 5 for an interval)")
+    p.add_argument("--block-s", type=float, default=4.0, help="seconds per block (longer than the 2 s flush period)")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        ablation_worker(args.model, args.rounds, args.block_s, args.out)
+        return
+    from scalelab.config import default_threads
+    from scalelab.run.launch import free_port, run_torchrun
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(2)))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ablation.json"
+        run_torchrun(["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
+                      "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
+                      "--model", args.model, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
+                      "--out", str(out)])
+        result = json.loads(out.read_text())
+    per_feature = costs(result["blocks"], args.rounds)
+    print(f"{args.model}: blocks of {result['k']} steps, {args.rounds} on/off rounds per feature")
+    print(f"{'feature':10s} {'median cost':>12s} {'95 % interval':>20s} {'range':>20s}")
+    summary = {}
+    for feature, values in per_feature.items():
+        med, low, high = median_interval(values)
+        summary[feature] = {"costs": values, "median": med, "low": low, "high": high}
+        print(f"{feature:10s} {100 * med:+11.2f}% {f'[{100 * low:+.2f}, {100 * high:+.2f}] %':>20s} "
+              f"{f'{100 * min(values):+.2f} .. {100 * max(values):+.2f} %':>20s}")
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "k": result["k"], **summary}, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
