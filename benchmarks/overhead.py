@@ -16,7 +16,7 @@ A pair's ratio is scalelab's rate over the bare rate; the headline is the median
     python benchmarks/overhead.py [--models resnet18,bncnn] [--pairs 10]
 
 Models: resnet18 (11.2 M parameters; batch 64, 40 steps) and bncnn, a small CNN with BatchNorm defined here
-(~240 k parameters; batch 128, 300 steps: its steps are short, so a run needs more of them to span the loop's
+(~240 k parameters; batch 128, 100 steps, about 20 s a launch here, so that a run spans the loop's
 periodic work). Per-feature costs: benchmarks/overhead_ablation.py.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 # (global batch, steps, warm-up steps) per model
-SHAPES = {"resnet18": (64, 40, 8), "bncnn": (128, 300, 30)}
+SHAPES = {"resnet18": (64, 40, 8), "bncnn": (128, 100, 15)}
 
 
 def bn_cnn(spec):

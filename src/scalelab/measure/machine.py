@@ -96,6 +96,40 @@ def local_rank_pids(run_dir: Path, *, siblings_only: bool = True) -> set[int]:
     return pids
 
 
+def child_pids(pid: int, root: Path = PROC) -> list[int]:
+    """The children of `pid`, from /proc/PID/task/*/children: one small read per thread of that process, where
+    psutil's children() reads the stat file of every process on the machine (most of a sample's cost, every
+    sample). Falls back to psutil where the kernel has no such file."""
+    tasks = root / str(pid) / "task"
+    try:
+        files = [t / "children" for t in tasks.iterdir()]
+    except OSError:
+        return []
+    if files and not files[0].exists():
+        try:
+            return [c.pid for c in psutil.Process(pid).children()] if root == PROC else []
+        except psutil.Error:
+            return []
+    out = []
+    for f in files:
+        try:
+            out += [int(p) for p in f.read_text().split()]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return out
+
+
+def started_at(pid: int, root: Path = PROC) -> float | None:
+    """A process's start as unix time (None when it is gone or `root` is not the real /proc): psutil's
+    create_time, which reads /proc/PID/stat."""
+    if root != PROC:
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
 class RunCpu:
     """Cumulative CPU seconds of the run's processes, also of those that have ended (their last reading stays)."""
 
@@ -108,17 +142,13 @@ class RunCpu:
         if self._ranks is None:
             self._ranks = set(self.rank_pids())
         out = set(self._ranks)
-        for pid in list(out):
-            try:
-                children = psutil.Process(pid).children(recursive=True)
-            except psutil.Error:
-                continue
-            for child in children:
-                try:
-                    if child.create_time() >= self.since:  # started during the run: a loader worker, not a hog
-                        out.add(child.pid)
-                except psutil.Error:
-                    continue
+        todo = list(out)
+        while todo:  # the ranks' descendants started during the run: loader workers, not hogs
+            for child in child_pids(todo.pop(), self.root):
+                began = started_at(child, self.root)
+                if child not in out and began is not None and began >= self.since:
+                    out.add(child)
+                    todo.append(child)
         return out
 
     def user_system(self, pids: Iterable[int] | None = None) -> tuple[float, float]:

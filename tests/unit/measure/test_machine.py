@@ -98,3 +98,32 @@ def test_ranks_under_their_own_parents_are_found_by_the_run_directory(tmp_path):
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_child_pids_from_proc_match_psutil_and_runcpu_keeps_only_children_started_during_the_run():
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from scalelab.measure.machine import RunCpu, child_pids
+
+    before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # on psutil's own clock (boot time + start ticks), which may differ from time.time() by up to a second
+        since = psutil.Process(before.pid).create_time() + 0.005
+        time.sleep(0.05)  # start times have 10 ms ticks
+        during = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert sorted(child_pids(os.getpid())) == sorted(c.pid for c in psutil.Process().children())
+            assert {before.pid, during.pid} <= set(child_pids(os.getpid()))
+            pids = RunCpu(lambda: {os.getpid()}, since=since).pids()
+            assert during.pid in pids and before.pid not in pids and os.getpid() in pids
+        finally:
+            during.kill()
+            during.wait()
+    finally:
+        before.kill()
+        before.wait()
