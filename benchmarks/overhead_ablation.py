@@ -84,6 +84,11 @@ class Loop:
         self.hooks: list = []
         self.step = 0
         self.timer = NullTimer()
+        # direct work while on: CPU seconds of the threads (their own thread clocks), main-thread seconds of the
+        # records, and the wall seconds each feature was on
+        self.work = dict.fromkeys(FEATURES, 0.0)
+        self.collectives = 0  # per step, as the meter counts them (DDP's buckets and its buffer broadcast)
+        self.on_s = dict.fromkeys(FEATURES, 0.0)
         self.apply()
 
     # ------------------------------------------------------------ switching (between blocks)
@@ -98,6 +103,7 @@ class Loop:
         if on["heartbeat"] and self.heartbeat is None:
             self.heartbeat = Heartbeat(self.run_dir, self.ctx.rank, interval_s=1.0).start()
         elif not on["heartbeat"] and self.heartbeat is not None:
+            self.work["heartbeat"] += self.heartbeat.cpu_s
             self.heartbeat.stop()
             self.heartbeat = None
         if on["sampling"] and self.system is None:
@@ -106,6 +112,7 @@ class Loop:
             self.system = SystemSampler(self.run_dir / f"system.rank{self.ctx.rank}.jsonl",
                                         self.cfg.sample_interval_s, rank=self.ctx.rank, machine=machine).start()
         elif not on["sampling"] and self.system is not None:
+            self.work["sampling"] += self.system.cpu_s
             self.system.stop()
             self.system = None
         if on["stages"]:
@@ -166,13 +173,53 @@ class Loop:
             self.heartbeat.step = self.step
         times = timer.end_step()
         comm = self.meter.take_step() if on["metering"] else {}
+        self.collectives = comm.get("collectives", self.collectives)
         if on["records"]:
+            began = time.perf_counter()
             record = {"step": self.step, "epoch": self.epoch, "rank": self.ctx.rank, "warmup": False, "lr": lr,
                       "samples": int(x.shape[0]), "targets": int(y.numel()),
                       **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
                       "t_end(perf_s)": time.perf_counter(), **comm}
             self.log.add(record, loss.detach(), correct.detach())
             self.log.maybe_flush()
+            self.work["records"] += time.perf_counter() - began
+
+
+def main_thread_costs(loop: Loop, blocks: list, steps: int = 2000) -> dict[str, float]:
+    """The stage timer's and the meter's own work per step, timed alone in a tight loop on this rank, as a share
+    of the median step: the timer's spans and one `ready` per parameter; the meter's hook wrapping (`track` on a
+    completed future, its callback's record) per DDP bucket, and `take_step`."""
+    import statistics
+
+    import torch
+
+    from scalelab.measure.timer import StepTimer
+    from scalelab.sync.meter import CommMeter
+
+    step_s = statistics.median(b[3] for b in blocks)
+    n_params = sum(1 for p in loop.model.parameters() if p.requires_grad)
+    timer = StepTimer()
+    began = time.perf_counter()
+    for _ in range(steps):
+        timer.start_step()
+        for name in ("data", "h2d", "forward", "backward", "comm", "optimizer"):
+            with timer.span(name):
+                pass
+        for _ in range(n_params):
+            timer.ready()
+        timer.end_step()
+    stages = (time.perf_counter() - began) / steps
+    buckets = max(1, loop.collectives)  # as the meter counted them in the last metered step
+    meter = CommMeter(loop.ctx.world)
+    began = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(buckets):
+            fut = torch.futures.Future()
+            fut.set_result(None)
+            meter.track(fut, "allreduce", 4 * 2**20, phase="backward", start=meter.now()).wait()
+        meter.take_step()
+    metering = (time.perf_counter() - began) / steps
+    return {"stages": stages / step_s, "metering": metering / step_s}
 
 
 def ablation_worker(model_name: str, rounds: int, block_s: float, out: str) -> None:
@@ -201,10 +248,15 @@ def ablation_worker(model_name: str, rounds: int, block_s: float, out: str) -> N
                 t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(k):
                     loop.run_step()
-                blocks.append((feature, r, state, (time.perf_counter() - t0) / k, (time.process_time() - c0) / k))
+                wall = time.perf_counter() - t0
+                blocks.append((feature, r, state, wall / k, (time.process_time() - c0) / k))
+                for f, f_on in loop.on.items():
+                    loop.on_s[f] += wall if f_on else 0.0
     loop.close()
+    direct = {f: loop.work[f] / loop.on_s[f] for f in ("records", "heartbeat", "sampling")}
+    direct.update(main_thread_costs(loop, blocks))
     if loop.ctx.rank == 0:
-        Path(out).write_text(json.dumps({"k": k, "blocks": blocks}))
+        Path(out).write_text(json.dumps({"k": k, "blocks": blocks, "direct": direct}))
     dist.destroy_process_group()
 
 
@@ -249,8 +301,13 @@ def main() -> None:
             summary[f"{feature}/{clock}"] = {"costs": values, "median": med, "low": low, "high": high}
             print(f"{feature:10s} {clock:5s} {100 * med:+11.2f}% {f'[{100 * low:+.2f}, {100 * high:+.2f}] %':>20s} "
                   f"{f'{100 * min(values):+.2f} .. {100 * max(values):+.2f} %':>20s}")
+    print("direct work of each measurement, as a share of a step (rank 0; threads by their own CPU clocks, the "
+          "records by the main thread's clock, stages and metering timed alone):")
+    for feature in FEATURES:
+        print(f"{feature:10s} {100 * result['direct'][feature]:8.3f} %")
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "k": result["k"], **summary}, indent=2))
+        args.json.write_text(json.dumps({"model": args.model, "k": result["k"], **summary,
+                                         "direct": result["direct"]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class SystemSampler:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="scalelab-sampler", daemon=True)
         self._t0 = time.time()
+        self.cpu_s = 0.0  # CPU seconds of the sampling thread: what this measurement costs (benchmarks/overhead*)
 
     def sample(self) -> dict:
         # the machine's counters first, stamped with their own reading time (scalelab.measure.machine); the rest
@@ -78,9 +79,11 @@ class SystemSampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            began = time.thread_time()
             rec = self.sample()
             with self._lock:
                 self.samples.append(rec)
+            self.cpu_s += time.thread_time() - began
 
     def start(self) -> "SystemSampler":
         self._proc.cpu_percent(None)  # the first call only primes psutil's counters

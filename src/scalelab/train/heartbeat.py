@@ -22,6 +22,7 @@ class Heartbeat:
         self.path = self.rundir.heartbeat_file(rank)
         self.rank, self.interval_s = rank, interval_s
         self.step, self.stage, self.progress = 0, "setup", 0
+        self.cpu_s = 0.0  # CPU seconds of the publishing thread: what this costs (benchmarks/overhead*)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{rank}", daemon=True)
 
@@ -44,7 +45,9 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
+            began = time.thread_time()
             self._write()
+            self.cpu_s += time.thread_time() - began
 
     def _write(self) -> None:
         try:
