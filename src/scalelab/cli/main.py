@@ -2,7 +2,7 @@
 
     scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1   (train.py)
     scalelab run --ranks 2 -- python train.py ARGS                                          (script.py)
-    scalelab runs list | show RUN | compare RUN RUN...                                       (runs.py)
+    scalelab runs list | show RUN | compare RUN RUN... | tensorboard RUN                     (runs.py)
     scalelab study [--quick] | report DIR                                                    (study.py)
     scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling | threads
     scalelab compare strategies|backends                       (experiments.py, generated from the registry)

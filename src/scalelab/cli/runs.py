@@ -1,4 +1,4 @@
-"""`scalelab runs list | show | compare`: read the run store."""
+"""`scalelab runs list | show | compare | tensorboard`: read the run store (and export a run's scalars)."""
 from __future__ import annotations
 
 import json
