@@ -14,6 +14,7 @@ A pair's ratio is scalelab's rate over the bare rate; the headline is the median
 95 % interval from a bootstrap over the pairs (the pairing kept). Goal: median >= 0.98, lower bound >= 0.95.
 
     python benchmarks/overhead.py [--models resnet18,bncnn] [--pairs 10]
+    python benchmarks/overhead.py --device cuda --models resnet18 --pairs 3   # one rank on a GPU (GPU-CHECKS 2)
 
 Models: resnet18 (11.2 M parameters; batch 64, 40 steps) and bncnn, a small CNN with BatchNorm defined here
 (~240 k parameters; batch 128, 100 steps, about 20 s a launch here, so that a run spans the loop's
@@ -30,8 +31,10 @@ import tempfile
 import time
 from pathlib import Path
 
-# (global batch, steps, warm-up steps) per model
-SHAPES = {"resnet18": (64, 40, 8), "bncnn": (128, 100, 15)}
+# (global batch, steps, warm-up steps) per model and device
+SHAPES = {("resnet18", "cpu"): (64, 40, 8), ("bncnn", "cpu"): (128, 100, 15),
+          ("resnet18", "cuda"): (256, 60, 10), ("bncnn", "cuda"): (256, 200, 20)}
+RANKS = {"cpu": 2, "cuda": 1}  # 2 gloo ranks on this machine's 2 cores; one rank on one GPU
 
 
 def bn_cnn(spec):
@@ -45,13 +48,14 @@ def bn_cnn(spec):
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, spec.num_classes))
 
 
-def train_config(model: str):
+def train_config(model: str, device: str = "cpu"):
     from scalelab.config import TrainConfig
 
-    batch, steps, warmup = SHAPES[model]
+    batch, steps, warmup = SHAPES[model, device]
     name = f"{__file__}:bn_cnn" if model == "bncnn" else model
-    return TrainConfig(model=name, dataset="synthetic", samples=batch * steps, eval_samples=16, ranks=2,
-                       global_batch=batch, steps=steps, warmup_steps=warmup, eval_every=10**9, drop_last=True)
+    return TrainConfig(model=name, dataset="synthetic", samples=batch * steps, eval_samples=16, ranks=RANKS[device],
+                       global_batch=batch, steps=steps, warmup_steps=warmup, eval_every=10**9, drop_last=True,
+                       device=device)
 
 
 def rate_after_warmup(t_ends: list[float], warmup: int, global_batch: int) -> float:
@@ -59,8 +63,9 @@ def rate_after_warmup(t_ends: list[float], warmup: int, global_batch: int) -> fl
     return (len(t_ends) - warmup) * global_batch / (t_ends[-1] - t_ends[warmup - 1])
 
 
-def bare_worker(model_name: str, out: str) -> None:
-    """One rank of the bare loop."""
+def bare_worker(model_name: str, device: str, out: str) -> None:
+    """One rank of the bare loop (on CUDA: the device is waited for at the end of the warm-up and of the last
+    step, so that both ends of the timed stretch are the device's, as scalelab's step ends are)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -70,15 +75,18 @@ def bare_worker(model_name: str, out: str) -> None:
     from scalelab.config import default_threads
     from scalelab.train.setup import build_inputs, build_optimizer
 
-    cfg = train_config(model_name)
+    cfg = train_config(model_name, device)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
     bundle, model = build_inputs(cfg)
-    net = DDP(model)
+    dev = torch.device(device)
+    model = model.to(dev)
+    net = DDP(model) if world > 1 else model
     opt = build_optimizer(model, cfg)
     sampler = DistributedSampler(bundle.train, world, rank, seed=cfg.seed)
-    loader = DataLoader(bundle.train, batch_size=cfg.per_rank_batch, sampler=sampler, drop_last=True)
+    loader = DataLoader(bundle.train, batch_size=cfg.per_rank_batch, sampler=sampler, drop_last=True,
+                        pin_memory=dev.type == "cuda")
     batches, t_ends = iter(loader), []
     for step in range(cfg.steps):
         try:
@@ -87,33 +95,36 @@ def bare_worker(model_name: str, out: str) -> None:
             sampler.set_epoch(step)
             batches = iter(loader)
             x, y = next(batches)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         F.cross_entropy(net(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda" and step in (cfg.warmup_steps - 1, cfg.steps - 1):
+            torch.cuda.synchronize()
         t_ends.append(time.perf_counter())
     if rank == 0:
         Path(out).write_text(json.dumps({"t_end": t_ends}))
     dist.destroy_process_group()
 
 
-def run_bare(model: str, tmp: Path) -> float:
+def run_bare(model: str, device: str, tmp: Path) -> float:
     from scalelab.run.launch import free_port, run_torchrun
 
     out = tmp / f"bare-{time.time_ns()}.json"
-    run_torchrun(["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
+    run_torchrun(["--nnodes", "1", "--nproc-per-node", str(RANKS[device]), "--rdzv-backend", "static",
                   "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__,
-                  "--bare-worker", model, "--out", str(out)])
-    batch, _, warmup = SHAPES[model]
+                  "--bare-worker", model, "--device", device, "--out", str(out)])
+    batch, _, warmup = SHAPES[model, device]
     return rate_after_warmup(json.loads(out.read_text())["t_end"], warmup, batch)
 
 
-def run_scalelab(model: str, store) -> tuple[float, float]:
+def run_scalelab(model: str, device: str, store) -> tuple[float, float]:
     """The same rate from rank 0's step records, and scalelab's own throughput_no_data."""
     from scalelab.run.execute import execute
     from scalelab.store.rundir import RunDir
 
-    outcome = execute(train_config(model), store, say=lambda s: None)
-    batch, _, warmup = SHAPES[model]
+    outcome = execute(train_config(model, device), store, say=lambda s: None)
+    batch, _, warmup = SHAPES[model, device]
     t_ends = [r["t_end(perf_s)"] for r in RunDir(outcome.run_dir).read_steps(0)]
     return rate_after_warmup(t_ends, warmup, batch), outcome.summary["throughput_no_data(samples/s)"]
 
@@ -131,15 +142,15 @@ def median_interval(values: list[float], seed: int = 0) -> tuple[float, float, f
     return statistics.median(values), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def compare(model: str, pairs: int, tmp: Path, store) -> dict:
+def compare(model: str, device: str, pairs: int, tmp: Path, store) -> dict:
     ratios, own = [], []
     for i in range(pairs):
         got = {}
         for side in (("scalelab", "bare") if i % 2 == 0 else ("bare", "scalelab")):
             if side == "bare":
-                got["bare"] = run_bare(model, tmp)
+                got["bare"] = run_bare(model, device, tmp)
             else:
-                got["scalelab"], got["own"] = run_scalelab(model, store)
+                got["scalelab"], got["own"] = run_scalelab(model, device, store)
         ratios.append(got["scalelab"] / got["bare"])
         own.append(got["own"] / got["bare"])
         print(f"{model} pair {i + 1}/{pairs}: scalelab {got['scalelab']:7.1f}  bare {got['bare']:7.1f} samples/s  "
@@ -148,7 +159,7 @@ def compare(model: str, pairs: int, tmp: Path, store) -> dict:
     print(f"{model}: scalelab / bare over {pairs} pairs: median {med:.3f}, 95 % interval [{low:.3f}, {high:.3f}], "
           f"range {min(ratios):.3f}-{max(ratios):.3f}; goal median >= 0.98 and lower bound >= 0.95: "
           f"{'met' if med >= 0.98 and low >= 0.95 else 'NOT met'}", flush=True)
-    return {"model": model, "pairs": pairs, "ratios": ratios, "own_ratios": own, "median": med, "low": low,
+    return {"model": model, "device": device, "pairs": pairs, "ratios": ratios, "own_ratios": own, "median": med, "low": low,
             "high": high}
 
 
@@ -156,22 +167,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="resnet18,bncnn", help="comma-separated: resnet18, bncnn")
     p.add_argument("--pairs", type=int, default=10)
+    p.add_argument("--device", default="cpu", choices=sorted(RANKS), help="cpu: 2 gloo ranks; cuda: one rank")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--bare-worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.bare_worker:
-        bare_worker(args.bare_worker, args.out)
+        bare_worker(args.bare_worker, args.device, args.out)
         return
     from scalelab.config import default_threads
     from scalelab.store import Store
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(2)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(RANKS[args.device])))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
         for model in args.models.split(","):
-            results.append(compare(model, args.pairs, Path(tmp), store))
+            results.append(compare(model, args.device, args.pairs, Path(tmp), store))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -228,7 +228,7 @@ def ablation_worker(model_name: str, rounds: int, block_s: float, out: str) -> N
     run_dir = Path(out).parent / f"rank-files-{Path(out).stem}"
     run_dir.mkdir(parents=True, exist_ok=True)
     loop = Loop(model_name, run_dir)
-    _, _, warmup = SHAPES[model_name]
+    _, _, warmup = SHAPES[model_name, "cpu"]
     for _ in range(warmup):
         loop.run_step()
     # block length in steps from the warm-up's step time, agreed by both ranks (rank 0's)

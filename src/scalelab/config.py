@@ -126,7 +126,8 @@ class TrainConfig:
     base_batch: int | None = doc(None, "The global batch lr was tuned for (default: global_batch, i.e. no scaling).")
     lr_warmup_steps: int = doc(0, "Linear warm-up steps from lr to the scaled lr (linear_warmup and lars).")
     memory_limit: int | None = doc(None, "Bytes a rank may add to its set-up footprint, e.g. 4GiB (CPU: an "
-                                         "address-space cap).", parse=parse_bytes)
+                                         "address-space cap; CUDA: a cap on torch's caching allocator).",
+                                   parse=parse_bytes)
 
     seed: int = doc(0, "Random seed.")
     warmup_steps: int = doc(2, "First steps excluded from every timing.")
@@ -240,6 +241,12 @@ class TrainConfig:
             raise ConfigError("net_latency_ms" if self.net_latency_ms > 0 else "net_bandwidth_gbps",
                               self.net_latency_ms if self.net_latency_ms > 0 else self.net_bandwidth_gbps,
                               "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
+        if emulated and self.resolved_backend == "nccl":
+            # NCCL returns at launch: a delay on the caller's side pads the launch, not the collective on the GPU
+            raise ConfigError("net_latency_ms" if self.net_latency_ms > 0 else "net_bandwidth_gbps",
+                              self.net_latency_ms if self.net_latency_ms > 0 else self.net_bandwidth_gbps,
+                              "allowed only with the gloo backend (NCCL returns at launch, so a caller-side delay "
+                              "would not pad its collectives); or shape a real link with --local-nodes")
         if self.noop_collectives and not self.distributed:
             raise ConfigError("noop_collectives", True,
                               "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")

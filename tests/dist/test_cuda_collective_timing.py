@@ -23,7 +23,7 @@ SLEEP_S = 0.05
 NBYTES = 64 * 2**20
 
 
-def _measure(rank: int, world: int, cycles: int, via: str = "meter") -> dict:
+def _measure(rank: int, world: int, cycles: int, via: str = "meter", nbytes: int = NBYTES) -> dict:
     """The meter's time and a synchronised wall clock of one allreduce, without and with a queued sleep. `via`:
     "meter" times the call in the meter's own span (scalelab's strategies); "intercept" calls torch.distributed
     while the probe's intercept is installed (a user's script)."""
@@ -32,7 +32,7 @@ def _measure(rank: int, world: int, cycles: int, via: str = "meter") -> dict:
     from scalelab.sync import intercept
     from scalelab.sync.meter import CommMeter
 
-    t = torch.ones(NBYTES // 4, device="cuda")
+    t = torch.ones(nbytes // 4, device="cuda")
     out = {}
     for label, sleep in (("plain", False), ("slept", True)) * 2:  # the second round counts (the first warms up)
         meter = CommMeter(world, devices=[torch.device("cuda", 0)])
@@ -45,7 +45,7 @@ def _measure(rank: int, world: int, cycles: int, via: str = "meter") -> dict:
             torch.cuda._sleep(cycles)
         slept[1].record()
         if via == "meter":
-            with meter.collective("allreduce", NBYTES, phase="backward"):
+            with meter.collective("allreduce", nbytes, phase="backward"):
                 dist.all_reduce(t)
         else:
             intercept.install(meter)
@@ -69,6 +69,7 @@ def _gloo_rank(rank: int, folder: str, port: int, via: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         result = _measure(rank, 2, cuda_sleep_cycles(SLEEP_S), via)
+        result["small"] = _measure(rank, 2, cuda_sleep_cycles(SLEEP_S), via, NBYTES // 16)
         Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
     except BaseException:
         dist.destroy_process_group()
@@ -90,6 +91,9 @@ def test_gloo_on_cuda_tensors_collective_time_excludes_kernels_queued_before_it(
     assert sleep >= 0.5 * SLEEP_S  # a sleep long enough to tell apart
     assert slept["wall_s"] >= plain["wall_s"] + 0.8 * sleep
     assert abs(slept["meter_s"] - plain["meter_s"]) < 0.5 * sleep
+    # and it grows with the payload (1/16 of the bytes: less time, a sleep or not), which launch-to-return would not
+    small = r["small"]
+    assert small["plain"]["meter_s"] < 0.5 * plain["meter_s"] and small["slept"]["meter_s"] < 0.5 * slept["meter_s"]
 
 
 def test_nccl_one_rank_collective_is_timed_on_the_device(tmp_path):

@@ -7,6 +7,7 @@ batch the GPU's size decides.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -133,3 +134,58 @@ def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
     best = int(table["max_batch"].iloc[0])
     total = torch.cuda.get_device_properties(0).total_memory
     assert 1 <= best and best * per <= total < (best + 2) * per
+
+
+def test_a_memory_limit_on_cuda_caps_the_caching_allocator(store, tmp_path):
+    """A model that allocates a known 64 MiB per sample: batch 4 (256 MiB) fits without a limit and runs out of
+    memory under a 128 MiB limit, as a real CUDA OOM (the run fails naming it)."""
+    from conftest import hungry_model
+    from scalelab.config import TrainConfig
+    from scalelab.run.execute import RunFailed, execute
+
+    cfg = TrainConfig(model=hungry_model(tmp_path, per_sample=64 * 2**20), dataset="synthetic", samples=64,
+                      eval_samples=8, global_batch=4, steps=2, warmup_steps=1, device="cuda")
+    out = execute(cfg, store, say=lambda line: None)
+    assert out.summary["memory/cuda_max_allocated(GiB)"] * 2**30 >= 4 * 64 * 2**20
+    with pytest.raises(RunFailed) as info:
+        execute(dataclasses.replace(cfg, memory_limit=128 * 2**20), store, say=lambda line: None)
+    assert "out of memory" in str(info.value).lower()
+
+
+LAZY = """
+import torch
+from torch import nn
+from scalelab import probe
+
+run = probe.open(store={store!r}, warmup_steps=1)
+model = nn.Linear(64, 10)
+for i in range(8):
+    if i == 3:  # the script initialises CUDA only now
+        model = model.cuda()
+    dev = next(model.parameters()).device
+    with run.step(samples=32):
+        with run.stage("forward"):
+            loss = model(torch.randn(32, 64, device=dev)).square().mean()
+        with run.stage("backward"):
+            loss.backward()
+"""
+
+
+def test_a_probed_script_that_initialises_cuda_late_moves_to_event_timing(tmp_path):
+    """Steps before CUDA is initialised are host-timed, steps after it event-timed; the records and the summary
+    say which clock timed each."""
+    import subprocess
+    import sys
+
+    from scalelab.analysis import keys
+    from scalelab.run.script import summarise_script
+    from scalelab.store import read_jsonl
+
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY.format(store=str(tmp_path / "store")))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=300)
+    [run_dir] = [p for p in (tmp_path / "store" / "runs").iterdir() if p.is_dir()]
+    clocks = [r["clock"] for r in read_jsonl(run_dir / "steps.rank0.jsonl")]
+    assert clocks == ["host"] * 3 + ["cuda_events"] * 5
+    summary = summarise_script(run_dir)
+    assert (summary[keys.STEPS_HOST_CLOCK], summary[keys.STEPS_CUDA_EVENTS]) == (3, 5)

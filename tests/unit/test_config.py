@@ -127,3 +127,12 @@ def test_steps_auto_from_every_layer_and_a_number_still_fixes_the_length():
     with pytest.raises(ConfigError) as info:
         merge({}, None, [], {"steps": "lots"})
     assert info.value.field == "steps" and "auto" in str(info.value)
+
+
+def test_a_caller_side_network_delay_is_refused_on_nccl_which_returns_at_launch(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 1)
+    for emulation in ({"net_latency_ms": 1.0}, {"net_bandwidth_gbps": 1.0}):
+        with pytest.raises(ConfigError) as info:
+            TrainConfig(device="cuda", sync="allreduce", **emulation)
+        assert info.value.field in emulation and "gloo" in str(info.value) and "\n" not in str(info.value)
+        assert TrainConfig(device="cuda", sync="allreduce", backend="gloo", **emulation).resolved_backend == "gloo"

@@ -7,6 +7,8 @@ STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
 
 STEPS_TIMED = "steps/timed"
 STEPS_TOTAL = "steps/total"
+STEPS_HOST_CLOCK = "steps/clock_host"  # a probed run: steps timed by the host clock (before CUDA was initialised)
+STEPS_CUDA_EVENTS = "steps/clock_cuda_events"  # a probed run: steps timed by CUDA events
 STEPS_DETAILED = "steps/detailed"  # steps kept in full (records, trace) of a long probed run; the rest: sketches
 STEP_P95_MS = "time/step_p95(ms)"  # a long probed run: from the merged quantile sketch of its steps
 STEPS_PER_EPOCH = "steps/per_epoch"

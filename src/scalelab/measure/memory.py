@@ -69,3 +69,13 @@ def cap_address_space(baseline: dict[str, int], limit: int) -> None:
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def cap_cuda_memory(device: torch.device, limit: int) -> float:
+    """Let this process's CUDA caching allocator hold at most what it holds now plus `limit` bytes on `device`: an
+    allocation past it raises torch's OutOfMemoryError, as the GPU's own limit would. Returns the fraction of the
+    device's memory set (torch.cuda.set_per_process_memory_fraction, which counts reserved memory)."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    fraction = min(1.0, (torch.cuda.memory_reserved(device) + limit) / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction

@@ -123,6 +123,8 @@ class Probe:
                                      machine=machine)
         self._clock = clock
         self.timer: StepTimer | None = None  # made at the first step: by then the script has chosen its device
+        self.clock = "host"  # what times the steps: "host" (perf_counter) or "cuda_events"
+        self.clock_steps: dict[str, int] = {}  # steps per clock
         self.steps = 0
         self.records: list[dict] = []
         self.outside: dict = {}  # collectives outside every step
@@ -173,7 +175,7 @@ class Probe:
     def aggregates(self) -> dict:
         """The whole run's figures (aggregates.rank<r>.json): analysis.sketch.whole_run_figures reads them."""
         return {"rank": self.ctx.rank, "steps": self.steps, "timed": self.timed, "samples": self.samples_timed,
-                "detailed": len(self.records),
+                "detailed": len(self.records), "clock_steps": dict(self.clock_steps),
                 "figures": {f"{k}(s)": v.to_dict() for k, v in self.figures.items()},
                 "comm_dropped": self.dropped_comm}
 
@@ -184,12 +186,18 @@ class Probe:
         return self._in_step
 
     def _timer(self) -> StepTimer:
-        if self.timer is None:
+        """The step timer, made when a step starts: CUDA events once the script has initialised CUDA (a script
+        that does so lazily, after its first steps, moves from the host clock to events at that point), else the
+        host clock. Each step's record names its clock, and the aggregates count the steps of each."""
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self.timer is None or (cuda and self.clock == "host"):
             on_enter = self.heartbeat.enter if self.heartbeat else None
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if cuda:
                 self.timer = StepTimer(on_enter=on_enter, marks=CudaMarks(torch.cuda.current_device()))
+                self.clock = "cuda_events"
             else:
                 self.timer = StepTimer(self._clock, on_enter=on_enter)
+                self.clock = "host"
         return self.timer
 
     def start_step(self) -> None:
@@ -219,6 +227,7 @@ class Probe:
         """The recorder: one finished step's stage seconds (the timer's `end_step`: every stage, `wall`, `other`)
         and samples into the whole-run figures, its full record when the step is kept, and its collectives."""
         self.steps += 1
+        self.clock_steps[self.clock] = self.clock_steps.get(self.clock, 0) + 1
         if self.heartbeat:
             self.heartbeat.step = self.steps
         warmup = self.steps <= self.warmup_steps
@@ -230,7 +239,7 @@ class Probe:
             self.records.append({
                 "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
                 "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
-                "t_end(perf_s)": time.perf_counter(), **comm, **self._extra})
+                "t_end(perf_s)": time.perf_counter(), "clock": self.clock, **comm, **self._extra})
         elif comm["collectives"]:
             comm.pop("comm_events")
             add_totals(self.dropped_comm, comm)

@@ -164,6 +164,10 @@ def summarise_script(run_dir: Path) -> dict:
         # whole-run aggregates; the intervals and the trace stay those of the kept steps
         summary.update(whole_run_figures(aggregates))
         summary[keys.STEPS_DETAILED] = max(a["detailed"] for a in aggregates)
+    if aggregates and "clock_steps" in aggregates[0]:  # which clock timed rank 0's steps (older runs lack it)
+        clocks = aggregates[0]["clock_steps"]
+        summary[keys.STEPS_HOST_CLOCK] = clocks.get("host", 0)
+        summary[keys.STEPS_CUDA_EVENTS] = clocks.get("cuda_events", 0)
     summary[keys.SCRIPT_WALL_S] = max(r["wall(s)"] for r in results)
     summary.update(comm_totals(records, results, aggregates))
     return summary

@@ -22,7 +22,7 @@ from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
 from scalelab.engines import registry as engines
 from scalelab.measure.machine import RunCpu, local_rank_pids
-from scalelab.measure.memory import added_since, cap_address_space, training_baseline
+from scalelab.measure.memory import added_since, cap_address_space, cap_cuda_memory, training_baseline
 from scalelab.measure.system import SystemSampler
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
@@ -47,6 +47,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
                             machine=machine).start()
     heartbeat = (Heartbeat(run_dir, ctx.rank, interval_s=min(1.0, cfg.hang_timeout_s / 10)).start()
                  if cfg.hang_timeout_s > 0 else None)
+    cuda_capped = False
     try:
         engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
         bundle, model = build_inputs(cfg)
@@ -55,6 +56,8 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
             baseline = training_baseline()
             cap_address_space(baseline, cfg.memory_limit)
         else:
+            if cfg.memory_limit and ctx.device.type == "cuda":
+                cuda_capped = cap_cuda_memory(ctx.device, cfg.memory_limit) < 1.0
             baseline = training_baseline()
         ckpt = checkpoint.load(run_dir, ctx.rank, ctx.device) if resume else None
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,
@@ -68,6 +71,8 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
             gather_on_rank0(rundir, ctx)
         return result
     finally:
+        if cuda_capped:  # a rank run in the caller's process leaves the caller's allocator as it found it
+            torch.cuda.set_per_process_memory_fraction(1.0, ctx.device)
         if sampler:
             sampler.stop()
         if heartbeat:

@@ -129,6 +129,8 @@ def test_a_long_run_keeps_records_of_its_windows_and_sums_every_step(tmp_path, m
     assert [r["step"] for r in rundir.read_steps(0)] == [1, 2, 3, 4, 5, 14, 15]
     summary = summarise_script(tmp_path)
     assert summary[keys.STEPS_TOTAL] == 50 and summary[keys.STEPS_TIMED] == 49 and summary[keys.STEPS_DETAILED] == 7
+    assert (summary[keys.STEPS_HOST_CLOCK], summary[keys.STEPS_CUDA_EVENTS]) == (50, 0)  # no CUDA: the host clock
+    assert {r["clock"] for r in rundir.read_steps(0)} == {"host"}
     assert summary[keys.stage_ms("forward")] == pytest.approx(1e3 * (24 * 1.0 + 25 * 2.0) / 49)
     assert summary[keys.stage_ms("rare")] == pytest.approx(1e3 * 4.0 / 49)
     assert summary[keys.STEP_MEDIAN_MS] == 2500.0 and summary[keys.STEP_MAX_MS] == 5500.0
