@@ -26,7 +26,7 @@ sec 5 max batch under an 8 GiB cap, then the found batch and the next by hand
 timeout 80 sl max-batch --device cuda --model resnet18 --dataset synthetic --memory-limit 8GiB --variants base \
   --out $W/mb 2>&1 | tail -12
 best=$(python3 -c "import pandas as p,glob; print(int(p.read_csv(glob.glob('$W/mb/**/max_batch*.csv', recursive=True)[0])['max_batch'].iloc[0]))")
-for b in $best $((best + 1)); do
+[ -n "$best" ] && for b in $best $((best + 1)); do
   timeout 25 sl train --device cuda --model resnet18 --dataset synthetic --memory-limit 8GiB --global-batch $b \
     --samples $((b * 2)) --steps 2 --warmup-steps 0 >/tmp/b$b.log 2>&1; echo "batch $b under 8 GiB: exit $? $(grep -i -m1 'memory' /tmp/b$b.log)"
 done
