@@ -62,11 +62,24 @@ def _version(dist: str, module: str | None = None) -> str | None:
 
 
 def _cuda_devices() -> list[str]:
+    """The GPUs' names, without initialising CUDA in this process when it is not yet: a probed script's own
+    process records the run before the script has chosen its device (torch.cuda.get_device_name would make a
+    context on GPU 0 and turn the script's CPU steps into CUDA-event-timed ones). NVML names them then; without
+    NVML, the count alone."""
     try:
         import torch
         if not torch.cuda.is_available():
             return []
-        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        count = torch.cuda.device_count()  # NVML or the runtime's count: no context
+        if torch.cuda.is_initialized():
+            return [torch.cuda.get_device_name(i) for i in range(count)]
+        try:
+            import pynvml  # optional: nvidia-ml-py
+
+            pynvml.nvmlInit()
+            return [str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+        except Exception:
+            return ["CUDA device (name not read: CUDA not initialised, no NVML)"] * count
     except Exception:  # torch missing or a broken driver: provenance must never fail a run
         return []
 
