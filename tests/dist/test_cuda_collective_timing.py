@@ -39,22 +39,24 @@ def _measure(rank: int, world: int, cycles: int, via: str = "meter", nbytes: int
         torch.cuda.synchronize()
         dist.barrier()
         slept = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        wall0 = time.perf_counter()
-        slept[0].record()
-        if sleep:
-            torch.cuda._sleep(cycles)
-        slept[1].record()
-        if via == "meter":
-            with meter.collective("allreduce", nbytes, phase="backward"):
-                dist.all_reduce(t)
-        else:
+        if via == "intercept":  # outside the wall clock: install scans every live object for DDP models
             intercept.install(meter)
-            try:
+        try:
+            wall0 = time.perf_counter()
+            slept[0].record()
+            if sleep:
+                torch.cuda._sleep(cycles)
+            slept[1].record()
+            if via == "meter":
+                with meter.collective("allreduce", nbytes, phase="backward"):
+                    dist.all_reduce(t)
+            else:
                 dist.all_reduce(t)
-            finally:
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - wall0
+        finally:
+            if via == "intercept":
                 intercept.uninstall()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - wall0
         step = meter.take_step()
         out[label] = {"meter_s": step["comm_total(s)"], "wall_s": wall,
                       "sleep_s": slept[0].elapsed_time(slept[1]) / 1e3}
