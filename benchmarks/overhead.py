@@ -142,24 +142,41 @@ def median_interval(values: list[float], seed: int = 0) -> tuple[float, float, f
     return statistics.median(values), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds (user + sys) of this process and of its waited-for children (the launches' ranks and agents)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
 def compare(model: str, device: str, pairs: int, tmp: Path, store) -> dict:
-    ratios, own = [], []
+    """Interleaved pairs. Beside each launch's rate: the CPU seconds the whole launch used (every process of it,
+    set-up included) and what this process spent while it ran (scalelab's launcher runs in it), which other
+    tenants inflate far less than the wall clock."""
+    ratios, own, cpu = [], [], []
     for i in range(pairs):
-        got = {}
+        got, used = {}, {}
         for side in (("scalelab", "bare") if i % 2 == 0 else ("bare", "scalelab")):
+            before = cpu_seconds()
             if side == "bare":
                 got["bare"] = run_bare(model, device, tmp)
             else:
                 got["scalelab"], got["own"] = run_scalelab(model, device, store)
+            after = cpu_seconds()
+            used[side] = (after[0] - before[0], after[1] - before[1])
         ratios.append(got["scalelab"] / got["bare"])
         own.append(got["own"] / got["bare"])
+        cpu.append({side: {"self_s": u[0], "children_s": u[1]} for side, u in used.items()})
         print(f"{model} pair {i + 1}/{pairs}: scalelab {got['scalelab']:7.1f}  bare {got['bare']:7.1f} samples/s  "
-              f"ratio {ratios[-1]:.3f}  (scalelab's own throughput_no_data / bare: {own[-1]:.3f})", flush=True)
+              f"ratio {ratios[-1]:.3f}  (scalelab's own throughput_no_data / bare: {own[-1]:.3f}); CPU s of the "
+              f"launch: scalelab {used['scalelab'][1]:.1f} (+{used['scalelab'][0]:.1f} launcher), bare "
+              f"{used['bare'][1]:.1f} (+{used['bare'][0]:.1f})", flush=True)
     med, low, high = median_interval(ratios)
     print(f"{model}: scalelab / bare over {pairs} pairs: median {med:.3f}, 95 % interval [{low:.3f}, {high:.3f}], "
           f"range {min(ratios):.3f}-{max(ratios):.3f}; goal median >= 0.98 and lower bound >= 0.95: "
           f"{'met' if med >= 0.98 and low >= 0.95 else 'NOT met'}", flush=True)
-    return {"model": model, "device": device, "pairs": pairs, "ratios": ratios, "own_ratios": own, "median": med, "low": low,
+    return {"model": model, "device": device, "pairs": pairs, "ratios": ratios, "own_ratios": own, "cpu": cpu, "median": med, "low": low,
             "high": high}
 
 
