@@ -32,8 +32,8 @@ FIGURES = [
 
 def measure(root: Path, launches: int) -> dict[str, pd.DataFrame]:
     """The quick study's scale and strategies sections in a fresh store: their tables."""
-    from scalelab.experiments.progress import PlainProgress
-    from scalelab.experiments.study import default_spec, run_experiments
+    from scalelab.lab.progress import PlainProgress
+    from scalelab.lab.study import default_spec, run_experiments
     from scalelab.store import Store
 
     spec = default_spec(quick=True)

@@ -1,13 +1,13 @@
 """How well does the performance model predict measured step times? Median |error| over real 2-rank runs.
 
-Calibration (scalelab.experiments.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
+Calibration (scalelab.perf.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
 compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives),
 2 ranks with overlapped buckets of a quarter of the gradient at each batch (the in-situ overlap), 2 ranks with
 gather/scatter at each batch when it is among the strategies (its own in-training scale)
 and a `bench comm` allreduce sweep (α, β of gloo on loopback). Measured points: 2 ranks × per-rank batches ×
 strategies × networks: loopback, and where network namespaces can be made (root) 2 namespace nodes of one rank
 over a kernel-shaped --bandwidth-gbps link and over an unshaped one (the calibrated hosts over that link:
-scalelab.experiments.links); without namespaces, the fallback is caller-side padding (emulated latency; latency
+scalelab.perf.links); without namespaces, the fallback is caller-side padding (emulated latency; latency
 and bandwidth: each collective takes max(fitted time, L + S·8/(bw·1e9))), labelled approximate.
 Held out for more node counts and links: benchmarks/prediction_nodes.py.
 A batch's calibration runs, its measured runs and a repeat of its compute run go back to back, so load from
@@ -49,11 +49,11 @@ def main() -> int:
 
     from scalelab.perf import perfmodel as pm
     from scalelab.config import TrainConfig
-    from scalelab.experiments.base import write_table
-    from scalelab.experiments.cells import Cell, Cells, with_fields
-    from scalelab.experiments.calibration import calibrate, calibration_cells, gradient_sizes, insitu_cells
-    from scalelab.experiments.links import network_label
-    from scalelab.experiments.prediction import validate_measured
+    from scalelab.lab.base import write_table
+    from scalelab.lab.cells import Cell, Cells, with_fields
+    from scalelab.perf.calibration import calibrate, calibration_cells, gradient_sizes, insitu_cells
+    from scalelab.perf.links import network_label
+    from scalelab.perf.prediction import validate_measured
     from scalelab.run import netns
     from scalelab.report import figures
     from scalelab.store import Store

@@ -5,7 +5,7 @@ is shaped by the kernel (tbf). For each node count k:
 - calibration (in-sample): compute without sync at k nodes, in-situ per-parameter allreduce, overlapped buckets
   and gather/scatter (its own in-training scale) at k nodes over the calibration link (1 Gbit/s), a `bench comm`
   allreduce sweep over that link, and one on loopback (what moving bytes costs the hosts themselves;
-  scalelab.experiments.links);
+  scalelab.perf.links);
 - measured points: every sync strategy over the calibration link (in-sample) and over the held-out links
   (0.5 and 0.2 Gbit/s, unshaped), each launched --repeats times in interleaved rounds; a point is the median of
   its launches' median steps, with the launches' interval.
@@ -53,11 +53,11 @@ def main() -> int:
 
     from scalelab.analysis import keys
     from scalelab.config import TrainConfig
-    from scalelab.experiments.base import write_table
-    from scalelab.experiments.calibration import calibrate
-    from scalelab.experiments.cells import Cell, Cells, with_fields
-    from scalelab.experiments.links import network_label
-    from scalelab.experiments.prediction import validate_measured
+    from scalelab.lab.base import write_table
+    from scalelab.perf.calibration import calibrate
+    from scalelab.lab.cells import Cell, Cells, with_fields
+    from scalelab.perf.links import network_label
+    from scalelab.perf.prediction import validate_measured
     from scalelab.perf import perfmodel as pm
     from scalelab.report import figures
     from scalelab.store import Store

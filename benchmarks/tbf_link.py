@@ -113,7 +113,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from scalelab.analysis.bandwidth import tbf_burst_bytes
-    from scalelab.experiments.links import wire_beta
+    from scalelab.perf.links import wire_beta
     from scalelab.measure.commbench import format_size, parse_size
 
     sizes = [parse_size(s) for s in args.sizes.split(",")]

@@ -184,16 +184,16 @@ def step_losses(run_dir, rank=0):
 
 def quiet_cells(store, study: str):
     """The cell engine of `study` on `store`, printing nothing."""
-    from scalelab.experiments.cells import Cells
-    from scalelab.experiments.progress import PlainProgress
+    from scalelab.lab.cells import Cells
+    from scalelab.lab.progress import PlainProgress
 
     return Cells(store, study, progress=PlainProgress(lambda line: None))
 
 
 def run_experiment(name: str, base, store, study: str, out_dir: Path, **options):
     """One registered experiment through the cell engine of `study`, quietly: its Result (tables, files, notes)."""
-    from scalelab.experiments import registry
-    from scalelab.experiments.base import Context
+    from scalelab.lab import registry
+    from scalelab.lab.base import Context
 
     experiment = registry.get(name)
     ctx = Context(quiet_cells(store, study), Path(out_dir), lambda line: None)

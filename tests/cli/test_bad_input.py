@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from scalelab.cli import main
 from scalelab.config import TrainConfig, load_yaml
 from scalelab.errors import ConfigError
-from scalelab.experiments.registry import names as experiment_registry_names
-from scalelab.experiments.study import StudySpec, load_spec
+from scalelab.lab.registry import names as experiment_registry_names
+from scalelab.lab.study import StudySpec, load_spec
 
 EXPERIMENTS = experiment_registry_names()
 

@@ -12,7 +12,7 @@ from scalelab.cli import main
 from scalelab.cli.experiments import command_for
 from scalelab.cli.options import config_flags, config_params, merge, sync_choices
 from scalelab.config import TrainConfig
-from scalelab.experiments.registry import experiments
+from scalelab.lab.registry import experiments
 
 SPELLINGS = {  # fields whose flag is not --name-with-dashes (README's spellings)
     "global_batch": ("--global-batch", "-b"),

@@ -18,7 +18,7 @@ from scalelab.store import Store
 
 from conftest import STORE_V0_BENCH as BENCH, STORE_V0_COMPUTE as COMPUTE, STORE_V0_DDP as DDP, as_gpu_box
 from conftest import copied_runs as copied
-from scalelab.analysis.hardware import PRESETS
+from scalelab.perf.hardware import PRESETS
 
 ALL = (*COMPUTE.values(), BENCH, DDP)
 NVLINK = PRESETS["nvlink3"].name

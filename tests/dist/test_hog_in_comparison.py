@@ -12,10 +12,10 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.config import TrainConfig
-from scalelab.experiments import registry
-from scalelab.experiments.base import Context
-from scalelab.experiments.cells import Cells
-from scalelab.experiments.progress import PlainProgress
+from scalelab.lab import registry
+from scalelab.lab.base import Context
+from scalelab.lab.cells import Cells
+from scalelab.lab.progress import PlainProgress
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="noise detection reads Linux /proc")]

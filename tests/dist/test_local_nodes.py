@@ -401,11 +401,11 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
                                                                                   namespaces_restored):
     """Known truth: the kernel's tbf at 0.2 Gbit/s. Calibrating over 2 namespace nodes fits β from a bench over that
     link (each byte 40 ns on the wire; tbf delivers ~0.19 Gbit/s here) and β_hosts from a loopback bench, which is
-    far faster; another link is then predicted from the same hosts (experiments/links.py)."""
+    far faster; another link is then predicted from the same hosts (perf/links.py)."""
     from scalelab.config import TrainConfig
-    from scalelab.experiments.calibration import calibrate
-    from scalelab.experiments.cells import Cells
-    from scalelab.experiments.links import NodeLink, wire_beta
+    from scalelab.perf.calibration import calibrate
+    from scalelab.lab.cells import Cells
+    from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
                        global_batch=8, steps=4, warmup_steps=1, eval_every=1000, hang_timeout_s=120)

@@ -16,9 +16,9 @@ import pytest
 from conftest import TINY_MLP, quiet_cells
 from scalelab.cli import main
 from scalelab.config import TrainConfig
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.calibration import Calibration, calibrate, calibration_path
-from scalelab.experiments.prediction import predict_table, validate_measured
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.perf.calibration import Calibration, calibrate, calibration_path
+from scalelab.perf.prediction import predict_table, validate_measured
 from scalelab.store import Store
 
 PARAM_BYTES = [16 * 3072 * 4, 16 * 16 * 4, 10 * 16 * 4]

@@ -21,7 +21,7 @@ import pytest
 from conftest import cli_env, run_cli
 from scalelab.run import launch
 from scalelab.config import TrainConfig
-from scalelab.experiments.cells import cell_key
+from scalelab.lab.cells import cell_key
 from scalelab.store import Store, read_json
 
 LOOPBACK_ADDRS = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}

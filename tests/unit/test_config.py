@@ -88,7 +88,7 @@ def test_a_stored_config_of_the_previous_version_reads_strategy_as_wrapper():
 
 
 def test_model_options_have_one_spelling_and_reach_the_builder():
-    from scalelab.experiments.cells import cell_key
+    from scalelab.lab.cells import cell_key
     from scalelab.train.setup import build_inputs
     from scalelab.zoo.models import count_parameters
 

@@ -18,9 +18,10 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # own package here.
 LAYERS = [
     ("cli", "probe", "lightning"),  # probe, lightning: the public APIs a user's script imports
-    ("experiments",),
+    ("experiments",),  # one module per experiment
+    ("perf",),  # the performance model: its calibration and prediction run cells
+    ("lab",),  # the cell engine, the experiment registry and the study
     ("report",),
-    ("perf",),
     ("run",),
     ("train",),
     ("config",),  # the run's description: validated against the registries of the layers below
@@ -130,7 +131,7 @@ def test_the_checker_sees_an_upward_edge_and_a_private_import(tmp_path):
     (pkg / "store" / "catalog.py").write_text("from scalelab.cli.main import _helper\n")
     (pkg / "run").mkdir()
     (pkg / "run" / "x.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                      "    from scalelab.experiments import cells\n")
+                                      "    from scalelab.lab import cells\n")
     upward, private, _ = violations(tmp_path)
     assert upward == ["scalelab.store.catalog -> scalelab.cli.main (store imports cli, a higher layer)"]
     assert private == ["scalelab.store.catalog -> scalelab.cli.main._helper"]

@@ -31,9 +31,9 @@ def store_and_out(store: Path | None, study: str, out: Path | None):
 
 def experiment_context(store, study: str, out_dir: Path, write=say):
     """A one-experiment context: the study's cell engine with progress lines, tables and plots into `out_dir`."""
-    from scalelab.experiments.base import Context
-    from scalelab.experiments.cells import Cells
-    from scalelab.experiments.progress import PlainProgress
+    from scalelab.lab.base import Context
+    from scalelab.lab.cells import Cells
+    from scalelab.lab.progress import PlainProgress
 
     progress = PlainProgress(write)
     return Context(Cells(store, study, progress=progress), out_dir, progress.say)

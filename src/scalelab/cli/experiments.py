@@ -75,7 +75,7 @@ def command_for(experiment):
 
 
 def register_commands() -> None:
-    from scalelab.experiments.registry import experiments
+    from scalelab.lab.registry import experiments
 
     for experiment in experiments().values():
         if experiment.command is None:

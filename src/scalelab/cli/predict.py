@@ -15,7 +15,7 @@ in-situ gather/scatter runs when --sync gather_scatter is predicted, a `bench co
 study and reused; `--no-validate` skips the measured runs of the chosen sync.
 
 With --from DIR, nothing runs: compute (and α, β when a `bench comm` run is there) comes from the stored runs in DIR
-(experiments/elsewhere.py). Rows pairing compute measured on one device with another hardware's links say so:
+(perf/elsewhere.py). Rows pairing compute measured on one device with another hardware's links say so:
 "compute of this machine on <hardware>", "compute of <device> (host <h>) on <hardware>".
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ import typer
 
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, parse_sets, place_params
-from scalelab.analysis.hardware import presets
+from scalelab.perf.hardware import presets
 from scalelab.config import load_yaml
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import int_list
+from scalelab.lab.base import int_list
 from scalelab.sync import registry as sync_registry
 
 DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
@@ -108,12 +108,12 @@ OWN = {p.name for p in PREDICT_OPTIONS}
 
 def predict_cmd(**kw) -> None:
     """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
-    from scalelab.analysis.hardware import hardware_from_dict, presets
+    from scalelab.perf.hardware import hardware_from_dict, presets
     from scalelab.perf.perfmodel import COMPRESSION
-    from scalelab.experiments.calibration import MEASURED
-    from scalelab.experiments.elsewhere import largest_batch
-    from scalelab.experiments.prediction import run_prediction
-    from scalelab.experiments.registry import get as get_experiment
+    from scalelab.perf.calibration import MEASURED
+    from scalelab.perf.elsewhere import largest_batch
+    from scalelab.perf.prediction import run_prediction
+    from scalelab.lab.registry import get as get_experiment
     from scalelab.run.execute import RunFailed
 
     mode, sync, workers = kw["mode"], kw["sync"], kw["workers"]
@@ -161,8 +161,8 @@ def predict_cmd(**kw) -> None:
     if batch < 1:
         raise ConfigError("per_rank_batch" if mode == "weak" else "global_batch", batch, "allowed: an integer >= 1")
     if cal is not None:
-        from scalelab.experiments.elsewhere import predict_from
-        from scalelab.experiments.prediction import resolve_hardware
+        from scalelab.perf.elsewhere import predict_from
+        from scalelab.perf.prediction import resolve_hardware
 
         hws = resolve_hardware(names, cal, file=hw_file, gpus_per_node=kw["gpus_per_node"])
         st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
@@ -192,8 +192,8 @@ def predict_cmd(**kw) -> None:
 def calibrated_elsewhere(kw: dict, flags: dict, names: list[str]):
     """(calibration, stored runs, hardware names) for --from: the hardware defaults to DEFAULT_HARDWARE's presets,
     plus measured when the runs hold a bench of the compute's host. Nothing is launched."""
-    from scalelab.experiments.calibration import MEASURED
-    from scalelab.experiments.elsewhere import calibrate_from, stored_runs
+    from scalelab.perf.calibration import MEASURED
+    from scalelab.perf.elsewhere import calibrate_from, stored_runs
 
     if kw["calibration_batches"]:
         raise ConfigError("calibration_batches", kw["calibration_batches"], "allowed only without --from (the "

@@ -11,14 +11,14 @@ import typer
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
-from scalelab.experiments.registry import names as experiment_names
+from scalelab.lab.registry import names as experiment_names
 
 app = typer.Typer()
 
 
 def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
     """The study's report from its answered experiments; returns the HTML file's path."""
-    from scalelab.experiments.study import noise_floor
+    from scalelab.lab.study import noise_floor
     from scalelab.report.build import build_report, system_section
     from scalelab.report.render import write_report
 
@@ -39,9 +39,9 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
               store: Optional[Path] = store_option()) -> None:
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
-    from scalelab.experiments.progress import progress_for_output
-    from scalelab.experiments.registry import names
-    from scalelab.experiments.study import default_spec, load_spec, run_experiments, save_spec
+    from scalelab.lab.progress import progress_for_output
+    from scalelab.lab.registry import names
+    from scalelab.lab.study import default_spec, load_spec, run_experiments, save_spec
     from scalelab.provenance import collect_provenance
     from scalelab.store import open_store, write_json_atomic
 
@@ -76,9 +76,9 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
 @app.command("report")
 def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds study.json).")) -> None:
     """Rebuild a study's report from its stored runs alone: nothing is re-run."""
-    from scalelab.experiments.cells import replay_only
-    from scalelab.experiments.progress import PlainProgress
-    from scalelab.experiments.study import read_spec, run_experiments
+    from scalelab.lab.cells import replay_only
+    from scalelab.lab.progress import PlainProgress
+    from scalelab.lab.study import read_spec, run_experiments
     from scalelab.store import Store, read_json
 
     if not (study_dir / "study.json").is_file():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Option, Result, launches_option, name_list
-from scalelab.experiments.cells import Cell, with_fields
+from scalelab.lab.base import Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.cells import Cell, with_fields
 from scalelab.report import figures
 
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -7,9 +7,9 @@ from scalelab.analysis import interpret
 from scalelab.analysis.compare import BACKENDS, backends_table
 from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.checked import run_checked
+from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, \
     ordered
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Option, Result, int_list
-from scalelab.experiments.cells import Cell, with_fields
+from scalelab.lab.base import Experiment, Option, Result, int_list
+from scalelab.lab.cells import Cell, with_fields
 from scalelab.report import figures
 
 EXPERIMENT = Experiment(

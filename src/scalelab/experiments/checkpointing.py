@@ -7,8 +7,8 @@ process's peak RSS includes its baseline (libraries, data, allocator caches) and
 from __future__ import annotations
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Option, Result, int_list, launches_option
-from scalelab.experiments.cells import Cell, with_fields
+from scalelab.lab.base import Experiment, Option, Result, int_list, launches_option
+from scalelab.lab.cells import Cell, with_fields
 from scalelab.report import figures
 
 EXPERIMENT = Experiment(

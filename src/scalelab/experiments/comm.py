@@ -6,8 +6,8 @@ import dataclasses
 import shutil
 
 from scalelab.analysis import interpret
-from scalelab.experiments.base import Context, Experiment, Option, Result
-from scalelab.experiments.cells import Cell
+from scalelab.lab.base import Context, Experiment, Option, Result
+from scalelab.lab.cells import Cell
 
 
 def bench_config(opts: dict):

@@ -12,9 +12,9 @@ from scalelab.analysis.compare import engines_table
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.checked import run_checked
+from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
 
 HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "

@@ -10,8 +10,8 @@ import pandas as pd
 
 from scalelab.analysis import interpret, keys, tables
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
-from scalelab.experiments.cells import Cell, Outcome, cell_key, executor, stored_kind, with_fields
+from scalelab.lab.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
+from scalelab.lab.cells import Cell, Outcome, cell_key, executor, stored_kind, with_fields
 from scalelab.report import figures
 
 

@@ -14,8 +14,8 @@ import pandas as pd
 from scalelab.analysis import interpret, keys
 from scalelab.analysis.intervals import median_interval
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Experiment, Option, Result, int_list, name_list, number
-from scalelab.experiments.cells import Cell, with_fields
+from scalelab.lab.base import Experiment, Option, Result, int_list, name_list, number
+from scalelab.lab.cells import Cell, with_fields
 from scalelab.report import figures
 from scalelab.train.lr import RULES
 

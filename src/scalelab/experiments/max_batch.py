@@ -24,8 +24,8 @@ import pandas as pd
 from scalelab.analysis import interpret, keys
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.base import Context, Experiment, Option, Result, name_list, number
-from scalelab.experiments.cells import Cell, Cells, with_fields
+from scalelab.lab.base import Context, Experiment, Option, Result, name_list, number
+from scalelab.lab.cells import Cell, Cells, with_fields
 from scalelab.sizes import parse_bytes
 
 # cuBLAS and cuDNN word a failed allocation their own way (seen on an H100 at the edge of its memory).

@@ -20,8 +20,8 @@ from scalelab.analysis import interpret
 from scalelab.analysis.model_grid import grid_table, workers_table
 from scalelab.config import TrainConfig, format_model_options
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, positive_ints
-from scalelab.experiments.cells import Cell, CellResult, with_fields
+from scalelab.lab.base import Context, Experiment, Option, Result, positive_ints
+from scalelab.lab.cells import Cell, CellResult, with_fields
 from scalelab.experiments.max_batch import does_not_fit
 from scalelab.report import figures
 from scalelab.sizes import parse_bytes

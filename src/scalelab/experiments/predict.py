@@ -4,8 +4,8 @@ on this machine, predict per hardware, validate on measured runs. `scalelab pred
 from __future__ import annotations
 
 from scalelab.analysis import interpret
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, name_list, number
-from scalelab.experiments.prediction import prediction_figures, run_prediction
+from scalelab.lab.base import Context, Experiment, Option, Result, int_list, name_list, number
+from scalelab.perf.prediction import prediction_figures, run_prediction
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from scalelab.analysis import interpret, tables
-from scalelab.experiments.base import Experiment, Result
-from scalelab.experiments.cells import Cell
+from scalelab.lab.base import Experiment, Result
+from scalelab.lab.cells import Cell
 from scalelab.report import figures
 
 EXPERIMENT = Experiment(

@@ -15,10 +15,10 @@ from scalelab.analysis import interpret
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
+from scalelab.lab.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
     positive_ints
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.checked import run_checked
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 

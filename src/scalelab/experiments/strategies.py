@@ -18,9 +18,9 @@ from scalelab.analysis import interpret
 from scalelab.analysis.compare import strategies_table
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context, Experiment, Option, Result, launches_option, name_list, number
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.checked import run_checked
+from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list, number
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 

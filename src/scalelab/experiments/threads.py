@@ -11,8 +11,8 @@ from scalelab.analysis import keys
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Experiment, Option, Result, int_list
-from scalelab.experiments.cells import Cell, with_fields
+from scalelab.lab.base import Experiment, Option, Result, int_list
+from scalelab.lab.cells import Cell, with_fields
 
 
 

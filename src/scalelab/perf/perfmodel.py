@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from scalelab.analysis.keys import STEP_MEDIAN_MS, THROUGHPUT, stage_ms
-from scalelab.analysis.hardware import Hardware, nnls, placement
+from scalelab.analysis.hardware import Hardware, placement
+from scalelab.perf.hardware import nnls
 from scalelab.analysis.synccost import (DDP_FIRST_BUCKET_BYTES, MIB, CostQuery, Emulation,  # noqa: F401 - re-exported
                                         SyncCost, bucket_sizes, completion_with_floors, exposed_after_overlap,
                                         launch_times)

@@ -20,7 +20,7 @@ from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments import backends as backends_exp
-from scalelab.experiments.cells import replay_only
+from scalelab.lab.cells import replay_only
 from scalelab.experiments.strategies import strategy_fields
 
 # ---------------------------------------------------------------- pure functions on fixed inputs

@@ -9,7 +9,7 @@ import pytest
 
 from scalelab.analysis import interpret, keys
 from scalelab.analysis.model_grid import GRID_COLUMNS, grid_table, workers_table
-from scalelab.experiments.base import Result
+from scalelab.lab.base import Result
 
 MIB = 2**20
 

@@ -2,7 +2,6 @@
 rank layout horovodrun hands to a rank; nothing here starts Horovod."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -7,8 +7,8 @@ import pytest
 from conftest import quiet_cells
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
-from scalelab.experiments import cells as engine
-from scalelab.experiments.cells import Cell, replay_only, with_fields
+from scalelab.lab import cells as engine
+from scalelab.lab.cells import Cell, replay_only, with_fields
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,7 +126,7 @@ def test_cell_identity_is_the_resolved_config_and_kind():
 
 
 def test_progress_counts_cells_and_follows_the_running_run(store):
-    from scalelab.experiments.progress import PlainProgress
+    from scalelab.lab.progress import PlainProgress
 
     lines, followed = [], []
 

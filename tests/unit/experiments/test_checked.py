@@ -1,4 +1,4 @@
-"""Compared cells get one second chance (scalelab.experiments.checked): on real tiny 1-rank runs, a row with an
+"""Compared cells get one second chance (scalelab.lab.checked): on real tiny 1-rank runs, a row with an
 injected impossible value is measured once more; a value that goes away is labelled re-measured, one that
 persists is flagged in words and never becomes a finding; nothing runs a third time, and a replay labels alike."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from conftest import quiet_cells
 from scalelab.analysis import interpret
 from scalelab.config import TrainConfig
-from scalelab.experiments.base import Context
-from scalelab.experiments.cells import Cell, replay_only
-from scalelab.experiments.checked import PERSISTED, run_checked
+from scalelab.lab.base import Context
+from scalelab.lab.cells import Cell, replay_only
+from scalelab.lab.checked import PERSISTED, run_checked
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -10,8 +10,8 @@ from scalelab.analysis.compare import engines_table
 from scalelab.config import TrainConfig
 from scalelab.engines import horovod
 from scalelab.experiments import engines as engines_exp
-from scalelab.experiments.base import Context
-from scalelab.experiments.study import default_spec
+from scalelab.lab.base import Context
+from scalelab.lab.study import default_spec
 
 
 def _run(run_id, step, engine="ddp", **config):

@@ -7,8 +7,8 @@ import pytest
 from conftest import quiet_cells, run_experiment
 from scalelab.analysis import keys
 from scalelab.config import TrainConfig
-from scalelab.experiments import cells as engine
-from scalelab.experiments.cells import Cell, cell_key
+from scalelab.lab import cells as engine
+from scalelab.lab.cells import Cell, cell_key
 
 pytestmark = pytest.mark.timeout(240)
 

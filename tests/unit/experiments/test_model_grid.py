@@ -8,8 +8,8 @@ import pytest
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.base import Context
-from scalelab.experiments.cells import CellResult
+from scalelab.lab.base import Context
+from scalelab.lab.cells import CellResult
 from scalelab.experiments.model_grid import EXPERIMENT, cell_status, grid_configs, parameter_counts, run_cells
 
 pytestmark = pytest.mark.timeout(120)

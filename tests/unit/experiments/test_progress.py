@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.experiments.progress import PlainProgress, auto_budget
+from scalelab.lab.progress import PlainProgress, auto_budget
 from scalelab.store.rundir import RunDir
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.cells import Cell
-from scalelab.experiments.study import StudySpec, default_spec, noise_floor, reference_cell
+from scalelab.lab.cells import Cell
+from scalelab.lab.study import StudySpec, default_spec, noise_floor, reference_cell
 
 
 def test_reference_is_one_rank_of_the_base_and_never_an_experiments_cell():

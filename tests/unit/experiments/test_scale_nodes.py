@@ -1,5 +1,4 @@
 """The scaling experiment over nodes: which cells it makes (no process is started here)."""
-import pytest
 
 from scalelab.config import TrainConfig
 from scalelab.experiments.scale import mode_cells, node_counts

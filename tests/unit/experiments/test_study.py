@@ -8,8 +8,8 @@ import pytest
 
 from scalelab.analysis import interpret
 from scalelab.errors import ConfigError
-from scalelab.experiments.registry import get, names
-from scalelab.experiments.study import StudySpec, load_spec
+from scalelab.lab.registry import get, names
+from scalelab.lab.study import StudySpec, load_spec
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,8 +53,8 @@ def test_bad_study_files_are_one_line_errors(tmp_path):
 def test_default_study_validates_the_model_on_two_ranks_and_notes_read_as_prose():
     """The full default study calibrates and validates the performance model with 2 ranks (F14: validate on
     measured points); the quick one keeps to one rank. A note holding a mapping reads "key: value; key: value"."""
-    from scalelab.experiments.base import Result
-    from scalelab.experiments.study import default_spec
+    from scalelab.lab.base import Result
+    from scalelab.lab.study import default_spec
     from scalelab.report.build import section_for
 
     assert default_spec().options["predict"]["set"]["ranks"] == 2
@@ -68,7 +68,7 @@ def test_default_study_validates_the_model_on_two_ranks_and_notes_read_as_prose(
 def test_a_gpu_study_file_does_not_inherit_the_cpu_memory_cap(tmp_path, monkeypatch):
     """The default spec caps max-batch trials' address space on a CPU machine; a study whose base runs on CUDA
     (examples/study-multigpu.yaml) must not inherit that cap, unless it asks for one itself."""
-    from scalelab.experiments.study import default_spec, load_spec
+    from scalelab.lab.study import default_spec, load_spec
 
     examples = Path(__file__).resolve().parents[3] / "examples"
     if default_spec().options["max_batch"]["memory_limit"] is None:

@@ -9,8 +9,8 @@ import pytest
 from conftest import quiet_cells
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments import registry
-from scalelab.experiments.base import Context
+from scalelab.lab import registry
+from scalelab.lab.base import Context
 from scalelab.analysis.keys import THREADS_USED as USED
 from scalelab.experiments.threads import default_threads, thread_cells, threads_table
 

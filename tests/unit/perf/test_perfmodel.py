@@ -6,9 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalelab.analysis.hardware import (LINKS, PRESETS, Hardware, collective_cost, collective_time, cost_terms,
-                                        fit_alpha_beta, hardware_from_dict, hardware_from_fit,
-                                        hierarchical_allreduce)
+from scalelab.analysis.hardware import Hardware, collective_cost, collective_time, cost_terms, hierarchical_allreduce
+from scalelab.perf.hardware import LINKS, PRESETS, fit_alpha_beta, hardware_from_dict, hardware_from_fit
 from scalelab.perf.perfmodel import (COLUMNS, DDP_FIRST_BUCKET_BYTES, MIB, STRATEGIES, ComputeModel, Linear,
                                          bucket_sizes, compute_frame, efficiency_threshold, exposed_after_overlap,
                                          Emulation, fit_compute, fit_compute_model, launch_times,

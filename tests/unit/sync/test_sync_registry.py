@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.analysis.synccost import SyncCost
-from scalelab.experiments import registry as experiments
+from scalelab.lab import registry as experiments
 from scalelab.experiments.strategies import strategy_fields
 from scalelab.perf import perfmodel
 from scalelab.config import TrainConfig

@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from scalelab.analysis.hardware import PRESETS, Hardware, hardware_from_dict, presets
+from scalelab.analysis.hardware import Hardware
+from scalelab.perf.hardware import PRESETS, hardware_from_dict, presets
 from scalelab.cli.options import config_flags
 from scalelab.errors import ConfigError
 from scalelab.zoo.data import DataBundle, EncodedImages, build_data

@@ -1,4 +1,4 @@
-"""The calibrated hosts over another link (experiments/links.py): β per byte is the slower of the hosts and the
+"""The calibrated hosts over another link (perf/links.py): β per byte is the slower of the hosts and the
 wire, the wire scaling with the shaped rate; known numbers in, exact numbers out. A real calibration over
 namespace nodes is in tests/dist/test_local_nodes.py."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.experiments.calibration import Calibration, insitu_scales, own_scale, scale_to_match
-from scalelab.experiments.links import NodeLink, link_hardware, network_label, wire_beta
-from scalelab.experiments.prediction import predict_run
+from scalelab.perf.calibration import Calibration, insitu_scales, own_scale, scale_to_match
+from scalelab.perf.calibration import link_hardware
+from scalelab.perf.links import NodeLink, network_label, wire_beta
+from scalelab.perf.prediction import predict_run
 
 ONE_GBIT = 8e-9  # s per byte at 1 Gbit/s
 
@@ -158,7 +159,7 @@ def test_gather_scatter_gets_its_own_in_training_scale_without_a_floor():
 
 def test_in_situ_gather_scatter_runs_only_when_it_will_be_predicted():
     from scalelab.config import TrainConfig
-    from scalelab.experiments.calibration import insitu_cells
+    from scalelab.perf.calibration import insitu_cells
 
     base = TrainConfig(model="mlp", dataset="synthetic", ranks=2, global_batch=16)
     plain = insitu_cells(base, [8, 16], [1000, 10])
@@ -169,8 +170,8 @@ def test_in_situ_gather_scatter_runs_only_when_it_will_be_predicted():
 
 
 def test_tables_and_options_give_each_strategy_its_scale_on_the_measured_hardware_only():
-    from scalelab.analysis.hardware import PRESETS
-    from scalelab.experiments.prediction import options_for_efficiency, predict_table
+    from scalelab.perf.hardware import PRESETS
+    from scalelab.perf.prediction import options_for_efficiency, predict_table
 
     cal = calibration(comm_scale=2.0, sync_scales={"gather_scatter": 0.5})
     low = calibration(comm_scale=0.5)  # the same hardware with every collective at gather/scatter's scale

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from scalelab.perf import perfmodel as pm
-from scalelab.analysis.hardware import PRESETS, hardware_from_fit
+from scalelab.perf.hardware import PRESETS, hardware_from_fit
 from scalelab.cli import main
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.calibration import Calibration, fit_overlap, insitu_scales
-from scalelab.experiments.prediction import (efficiency_threshold, options_for_efficiency, predict_table,
+from scalelab.perf.calibration import Calibration, fit_overlap, insitu_scales
+from scalelab.perf.prediction import (efficiency_threshold, options_for_efficiency, predict_table,
                                              resolve_hardware)
 from scalelab.store import Store
 

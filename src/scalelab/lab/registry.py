@@ -4,7 +4,7 @@ The study, the report and the CLI read this registry; no other list of experimen
 """
 from __future__ import annotations
 
-from scalelab.experiments.base import Experiment
+from scalelab.lab.base import Experiment
 from scalelab.registry import Registry
 
 EXPERIMENTS: Registry[Experiment] = Registry("experiment", Experiment, package="scalelab.experiments",

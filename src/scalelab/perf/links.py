@@ -15,18 +15,11 @@ than the bench's); it scales what the hosts do (α and β_host), not a shaped wi
 link's whenever the target runs over the same kind of path (namespace nodes, shaped or not: shaping adds no
 latency; a message between namespaces crosses two veth pairs and a bridge, which costs more than loopback), the
 host's for a loopback target. Inside a node (ranks per node > 1) ranks talk over the host's loopback. The
-calibrated link itself is computed the same way (`link_costs`).
+calibrated link itself is computed the same way (`calibration.link_costs`, `calibration.link_hardware`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from scalelab.analysis.hardware import Hardware
-from scalelab.errors import ConfigError
-
-if TYPE_CHECKING:
-    from scalelab.experiments.calibration import Calibration
 
 
 @dataclass(frozen=True)
@@ -68,41 +61,3 @@ WIRE_EFFICIENCY = 1448 / 1514
 def wire_beta(gbps: float) -> float:
     """s per payload byte through a link shaped to `gbps` Gbit/s: no TCP stream can beat the rate tbf enforces."""
     return 8 / (gbps * 1e9 * WIRE_EFFICIENCY)
-
-
-def link_costs(cal: "Calibration", link: NodeLink, scale: float) -> tuple[float, float, float, float]:
-    """(α, β of the hosts; α, β across nodes) of the calibrated hosts joined by `link` (the module docstring), with
-    the in-training `scale` on what the hosts do (α, the hosts' β), not on a shaped wire's rate."""
-    if cal.link_gbps is None:
-        host = (cal.alpha_s, cal.beta_s_per_byte)
-    elif cal.host_alpha_s is not None and cal.host_beta_s_per_byte is not None:
-        host = (cal.host_alpha_s, cal.host_beta_s_per_byte)
-    elif link == cal.calibrated_link:  # a calibration file from before loopback benches: its own fit
-        host = (cal.alpha_s, cal.beta_s_per_byte)
-    else:
-        raise ConfigError("link_gbps", link.gbps, f"the calibration ran over {link_text(cal.link_gbps)} without a "
-                                                  "loopback bench, so another link cannot be predicted; calibrate "
-                                                  "again")
-    # the latency of the path the calibration ran over when the target is the same kind of path (namespace nodes:
-    # shaping adds no latency), else the host's
-    alpha = cal.alpha_s if link.namespaced and cal.nodes > 1 else host[0]
-    beta = scale * host[1]
-    if link.gbps is not None:
-        fitted = cal.beta_s_per_byte * cal.link_gbps / link.gbps if cal.link_gbps is not None else 0.0
-        beta = max(beta, fitted, wire_beta(link.gbps))
-    return scale * host[0], scale * host[1], scale * alpha, beta
-
-
-def link_hardware(cal: "Calibration", link: NodeLink, gpus_per_node: int = 1, *,
-                  scale: float | None = None) -> Hardware:
-    """The calibrated hosts joined by `link` (module docstring), with the in-training `scale` (default the
-    calibration's comm_scale)."""
-    k = cal.comm_scale if scale is None else scale
-    alpha_intra, beta_intra, alpha, beta = link_costs(cal, link, k)
-    target = link_text(link.gbps) if link.namespaced else "this host's loopback"
-    return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=alpha_intra,
-                    beta_intra=beta_intra, alpha_inter=alpha, beta_inter=beta, gpus_per_node=gpus_per_node,
-                    overlap=cal.overlap,
-                    source=f"calibrated over {link_text(cal.link_gbps) if cal.nodes > 1 else 'loopback'} "
-                           f"(bench {cal.bench_run}): per byte the slower of the hosts and the wire, "
-                           f"in-training scale {k:.2f} on the hosts' part")

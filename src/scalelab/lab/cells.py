@@ -35,7 +35,7 @@ from typing import Any
 from scalelab.analysis.repeats import pool
 from scalelab.analysis.summary import timed_step_ms
 from scalelab.errors import ScalelabError
-from scalelab.experiments.progress import Progress, PlainProgress
+from scalelab.lab.progress import Progress, PlainProgress
 from scalelab.store import RunDir, Store
 
 # Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.

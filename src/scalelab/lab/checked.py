@@ -22,7 +22,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.intervals import separated
-from scalelab.experiments.cells import Cell, CellResult, replaying
+from scalelab.lab.cells import Cell, CellResult, replaying
 
 SUSPECT = ("implausible", "noisy")
 # the columns naming the runs a row's figures come from: its own, its no-op baseline, its 1-worker reference

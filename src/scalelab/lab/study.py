@@ -15,8 +15,8 @@ from pathlib import Path
 
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError
-from scalelab.experiments import registry
-from scalelab.experiments.progress import PlainProgress, Progress
+from scalelab.lab import registry
+from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.store import Store, read_json, write_json_atomic
 
 
@@ -208,7 +208,7 @@ REFERENCE_FIELDS = {"ranks": 1, "nnodes": 1, "steps": 12, "warmup_steps": 2, "se
 
 def reference_cell(spec: StudySpec, repeats: int):
     """The study's reference cell; `repeats` 1 at the start, 2 at the end (the second repeat is a new run)."""
-    from scalelab.experiments.cells import Cell
+    from scalelab.lab.cells import Cell
 
     return Cell("reference", TrainConfig.from_dict({**spec.base, **REFERENCE_FIELDS}), repeats=repeats)
 
@@ -218,7 +218,7 @@ def noise_floor(spec: StudySpec, store: Store) -> str | None:
     None when the study has no two finished reference runs."""
     from scalelab.analysis import keys
     from scalelab.analysis.noise import drift, drift_sentence
-    from scalelab.experiments.cells import Cells, replay_only
+    from scalelab.lab.cells import Cells, replay_only
 
     if not spec.reference:
         return None
@@ -238,8 +238,8 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     the two measurements of the reference cell (`noise_floor`); (registry entry, Result) per experiment, in the
     spec's order."""
     from scalelab.errors import ScalelabError
-    from scalelab.experiments.base import Context, Result
-    from scalelab.experiments.cells import Cells
+    from scalelab.lab.base import Context, Result
+    from scalelab.lab.cells import Cells
     from scalelab.run.execute import RunFailed
 
     progress = progress or PlainProgress()

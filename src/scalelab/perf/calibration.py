@@ -1,5 +1,5 @@
 """Calibration of the performance model on this machine: the compute fit, α and β, the in-situ scales, the
-gradient sizes (DESIGN F14; used by `scalelab.experiments.prediction`).
+gradient sizes (DESIGN F14; used by `scalelab.perf.prediction`).
 
 Calibration measures what the model needs, as stored runs (resumable through the cell engine):
 - compute: one run per per-rank batch with no gradient sync (base.ranks ranks with sync=noop, so every rank
@@ -53,11 +53,12 @@ import pandas as pd
 
 from scalelab.perf import perfmodel as pm
 from scalelab.analysis import keys
-from scalelab.analysis.hardware import Hardware, fit_alpha_beta
+from scalelab.analysis.hardware import Hardware
+from scalelab.perf.hardware import fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.cells import Cell, Cells, with_fields
-from scalelab.experiments.links import NodeLink, link_costs, link_hardware, link_text
+from scalelab.lab.cells import Cell, Cells, with_fields
+from scalelab.perf.links import NodeLink, link_text, wire_beta
 from scalelab.store import RunDir, Store, read_json, write_json_atomic
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
@@ -392,7 +393,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     bench = bench or bench_config(base, param_bytes)
     bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
     study = cells.study
-    # over a shaped link, a loopback bench too: the hosts' own cost per byte, under any link (experiments/links.py)
+    # over a shaped link, a loopback bench too: the hosts' own cost per byte, under any link (perf/links.py)
     host_bench = (dataclasses.replace(bench, local_nodes=0, link_gbps=None, link_delay_ms=None, ranks=2)
                   if bench.link_gbps is not None else None)
     benches = [Cell("bench allreduce", bench, kind="bench")] + (
@@ -454,3 +455,43 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
 def own_scales_text(cal: Calibration) -> str:
     """", gather_scatter ×0.93" for each strategy with its own in-training scale ("" when none)."""
     return "".join(f", {sync} ×{k:.2f}" for sync, k in cal.sync_scales.items())
+
+
+# ---------------------------------------------------------------- the calibrated hosts over a link (perf/links.py)
+
+def link_costs(cal: Calibration, link: NodeLink, scale: float) -> tuple[float, float, float, float]:
+    """(α, β of the hosts; α, β across nodes) of the calibrated hosts joined by `link` (the module docstring), with
+    the in-training `scale` on what the hosts do (α, the hosts' β), not on a shaped wire's rate."""
+    if cal.link_gbps is None:
+        host = (cal.alpha_s, cal.beta_s_per_byte)
+    elif cal.host_alpha_s is not None and cal.host_beta_s_per_byte is not None:
+        host = (cal.host_alpha_s, cal.host_beta_s_per_byte)
+    elif link == cal.calibrated_link:  # a calibration file from before loopback benches: its own fit
+        host = (cal.alpha_s, cal.beta_s_per_byte)
+    else:
+        raise ConfigError("link_gbps", link.gbps, f"the calibration ran over {link_text(cal.link_gbps)} without a "
+                                                  "loopback bench, so another link cannot be predicted; calibrate "
+                                                  "again")
+    # the latency of the path the calibration ran over when the target is the same kind of path (namespace nodes:
+    # shaping adds no latency), else the host's
+    alpha = cal.alpha_s if link.namespaced and cal.nodes > 1 else host[0]
+    beta = scale * host[1]
+    if link.gbps is not None:
+        fitted = cal.beta_s_per_byte * cal.link_gbps / link.gbps if cal.link_gbps is not None else 0.0
+        beta = max(beta, fitted, wire_beta(link.gbps))
+    return scale * host[0], scale * host[1], scale * alpha, beta
+
+
+def link_hardware(cal: Calibration, link: NodeLink, gpus_per_node: int = 1, *,
+                  scale: float | None = None) -> Hardware:
+    """The calibrated hosts joined by `link` (module docstring), with the in-training `scale` (default the
+    calibration's comm_scale)."""
+    k = cal.comm_scale if scale is None else scale
+    alpha_intra, beta_intra, alpha, beta = link_costs(cal, link, k)
+    target = link_text(link.gbps) if link.namespaced else "this host's loopback"
+    return Hardware(name=f"measured ({cal.backend}, hosts over {target})", alpha_intra=alpha_intra,
+                    beta_intra=beta_intra, alpha_inter=alpha, beta_inter=beta, gpus_per_node=gpus_per_node,
+                    overlap=cal.overlap,
+                    source=f"calibrated over {link_text(cal.link_gbps) if cal.nodes > 1 else 'loopback'} "
+                           f"(bench {cal.bench_run}): per byte the slower of the hosts and the wire, "
+                           f"in-training scale {k:.2f} on the hosts' part")

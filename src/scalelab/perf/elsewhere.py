@@ -28,13 +28,14 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.hardware import Hardware, fit_alpha_beta
+from scalelab.analysis.hardware import Hardware
+from scalelab.perf.hardware import fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, ScalelabError, StoreError
-from scalelab.experiments.calibration import (MEASURED, STAGES, Calibration, bench_means, compute_points, world,
+from scalelab.perf.calibration import (MEASURED, STAGES, Calibration, bench_means, compute_points, world,
                                               device_name, fit_of, gradient_sizes)
-from scalelab.experiments.base import Result
-from scalelab.experiments.prediction import VALIDATION_COLUMNS, prediction_result, validate_measured
+from scalelab.lab.base import Result
+from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result, validate_measured
 from scalelab.perf import perfmodel as pm
 from scalelab.store import RunDir, Store
 

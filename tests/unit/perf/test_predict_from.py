@@ -12,12 +12,12 @@ import pytest
 from conftest import (FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, STORE_V0_MLP_NOOP,
                       as_gpu_box, copied_runs as copied)
 from scalelab.analysis import interpret
-from scalelab.analysis.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
+from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
 from scalelab.errors import ConfigError, StoreError
-from scalelab.experiments.calibration import Calibration, bench_means, compute_points, device_name, gradient_sizes
-from scalelab.experiments.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
+from scalelab.perf.calibration import Calibration, bench_means, compute_points, device_name, gradient_sizes
+from scalelab.perf.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
                                            validation_runs, without_communication)
-from scalelab.experiments.prediction import (compute_origin, prediction_result, predict_table, resolve_hardware,
+from scalelab.perf.prediction import (compute_origin, prediction_result, predict_table, resolve_hardware,
                                              row_label, same_device)
 from scalelab.store import RunDir
 
@@ -175,7 +175,7 @@ def test_gpu_box_runs_name_the_device_and_host(tmp_path):
 def test_prediction_plot_says_whose_compute_in_title_and_legend(tmp_path, monkeypatch):
     from matplotlib import pyplot as plt
 
-    from scalelab.experiments.prediction import prediction_figures
+    from scalelab.perf.prediction import prediction_figures
     from scalelab.report import figures
 
     shown = {}

@@ -17,13 +17,14 @@ import pandas as pd
 
 from scalelab.perf import perfmodel as pm
 from scalelab.analysis import keys
-from scalelab.analysis.hardware import Hardware, hardware_from_dict, presets
+from scalelab.analysis.hardware import Hardware
+from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.calibration import MEASURED, Calibration, calibrate, calibration_path, own_scales_text
-from scalelab.experiments.base import Context, Result
-from scalelab.experiments.cells import Cell, with_fields
-from scalelab.experiments.links import NodeLink, network_label
+from scalelab.perf.calibration import MEASURED, Calibration, calibrate, calibration_path, own_scales_text
+from scalelab.lab.base import Context, Result
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.perf.links import NodeLink, network_label
 
 
 # ---------------------------------------------------------------- prediction
