@@ -120,13 +120,10 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str) -> dict[str, Path
     """A table as CSV and JSON (records), both written atomically."""
     import json
 
-    from scalelab.store import write_json_atomic
+    from scalelab.store import write_json_atomic, write_text_atomic
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
-    tmp = csv_path.with_suffix(".csv.tmp")
-    frame.to_csv(tmp, index=False)
-    tmp.replace(csv_path)
+    write_text_atomic(csv_path, frame.to_csv(index=False))
     write_json_atomic(json_path, json.loads(frame.to_json(orient="records")))
     return {"csv": csv_path, "json": json_path}
 

@@ -10,13 +10,10 @@ so rebuilding a report from the same stored runs gives byte-identical files. Eve
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import math
 import numbers
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import jinja2
 import pandas as pd
 
 from scalelab.report.document import Report, Section, TableBlock
+from scalelab.store import write_bytes_atomic
 
 TEMPLATES = Path(__file__).parent / "templates"
 MISSING = "—"  # NaN / None / NA: an empty cell would read as "forgot to fill in"
@@ -234,22 +232,6 @@ def render_markdown(ctx: dict) -> str:
 
 # ---- files ---------------------------------------------------------------------------------------------------------
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """temp file in the same folder + fsync + os.replace: readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def table_csv(frame: pd.DataFrame) -> bytes:
     """The raw table (full precision, no formatting) as CSV."""
     return _frame_for_display(frame).to_csv(index=False, lineterminator="\n").encode("utf-8")
@@ -276,7 +258,7 @@ def write_report(report: Report, out_dir: Path, *, max_rows: int = 50) -> dict[s
     written: dict[str, Path] = {}
 
     def put(rel: str, data: bytes) -> None:
-        _write_atomic(out_dir / rel, data)
+        write_bytes_atomic(out_dir / rel, data)
         written[rel] = out_dir / rel
 
     for section in report.sections:

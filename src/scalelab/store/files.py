@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from pathlib import Path, PurePath
-from typing import Any, Iterable
+from typing import IO, Any, Iterable, Iterator
 
 from scalelab.errors import StoreError
 
@@ -48,14 +48,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via temp file + fsync + rename; StoreError naming the file when it cannot."""
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
+    """A file object whose contents replace `path` when the block ends: written to a temp file in the same folder,
+    fsynced, renamed over `path` (and the rename made durable), so that readers see the old file or the new one,
+    never half. The folder is made when missing. On an exception nothing replaces `path` and no temp file is left;
+    an OSError becomes a StoreError naming the file. `mode`: "w" (text, UTF-8) or "wb". The one atomic write of
+    scalelab: every other (`write_text_atomic`, the report's files, figures, checkpoints) goes through it."""
     path = Path(path)
     tmp_name = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_name, path)
@@ -67,6 +73,18 @@ def write_text_atomic(path: Path, text: str) -> None:
         if tmp_name is not None:  # the rename did not happen: leave no stray temp file behind
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically (`atomic_file`); StoreError naming the file when it cannot."""
+    with atomic_file(path) as f:
+        f.write(text)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (`atomic_file`)."""
+    with atomic_file(path, "wb") as f:
+        f.write(data)
 
 
 def write_json_atomic(path: Path, obj) -> None:

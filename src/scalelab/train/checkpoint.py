@@ -17,7 +17,6 @@ Checkpoints are loaded with `torch.load(weights_only=True)`: a crafted file cann
 """
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from scalelab.errors import ScalelabError
+from scalelab.store import atomic_file
 from scalelab.store.files import read_json, write_json_atomic
 from scalelab.store.rundir import RunDir
 
@@ -40,12 +40,8 @@ class Checkpoint:
 
 
 def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _rng_state() -> dict:
