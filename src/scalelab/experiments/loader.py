@@ -11,7 +11,7 @@ import pandas as pd
 from scalelab.analysis import interpret, keys, tables
 from scalelab.config import TrainConfig
 from scalelab.lab.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
-from scalelab.lab.cells import Cell, Outcome, cell_key, executor, stored_kind, with_fields
+from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
 from scalelab.report import figures
 
 
@@ -32,7 +32,7 @@ def iterate_epoch(cfg: TrainConfig) -> float:
     return time.perf_counter() - start
 
 
-@executor("loader")
+@cell_kind("loader", TrainConfig.from_dict)
 def _execute_loader(cell: Cell, store, study: str, say) -> Outcome:
     from scalelab.provenance import collect_provenance
 
@@ -49,9 +49,6 @@ def _execute_loader(cell: Cell, store, study: str, say) -> Outcome:
         raise
     store.finish_run(run_id, "completed", summary={"cell": cell.key, keys.EPOCH_ITERATION_S: seconds})
     return Outcome(run_id)
-
-
-stored_kind("loader", lambda config: cell_key(TrainConfig.from_dict(config), "loader"))
 
 
 def _settings(base: TrainConfig, opts: dict) -> list[tuple[str, TrainConfig]]:

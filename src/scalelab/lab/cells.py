@@ -13,7 +13,8 @@ experiments of one study are one cell, measured once. The engine
 - measures cells again when asked (`again`: a figure looked implausible): as many new launches as the cell has
   repeats, stored under GROUP/again; from then on the cell's figures come from the new launches and its result
   names the earlier ones (`CellResult.earlier`), which stay in the store;
-- hands each run to one replaceable step, the executor of the cell's kind (`executor`).
+- hands each run to one replaceable step, the executor of the cell's kind (`cell_kind`, one registration per
+  kind: its executor and the reader of its stored configs).
 
     cells = Cells(store, "default", progress=progress)
     results = cells.run([Cell("batch 64", cfg64), Cell("batch 128", cfg128)], group="batch_sweep")
@@ -130,18 +131,48 @@ class Outcome:
 
 
 Executor = Callable[[Cell, Store, str, Callable[[str], None]], Outcome]
-_EXECUTORS: dict[str, Executor] = {}
 
 
-def executor(kind: str) -> Callable[[Executor], Executor]:
-    """Register the run execution for cells of `kind` (the one replaceable launching step)."""
+@dataclass(frozen=True)
+class CellKind:
+    """How cells of one kind run (`execute`: the one replaceable launching step) and how a stored run of that kind
+    is read back (`read_config`: its stored config dict to the config object), so that it is recognised as the cell
+    it ran. Every kind is registered once, with `cell_kind`."""
+    name: str
+    execute: Executor
+    read_config: Callable[[dict], Any]
+
+
+_KINDS: dict[str, CellKind] = {}
+
+
+def cell_kind(name: str, read_config: Callable[[dict], Any]) -> Callable[[Executor], Executor]:
+    """Register the executor it decorates for cells of kind `name`, with the reader of their stored configs."""
     def register(fn: Executor) -> Executor:
-        _EXECUTORS[kind] = fn
+        _KINDS[name] = CellKind(name, fn, read_config)
         return fn
     return register
 
 
-@executor("train")
+def _train_config(config: dict):
+    from scalelab.config import TrainConfig
+
+    return TrainConfig.from_dict(config)
+
+
+def _bench_config(config: dict):
+    from scalelab.measure.commbench import CommBenchConfig
+
+    return CommBenchConfig.from_dict(config)
+
+
+def _script_config(config: dict):
+    from scalelab.run.script import ScriptConfig
+
+    return ScriptConfig.from_dict(config)
+
+
+@cell_kind("train", _train_config)
 def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
     from scalelab.run.execute import RunFailed, execute
 
@@ -151,7 +182,7 @@ def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], No
         return Outcome(err.run_id, err.reason)
 
 
-@executor("bench")
+@cell_kind("bench", _bench_config)
 def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
     from scalelab.run.execute import RunFailed, run_commbench
 
@@ -162,7 +193,7 @@ def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], No
     return Outcome(out.run_id, out.reason)
 
 
-@executor("script")
+@cell_kind("script", _script_config)
 def _execute_script(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
     from scalelab.run.execute import RunFailed, execute_run
     from scalelab.run.script import SCRIPT
@@ -251,7 +282,7 @@ class Cells:
                 return None
             self.progress.cell_started(cell.label)
             began = time.monotonic()
-            outcome = _EXECUTORS[cell.kind](cell, self.store, study, self._run_say)
+            outcome = _KINDS[cell.kind].execute(cell, self.store, study, self._run_say)
         self._known.discard(outcome.run_id)  # index it now
         self._refresh()
         accepted = outcome.failure is None or cell.accepts("failed", outcome.failure)
@@ -361,36 +392,15 @@ class Cells:
 
 
 def _stored_key(row: dict) -> str | None:
-    """The cell key of a stored run; None for a config this scalelab cannot read (then it is never reused)."""
-    from scalelab.config import TrainConfig
-    from scalelab.measure.commbench import CommBenchConfig
-
+    """The cell key of a stored run; None for a kind or a config this scalelab cannot read (then it is never
+    reused)."""
+    kind = _KINDS.get(row["kind"])
+    if kind is None:
+        return None
     try:
-        if row["kind"] == "train":
-            return cell_key(TrainConfig.from_dict(row["config"]))
-        if row["kind"] == "bench":
-            return cell_key(CommBenchConfig.from_dict(row["config"]), "bench")
-        return _KINDS_CONFIG[row["kind"]](row["config"])
+        return cell_key(kind.read_config(row["config"]), row["kind"])
     except (KeyError, ValueError, TypeError, ScalelabError):
         return None
-
-
-# kind -> stored config dict -> cell key, for kinds registered by experiments (e.g. "loader")
-_KINDS_CONFIG: dict[str, Callable[[dict], str]] = {}
-
-
-def stored_kind(kind: str, key_of: Callable[[dict], str]) -> None:
-    """Say how to identify a stored run of `kind` (kinds other than train and bench)."""
-    _KINDS_CONFIG[kind] = key_of
-
-
-def _script_key(config: dict) -> str:
-    from scalelab.run.script import ScriptConfig
-
-    return cell_key(ScriptConfig.from_dict(config), "script")
-
-
-stored_kind("script", _script_key)
 
 
 def with_fields(cfg, **changes):

@@ -2,6 +2,8 @@
 failures (errors and outcomes)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import quiet_cells
@@ -109,7 +111,7 @@ def test_a_failure_accepted_as_an_outcome_is_reused_without_running_again(store,
         ran.append(c.label)
         return real(c, st, study, say)
 
-    monkeypatch.setitem(engine._EXECUTORS, "train", counting)
+    monkeypatch.setitem(engine._KINDS, "train", dataclasses.replace(engine._KINDS["train"], execute=counting))
     [again] = quiet_cells(store, "st").run([cell], group="g")
     assert ran == [] and again.reused
     assert (again.status, again.run_ids) == ("failed", first.run_ids) and "ValueError" in again.reason

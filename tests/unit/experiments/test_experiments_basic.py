@@ -1,6 +1,8 @@
 """Experiments on tiny configs: real runs, resume skips finished cells, tables computed from stored runs."""
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -30,7 +32,7 @@ def test_interrupted_study_resumes_running_only_missing_cells(store, monkeypatch
         calls.append(cell.config.global_batch)
         return real(cell, st, study, say)
 
-    monkeypatch.setitem(engine._EXECUTORS, "train", crash_on_third)
+    monkeypatch.setitem(engine._KINDS, "train", dataclasses.replace(engine._KINDS["train"], execute=crash_on_third))
     with pytest.raises(KeyboardInterrupt):
         quiet_cells(store, "s").run(cells, group="g")
     ran = []
@@ -39,7 +41,7 @@ def test_interrupted_study_resumes_running_only_missing_cells(store, monkeypatch
         ran.append(cell.config.global_batch)
         return real(cell, st, study, say)
 
-    monkeypatch.setitem(engine._EXECUTORS, "train", counting)
+    monkeypatch.setitem(engine._KINDS, "train", dataclasses.replace(engine._KINDS["train"], execute=counting))
     results = quiet_cells(store, "s").run(cells, group="g")
     assert ran == [32]  # only the missing cell
     assert [r.status for r in results] == ["completed", "completed", "completed"]
