@@ -81,7 +81,7 @@ def _flagged(table: pd.DataFrame, label: str) -> tuple[pd.DataFrame, list[str]]:
     return table[keep], out
 
 
-def _ranking(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
+def ranking(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
     """Sentences ranking `table`'s rows by median step, only as far as the intervals separate them; the winner
     when it is faster than every other row beyond noise (else None). Flagged rows are left out, with why."""
     table, left_out = _flagged(table, label)
@@ -115,7 +115,7 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
     real = table[table["sync"] != "noop"]
     if not len(real):
         return [], None
-    out, best = _ranking(real, "sync", "gradient sync")
+    out, best = ranking(real, "sync", "gradient sync")
     if "overlap" in real:
         hidden = real.dropna(subset=["overlap"])
         quality = hidden["quality"].fillna("ok") if "quality" in hidden else pd.Series("ok", index=hidden.index)
@@ -356,8 +356,8 @@ def backends_result(result) -> tuple[list[str], str | None]:
     done = table[table["status"] == "completed"] if len(table) else table
     rec = None
     if len(done) > 1:
-        ranking, best = _ranking(done, "backend", "backend")
-        out += ranking
+        lines, best = ranking(done, "backend", "backend")
+        out += lines
         if best is not None:
             rec = f"Use the {best['backend']} backend ({_fmt(best['step(ms)'], ' ms')} per step)."
     return out, rec
@@ -378,8 +378,8 @@ def engines_result(result) -> tuple[list[str], str | None]:
     done = table[table["status"] == "completed"] if len(table) else table
     rec = None
     if len(done) > 1:
-        ranking, best = _ranking(done, "engine", "engine")
-        out += ranking
+        lines, best = ranking(done, "engine", "engine")
+        out += lines
         if best is not None:
             rec = f"Use the {best['engine']} engine ({_fmt(best['step(ms)'], ' ms')} per step)."
     return out, rec

@@ -58,6 +58,14 @@ class Context:
     say: Callable[[str], None]
 
 
+@dataclass(frozen=True)
+class StudyPlan:
+    """What an experiment's options in the built-in study may depend on (`Experiment.study_options`)."""
+    quick: bool  # the quick study (150 s) rather than the default one (10 minutes)
+    gpus: int  # CUDA devices visible
+    comm_model: dict  # the communication-side experiments' base fields (the MLP, its length)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Experiment:
     name: str  # the study's key, e.g. "batch_sweep"
@@ -79,6 +87,9 @@ class Experiment:
     interleave: bool = False  # run the cells' repeats in rounds (A B C, A B C: cells compared with each other)
     # also over a user's script: `scalelab CMD ... -- python train.py ARGS` (base is then a run.script.ScriptConfig)
     takes_command: bool = False
+    # its options in the built-in study, owned by the experiment (None from the call: not in that study); without
+    # it, lab/study.py's table gives them
+    study_options: Callable[[StudyPlan], dict | None] | None = None
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.cells is None or self.analyse is None):

@@ -16,6 +16,7 @@ from pathlib import Path
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError
 from scalelab.lab import registry
+from scalelab.lab.base import StudyPlan
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.store import Store, read_json, write_json_atomic
 
@@ -156,6 +157,14 @@ def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
                     "set": {**comm_model, "ranks": 1 if q else 2, "bucket_mb": 4.0}},
     }
     names = [n for n in registry.names() if not (q and n in QUICK_LEAVES_OUT)]
+    plan = StudyPlan(quick=q, gpus=gpus, comm_model=comm_model)
+    for experiment in registry.experiments().values():  # experiments that own their study options
+        if experiment.study_options is not None:
+            own = experiment.study_options(plan)
+            if own is None:
+                names = [n for n in names if n != experiment.name]
+            else:
+                options[experiment.name] = own
     return StudySpec(name=name or ("quick" if q else "default"), quick=q, base=base, options=options,
                      experiments=names)
 

@@ -17,7 +17,8 @@ from scalelab.analysis import keys  # noqa: E402
 from scalelab.store import atomic_file  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """Lay out `fig`, write it to `path` atomically (PNG at 110 dpi) and close it; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     try:
@@ -57,7 +58,7 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
         ax.set_xticks(list(table["global_batch"]), [str(b) for b in table["global_batch"]])
         ax.minorticks_off()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def stage_pie(table: pd.DataFrame, path: Path) -> Path:
@@ -73,7 +74,7 @@ def stage_pie(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 5))
     ax.pie(values, labels=labels, autopct="%1.1f%%", startangle=90)
     ax.set_title(f"Where a step goes (mean per step, total {run['time(ms)'].sum():.1f} ms)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
@@ -83,7 +84,7 @@ def loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
         ax.plot(group["step"], group["loss"], label=f"{hue}={value}")
     ax.set(xlabel="optimizer step", ylabel="training loss (cross-entropy, rank 0)", title="Loss curves")
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
@@ -113,7 +114,7 @@ def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
             title="Cost in time")
     for ax in (ax1, ax3):
         ax.set_xticks(sorted(segments.unique()))
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def loader_bars(table: pd.DataFrame, path: Path) -> Path:
@@ -127,7 +128,7 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=45)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
@@ -144,7 +145,7 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
            title=f"{mode.title()} scaling")
     ax.set_xticks(sorted(table["workers"].unique()))
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
@@ -170,7 +171,7 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def per_node(table: pd.DataFrame, path: Path) -> Path:
@@ -198,7 +199,7 @@ def per_node(table: pd.DataFrame, path: Path) -> Path:
         ax.set(ylabel=ylabel, title=title)
     axes[0].legend()
     fig.tight_layout()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
@@ -212,7 +213,7 @@ def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     ax.set_xticks(sorted(table["global_batch"].unique()), [str(b) for b in sorted(table["global_batch"].unique())])
     ax.minorticks_off()
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
@@ -226,7 +227,7 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
         ax.set(title=f"batch {b}", xlabel="epoch")
     axes[0][0].set_ylabel("test accuracy (%)")
     axes[0][-1].legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
@@ -261,7 +262,7 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     ax.set_ylim(0, 1.5 * top)  # room for the legend above the bars
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
@@ -294,7 +295,7 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     ax.set_ylim(0, 1.35 * top)
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str,
@@ -326,7 +327,7 @@ def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *
     ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
             title="Efficiency (dashed: 50 %)")
     fig.legend(*ax1.get_legend_handles_labels(), fontsize="small", loc="lower center", frameon=False)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
@@ -356,7 +357,7 @@ def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(round(v))[0] in "1235" else ""))
     ax.legend(fontsize="small")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
@@ -371,7 +372,7 @@ def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
     axes[1].set(xlabel="time (s)", ylabel="resident memory (MiB)", title="Memory")
     axes[2].set(xlabel="time (s)", ylabel="loopback sent (MB/s, host-wide)", title="Network")
     axes[0].legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
@@ -384,7 +385,7 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     ax.set_xticks(list(table["threads"]), [str(t) for t in table["threads"]])
     ax.minorticks_off()
     ax.legend()
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _grid(frame: pd.DataFrame, values: pd.Series, depths: list, widths: list) -> pd.DataFrame:
@@ -428,7 +429,7 @@ def model_grid_heatmaps(table: pd.DataFrame, path: Path) -> Path:
             ax.set(xlabel="width (units per layer)", ylabel="depth (layers)",
                    title=f"{n} worker{'s' if n > 1 else ''}: {what}")
         fig.colorbar(image, ax=top, label="median step time (ms)")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
@@ -462,4 +463,4 @@ def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
     ax.set(ylabel="MiB per rank (largest rank)", title="Memory by kind per cell")
     ax.set_ylim(0, 1.4 * top)
     ax.legend(fontsize="small", loc="upper left", ncols=2)
-    return _save(fig, path)
+    return save(fig, path)
