@@ -1,0 +1,180 @@
+"""DDP's gradient bucket size swept: which `bucket_cap_mb` is fastest, and do buckets hide communication?
+
+The DDP paper (Li et al., VLDB 2020, §3.2.3 and Fig. 7) shows that the bucket size trades the number of
+collectives against how early the first one can start; seed 003 concluded that DDP's buckets hide communication
+behind backward. Here the sizes are fractions of the model's gradient bytes (1/16, 1/4 and all of them by
+default), so that they really differ for the model at hand: with one bucket of all the gradients nothing can start
+before backward ends, which is what overlap is measured against.
+
+Each size is a DDP cell of the base config. The no-op-collectives baseline (scalelab.sync.registry.baseline_fields)
+is measured once, at the base config's own bucket size: exposed communication = median step - that baseline's
+median step, overlap = 1 - exposed / comm, each with its interval (scalelab.analysis.compare). At the study's
+sizes the base bucket's cells are the strategies experiment's DDP cell and baseline, reused. The fastest size is
+named only when its step interval is separated from every other size's; "no size is faster beyond noise" is an
+answer.
+
+    scalelab bucket-sweep --model mlp --ranks 2 --fractions 0.0625,0.25,1
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from scalelab.analysis.compare import strategies_table
+from scalelab.analysis.interpret import ranking
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
+from scalelab.report import figures
+from scalelab.sync import registry as syncs
+
+MIB = 2**20
+COLUMNS = ["bucket", "bucket_mb", "share_of_gradients", "status", "reason", "launches", "timed_steps", "step(ms)",
+           "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)",
+           "exposed_ci_high(ms)", "overlap", "overlap_ci_low", "overlap_ci_high", "collectives_per_step",
+           "bytes_per_step", "quality", "run_id", "baseline_run_id"]
+NOTE = ("one no-op-collectives baseline at the base config's bucket size serves every row (compute does not depend "
+        "on the bucket size; DDP's per-bucket bookkeeping does, a little): exposed comm = median step - its median "
+        "step, overlap = 1 - exposed / comm, with conservative 95 % intervals")
+
+
+def _floats(value, name: str, hi: float, what: str, example: str) -> list[float]:
+    """'0.25,1' or a list -> floats in (0, hi], else one ConfigError line saying what is allowed."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    try:
+        out = [float(v) for v in items if str(v).strip()] if items is not None else []
+    except (TypeError, ValueError):
+        out = []
+    if not out or any(not 0 < x <= hi for x in out):
+        raise ConfigError(name, value, f"allowed: comma-separated {what} in (0, {hi:g}], e.g. {example}")
+    return out
+
+
+def fractions(value, name: str) -> list[float]:
+    """Bucket sizes as shares of the gradient bytes."""
+    return _floats(value, name, 4, "shares of the gradient bytes", "0.0625,0.25,1")
+
+
+def sizes_mb(value, name: str) -> list[float]:
+    """Bucket sizes in MiB."""
+    return _floats(value, name, 4096, "MiB sizes", "1.5,4")
+
+
+def gradient_bytes(base: TrainConfig) -> int:
+    """What one step's gradients weigh: the trainable parameters of the base config's model."""
+    from scalelab.train.setup import build_inputs
+    from scalelab.zoo.models import parameter_bytes
+
+    return parameter_bytes(build_inputs(base)[1])
+
+
+def ddp(base: TrainConfig, mb: float) -> TrainConfig:
+    return with_fields(base, sync="ddp", ddp_hook="none", accumulate=1, bucket_mb=mb)
+
+
+def _label(mb: float) -> str:
+    return f"{mb:.3g} MiB"
+
+
+def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
+    grads = gradient_bytes(base)
+    chosen = sorted({round(f * grads / MIB, 3) for f in opts["fractions"]} | set(opts["buckets_mb"] or []))
+    cells = [Cell(_label(mb), ddp(base, mb), repeats=opts["launches"]) for mb in chosen]
+    reference = ddp(base, base.bucket_mb)
+    baseline = Cell(f"{_label(base.bucket_mb)}, no-op collectives",
+                    with_fields(reference, **syncs.baseline_fields(reference)), repeats=opts["launches"])
+
+    def analyse(results) -> pd.DataFrame:
+        runs = ctx.cells.rows(results)
+        pairs = [(run, runs[-1]) for run in runs[:-1]]
+        table = strategies_table(pairs, variant_of=lambda c: _label(c["bucket_mb"]),
+                                 order=[_label(mb) for mb in chosen]).rename(columns={"sync": "bucket"})
+        table["bucket_mb"] = chosen
+        table["share_of_gradients"] = [mb * MIB / grads for mb in chosen]
+        return table[COLUMNS]
+
+    table = run_checked(ctx, [*cells, baseline], group="compare", analyse=analyse)
+    notes = {"gradients": f"{grads / MIB:.2f} MiB of gradients per step ({base.model})", "exposed": NOTE}
+    return Result("bucket_sweep", {"bucket_sweep": table}, notes=notes)
+
+
+def plot(result: Result, out: Path) -> list[Path]:
+    """Step, compute and exposed communication over the bucket size, with their intervals."""
+    t = result.tables["bucket_sweep"]
+    t = t[t["status"] == "completed"]
+    if not len(t):
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = t["bucket_mb"]
+    for col, low, high, label in (("step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step (median)"),
+                                  ("exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "exposed comm")):
+        err = [(t[col] - t[low]).clip(lower=0), (t[high] - t[col]).clip(lower=0)]
+        ax.errorbar(x, t[col], yerr=err, marker="o", capsize=3, label=label)
+    ax.plot(x, t["compute(ms)"], ls="--", color="grey", label="compute (no-op collectives)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(x), [f"{mb:.3g}" for mb in x])
+    ax.minorticks_off()
+    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_ylabel("ms per step")
+    ax.set_title("DDP bucket size: step and exposed communication (95 % intervals)")
+    ax.legend()
+    return [figures.save(fig, out / "bucket_sweep.png")]
+
+
+def interpret(result: Result) -> tuple[list[str], str | None]:
+    t = result.tables.get("bucket_sweep", pd.DataFrame())
+    done = t[t["status"] == "completed"] if len(t) else t
+    if len(done) < 2:
+        return [], None
+    lines, best = ranking(done, "bucket", "bucket size")
+    for row in done.dropna(subset=["overlap"]).to_dict("records"):
+        where = (f"At {row['bucket']} ({row['share_of_gradients']:.2g} of the gradients, "
+                 f"{row['collectives_per_step']:.0f} collective{'' if row['collectives_per_step'] == 1 else 's'} "
+                 "per step)")
+        span = f"{100 * row['overlap_ci_low']:.0f} to {100 * row['overlap_ci_high']:.0f} %"
+        if row.get("quality", "ok") != "ok":
+            lines.append(f"{where} the overlap is not used: {row['quality']}.")
+        elif row["overlap_ci_low"] > 0:  # a share hidden beyond noise
+            lines.append(f"{where} backward hides {100 * row['overlap']:.0f} % of {row['comm(ms)']:.3g} ms of "
+                         f"communication (interval {span}).")
+        else:
+            lines.append(f"{where} no communication is hidden beyond noise: overlap {100 * row['overlap']:.0f} % "
+                         f"of {row['comm(ms)']:.3g} ms (interval {span}).")
+    rec = None if best is None else (f"Use bucket_cap_mb {best['bucket_mb']:.3g} "
+                                     f"({best['share_of_gradients']:.2g} of the gradients): "
+                                     f"{best['step(ms)']:.3g} ms per step.")
+    return lines, rec
+
+
+def study_options(plan: StudyPlan) -> dict | None:
+    """Not in the quick study. In the default one: 1/16 and all of the MLP's gradients beside the study's 4 MiB
+    bucket, whose DDP cell and baseline are the strategies experiment's (2 new cells, ~45 s here)."""
+    if plan.quick:
+        return None
+    return {"fractions": [1 / 16, 1.0], "buckets_mb": [4.0], "launches": 3,
+            "set": {**plan.comm_model, "ranks": 2, "bucket_mb": 4.0}}
+
+
+EXPERIMENT = Experiment(
+    name="bucket_sweep", command="bucket-sweep", section="bucket_sweep", order=55,
+    title="DDP bucket size",
+    question="Which DDP bucket size (bucket_cap_mb) is fastest, and how much communication do buckets hide? "
+             "(the DDP paper's bucket question; seed 003's conclusion that buckets hide communication)",
+    help="DDP's bucket_cap_mb swept as shares of the model's gradient bytes: step, comm, exposed comm, overlap.",
+    options=(Option(name="fractions", default=[1 / 16, 1 / 4, 1.0], parse=fractions,
+                    help="Bucket sizes as shares of the model's gradient bytes, comma-separated (0 < f <= 4)."),
+             Option(name="buckets_mb", default=None, parse=sizes_mb,
+                    help="Bucket sizes in MiB to add, comma-separated (e.g. a study's own 4)."),
+             launches_option()),
+    defaults={"model": "mlp", "ranks": 2, "steps": 20},
+    run=_run,
+    figures=plot,
+    interpret=interpret,
+    captions={"bucket_sweep": "One row per bucket size: median step, compute (one no-op-collectives baseline), "
+                              "time inside collectives, exposed communication and overlap, with 95 % intervals."},
+    study_options=study_options,
+)
