@@ -2,12 +2,16 @@
 (seed 001 part 2c)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from scalelab.analysis import interpret, tables
+from scalelab.analysis import keys, tables
+from scalelab.analysis.compare import trusted
+from scalelab.analysis.interpret import interval, span
 from scalelab.lab.base import Experiment, Option, Result, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.report import figures
+from scalelab.report.figures import plt, save
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -32,6 +36,41 @@ def _analyse(runs, base, opts) -> Result:
                   notes=notes)
 
 
+def plot_loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
+    """Training loss per step, one line per value of `hue`."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for value, group in curves.groupby(hue, sort=False):
+        ax.plot(group["step"], group["loss"], label=f"{hue}={value}")
+    ax.set(xlabel="optimizer step", ylabel="training loss (cross-entropy, rank 0)", title="Loss curves")
+    ax.legend()
+    return save(fig, path)
+
+
+def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table) or "fp32" not in set(table["precision"]):
+        return [], None
+    base = table[table["precision"] == "fp32"].iloc[0]
+    out = []
+    for d in table[table["precision"] != "fp32"].to_dict("records"):
+        speed = d[keys.THROUGHPUT] / base[keys.THROUGHPUT]
+        out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
+                   f"{100 * d[keys.EVAL_ACC]:.1f} % vs {100 * base[keys.EVAL_ACC]:.1f} % (fp32).")
+    best = table.loc[table[keys.THROUGHPUT].idxmax()]
+    if not trusted(best.get("quality")) or not trusted(base.get("quality")):
+        flagged = best if not trusted(best.get("quality")) else base
+        return out + [f"{flagged.precision} is flagged ({flagged.quality}): no precision is recommended."], None
+    ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    b, f = interval(best, low, high), interval(base, low, high)
+    faster = b is not None and f is not None and b[1] < f[0]  # best's step interval lies below fp32's
+    if best.precision != "fp32" and not faster:
+        out.append(f"{best.precision}'s step ({span(b)}) is not faster than fp32's ({span(f)}) beyond noise.")
+    rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32 "
+           f"with accuracy within 1 point." if ok and faster and best.precision != "fp32"
+           else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
+    return out, rec
+
+
 EXPERIMENT = Experiment(
     name="amp", command="amp", section="amp", order=90,
     title="Mixed precision",
@@ -44,9 +83,9 @@ EXPERIMENT = Experiment(
                               for p in _chosen(base, opts)],
     interleave=True,
     analyse=_analyse,
-    figures=lambda result, out: [figures.loss_curves(result.tables["amp_curves"], out / "amp_curves.png",
+    figures=lambda result, out: [plot_loss_curves(result.tables["amp_curves"], out / "amp_curves.png",
                                                      hue="precision")],
-    interpret=lambda result: interpret.precision(result.tables["amp"]),
+    interpret=lambda result: precision(result.tables["amp"]),
     captions={"amp": "Per precision: final accuracy and loss, peak memory, throughput, step time spread.",
               "amp_curves.png": "Training loss per step, fp32 vs lower precision (rank 0)."},
 )

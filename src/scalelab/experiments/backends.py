@@ -3,15 +3,16 @@ cannot run here are listed with the reason; each backend's baseline cell (no-op 
 communication."""
 from __future__ import annotations
 
-from scalelab.analysis import interpret
+import pandas as pd
+
 from scalelab.analysis.compare import BACKENDS, backends_table
+from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
+from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, ordered
 from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
-from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, \
-    ordered
 
 
 def runtime_facts() -> dict:
@@ -66,6 +67,25 @@ def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None
                   notes={"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped})
 
 
+def backends_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_backends", pd.DataFrame())
+    out = []
+    for row in table.to_dict("records"):
+        if row["status"] == "completed":
+            out.append(f"{row['backend']}: step {fmt(row['step(ms)'], ' ms')}, time inside collectives "
+                       f"{fmt(row['comm(ms)'], ' ms')}, busbw {fmt(row['busbw(GB/s)'], ' GB/s')}.")
+        else:
+            out.append(f"{row['backend']}: {row['status']} ({row['reason']}).")
+    done = table[table["status"] == "completed"] if len(table) else table
+    rec = None
+    if len(done) > 1:
+        lines, best = ranking(done, "backend", "backend")
+        out += lines
+        if best is not None:
+            rec = f"Use the {best['backend']} backend ({fmt(best['step(ms)'], ' ms')} per step)."
+    return out, rec
+
+
 EXPERIMENT = Experiment(
     name="backends", command="compare backends", section="backends", order=60,
     title="Communication backends",
@@ -78,5 +98,5 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=run_backends,
     figures=comm_figures("compare_backends", "backend"),
-    interpret=interpret.backends_result,
+    interpret=backends_result,
 )

@@ -1,10 +1,64 @@
 """Batch size: epoch time with and without data loading, throughput and peak memory per global batch (seed 000 Q1)."""
 from __future__ import annotations
 
-from scalelab.analysis import interpret, tables
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis import keys, tables
+from scalelab.analysis.compare import trusted
+from scalelab.analysis.interpret import fmt, interval, span
+from scalelab.analysis.intervals import separated
 from scalelab.lab.base import Experiment, Option, Result, int_list
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.report import figures
+from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+
+
+def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table):
+        return [], None
+    t = table.sort_values("global_batch")
+    lo, hi = t.iloc[0], t.iloc[-1]
+    best = t.loc[t[keys.THROUGHPUT].idxmax()]
+    gain = hi[keys.THROUGHPUT] / lo[keys.THROUGHPUT]
+    out = [f"Going from batch {int(lo.global_batch)} to {int(hi.global_batch)} changes throughput "
+           f"{gain:.2f}x ({fmt(lo[keys.THROUGHPUT])} to {fmt(hi[keys.THROUGHPUT])} samples/s) "
+           f"and the epoch from {fmt(lo[keys.EPOCH_S])} s to {fmt(hi[keys.EPOCH_S])} s.",
+           f"The highest throughput is at batch {int(best.global_batch)}: "
+           f"{fmt(best[keys.THROUGHPUT])} samples/s."]
+    share = 1 - t[keys.EPOCH_NO_DATA_S] / t[keys.EPOCH_S]
+    out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
+    if not trusted(best.get("quality")):
+        return out + [f"Batch {int(best.global_batch)} is flagged ({best['quality']}): no batch is recommended."], None
+    # the smallest batch whose throughput interval meets the best's does as well within noise
+    b = interval(best, "ci_low", "ci_high")
+    near = [r for r in t.to_dict("records") if b is not None and (iv := interval(r, "ci_low", "ci_high"))
+            and not separated(b, iv) and r["global_batch"] < best.global_batch and trusted(r.get("quality"))]
+    if near:
+        small = near[0]
+        out.append(f"Batch {int(small['global_batch'])} is within noise of it ({fmt(small[keys.THROUGHPUT])} "
+                   f"samples/s, {span(interval(small, 'ci_low', 'ci_high'), ' samples/s')}).")
+        return out, (f"Use batch {int(small['global_batch'])} or more for throughput: up to batch "
+                     f"{int(best.global_batch)} the gain is within noise.")
+    return out, f"Use batch {int(best.global_batch)} for throughput ({fmt(best[keys.THROUGHPUT])} samples/s)."
+
+
+def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
+    """Epoch time with and without data loading, and step time, with their 95 % intervals, vs global batch."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.errorbar(table["global_batch"], table[keys.EPOCH_S], yerr=ci(table, keys.EPOCH_S), fmt="o-", capsize=3,
+                 label="with data loading (bars: 95 % interval)")
+    ax1.plot(table["global_batch"], table[keys.EPOCH_NO_DATA_S], "s--", label="without data loading")
+    ax1.set(xscale="log", xlabel="global batch (samples)", ylabel="epoch time (s)", title="Epoch time")
+    ax1.legend()
+    ax2.errorbar(table["global_batch"], table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="o-", capsize=3)
+    ax2.set(xscale="log", xlabel="global batch (samples)", ylabel=STEP_CI_LABEL,
+            title="Step time over timed steps")
+    for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
+        ax.set_xticks(list(table["global_batch"]), [str(b) for b in table["global_batch"]])
+        ax.minorticks_off()
+    return save(fig, path)
+
 
 EXPERIMENT = Experiment(
     name="batch_sweep", command="batch-sweep", section="batch", order=20,
@@ -15,8 +69,8 @@ EXPERIMENT = Experiment(
     options=(Option(name="batches", default=[32, 64, 128, 256], help="Global batch sizes.", parse=int_list),),
     cells=lambda base, opts: [Cell(f"batch {b}", with_fields(base, global_batch=b)) for b in opts["batches"]],
     analyse=lambda runs, base, opts: Result("batch_sweep", {"batch_sweep": tables.batch_sweep_table(runs)}),
-    figures=lambda result, out: [figures.time_vs_batch(result.tables["batch_sweep"], out / "batch_sweep.png")],
-    interpret=lambda result: interpret.batch_sweep(result.tables["batch_sweep"]),
+    figures=lambda result, out: [time_vs_batch(result.tables["batch_sweep"], out / "batch_sweep.png")],
+    interpret=lambda result: batch_sweep(result.tables["batch_sweep"]),
     captions={"batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput "
                              "(samples/s), peak memory (GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},

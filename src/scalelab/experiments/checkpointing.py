@@ -6,10 +6,93 @@ input. The activations are measured exactly on each run's first step (scalelab.m
 process's peak RSS includes its baseline (libraries, data, allocator caches) and hides them."""
 from __future__ import annotations
 
-from scalelab.analysis import interpret, tables
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis import keys, tables
+from scalelab.analysis.interpret import fmt, interval
+from scalelab.analysis.intervals import separated
 from scalelab.lab.base import Experiment, Option, Result, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.report import figures
+from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+
+
+def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
+    """Saved activations and their backward peak (left axis), the process's peak memory (right axis, its own scale:
+    on CPU it is hundreds of times larger), and step time, vs activation-checkpointing segments."""
+    cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
+    mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
+    segments = table["checkpoint_segments"]
+    fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label, style in ((keys.MEMORY_ACTIVATIONS_BYTES, "saved for backward", "o-"),
+                              (keys.MEMORY_ACTIVATIONS_PEAK_BYTES, "backward peak (with recomputation)", "^-")):
+        if key in table:
+            ax1.plot(segments, table[key] / 2**20, style, label=label)
+    ax1.set(xlabel="checkpoint segments (0 = off)", ylabel="activations per rank (MiB)",
+            title="Activations vs the process's peak")
+    ax1.set_ylim(bottom=0)
+    handles, labels = ax1.get_legend_handles_labels()
+    if mem in table:
+        name = "CUDA max allocated" if mem == cuda else "process peak RSS"
+        ax2 = ax1.twinx()
+        handles += ax2.plot(segments, table[mem] * 2**10, "s--", color="tab:green")
+        labels.append(f"{name} (right axis)")
+        ax2.set(ylabel=f"{name} (MiB)", ylim=(0, None))
+    ax1.legend(handles, labels, loc="lower left", fontsize="small")
+    ax3.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="s--", color="tab:red", capsize=3)
+    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel=STEP_CI_LABEL,
+            title="Cost in time")
+    for ax in (ax1, ax3):
+        ax.set_xticks(sorted(segments.unique()))
+    return save(fig, path)
+
+
+def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    cuda = keys.MEMORY_CUDA_MAX_ALLOCATED_GIB
+    mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
+    if not len(table) or 0 not in set(table["checkpoint_segments"]):
+        return [], None
+    off = table[table["checkpoint_segments"] == 0].iloc[0]
+    saved, peak = keys.MEMORY_ACTIVATIONS_BYTES, keys.MEMORY_ACTIVATIONS_PEAK_BYTES
+    name = "CUDA max allocated" if mem == cuda else "peak RSS"
+    out = []
+    for d in table[table["checkpoint_segments"] > 0].to_dict("records"):
+        parts = [f"saved activations {_mib(d[saved])} ({_ratio(d[saved], off[saved])} of no checkpointing)"
+                 if saved in d else None,
+                 f"backward peak {_mib(d[peak])} ({_ratio(d[peak], off[peak])})" if peak in d else None,
+                 f"{name} {_ratio(d[mem], off[mem])}" if mem in d else None,
+                 f"step time {_ratio(d[keys.STEP_MEDIAN_MS], off[keys.STEP_MEDIAN_MS])}" + _noise_note(d, off)]
+        out.append(f"{d['checkpoint_segments']} segments: " + ", ".join(p for p in parts if p) + ".")
+    on = table[table["checkpoint_segments"] > 0]
+    if mem != cuda and saved in table and mem in table and len(on):
+        rss, act = on[mem] / off[mem], on[saved] / off[saved]
+        if rss.min() > act.min():  # the process fell less than its activations
+            out.append(f"On CPU the process's peak RSS went to {rss.min():.2f}x..{rss.max():.2f}x of no "
+                       f"checkpointing while the saved activations went to {act.min():.2f}x..{act.max():.2f}x: "
+                       "the RSS includes the process's baseline (libraries, data, allocator caches) and hides the "
+                       "activations; the saved bytes show the effect.")
+    return out, None
+
+
+def _noise_note(row: dict, reference) -> str:
+    """" (within noise)" when the two median steps' intervals meet, " (no interval)" without them, else ""."""
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    a, b = interval(row, low, high), interval(reference, low, high)
+    if a is None or b is None:
+        return " (no interval)"
+    return "" if separated(a, b) else " (within noise)"
+
+
+def _mib(nbytes: float) -> str:
+    return fmt(nbytes / 2**20, " MiB")
+
+
+def _ratio(value: float, base: float) -> str:
+    ratio = value / base if base else float("nan")
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+
 
 EXPERIMENT = Experiment(
     name="checkpointing", command="checkpointing", section="checkpointing", order=100,
@@ -23,9 +106,9 @@ EXPERIMENT = Experiment(
                               for k in opts["segments"]],
     interleave=True,
     analyse=lambda runs, base, opts: Result("checkpointing", {"checkpointing": tables.checkpointing_table(runs)}),
-    figures=lambda result, out: [figures.memory_vs_segments(result.tables["checkpointing"],
+    figures=lambda result, out: [memory_vs_segments(result.tables["checkpointing"],
                                                             out / "checkpointing.png")],
-    interpret=lambda result: interpret.checkpointing(result.tables["checkpointing"]),
+    interpret=lambda result: checkpointing(result.tables["checkpointing"]),
     captions={"checkpointing": "Per number of checkpoint segments: bytes saved for backward in forward, their peak "
                                "during backward (recomputation included), measured exactly on one step per rank; "
                                "the process's peak memory; step time. On CPU the process's peak RSS includes its "

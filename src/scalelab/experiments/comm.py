@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
-from scalelab.analysis import interpret
+import pandas as pd
+
+from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result
 from scalelab.lab.cells import Cell
 
@@ -36,6 +38,27 @@ def _opt(name: str, help: str) -> Option:
     return Option(name=name, default=None, help=help)
 
 
+def comm_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("comm", pd.DataFrame())
+    if not len(table):
+        return [], None
+    out = []
+    ok = table[table["status"] == "ok"]
+    for op, g in ok.groupby("op", sort=False):
+        peak = g.loc[g["busbw(GB/s)"].idxmax()]
+        small = g.loc[g["size(B)"].idxmin()]
+        loop = small.get("time_loop(us)")
+        per_call = (f"{fmt(loop, ' µs')} per call in a back-to-back loop, median single call "
+                    f"{fmt(small['time_median(us)'], ' µs')}" if loop is not None and not pd.isna(loop)
+                    else f"{fmt(small['time_median(us)'], ' µs')} per call")
+        out.append(f"{op}: peak busbw {fmt(peak['busbw(GB/s)'], ' GB/s')} at {int(peak['size(B)']):,} B; at "
+                   f"{int(small['size(B)']):,} B only {fmt(small['busbw(GB/s)'], ' GB/s')} "
+                   f"({per_call}: latency-bound).")
+    wrong = int(table["wrong"].sum())
+    out.append(f"Correctness check: {wrong} wrong element(s) over every op and size.")
+    return out, None
+
+
 EXPERIMENT = Experiment(
     name="comm", command=None, section="comm", order=70, base=False,
     title="Communication microbenchmark",
@@ -49,6 +72,6 @@ EXPERIMENT = Experiment(
              _opt("ranks", "Processes."), _opt("backend", "auto, gloo or nccl."),
              _opt("dtype", "float32, float16 or bfloat16.")),
     run=_run,
-    interpret=interpret.comm_result,
+    interpret=comm_result,
     captions={"comm_busbw.png": "Bus bandwidth per message size and collective."},
 )

@@ -7,15 +7,17 @@ the reason. The DDP cell is the one `compare backends` runs on gloo (same resolv
 """
 from __future__ import annotations
 
-from scalelab.analysis import interpret
+import pandas as pd
+
 from scalelab.analysis.compare import engines_table
+from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
+from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
 from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
-from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
 
 HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "
                 "moment the rank knows it is done; Horovod's own collective intervals are in the run's trace, from "
@@ -67,6 +69,28 @@ def _flag(value, name: str) -> bool:
     raise ConfigError(name, value, "allowed: true or false")
 
 
+def engines_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_engines", pd.DataFrame())
+    out = []
+    for row in table.to_dict("records"):
+        if row["status"] == "completed":
+            exposed = row.get("exposed_comm(ms)")
+            out.append(f"{row['engine']}: step {fmt(row['step(ms)'], ' ms')}, time inside collectives "
+                       f"{fmt(row['comm(ms)'], ' ms')}, blocking wait {fmt(row['comm_wait(ms)'], ' ms')}, exposed "
+                       + (f"{fmt(exposed, ' ms')}." if exposed is not None and not pd.isna(exposed)
+                          else "not measured (no baseline)."))
+        else:
+            out.append(f"{row['engine']}: {row['status']} ({row['reason']}).")
+    done = table[table["status"] == "completed"] if len(table) else table
+    rec = None
+    if len(done) > 1:
+        lines, best = ranking(done, "engine", "engine")
+        out += lines
+        if best is not None:
+            rec = f"Use the {best['engine']} engine ({fmt(best['step(ms)'], ' ms')} per step)."
+    return out, rec
+
+
 EXPERIMENT = Experiment(
     name="engines", command="compare engines", section="engines", order=65,
     title="Training engines: DDP and Horovod",
@@ -84,5 +108,5 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=run_engines,
     figures=comm_figures("compare_engines", "engine"),
-    interpret=interpret.engines_result,
+    interpret=engines_result,
 )

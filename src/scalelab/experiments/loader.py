@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import interpret, keys, tables
+from scalelab.analysis import keys, tables
+from scalelab.analysis.compare import trusted
+from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.config import TrainConfig
 from scalelab.lab.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
-from scalelab.report import figures
+from scalelab.report.figures import ci, plt, save
 
 
 def iterate_epoch(cfg: TrainConfig) -> float:
@@ -90,6 +93,46 @@ def default_workers() -> list[int]:
     return sorted({0, 1, 2, *range(2, 2 * cores + 1, 2)})
 
 
+def loader_bars(table: pd.DataFrame, path: Path) -> Path:
+    """Throughput and data-wait share per loader setting."""
+    labels = [f"w{int(r.num_workers)}{' pin' if r.pin_memory else ''}"
+              f"{'' if pd.isna(r.prefetch_factor) else f' pf{int(r.prefetch_factor)}'}" for r in table.itertuples()]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    ax1.bar(labels, table[keys.THROUGHPUT], yerr=ci(table, keys.THROUGHPUT, "ci_low", "ci_high"), capsize=3)
+    ax1.set(ylabel="training throughput (samples/s), bars: 95 % interval", title="Throughput per loader setting")
+    ax2.bar(labels, table["data_wait(%)"], color="tab:orange")
+    ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=45)
+    return save(fig, path)
+
+
+def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
+    if not len(table) or not best:
+        return [], None
+    zero = table[table["num_workers"] == 0]
+    out = []
+    if len(zero):
+        out.append(f"With no loader workers, steps wait for data {zero['data_wait(%)'].iloc[0]:.1f} % of the time.")
+    out.append(f"num_workers={best['num_workers']} reaches {fmt(best[keys.THROUGHPUT])} samples/s"
+               + (f" ({best['speedup_vs_0_workers']:.2f}x no workers)." if best.get("speedup_vs_0_workers") else "."))
+    prefetch = "" if best["prefetch_factor"] is None else f", prefetch_factor={best['prefetch_factor']}"
+    if best["num_workers"] and len(zero):
+        low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+        chosen = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
+        flagged = [r for r in (chosen.iloc[0], zero.iloc[0]) if not trusted(r.get("quality"))]
+        if flagged:
+            out.append(f"num_workers={int(flagged[0]['num_workers'])} is flagged ({flagged[0]['quality']}): no "
+                       "loader setting is recommended.")
+            return out, None
+        b, z = interval(chosen.iloc[0], low, high), interval(zero.iloc[0], low, high)
+        if b is None or z is None or not b[1] < z[0]:
+            out.append(f"num_workers={best['num_workers']}'s step ({span(b)}) is not shorter than with no workers "
+                       f"({span(z)}) beyond noise.")
+            return out, None
+    return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
+
+
 EXPERIMENT = Experiment(
     name="loader", command="loader-sweep", section="loader", order=80,
     title="Data loading",
@@ -102,8 +145,8 @@ EXPERIMENT = Experiment(
              launches_option()),
     defaults={"dataset": "synthetic_jpeg"},
     run=lambda ctx, base, opts: _run(ctx, base, {**opts, "workers": opts["workers"] or default_workers()}),
-    figures=lambda result, out: [figures.loader_bars(result.tables["loader_sweep"], out / "loader_sweep.png")],
-    interpret=lambda result: interpret.loader(result.tables["loader_sweep"], result.notes.get("recommended", {})),
+    figures=lambda result, out: [loader_bars(result.tables["loader_sweep"], out / "loader_sweep.png")],
+    interpret=lambda result: loader(result.tables["loader_sweep"], result.notes.get("recommended", {})),
     captions={"loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the "
                               "loader alone.",
               "loader_sweep.png": "Throughput and data-wait share per loader setting."},

@@ -9,14 +9,17 @@ seeds interleaved in rounds; accuracy and time to accuracy are then the median o
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
-from scalelab.analysis import interpret, keys
-from scalelab.analysis.intervals import median_interval
+from scalelab.analysis import keys
+from scalelab.analysis.interpret import interval
+from scalelab.analysis.intervals import median_interval, separated
 from scalelab.config import TrainConfig
 from scalelab.lab.base import Experiment, Option, Result, int_list, name_list, number
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.report import figures
+from scalelab.report.figures import plt, save
 from scalelab.train.lr import RULES
 
 
@@ -114,6 +117,70 @@ def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
                   notes={"target_acc": opts["target"], "base_batch": base.global_batch})
 
 
+def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
+    """Final test accuracy vs global batch, one line per learning-rate rule."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for rule, g in table.groupby("lr_rule"):
+        g = g.groupby("global_batch")["final_acc"].mean()
+        ax.plot(g.index, 100 * g.values, "o-", label=rule)
+    ax.set(xscale="log", xlabel="global batch (samples)", ylabel="final test accuracy (%)",
+           title="Accuracy vs batch size per LR rule (same epochs)")
+    ax.set_xticks(sorted(table["global_batch"].unique()), [str(b) for b in sorted(table["global_batch"].unique())])
+    ax.minorticks_off()
+    ax.legend()
+    return save(fig, path)
+
+
+def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
+    """Test accuracy per epoch, one panel per batch size, one line per rule (first worker count)."""
+    batches = sorted(curves["global_batch"].unique())
+    fig, axes = plt.subplots(1, len(batches), figsize=(4 * len(batches), 3.6), squeeze=False, sharey=True)
+    for ax, b in zip(axes[0], batches):
+        sub = curves[(curves["global_batch"] == b) & (curves["workers"] == curves["workers"].min())]
+        for rule, g in sub.groupby("lr_rule"):
+            ax.plot(g["epoch"], 100 * g[keys.EVAL_ACC], label=rule)
+        ax.set(title=f"batch {b}", xlabel="epoch")
+    axes[0][0].set_ylabel("test accuracy (%)")
+    axes[0][-1].legend()
+    return save(fig, path)
+
+
+def lr_scaling_result(result) -> tuple[list[str], str | None]:
+    t = result.tables["lr_scaling"]
+    if not len(t):
+        return [], None
+    base_batch = result.notes.get("base_batch", int(t["global_batch"].min()))
+    out = []
+    base = t[t["global_batch"] == base_batch]
+    if len(base):
+        out.append(f"At the base batch {base_batch} the model reaches {100 * base['final_acc'].max():.1f} % test "
+                   f"accuracy.")
+    rec = None
+    for b in sorted(t["global_batch"].unique()):
+        if b == base_batch:
+            continue
+        g = t[t["global_batch"] == b].sort_values("final_acc", ascending=False)
+        best, worst = g.iloc[0], g.iloc[-1]
+        out.append(f"At batch {b} ({b // base_batch}x): best {best.lr_rule} {100 * best.final_acc:.1f} %, worst "
+                   f"{worst.lr_rule} {100 * worst.final_acc:.1f} %; "
+                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} %" for r in g.itertuples()) + ".")
+        runner = g.iloc[1] if len(g) > 1 else None
+        ivs = [interval(r, "ci_low", "ci_high") for r in (best, runner) if r is not None]
+        if runner is None or any(iv is None for iv in ivs):
+            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} % vs {worst.lr_rule} "
+                   f"{100 * worst.final_acc:.1f} %; one seed each: --seeds 3 says whether this holds beyond seed "
+                   "noise).")
+        elif separated(*ivs):
+            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} %, interval "
+                   f"{100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % over {int(best.n)} seeds, vs {runner.lr_rule} "
+                   f"{100 * ivs[1][0]:.1f}–{100 * ivs[1][1]:.1f} %).")
+        else:
+            out.append(f"At batch {b}, {best.lr_rule} and {runner.lr_rule} are within seed noise of each other "
+                       f"({100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % vs {100 * ivs[1][0]:.1f}–"
+                       f"{100 * ivs[1][1]:.1f} % over {int(best.n)} seeds).")
+    return out, rec
+
+
 EXPERIMENT = Experiment(
     name="lr_scaling", command="lr-scaling", section="lrscaling", order=110,
     title="Large-batch learning-rate rules",
@@ -131,9 +198,9 @@ EXPERIMENT = Experiment(
     defaults={"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03, "epochs": 40},
     cells=lambda base, opts: lr_cells(base, opts["batches"], opts["rules"], opts["workers"], seeds=opts["seeds"]),
     analyse=_analyse,
-    figures=lambda result, out: [figures.accuracy_vs_batch(result.tables["lr_scaling"], out / "lr_scaling.png"),
-                                 figures.accuracy_curves(result.tables["lr_curves"], out / "lr_curves.png")],
-    interpret=interpret.lr_scaling_result,
+    figures=lambda result, out: [accuracy_vs_batch(result.tables["lr_scaling"], out / "lr_scaling.png"),
+                                 accuracy_curves(result.tables["lr_curves"], out / "lr_curves.png")],
+    interpret=lr_scaling_result,
     captions={"lr_scaling": "Per rule and batch: final test accuracy (median over n seeds, its 95 % interval), "
                             "best accuracy, time and epochs to the target accuracy (when every seed reached it).",
               "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis import interpret, keys
+from scalelab.analysis import keys
+from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.lab.base import Context, Experiment, Option, Result, name_list, number
@@ -236,6 +237,20 @@ CPU_LIMIT_NOTE = ("on a CPU the limit is a cap on the address space a rank may a
                   "checkpointing); it is not the batch that fits in physical RAM")
 
 
+def max_batch_result(result) -> tuple[list[str], str | None]:
+    t = result.tables["max_batch"]
+    if not len(t):
+        return [], None
+    base = t.iloc[0]
+    out = [f"As configured, the largest batch under the limit is {int(base.max_batch)} "
+           f"(found in {int(base.trials)} trials)."]
+    for row in t.iloc[1:].itertuples():
+        gain = row.max_batch / base.max_batch if base.max_batch else float("nan")
+        out.append(f"With {row.variant}: {int(row.max_batch)} ({fmt(gain)}x).")
+    best = t.loc[t["max_batch"].idxmax()]
+    return out, f"For the largest batch, use {best.variant}: {int(best.max_batch)} samples fit."
+
+
 EXPERIMENT = Experiment(
     name="max_batch", command="max-batch", section="maxbatch", order=30,
     title="The largest batch that fits",
@@ -249,7 +264,7 @@ EXPERIMENT = Experiment(
              Option(name="variants", default=list(VARIANTS), help="base, amp, checkpointing (comma-separated).",
                     parse=lambda v, n: name_list(v, n, VARIANTS))),
     run=_run,
-    interpret=interpret.max_batch_result,
+    interpret=max_batch_result,
     captions={"max_batch": "Largest global batch that trains under the memory limit; trials in their own "
                            "processes."},
 )

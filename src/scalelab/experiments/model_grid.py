@@ -16,14 +16,18 @@ parameters themselves are outside it; on CUDA the GPU's memory is the limit.
 """
 from __future__ import annotations
 
-from scalelab.analysis import interpret
-from scalelab.analysis.model_grid import grid_table, workers_table
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis.interpret import fmt
+from scalelab.analysis.model_grid import FALLS_BELOW, grid_table, workers_table
 from scalelab.config import TrainConfig, format_model_options
 from scalelab.errors import ConfigError
+from scalelab.experiments.max_batch import does_not_fit
 from scalelab.lab.base import Context, Experiment, Option, Result, positive_ints
 from scalelab.lab.cells import Cell, CellResult, with_fields
-from scalelab.experiments.max_batch import does_not_fit
-from scalelab.report import figures
+from scalelab.report.figures import plt, save
 from scalelab.sizes import parse_bytes
 
 SIZES = ("depth", "width")  # the model options the grid varies
@@ -140,8 +144,141 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
 
 def _figures(result: Result, out) -> list:
     grid = result.tables["model_grid"]
-    return [figures.model_grid_heatmaps(grid, out / "model_grid.png"),
-            figures.model_grid_memory(grid, out / "model_grid_memory.png")]
+    return [model_grid_heatmaps(grid, out / "model_grid.png"),
+            model_grid_memory(grid, out / "model_grid_memory.png")]
+
+
+def _grid(frame: pd.DataFrame, values: pd.Series, depths: list, widths: list) -> pd.DataFrame:
+    """`values` (aligned with `frame`) laid out depth (rows) x width (columns)."""
+    return (frame.assign(_v=values.astype(float)).pivot(index="depth", columns="width", values="_v")
+            .reindex(index=depths, columns=widths))
+
+
+def model_grid_heatmaps(table: pd.DataFrame, path: Path) -> Path:
+    """Per worker count (columns): median step time over depth x width (top; one colour scale) and whether the
+    cell fits under the memory cap (bottom). A cell without a number is grey, labelled with its status."""
+    from matplotlib.colors import ListedColormap
+
+    workers = sorted(table["workers"].unique())
+    depths, widths = sorted(table["depth"].unique()), sorted(table["width"].unique())
+    steps = table["step(ms)"].astype(float)
+    lo, hi = (float(steps.min()), float(steps.max())) if steps.notna().any() else (0.0, 1.0)
+    fig, axes = plt.subplots(2, len(workers), figsize=(1.2 + 3.2 * len(workers), 1.8 + 1.2 * len(depths) * 2),
+                             squeeze=False)
+    fits = table["fits"].map(lambda v: 1.0 if v is True else 0.0 if v is False else float("nan"))
+    time_map, fit_map = plt.get_cmap("viridis").with_extremes(bad="lightgray"), \
+        ListedColormap(["tab:red", "tab:green"]).with_extremes(bad="lightgray")
+    for j, n in enumerate(workers):
+        mine = table[table["workers"] == n]
+        step = _grid(mine, steps[mine.index], depths, widths)
+        ok = _grid(mine, fits[mine.index], depths, widths)
+        status = mine.set_index(["depth", "width"])["status"]
+        top, bottom = axes[0][j], axes[1][j]
+        image = top.imshow(step.values, origin="lower", aspect="auto", cmap=time_map, vmin=lo, vmax=hi)
+        bottom.imshow(ok.values, origin="lower", aspect="auto", cmap=fit_map, vmin=0, vmax=1)
+        for y, d in enumerate(depths):
+            for x, w in enumerate(widths):
+                t, f = step.values[y, x], ok.values[y, x]
+                top.text(x, y, "-" if t != t else f"{t:.3g}", ha="center", va="center",
+                         color="black" if t != t else "white")
+                label = "fits" if f == 1 else "does not fit" if f == 0 else str(status.get((d, w), "not run"))
+                bottom.text(x, y, label, ha="center", va="center", color="black" if f != f else "white")
+        for ax, what in ((top, "median step (ms)"), (bottom, "fits under the cap")):
+            ax.set_xticks(range(len(widths)), [str(w) for w in widths])
+            ax.set_yticks(range(len(depths)), [str(d) for d in depths])
+            ax.set(xlabel="width (units per layer)", ylabel="depth (layers)",
+                   title=f"{n} worker{'s' if n > 1 else ''}: {what}")
+        fig.colorbar(image, ax=top, label="median step time (ms)")
+    return save(fig, path)
+
+
+def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
+    """Memory by kind per rank for every cell, stacked (parameters, gradients, optimizer state, saved
+    activations), with the activation peak in backward and the peak memory training added as markers."""
+    from scalelab.analysis.model_grid import PEAK_ADDED, STACKED, memory_column
+
+    labels = [f"d{int(d)} w{int(w)}\n{int(n)} worker{'s' if n > 1 else ''}"
+              for d, w, n in zip(table["depth"], table["width"], table["workers"])]
+    x = list(range(len(labels)))
+    mib = 2**20
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4.8))
+    bottom = pd.Series(0.0, index=table.index)
+    for kind in STACKED:
+        values = table[memory_column(kind)].astype(float).fillna(0) / mib
+        ax.bar(x, values, bottom=bottom, label=kind.replace("_", " "))
+        bottom = bottom + values
+    peak = table[memory_column("activations_backward_peak")].astype(float) / mib
+    added = table[PEAK_ADDED].astype(float) / mib
+    ax.plot(x, peak, "kx", label="activation peak in backward")
+    ax.plot(x, added, "kD", mfc="none", label="peak memory added by training (measured)")
+    top = max([float(v) for v in (bottom.max(), peak.max(), added.max()) if v == v] + [1e-6])
+    for i, (fit, stacked) in enumerate(zip(table["fits"], bottom)):
+        if fit is not True:
+            ax.text(i, 0.02 * top, "does not fit" if fit is False else "failed", ha="center", va="bottom",
+                    rotation=90, color="gray")
+        elif stacked == 0:
+            ax.text(i, 0.02 * top, "by kind not recorded", ha="center", va="bottom", rotation=90, color="gray",
+                    fontsize="small")
+    ax.set_xticks(x, labels, fontsize="small")
+    ax.set(ylabel="MiB per rank (largest rank)", title="Memory by kind per cell")
+    ax.set_ylim(0, 1.4 * top)
+    ax.legend(fontsize="small", loc="upper left", ncols=2)
+    return save(fig, path)
+
+
+def _size(row) -> str:
+    return f"depth {int(row['depth'])} x width {int(row['width'])}"
+
+
+def model_grid_result(result) -> tuple[list[str], str | None]:
+    """What N workers changed in the model-size grid: which cells fit, which memory part fell, the step's cost.
+    The seed's claim (two workers made a model fit) is checked against the cells, never assumed."""
+    grid = result.tables.get("model_grid", pd.DataFrame())
+    cmp = result.tables.get("model_grid_workers", pd.DataFrame())
+    if not len(grid):
+        return [], None
+    out = []
+    for n, g in grid.groupby("workers"):
+        fit = g[g["fits"].eq(True)]
+        part = f"On {n} worker{'s' if n > 1 else ''}, {len(fit)} of {len(g)} cells fit"
+        if len(fit):
+            top = fit.loc[fit["parameters"].idxmax()]
+            part += f" (the largest: {_size(top)}, {int(top['parameters']):,} parameters)"
+        out.append(part + ".")
+    rec = None
+    for n, c in cmp.groupby("workers") if len(cmp) else []:
+        only_n, only_1 = c[c["fit"] == f"fits only on {n} workers"], c[c["fit"] == "fits only on 1 worker"]
+        if len(only_n):
+            out.append(f"Fits on {n} workers but not on 1: {', '.join(_size(r) for _, r in only_n.iterrows())}.")
+            r = only_n.iloc[0]
+            step = grid[(grid["workers"] == n) & (grid["depth"] == r["depth"]) & (grid["width"] == r["width"])]
+            rec = (f"Under this memory limit, {_size(r)} needs {n} workers "
+                   f"({fmt(float(step['step(ms)'].iloc[0]), ' ms')} per step there).")
+        else:
+            out.append(f"No cell fits on {n} workers that does not fit on 1: the seed's claim is not seen in this "
+                       "grid.")
+        if len(only_1):
+            out.append(f"Fits on 1 worker but not on {n}: {', '.join(_size(r) for _, r in only_1.iterrows())}.")
+        both = c[c["fit"] == "fits on both"]
+        kinds = [("activations_saved", "saved activations"), ("activations_backward_peak", "activation peak in "
+                 "backward"), ("parameters", "parameters"), ("gradients", "gradients"),
+                 ("optimizer_state", "optimizer state"), ("peak_added", "peak memory added by training")]
+        ratios = [f"{label} {both[f'{kind}(ratio)'].median():.2f}x" for kind, label in kinds
+                  if len(both) and both[f"{kind}(ratio)"].notna().any()]
+        if not len(both):
+            continue
+        if ratios:
+            cells = f"the {len(both)} cells" if len(both) > 1 else "the 1 cell"
+            out.append(f"From 1 to {n} workers, per rank (median over {cells} that fit on both): "
+                       + ", ".join(ratios) + ".")
+        if all(both[f"{kind}(ratio)"].isna().all() for kind, _ in kinds[:5]):
+            out.append("These runs did not record memory by kind, so which part fell is not measured here.")
+        falls = sorted({k for text in both["falls"] for k in text.split(", ") if k})
+        step = both["step(ratio)"]
+        spread = f" ({step.min():.2f}x to {step.max():.2f}x)" if step.notna().sum() > 1 else ""
+        out.append(f"What fell below {FALLS_BELOW:.1f}x: {', '.join(falls) if falls else 'nothing'}; step time "
+                   f"{step.median():.2f}x{spread}.")
+    return out, rec
 
 
 EXPERIMENT = Experiment(
@@ -161,7 +298,7 @@ EXPERIMENT = Experiment(
     defaults={"model": "mlp", "global_batch": 256, "steps": 6, "warmup_steps": 2},
     run=_run,
     figures=_figures,
-    interpret=interpret.model_grid_result,
+    interpret=model_grid_result,
     captions={"model_grid": "Per depth x width x workers: parameters, whether it trained under the memory cap "
                             "(else the reason), median step time and memory by kind per rank.",
               "model_grid_workers": "N workers against 1 per depth x width: memory per rank and step time as "

@@ -3,7 +3,10 @@ on this machine, predict per hardware, validate on measured runs. `scalelab pred
 (cli/predict.py) for its batch and hardware-file flags; the study runs it from here."""
 from __future__ import annotations
 
-from scalelab.analysis import interpret
+import pandas as pd
+
+from scalelab.analysis import keys
+from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result, int_list, name_list, number
 from scalelab.perf.prediction import prediction_figures, run_prediction
 
@@ -15,6 +18,34 @@ def _run(ctx: Context, base, opts: dict) -> Result:
                           batch=opts["batch"] or base.per_rank_batch, strategy=opts["strategy"],
                           bucket_mb=base.bucket_mb, target=opts["target"],
                           calibration_batches=opts["calibration_batches"], validate=opts["validate"], say=ctx.say)
+
+
+def predict_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("prediction", pd.DataFrame())
+    if not len(table):
+        return [], None
+    out = []
+    hw_col = "hardware" if "hardware" in table else None
+    groups = table.groupby(hw_col, sort=False) if hw_col else [("model", table)]
+    for hw, g in groups:
+        g = g.sort_values("workers")
+        top = g.iloc[-1]
+        below = g[g["efficiency"] < 0.5]
+        first = f"falls below 50 % at {int(below['workers'].iloc[0])} workers" if len(below) else \
+            f"stays above 50 % up to {int(top['workers'])} workers"
+        out.append(f"{hw}: predicted efficiency {100 * top['efficiency']:.0f} % at {int(top['workers'])} workers "
+                   f"({fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
+    val = result.tables.get("validation")
+    if val is not None and len(val):
+        where = result.meta.get("compute_of", "this machine")
+        out.append(f"Validated on {len(val)} measured runs of {where}: median |error| "
+                   f"{val['error(%)'].abs().median():.1f} % (worst {val['error(%)'].abs().max():.1f} %).")
+    rec = None
+    keep = result.notes.get(next((k for k in result.notes if k.startswith("to keep")), ""), {})
+    if isinstance(keep, dict) and keep:
+        hw, advice = next(iter(keep.items()))
+        rec = f"For larger clusters ({hw}): {advice}"
+    return out, rec
 
 
 EXPERIMENT = Experiment(
@@ -37,5 +68,5 @@ EXPERIMENT = Experiment(
              Option(name="validate", default=True, help="Measure the strategy at the calibration batches.")),
     run=_run,
     figures=prediction_figures,
-    interpret=interpret.predict_result,
+    interpret=predict_result,
 )

@@ -1,10 +1,44 @@
 """Where a step's time goes: the stage breakdown of one run, as a table and a pie chart (seed 001 2b, 003 task 1)."""
 from __future__ import annotations
 
-from scalelab.analysis import interpret, tables
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis import tables
+from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Experiment, Result
 from scalelab.lab.cells import Cell
-from scalelab.report import figures
+from scalelab.report.figures import plt, save
+
+
+def stage_pie(table: pd.DataFrame, path: Path) -> Path:
+    """Share of a step per stage (stages under 0.5 % are folded into 'rest')."""
+    run = table[(table["run_id"] == table["run_id"].iloc[0]) & table["share(%)"].notna()]  # steps only
+    big = run[run["share(%)"] >= 0.5]
+    rest = run.loc[run["share(%)"] < 0.5, "time(ms)"].sum()
+    labels = [f"{s} {t:.1f} ms" for s, t in zip(big["stage"], big["time(ms)"])]
+    values = list(big["time(ms)"])
+    if rest > 0:
+        labels.append(f"rest {rest:.2f} ms")
+        values.append(rest)
+    fig, ax = plt.subplots(figsize=(6, 5))
+    ax.pie(values, labels=labels, autopct="%1.1f%%", startangle=90)
+    ax.set_title(f"Where a step goes (mean per step, total {run['time(ms)'].sum():.1f} ms)")
+    return save(fig, path)
+
+
+def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table):
+        return [], None
+    t = table[table["share(%)"].notna()].sort_values("time(ms)", ascending=False)  # the step's stages
+    top = t.iloc[0]
+    out = [f"{top.stage} takes the largest share of a step: {top['share(%)']:.1f} % ({fmt(top['time(ms)'], ' ms')})."]
+    fb = t.set_index("stage")
+    if {"forward", "backward"} <= set(fb.index) and fb.at["forward", "time(ms)"] > 0:
+        out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
+    return out, None
+
 
 EXPERIMENT = Experiment(
     name="profile", command="profile", section="profile", order=10,
@@ -14,8 +48,8 @@ EXPERIMENT = Experiment(
     help="Where a step's time goes: stage table and pie chart.",
     cells=lambda base, opts: [Cell("profile", base)],
     analyse=lambda runs, base, opts: Result("profile", {"profile": tables.stage_profile_table(runs)}),
-    figures=lambda result, out: [figures.stage_pie(result.tables["profile"], out / "profile.png")],
-    interpret=lambda result: interpret.profile(result.tables["profile"]),
+    figures=lambda result, out: [stage_pie(result.tables["profile"], out / "profile.png")],
+    interpret=lambda result: profile(result.tables["profile"]),
     captions={"profile": "Mean time per step of each stage (ms) and its share (%).",
               "profile.png": "Share of a step per stage (mean over timed steps)."},
 )

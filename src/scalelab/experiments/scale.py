@@ -11,15 +11,20 @@ one; a per-node table (time per epoch, CPU user / system, network MB/s of each n
 """
 from __future__ import annotations
 
-from scalelab.analysis import interpret
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis import keys
+from scalelab.analysis.compare import trusted
+from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.lab.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, \
-    positive_ints
+from scalelab.lab.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, positive_ints
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
-from scalelab.report import figures
+from scalelab.report.figures import ci, plt, save
 from scalelab.sync import registry as syncs
 
 MODES = ("strong", "weak")
@@ -99,12 +104,123 @@ def _figures(result: Result, out) -> list:
     for name, table in result.tables.items():
         if name.endswith("_nodes"):
             if len(table):
-                files.append(figures.per_node(table, out / f"{name}.png"))
+                files.append(per_node(table, out / f"{name}.png"))
             continue
         if len(table):
-            files.append(figures.speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
-            files.append(figures.compute_comm_bars(table, out / f"{name}_breakdown.png"))
+            files.append(speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
+            files.append(compute_comm_bars(table, out / f"{name}_breakdown.png"))
     return files
+
+
+def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
+    """Measured speedup per batch size vs workers, with the ideal (linear) line."""
+    key = "global_batch" if mode == "strong" else "per_worker_batch"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    top = int(table["workers"].max())
+    ax.plot([1, top], [1, top], "k:", label="ideal")
+    for value, group in table.groupby(key):
+        ax.errorbar(group["workers"], group["speedup"], yerr=ci(group, "speedup", "speedup_ci_low", "speedup_ci_high"),
+                    fmt="o-", capsize=3, label=f"{key.replace('_', ' ')} {value}")
+    figure = "epoch times" if mode == "strong" else "throughputs"
+    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}), bars: 95 % interval",
+           title=f"{mode.title()} scaling")
+    ax.set_xticks(sorted(table["workers"].unique()))
+    ax.legend()
+    return save(fig, path)
+
+
+def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
+    """Per cell: step time split into compute (the step with no-op collectives) and exposed communication (stacked
+    bars; a negative exposed part downwards), with the exposed part's 95 % interval."""
+    labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
+    compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"])
+    exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
+    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
+    ax.bar(labels, compute, label="compute (step with no-op collectives)")
+    ax.bar(labels, exposed, bottom=compute, label="exposed communication")
+    if "exposed_ci_low(ms)" in table:
+        low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
+        ax.errorbar(labels, compute + exposed, yerr=[(exposed - low).clip(lower=0).fillna(0),
+                                                     (high - exposed).clip(lower=0).fillna(0)],
+                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
+    if keys.COMM_TIME_MS in table:
+        ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
+    if "step_ci_low(ms)" in table:
+        ax.errorbar([x - 0.2 for x in range(len(labels))], table["step(ms)"].astype(float),
+                    yerr=ci(table, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)"), fmt="none", ecolor="black",
+                    capsize=3, label="median step, 95 % interval")
+    ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
+    ax.tick_params(axis="x", rotation=45)
+    ax.legend()
+    return save(fig, path)
+
+
+def per_node(table: pd.DataFrame, path: Path) -> Path:
+    """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
+    and system (% of one core, system stacked on user) and network MB/s sent off the node."""
+    cells = list(table.groupby(["nodes", "global_batch"], sort=True))
+    most = int(table["node"].max()) + 1
+    width = 0.8 / most
+    fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(cells) * 3), 4))
+    for node in range(most):
+        mine = [g[g["node"] == node] for _, g in cells]
+        x = [i + (node - (most - 1) / 2) * width for i in range(len(cells))]
+        value = lambda col: [float(m[col].iloc[0]) if len(m) and pd.notna(m[col].iloc[0]) else 0.0 for m in mine]
+        colour = f"C{node % 10}"
+        axes[0].bar(x, value("epoch(s)"), width, color=colour, label=f"node {node}")
+        axes[1].bar(x, value("cpu_user(%)"), width, color=colour)
+        axes[1].bar(x, value("cpu_system(%)"), width, bottom=value("cpu_user(%)"), color=colour, hatch="//",
+                    edgecolor="white")
+        axes[2].bar(x, value("net_sent(MB/s)"), width, color=colour)
+    names = [f"{int(k)} node{'s' * (k > 1)}\nb{int(b)}" for (k, b), _ in cells]
+    for ax, (ylabel, title) in zip(axes, (("s per epoch", "Time per epoch"),
+                                          ("% of one core (hatched: system)", "CPU user / system"),
+                                          ("MB/s", "Network sent off the node"))):
+        ax.set_xticks(range(len(cells)), names)
+        ax.set(ylabel=ylabel, title=title)
+    axes[0].legend()
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def scale_result(result) -> tuple[list[str], str | None]:
+    out, rec = [], None
+    for mode in ("strong", "weak"):
+        t = result.tables.get(f"scale_{mode}")
+        if t is None or not len(t) or t["workers"].max() < 2:
+            continue
+        top = t[t["workers"] == t["workers"].max()]
+        for d in top.to_dict("records"):
+            batch = d["global_batch"] if mode == "strong" else d["per_worker_batch"]
+            part = (f"{mode} scaling to {d['workers']} workers at {'global' if mode == 'strong' else 'per-worker'} "
+                    f"batch {batch}: speedup {fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %"
+                    + (f" (95 % interval {100 * d['ci_low']:.0f}–{100 * d['ci_high']:.0f} %)"
+                       if not pd.isna(d.get("ci_low", float("nan"))) else ""))
+            if d.get("exposed_comm(ms)") is not None and d.get("step(ms)"):
+                part += (f"; exposed communication {fmt(d['exposed_comm(ms)'], ' ms')} of a "
+                         f"{fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
+            out.append(part + ".")
+        fair = top[top["quality"].map(trusted)] if "quality" in top else top
+        for d in top.drop(fair.index).to_dict("records"):
+            out.append(f"{d['workers']} workers at batch {d['global_batch']} are flagged ({d['quality']}): "
+                       "their efficiency is not a finding.")
+        if not len(fair) or fair["efficiency"].isna().all():
+            continue
+        best = fair.loc[fair["efficiency"].idxmax()]
+        low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+        if mode == "strong" and not pd.isna(low) and low < 0.5 <= high:
+            out.append(f"Whether {int(best.workers)} workers pay off at global batch {int(best.global_batch)} is "
+                       f"within noise: efficiency {100 * low:.0f}–{100 * high:.0f} % (95 % interval) straddles "
+                       "50 %.")
+        elif mode == "strong" and best.efficiency >= 0.5:
+            rec = (f"Use {int(best.workers)} workers at global batch {int(best.global_batch)}: strong-scaling "
+                   f"efficiency {100 * best.efficiency:.0f} %.")
+        elif mode == "strong":
+            share = best.get("exposed_comm(ms)", float("nan")) / best["step(ms)"] if best["step(ms)"] else float("nan")
+            rec = (f"{int(best.workers)} workers do not pay off here: at best {100 * best.efficiency:.0f} % "
+                   f"strong-scaling efficiency (global batch {int(best.global_batch)}), exposed communication "
+                   f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
+    return out, rec
 
 
 EXPERIMENT = Experiment(
@@ -125,7 +241,7 @@ EXPERIMENT = Experiment(
     run=_run,
     takes_command=True,
     figures=_figures,
-    interpret=interpret.scale_result,
+    interpret=scale_result,
     captions={"scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
               "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
               "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scalelab.analysis import interpret
+import pandas as pd
+
 from scalelab.analysis.compare import strategies_table
+from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list, number
@@ -90,6 +92,42 @@ def comm_figures(name: str, label: str):
     return draw
 
 
+def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    """`table`: one row per strategy with step(ms) and its interval, comm(ms), exposed_comm(ms), bytes/step."""
+    real = table[table["sync"] != "noop"]
+    if not len(real):
+        return [], None
+    out, best = ranking(real, "sync", "gradient sync")
+    if "overlap" in real:
+        hidden = real.dropna(subset=["overlap"])
+        quality = hidden["quality"].fillna("ok") if "quality" in hidden else pd.Series("ok", index=hidden.index)
+        flagged = hidden[quality != "ok"]
+        hidden = hidden.drop(flagged.index)  # no conclusion from a figure flagged implausible
+        if len(hidden):
+            top = hidden.loc[hidden["overlap"].idxmax()]
+            out.append(f"{top.sync} hides the largest share of its communication behind compute: overlap "
+                       f"{100 * top['overlap']:.0f} % of {fmt(top['comm(ms)'], ' ms')} inside collectives"
+                       + (f" (interval {100 * top['overlap_ci_low']:.0f}–{100 * top['overlap_ci_high']:.0f} %)."
+                          if "overlap_ci_low" in top and not pd.isna(top["overlap_ci_low"]) else "."))
+        for sync, why in zip(flagged["sync"], quality[flagged.index]):
+            out.append(f"{sync}'s overlap is not used: {why}.")
+    rec = None if best is None else f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per step."
+    return out, rec
+
+
+def strategies_result(result) -> tuple[list[str], str | None]:
+    table = result.tables.get("compare_strategies", pd.DataFrame())
+    ok = table[table["status"] == "completed"] if len(table) else table
+    out, rec = strategies(ok) if len(ok) else ([], None)
+    if len(ok) and "bytes_per_step" in ok:
+        ref = ok[ok["sync"] == "ddp"]
+        for row in ok[ok["sync"].isin(["ddp+fp16", "ddp+bf16", "ddp+powersgd"])].to_dict("records"):
+            if len(ref) and ref["bytes_per_step"].iloc[0]:
+                out.append(f"{row['sync']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}x "
+                           f"the bytes of plain ddp per step ({fmt(row['bytes_per_step'])} B).")
+    return out, rec
+
+
 EXPERIMENT = Experiment(
     name="strategies", command="compare strategies", section="strategies", order=50,
     title="Gradient synchronisation strategies",
@@ -106,5 +144,5 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=_run,
     figures=comm_figures("compare_strategies", "sync"),
-    interpret=interpret.strategies_result,
+    interpret=strategies_result,
 )

@@ -4,6 +4,7 @@ there the threads compete for cores and the time says more about the scheduler t
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 
@@ -13,7 +14,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, int_list
 from scalelab.lab.cells import Cell, with_fields
-
+from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
 def default_threads(cores: int | None = None) -> list[int]:
@@ -64,9 +65,21 @@ def interpret_threads(result: Result) -> tuple[list[str], str | None]:
 
 
 def _figures(result: Result, out) -> list:
-    from scalelab.report import figures
 
-    return [figures.time_vs_threads(result.tables["threads"], out / "threads.png")]
+    return [time_vs_threads(result.tables["threads"], out / "threads.png")]
+
+
+def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
+    """Step time with its spread vs torch threads; the core count as a dashed line (past it: oversubscribed)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.errorbar(table["threads"], table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="o-", capsize=3)
+    ax.axvline(int(table["cores"].iloc[0]), linestyle="--", color="grey", label="core count")
+    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel=STEP_CI_LABEL,
+           title="Step time vs threads")
+    ax.set_xticks(list(table["threads"]), [str(t) for t in table["threads"]])
+    ax.minorticks_off()
+    ax.legend()
+    return save(fig, path)
 
 
 EXPERIMENT = Experiment(

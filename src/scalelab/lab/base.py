@@ -1,14 +1,15 @@
 """What an experiment is: one registered object per experiment (torchtitan's TrainSpec idea).
 
-An experiment declares its options, its cells and its analysis; the study, the report and the CLI read the
-registry (`experiments.registry`), so adding an experiment is one new module that defines `EXPERIMENT` plus its
-test. Two shapes:
+An experiment is one module of scalelab.experiments: its options, its cells, its table, its plots, its sentences
+and its options in the built-in study, declared in its `EXPERIMENT`; the study, the report and the CLI read the
+registry (`lab.registry`), so adding an experiment is that module plus its test (experiments/bucket_sweep.py is
+the example). Two shapes:
 
     EXPERIMENT = Experiment(name="amp", command="amp", title=..., question=..., help=...,
                             cells=amp_cells,        # (base, opts) -> list[Cell], run as one group
                             analyse=amp_tables,     # (runs, base, opts) -> Result (tables, notes)
                             figures=amp_figures,    # (result, out_dir) -> list of PNG paths
-                            interpret=interpret.precision_result)   # (result) -> (sentences, recommendation)
+                            interpret=amp_sentences)  # (result) -> (sentences, recommendation)
 
 and, for experiments whose cells depend on earlier outcomes (the max-batch search, calibrate-then-predict),
 `run=(ctx, base, opts) -> Result` that drives `ctx.cells` itself.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.analysis import interpret, keys
+from scalelab.analysis import keys
+from scalelab.experiments import checkpointing as interpret
 from scalelab.analysis.tables import checkpointing_table
 
 

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from scalelab.analysis import interpret, keys
+from scalelab.analysis import keys
+from scalelab.experiments import model_grid as interpret
 from scalelab.analysis.model_grid import GRID_COLUMNS, grid_table, workers_table
 from scalelab.lab.base import Result
 

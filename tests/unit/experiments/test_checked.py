@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import quiet_cells
-from scalelab.analysis import interpret
+from scalelab.experiments import strategies as interpret
 from scalelab.config import TrainConfig
 from scalelab.lab.base import Context
 from scalelab.lab.cells import Cell, replay_only

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalelab.analysis import interpret
+from scalelab.experiments import strategies as interpret
 from scalelab.errors import ConfigError
 from scalelab.lab.registry import get, names
 from scalelab.lab.study import StudySpec, load_spec

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import (FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, STORE_V0_MLP_NOOP,
                       as_gpu_box, copied_runs as copied)
-from scalelab.analysis import interpret
+from scalelab.experiments import predict as interpret
 from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
 from scalelab.errors import ConfigError, StoreError
 from scalelab.perf.calibration import Calibration, bench_means, compute_points, device_name, gradient_sizes
@@ -175,11 +175,11 @@ def test_gpu_box_runs_name_the_device_and_host(tmp_path):
 def test_prediction_plot_says_whose_compute_in_title_and_legend(tmp_path, monkeypatch):
     from matplotlib import pyplot as plt
 
+    from scalelab.perf import prediction
     from scalelab.perf.prediction import prediction_figures
-    from scalelab.report import figures
 
     shown = {}
-    monkeypatch.setattr(figures, "_save", lambda fig, path: shown.setdefault("fig", fig) and path)
+    monkeypatch.setattr(prediction, "save", lambda fig, path: shown.setdefault("fig", fig) and path)
     cal = synthetic_calibration(device="NVIDIA H100 80GB HBM3", host="gpubox")
     result = prediction_result(cal, [cal.hardware(), PRESETS["nvlink3"]], workers=[1, 8], mode="weak", batch=32,
                                strategy="ddp", bucket_mb=25, compression="none", target=0.5,

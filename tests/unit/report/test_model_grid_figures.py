@@ -5,7 +5,7 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.analysis.model_grid import grid_table
-from scalelab.report import figures
+from scalelab.experiments import model_grid as figures
 
 MIB = 2**20
 BY_KIND = {keys.STEP_MEDIAN_MS: 10.0, keys.MEMORY_PARAMETERS_BYTES: 4 * MIB, keys.MEMORY_GRADIENTS_BYTES: 4 * MIB,
