@@ -9,7 +9,7 @@ import pandas as pd
 from scalelab.analysis import keys, tables
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import interval, span
-from scalelab.lab.base import Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import plt, save
 
@@ -70,6 +70,11 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
            else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"launches": 1 if q else 3, "set": {"steps": 20 if q else 40, "eval_every": 10}}
+
 
 EXPERIMENT = Experiment(
     name="amp", command="amp", section="amp", order=90,
@@ -88,4 +93,5 @@ EXPERIMENT = Experiment(
     interpret=lambda result: precision(result.tables["amp"]),
     captions={"amp": "Per precision: final accuracy and loss, peak memory, throughput, step time spread.",
               "amp_curves.png": "Training loss per step, fp32 vs lower precision (rank 0)."},
+    study_options=study_options,
 )

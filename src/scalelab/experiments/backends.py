@@ -10,7 +10,7 @@ from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig, cuda_device_count
 from scalelab.errors import ConfigError
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, ordered
-from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 
@@ -85,6 +85,13 @@ def backends_result(result) -> tuple[list[str], str | None]:
             rec = f"Use the {best['backend']} backend ({fmt(best['step(ms)'], ' ms')} per step)."
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    comm_model = plan.comm_model
+    return {"launches": 1 if q else 3,  # shares cells with strategies
+            "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
+
 
 EXPERIMENT = Experiment(
     name="backends", command="compare backends", section="backends", order=60,
@@ -99,4 +106,5 @@ EXPERIMENT = Experiment(
     run=run_backends,
     figures=comm_figures("compare_backends", "backend"),
     interpret=backends_result,
+    study_options=study_options,
 )

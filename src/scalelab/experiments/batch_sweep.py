@@ -9,7 +9,7 @@ from scalelab.analysis import keys, tables
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.analysis.intervals import separated
-from scalelab.lab.base import Experiment, Option, Result, int_list
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
@@ -59,6 +59,11 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
         ax.minorticks_off()
     return save(fig, path)
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]}
+
 
 EXPERIMENT = Experiment(
     name="batch_sweep", command="batch-sweep", section="batch", order=20,
@@ -74,4 +79,5 @@ EXPERIMENT = Experiment(
     captions={"batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput "
                              "(samples/s), peak memory (GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},
+    study_options=study_options,
 )

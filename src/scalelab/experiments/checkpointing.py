@@ -14,7 +14,7 @@ import pandas as pd
 from scalelab.analysis import keys, tables
 from scalelab.analysis.interpret import fmt, interval
 from scalelab.analysis.intervals import separated
-from scalelab.lab.base import Experiment, Option, Result, int_list, launches_option
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
@@ -93,6 +93,13 @@ def _ratio(value: float, base: float) -> str:
     ratio = value / base if base else float("nan")
     return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"segments": [0, 2, 4], "launches": 1 if q else 2,
+            "set": {"model": "resnet18", "global_batch": 8 if q else 16, "steps": 3 if q else 4,
+                    "warmup_steps": 1}}
+
 
 EXPERIMENT = Experiment(
     name="checkpointing", command="checkpointing", section="checkpointing", order=100,
@@ -116,4 +123,5 @@ EXPERIMENT = Experiment(
               "checkpointing.png": "Left: saved activations and their backward peak (left axis), the process's "
                                    "peak memory (right axis, its own scale); right: step time; vs checkpoint "
                                    "segments."},
+    study_options=study_options,
 )

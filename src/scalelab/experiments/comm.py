@@ -8,7 +8,7 @@ import shutil
 import pandas as pd
 
 from scalelab.analysis.interpret import fmt
-from scalelab.lab.base import Context, Experiment, Option, Result
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan
 from scalelab.lab.cells import Cell
 
 
@@ -58,6 +58,11 @@ def comm_result(result) -> tuple[list[str], str | None]:
     out.append(f"Correctness check: {wrong} wrong element(s) over every op and size.")
     return out, None
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"begin": "4K", "end": "4M" if q else "16M", "iters": 5 if q else 10, "ranks": 2}
+
 
 EXPERIMENT = Experiment(
     name="comm", command=None, section="comm", order=70, base=False,
@@ -74,4 +79,5 @@ EXPERIMENT = Experiment(
     run=_run,
     interpret=comm_result,
     captions={"comm_busbw.png": "Bus bandwidth per message size and collective."},
+    study_options=study_options,
 )

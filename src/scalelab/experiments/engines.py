@@ -15,7 +15,7 @@ from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
 from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
-from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 
@@ -90,6 +90,13 @@ def engines_result(result) -> tuple[list[str], str | None]:
             rec = f"Use the {best['engine']} engine ({fmt(best['step(ms)'], ' ms')} per step)."
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study (the quick study leaves it out). The DDP cell is backends' gloo cell; Horovod adds
+    one launch (~15 s on 2 cores), without its baseline (the default study's 10-minute budget): its exposed
+    communication is marked not applicable"""
+    comm_model = plan.comm_model
+    return {"launches": 1, "baseline": False, "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
+
 
 EXPERIMENT = Experiment(
     name="engines", command="compare engines", section="engines", order=65,
@@ -109,4 +116,6 @@ EXPERIMENT = Experiment(
     run=run_engines,
     figures=comm_figures("compare_engines", "engine"),
     interpret=engines_result,
+    study_options=study_options,
+    quick=False,
 )

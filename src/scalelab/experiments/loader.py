@@ -13,7 +13,7 @@ from scalelab.analysis import keys, tables
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.config import TrainConfig
-from scalelab.lab.base import Context, Experiment, Option, Result, bool_list, int_list, launches_option
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bool_list, int_list, launches_option
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
 from scalelab.report.figures import ci, plt, save
 
@@ -132,6 +132,12 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
             return out, None
     return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"workers": [0, 2] if q else [0, 2, 4], "launches": 1 if q else 2,
+            "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}}
+
 
 EXPERIMENT = Experiment(
     name="loader", command="loader-sweep", section="loader", order=80,
@@ -150,4 +156,5 @@ EXPERIMENT = Experiment(
     captions={"loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the "
                               "loader alone.",
               "loader_sweep.png": "Throughput and data-wait share per loader setting."},
+    study_options=study_options,
 )

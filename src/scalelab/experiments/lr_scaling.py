@@ -17,7 +17,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.interpret import interval
 from scalelab.analysis.intervals import median_interval, separated
 from scalelab.config import TrainConfig
-from scalelab.lab.base import Experiment, Option, Result, int_list, name_list, number
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import plt, save
 from scalelab.train.lr import RULES
@@ -180,6 +180,17 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
                        f"{100 * ivs[1][1]:.1f} % over {int(best.n)} seeds).")
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study. 1024 (where the linear rule diverges) is left to `lr-scaling --batches`
+    (~30 s more)"""
+    q = plan.quick
+    return {"batches": [32, 256], "workers": [1], "target": 0.9,
+            "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",
+                                                          "lars"],
+            "set": {"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03,
+                    "epochs": 4 if q else 24, "steps": None, "samples": None, "eval_samples": None,
+                    "warmup_steps": 1}}
+
 
 EXPERIMENT = Experiment(
     name="lr_scaling", command="lr-scaling", section="lrscaling", order=110,
@@ -205,4 +216,5 @@ EXPERIMENT = Experiment(
                             "best accuracy, time and epochs to the target accuracy (when every seed reached it).",
               "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",
               "lr_curves.png": "Test accuracy per epoch per rule, one panel per batch size."},
+    study_options=study_options,
 )

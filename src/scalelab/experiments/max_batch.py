@@ -25,7 +25,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
-from scalelab.lab.base import Context, Experiment, Option, Result, name_list, number
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, name_list, number
 from scalelab.lab.cells import Cell, Cells, with_fields
 from scalelab.sizes import parse_bytes
 
@@ -250,6 +250,17 @@ def max_batch_result(result) -> tuple[list[str], str | None]:
     best = t.loc[t["max_batch"].idxmax()]
     return out, f"For the largest batch, use {best.variant}: {int(best.max_batch)} samples fit."
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study (the quick study leaves it out). On CUDA the GPU's memory is the limit; a CPU cap
+    would mislead the search's prediction"""
+    q = plan.quick
+    gpus = plan.gpus
+    return {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,
+            # one search (~1.5 min): what checkpointing and AMP do to memory is in their own experiments;
+            # their searches are left to `max-batch --variants` (the default study's 10-minute budget)
+            "variants": ["base"],
+            "set": {"model": "resnet18"}}
+
 
 EXPERIMENT = Experiment(
     name="max_batch", command="max-batch", section="maxbatch", order=30,
@@ -267,4 +278,6 @@ EXPERIMENT = Experiment(
     interpret=max_batch_result,
     captions={"max_batch": "Largest global batch that trains under the memory limit; trials in their own "
                            "processes."},
+    study_options=study_options,
+    quick=False,
 )

@@ -25,7 +25,7 @@ from scalelab.analysis.model_grid import FALLS_BELOW, grid_table, workers_table
 from scalelab.config import TrainConfig, format_model_options
 from scalelab.errors import ConfigError
 from scalelab.experiments.max_batch import does_not_fit
-from scalelab.lab.base import Context, Experiment, Option, Result, positive_ints
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, positive_ints
 from scalelab.lab.cells import Cell, CellResult, with_fields
 from scalelab.report.figures import plt, save
 from scalelab.sizes import parse_bytes
@@ -280,6 +280,19 @@ def model_grid_result(result) -> tuple[list[str], str | None]:
                    f"{step.median():.2f}x{spread}.")
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study. Seed 004: at this batch narrow MLPs are activation-bound (2 workers halve
+    that), wide ones parameter-bound (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow
+    ones on 1 and 2 workers (peak RSS added ~60 / ~35 MiB on 2 cores) and none for depth 8 x width 1024 (84 MB of
+    gradients and momentum); 64 MiB made width 256 on 1 worker fit in some runs and not in others. The quick study
+    keeps one model on 1 and 2 workers (its 150 s budget); the default one the whole grid."""
+    q = plan.quick
+    gpus = plan.gpus
+    return {"depths": [2] if q else [2, 8], "widths": [1024] if q else [256, 1024],
+            "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
+            "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
+                    "steps": 3, "warmup_steps": 1}}
+
 
 EXPERIMENT = Experiment(
     name="model_grid", command="model-grid", section="modelgrid", order=35,
@@ -306,4 +319,5 @@ EXPERIMENT = Experiment(
               "model_grid.png": "Median step time and fits / does not fit over depth x width, per worker count.",
               "model_grid_memory.png": "Memory by kind per rank for each cell (stacked), with the peak memory "
                                        "training added."},
+    study_options=study_options,
 )

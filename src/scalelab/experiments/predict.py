@@ -7,7 +7,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.interpret import fmt
-from scalelab.lab.base import Context, Experiment, Option, Result, int_list, name_list, number
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, int_list, name_list, number
 from scalelab.perf.prediction import prediction_figures, run_prediction
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]
@@ -47,6 +47,18 @@ def predict_result(result) -> tuple[list[str], str | None]:
         rec = f"For larger clusters ({hw}): {advice}"
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    comm_model = plan.comm_model
+    return {"workers": [1, 2, 4, 8, 16, 64, 256, 1024, 4096], "hardware": ["measured", "10gbe", "ib_hdr",
+                                                                            "nvlink3"],
+            # 2 ranks calibrate in situ and validate on measured runs; the quick study keeps to one rank
+            # two points fit the line (a third: ~25 s more); with scale's buckets the validation run at
+            # per-rank batch 32 is scale's 2-worker DDP cell, reused
+            "calibration_batches": [16, 32],
+            "set": {**comm_model, "ranks": 1 if q else 2, "bucket_mb": 4.0}}
+
 
 EXPERIMENT = Experiment(
     name="predict", command=None, section="prediction", order=120,
@@ -69,4 +81,5 @@ EXPERIMENT = Experiment(
     run=_run,
     figures=prediction_figures,
     interpret=predict_result,
+    study_options=study_options,
 )

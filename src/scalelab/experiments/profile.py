@@ -7,7 +7,7 @@ import pandas as pd
 
 from scalelab.analysis import tables
 from scalelab.analysis.interpret import fmt
-from scalelab.lab.base import Experiment, Result
+from scalelab.lab.base import Experiment, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.report.figures import plt, save
 
@@ -39,6 +39,10 @@ def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
         out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
     return out, None
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    return {"set": {"ranks": 2}}
+
 
 EXPERIMENT = Experiment(
     name="profile", command="profile", section="profile", order=10,
@@ -52,4 +56,5 @@ EXPERIMENT = Experiment(
     interpret=lambda result: profile(result.tables["profile"]),
     captions={"profile": "Mean time per step of each stage (ms) and its share (%).",
               "profile.png": "Share of a step per stage (mean over timed steps)."},
+    study_options=study_options,
 )

@@ -21,7 +21,7 @@ from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.lab.base import Context, Experiment, Option, Result, int_list, launches_option, name_list, positive_ints
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, int_list, launches_option, name_list, positive_ints
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.report.figures import ci, plt, save
@@ -222,6 +222,19 @@ def scale_result(result) -> tuple[list[str], str | None]:
                    f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study. Compared cells: launched 3 times in interleaved rounds in the default
+    study; the quick one launches each once (its intervals then come from the steps of one launch: the tables'
+    `launches` column says so) the buckets of strategies' DDP: its 2-worker cell and baseline are then one cell with
+    the DDP row and baseline of strategies and backends, measured once and reused (6 launches fewer in the default
+    study)"""
+    q = plan.quick
+    comm_model = plan.comm_model
+    top = max(2, min(plan.gpus, 8)) if plan.gpus else 2
+    workers = sorted({1, 2, top})
+    return {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
+            "set": {**comm_model, "bucket_mb": 4.0}}
+
 
 EXPERIMENT = Experiment(
     name="scale", command="scale", section="scaling", order=40,
@@ -250,4 +263,5 @@ EXPERIMENT = Experiment(
               "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s."},
+    study_options=study_options,
 )

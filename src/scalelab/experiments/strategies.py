@@ -20,7 +20,7 @@ from scalelab.analysis.compare import strategies_table
 from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.lab.base import Context, Experiment, Option, Result, launches_option, name_list, number
+from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list, number
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.report import figures
@@ -127,6 +127,16 @@ def strategies_result(result) -> tuple[list[str], str | None]:
                            f"the bytes of plain ddp per step ({fmt(row['bytes_per_step'])} B).")
     return out, rec
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study. Seed 003's three (the naive gather/scatter, blocking allreduce, DDP's
+    overlapped buckets; the quick study the last two); every variant, scalelab's own bucketed overlap and DDP's
+    hooks, is `scalelab compare strategies`: 3 launches of 9 variants and their baselines take ~7 minutes here"""
+    q = plan.quick
+    comm_model = plan.comm_model
+    return {"strategies": ["allreduce", "ddp"] if q else ["gather_scatter", "allreduce", "ddp"],
+            "launches": 1 if q else 3,
+            "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
+
 
 EXPERIMENT = Experiment(
     name="strategies", command="compare strategies", section="strategies", order=50,
@@ -145,4 +155,5 @@ EXPERIMENT = Experiment(
     run=_run,
     figures=comm_figures("compare_strategies", "sync"),
     interpret=strategies_result,
+    study_options=study_options,
 )

@@ -12,7 +12,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.lab.base import Experiment, Option, Result, int_list
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
@@ -81,6 +81,11 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     ax.legend()
     return save(fig, path)
 
+def study_options(plan: StudyPlan) -> dict | None:
+    """The options in the built-in study."""
+    q = plan.quick
+    return {"threads": [1, 2] if q else None}  # default: 1, 2, 4 (oversubscribed) on 2 cores
+
 
 EXPERIMENT = Experiment(
     name="threads", command="threads", section="threads", order=15,
@@ -98,4 +103,5 @@ EXPERIMENT = Experiment(
                          "over the fewest threads; threads above the core count are oversubscribed.",
               "threads.png": "Step time (median, bars min..max) vs torch threads; the dashed line is the core "
                              "count."},
+    study_options=study_options,
 )

@@ -88,9 +88,10 @@ class Experiment:
     interleave: bool = False  # run the cells' repeats in rounds (A B C, A B C: cells compared with each other)
     # also over a user's script: `scalelab CMD ... -- python train.py ARGS` (base is then a run.script.ScriptConfig)
     takes_command: bool = False
-    # its options in the built-in study, owned by the experiment (None from the call: not in that study); without
-    # it, lab/study.py's table gives them
+    # its options in the built-in study, owned by the experiment (None from the call: not in that study); and
+    # whether the quick study (150 s) runs it too
     study_options: Callable[[StudyPlan], dict | None] | None = None
+    quick: bool = True
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.cells is None or self.analyse is None):

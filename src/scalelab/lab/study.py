@@ -79,92 +79,28 @@ class StudySpec:
         return cls(**data)
 
 
-# the quick study (150 s) leaves out what starts another launcher (horovodrun) and the max-batch search (at least
-# 7 trials of ~8 s each under a cap resnet18 can train under)
-QUICK_LEAVES_OUT = ("engines", "max_batch")
-
 # (experiment, option name in scalelab 0.1) -> its name now
 LEGACY_OPTIONS = {("strategies", "names"): "strategies", ("scale", "modes"): "mode"}
 
 
 def default_spec(quick: bool = False, name: str | None = None) -> StudySpec:
-    """The built-in study for this machine. Compute-side experiments use the small CNN on synthetic images;
-    communication-side ones the MLP, whose 25 MB of gradients make communication costs visible on loopback."""
-    gpus = cuda_device_count()
-    top = max(2, min(gpus, 8)) if gpus else 2
-    workers = sorted({1, 2, top})
+    """The built-in study for this machine: the base config here, each experiment's options from its own module
+    (`study_options`); the quick study leaves out those marked `quick=False` (the max-batch search, Horovod,
+    the bucket sweep).
+    Compute-side experiments use the small CNN on synthetic images; communication-side ones the MLP, whose 25 MB of
+    gradients make communication costs visible on loopback."""
     q = quick
     base = {"model": "cnn", "dataset": "synthetic", "samples": 1024 if q else 2048, "eval_samples": 256,
             "global_batch": 64, "steps": 8 if q else 16, "warmup_steps": 2}
     # the default study launches compared cells 3 times: 8 steps each (6 timed) pool to 18 timed steps per cell
     comm_model = {"model": "mlp", "steps": 6 if q else 8}
-    options = {
-        "profile": {"set": {"ranks": 2}},
-        "threads": {"threads": [1, 2] if q else None},  # default: 1, 2, 4 (oversubscribed) on 2 cores
-        "batch_sweep": {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]},
-        # on CUDA the GPU's memory is the limit; a CPU cap would mislead the search's prediction
-        "max_batch": {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,
-                      # one search (~1.5 min): what checkpointing and AMP do to memory is in their own experiments;
-                      # their searches are left to `max-batch --variants` (the default study's 10-minute budget)
-                      "variants": ["base"],
-                      "set": {"model": "resnet18"}},
-        # seed 004: at this batch narrow MLPs are activation-bound (2 workers halve that), wide ones parameter-bound
-        # (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow ones on 1 and 2 workers
-        # (peak RSS added ~60 / ~35 MiB on 2 cores) and none for depth 8 x width 1024 (84 MB of gradients and
-        # momentum); 64 MiB made width 256 on 1 worker fit in some runs and not in others
-        # the quick study keeps one model on 1 and 2 workers (its 150 s budget); the default one the whole grid
-        "model_grid": {"depths": [2] if q else [2, 8], "widths": [1024] if q else [256, 1024],
-                       "workers": [1] if gpus == 1 else [1, 2], "memory_limit": None if gpus else 96 * 2**20,
-                       "set": {"model": "mlp", "global_batch": 2048, "samples": 2048, "eval_every": 1000,
-                               "steps": 3, "warmup_steps": 1}},
-        # compared cells: launched 3 times in interleaved rounds in the default study; the quick one launches each
-        # once (its intervals then come from the steps of one launch: the tables' `launches` column says so)
-        # the buckets of strategies' DDP: its 2-worker cell and baseline are then one cell with the DDP row and
-        # baseline of strategies and backends, measured once and reused (6 launches fewer in the default study)
-        "scale": {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
-                  "set": {**comm_model, "bucket_mb": 4.0}},
-        # seed 003's three (the naive gather/scatter, blocking allreduce, DDP's overlapped buckets; the quick study
-        # the last two); every variant, scalelab's own bucketed overlap and DDP's hooks, is `scalelab compare
-        # strategies`: 3 launches of 9 variants and their baselines take ~7 minutes here
-        "strategies": {"strategies": ["allreduce", "ddp"] if q else ["gather_scatter", "allreduce", "ddp"],
-                       "launches": 1 if q else 3,
-                       "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
-        "backends": {"launches": 1 if q else 3,  # shares cells with strategies
-                     "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
-        # the DDP cell is backends' gloo cell; Horovod adds one launch (~15 s on 2 cores), without its baseline
-        # (the default study's 10-minute budget): its exposed communication is marked not applicable
-        "engines": {"launches": 1, "baseline": False, "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}},
-        "comm": {"begin": "4K", "end": "4M" if q else "16M", "iters": 5 if q else 10, "ranks": 2},
-        "loader": {"workers": [0, 2] if q else [0, 2, 4], "launches": 1 if q else 2,
-                   "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}},
-        "amp": {"launches": 1 if q else 3, "set": {"steps": 20 if q else 40, "eval_every": 10}},
-        "checkpointing": {"segments": [0, 2, 4], "launches": 1 if q else 2,
-                          "set": {"model": "resnet18", "global_batch": 8 if q else 16, "steps": 3 if q else 4,
-                                  "warmup_steps": 1}},
-        # 1024 (where the linear rule diverges) is left to `lr-scaling --batches` (~30 s more)
-        "lr_scaling": {"batches": [32, 256], "workers": [1], "target": 0.9,
-                       "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",
-                                                                     "lars"],
-                       "set": {"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03,
-                               "epochs": 4 if q else 24, "steps": None, "samples": None, "eval_samples": None,
-                               "warmup_steps": 1}},
-        "predict": {"workers": [1, 2, 4, 8, 16, 64, 256, 1024, 4096], "hardware": ["measured", "10gbe", "ib_hdr",
-                                                                                    "nvlink3"],
-                    # 2 ranks calibrate in situ and validate on measured runs; the quick study keeps to one rank
-                    # two points fit the line (a third: ~25 s more); with scale's buckets the validation run at
-                    # per-rank batch 32 is scale's 2-worker DDP cell, reused
-                    "calibration_batches": [16, 32],
-                    "set": {**comm_model, "ranks": 1 if q else 2, "bucket_mb": 4.0}},
-    }
-    names = [n for n in registry.names() if not (q and n in QUICK_LEAVES_OUT)]
-    plan = StudyPlan(quick=q, gpus=gpus, comm_model=comm_model)
-    for experiment in registry.experiments().values():  # experiments that own their study options
-        if experiment.study_options is not None:
-            own = experiment.study_options(plan)
-            if own is None:
-                names = [n for n in names if n != experiment.name]
-            else:
-                options[experiment.name] = own
+    plan = StudyPlan(quick=q, gpus=cuda_device_count(), comm_model=comm_model)
+    options: dict = {}
+    for experiment in registry.experiments().values():
+        own = experiment.study_options(plan) if experiment.study_options is not None else {}
+        if own is not None:
+            options[experiment.name] = own
+    names = [e.name for e in registry.experiments().values() if e.name in options and (e.quick or not q)]
     return StudySpec(name=name or ("quick" if q else "default"), quick=q, base=base, options=options,
                      experiments=names)
 

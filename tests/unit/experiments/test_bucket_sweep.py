@@ -84,6 +84,8 @@ def test_overlap_is_called_hidden_only_when_its_interval_is_above_zero():
 
 
 def test_in_the_default_study_only():
+    from scalelab.lab.study import default_spec
+
+    assert "bucket_sweep" in default_spec().experiments and "bucket_sweep" not in default_spec(quick=True).experiments
     plan = StudyPlan(quick=False, gpus=0, comm_model={"model": "mlp", "steps": 8})
-    assert bucket_sweep.study_options(StudyPlan(quick=True, gpus=0, comm_model={})) is None
-    assert bucket_sweep.study_options(plan)["set"]["bucket_mb"] == 4.0
+    assert bucket_sweep.study_options(plan)["set"]["bucket_mb"] == 4.0  # the strategies' DDP cell, reused
