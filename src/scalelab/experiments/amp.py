@@ -6,12 +6,24 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import keys, tables
+from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import interval, span
+from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import plt, save
+
+
+def precision_table(runs: list[dict]) -> pd.DataFrame:
+    """fp32 vs bf16 vs fp16: final accuracy, loss, peak memory and time (seed 001 part 2c)."""
+    metrics = [keys.EVAL_ACC, keys.EVAL_LOSS, keys.TRAIN_LOSS, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.EPOCH_S, keys.THROUGHPUT, *SPREAD]
+    frame = runs_frame(runs, ["precision", "device"], metrics, headline=keys.THROUGHPUT).dropna(axis=1, how="all")
+    if len(frame) and "fp32" in set(frame["precision"]):
+        base = frame.loc[frame["precision"] == "fp32", keys.THROUGHPUT].iloc[0]
+        frame["speedup_vs_fp32"] = frame[keys.THROUGHPUT] / base
+    return frame
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -32,7 +44,7 @@ def loss_curves(runs: list[dict], hue: str) -> pd.DataFrame:
 def _analyse(runs, base, opts) -> Result:
     skipped = sorted(set(PRECISIONS) - set(_chosen(base, opts)))
     notes = {"skipped": {p: "fp16 with GradScaler needs CUDA" for p in skipped}} if skipped else {}
-    return Result("amp", {"amp": tables.precision_table(runs), "amp_curves": loss_curves(runs, "precision")},
+    return Result("amp", {"amp": precision_table(runs), "amp_curves": loss_curves(runs, "precision")},
                   notes=notes)
 
 

@@ -5,13 +5,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import keys, tables
+from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.analysis.intervals import separated
+from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+
+
+def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
+    """Per global batch size: epoch time with and without data loading, throughput, peak memory (seed 000 T1)."""
+    metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.STEPS_TIMED]
+    frame = runs_frame(runs, ["global_batch", "ranks"], metrics, headline=keys.THROUGHPUT)
+    return frame.dropna(axis=1, how="all")
 
 
 def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
@@ -73,7 +82,7 @@ EXPERIMENT = Experiment(
     help="Epoch time with and without data loading, throughput and peak memory per batch size.",
     options=(Option(name="batches", default=[32, 64, 128, 256], help="Global batch sizes.", parse=int_list),),
     cells=lambda base, opts: [Cell(f"batch {b}", with_fields(base, global_batch=b)) for b in opts["batches"]],
-    analyse=lambda runs, base, opts: Result("batch_sweep", {"batch_sweep": tables.batch_sweep_table(runs)}),
+    analyse=lambda runs, base, opts: Result("batch_sweep", {"batch_sweep": batch_sweep_table(runs)}),
     figures=lambda result, out: [time_vs_batch(result.tables["batch_sweep"], out / "batch_sweep.png")],
     interpret=lambda result: batch_sweep(result.tables["batch_sweep"]),
     captions={"batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput "

@@ -11,12 +11,31 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import keys, tables
+from scalelab.analysis import keys
 from scalelab.analysis.interpret import fmt, interval
 from scalelab.analysis.intervals import separated
+from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+
+
+def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
+    """Activation checkpointing segments vs saved activations, their backward peak, the process's peak memory and
+    step time (seed 001 part 1b); ratios to no checkpointing where a run without it is there."""
+    metrics = [keys.MEMORY_ACTIVATIONS_BYTES, keys.MEMORY_ACTIVATIONS_PEAK_BYTES, keys.MEMORY_PEAK_RSS_GIB,
+               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.THROUGHPUT]
+    frame = runs_frame(runs, ["checkpoint_segments", "global_batch"], metrics,
+                       headline=keys.STEP_MEDIAN_MS).dropna(axis=1, how="all")
+    if len(frame):
+        base = frame[frame["checkpoint_segments"] == 0]
+        if len(base):
+            ratios = {"step_time_vs_off": keys.STEP_MEDIAN_MS, "activations_vs_off": keys.MEMORY_ACTIVATIONS_BYTES,
+                      "backward_peak_vs_off": keys.MEMORY_ACTIVATIONS_PEAK_BYTES}
+            for name, key in ratios.items():
+                if key in frame:
+                    frame[name] = frame[key] / base[key].iloc[0]
+    return frame
 
 
 def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
@@ -112,7 +131,7 @@ EXPERIMENT = Experiment(
     cells=lambda base, opts: [Cell(f"{k} segments", with_fields(base, checkpoint_segments=k), repeats=opts["launches"])
                               for k in opts["segments"]],
     interleave=True,
-    analyse=lambda runs, base, opts: Result("checkpointing", {"checkpointing": tables.checkpointing_table(runs)}),
+    analyse=lambda runs, base, opts: Result("checkpointing", {"checkpointing": checkpointing_table(runs)}),
     figures=lambda result, out: [memory_vs_segments(result.tables["checkpointing"],
                                                             out / "checkpointing.png")],
     interpret=lambda result: checkpointing(result.tables["checkpointing"]),

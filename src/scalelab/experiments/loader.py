@@ -9,13 +9,47 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import keys, tables
+from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, span
+from scalelab.analysis.tables import runs_frame
 from scalelab.config import TrainConfig
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bool_list, int_list, launches_option
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
 from scalelab.report.figures import ci, plt, save
+
+
+def loader_table(runs: list[dict]) -> pd.DataFrame:
+    """DataLoader settings vs data-wait share of training steps and throughput (seed 001 part 2a)."""
+    metrics = [keys.stage_ms("data"), keys.STEP_MEDIAN_MS, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS,
+               keys.EPOCH_S, keys.THROUGHPUT]
+    frame = runs_frame(runs, ["num_workers", "pin_memory", "prefetch_factor"], metrics, headline=keys.THROUGHPUT)
+    if len(frame):
+        shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}
+        frame["data_wait(%)"] = frame["run_id"].map(shares)
+    return frame
+
+
+def best_loader_setting(table: pd.DataFrame) -> dict:
+    """The fastest setting, preferring fewer workers when within 5 % of the best throughput."""
+    if not len(table):
+        return {}
+    best = table[keys.THROUGHPUT].max()
+    near = table[table[keys.THROUGHPUT] >= 0.95 * best].sort_values(["num_workers"], kind="stable")
+    row = near.iloc[0]
+    return {"num_workers": int(row["num_workers"]), "pin_memory": bool(row["pin_memory"]),
+            "prefetch_factor": None if pd.isna(row["prefetch_factor"]) else int(row["prefetch_factor"]),
+            keys.THROUGHPUT: float(row[keys.THROUGHPUT]),
+            "speedup_vs_0_workers": float(row[keys.THROUGHPUT] /
+                                          table.loc[table["num_workers"] == 0, keys.THROUGHPUT].max())
+            if (table["num_workers"] == 0).any() else None}
+
+
+def data_share(summary: dict) -> float:
+    """Data wait as a fraction of the mean step (the stage means sum to the mean step time)."""
+    stages = [v for k, v in summary.items() if k.startswith(keys.STAGE_PREFIX) and "_ci_" not in k]
+    total = sum(stages)
+    return summary.get(keys.stage_ms("data"), 0.0) / total if total else 0.0
 
 
 def iterate_epoch(cfg: TrainConfig) -> float:
@@ -76,7 +110,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     alone = ctx.cells.run([Cell(f"{label}: loader alone", cfg, kind="loader") for label, cfg in settings],
                           group="loader_sweep_iteration")
     runs = [r for r in ctx.cells.rows(trained) if r["status"] == "completed"]
-    table = tables.loader_table(runs)
+    table = loader_table(runs)
     iteration = {}
     for (_, cfg), res in zip(settings, alone):
         seconds = float("nan")
@@ -85,7 +119,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         iteration[(cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)] = seconds
     table["epoch_iteration(s)"] = [iteration.get((int(r.num_workers), bool(r.pin_memory), _none(r.prefetch_factor)))
                                    for r in table.itertuples()]
-    return Result("loader_sweep", {"loader_sweep": table}, notes={"recommended": tables.best_loader_setting(table)})
+    return Result("loader_sweep", {"loader_sweep": table}, notes={"recommended": best_loader_setting(table)})
 
 
 def default_workers() -> list[int]:

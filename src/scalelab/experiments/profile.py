@@ -5,11 +5,38 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis import tables
+from scalelab.analysis import keys
+from scalelab.analysis.compare import run_quality
 from scalelab.analysis.interpret import fmt
+from scalelab.analysis.tables import HEADLINE
 from scalelab.lab.base import Experiment, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.report.figures import plt, save
+
+
+def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
+    """Mean time per step of each stage and its share of the step (seed 001 part 2b). Evaluation is its own line
+    after them: the time of one evaluation, outside every step, so it has no share. (Runs of scalelab 0.1 timed
+    evaluation inside the step: for them it stays a stage.)"""
+    stages = ["data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other"]
+    rows = []
+    for run in runs:
+        summary = run["summary"] or {}
+        inside = [s for s in stages if s != "eval" or summary.get(keys.stage_ms("eval"))]
+        total = sum(summary.get(keys.stage_ms(s), 0.0) for s in inside)
+        for s in inside:
+            ms = summary.get(keys.stage_ms(s), 0.0)
+            low, high = (summary.get(k) for k in keys.ci_keys(keys.stage_ms(s)))
+            rows.append({"run_id": run["run_id"], "stage": s, "time(ms)": ms, "n": summary.get(keys.STEPS_TIMED),
+                         "ci_low": low, "ci_high": high, "share(%)": 100.0 * ms / total if total else 0.0,
+                         "quality": run_quality(summary)})
+        if summary.get(keys.EVAL_MS) is not None:
+            rows.append({"run_id": run["run_id"], "stage": EVAL_OUTSIDE, "time(ms)": summary[keys.EVAL_MS],
+                         "n": summary.get(keys.EVALS), "share(%)": float("nan"), "quality": run_quality(summary)})
+    return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", *HEADLINE, "share(%)", "quality"])
+
+
+EVAL_OUTSIDE = "eval (outside the step, per evaluation)"
 
 
 def stage_pie(table: pd.DataFrame, path: Path) -> Path:
@@ -51,7 +78,7 @@ EXPERIMENT = Experiment(
              "(seed 001 part 2b, seed 003 task 1)",
     help="Where a step's time goes: stage table and pie chart.",
     cells=lambda base, opts: [Cell("profile", base)],
-    analyse=lambda runs, base, opts: Result("profile", {"profile": tables.stage_profile_table(runs)}),
+    analyse=lambda runs, base, opts: Result("profile", {"profile": stage_profile_table(runs)}),
     figures=lambda result, out: [stage_pie(result.tables["profile"], out / "profile.png")],
     interpret=lambda result: profile(result.tables["profile"]),
     captions={"profile": "Mean time per step of each stage (ms) and its share (%).",

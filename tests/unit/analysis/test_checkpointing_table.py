@@ -6,7 +6,7 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.experiments import checkpointing as interpret
-from scalelab.analysis.tables import checkpointing_table
+from scalelab.experiments.checkpointing import checkpointing_table
 
 
 def runs(rss_gib: dict[int, float]) -> list[dict]:
