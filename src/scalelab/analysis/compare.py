@@ -57,20 +57,14 @@ SUMMARY_COLUMNS = {
     "loopback_bytes_per_step": keys.COMM_LOOPBACK_BYTES_PER_STEP, "train_loss": keys.TRAIN_LOSS,
     "timed_steps": keys.STEPS_TIMED, "launches": LAUNCHES,
 }
-STRATEGY_COLUMNS = ["sync", "status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
-                    "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step_min(ms)",
-                    "step_max(ms)", "compute(ms)",
-                    "comm(ms)", "comm_sum(ms)", "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS,
-                    "collectives_per_step",
-                    "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
-                    "bytes_optimizer_per_step", "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step",
-                    "loopback/payload", "train_loss", "run_id", "baseline_run_id"]
-BACKEND_COLUMNS = ["backend", "status", "reason", "sync", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)",
-                   "step_ci_high(ms)", "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)",
-                   "comm_wait(ms)", "comm_blocking(ms)", *EXPOSED_COLUMNS, "busbw(GB/s)", "algbw(GB/s)",
-                   "collectives_per_step", "bytes_per_step", "bytes_forward_per_step", "bytes_backward_per_step",
-                   "bytes_optimizer_per_step", "loopback_bytes_per_step", "loopback/payload", "train_loss", "run_id",
-                   "baseline_run_id"]
+# the columns of a comparison table after its first one (the compared value: `comparison_table`)
+COMPARISON_COLUMNS = ["status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
+                      "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)",
+                      "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
+                      "comm_blocking(ms)", *EXPOSED_COLUMNS, "collectives_per_step", "bytes_per_step",
+                      "bytes_forward_per_step", "bytes_backward_per_step", "bytes_optimizer_per_step",
+                      "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step", "loopback/payload", "train_loss",
+                      "run_id", "baseline_run_id"]
 
 
 def exposed_comm(step_ms: float | None, baseline_step_ms: float | None) -> float | None:
@@ -203,61 +197,27 @@ def completed(run: dict | None) -> dict | None:
     return run if run is not None and run.get("status", "completed") == "completed" else None
 
 
-def strategies_table(pairs: list[tuple[dict, dict | None]], *, variant_of: Callable[[dict], str],
+def comparison_table(pairs: list[tuple[dict, dict | None]], *, axis: str, label_of: Callable[[dict], str],
                      order: Sequence[str]) -> pd.DataFrame:
-    """One row per (run, its baseline run) (column sync: the variant `variant_of(config)`; sync_config: the
-    config's sync value), in `order`."""
+    """One row per compared value, in `order`: (a run, its baseline run or None: exposed communication not
+    measured), or a value that cannot run here (a dict without "config": {axis: value, status, reason}) paired with
+    None. Column `axis` is the value (`label_of(config)`: a sync variant, a backend, an engine, a bucket size);
+    sync_config is the config's own sync."""
     rows = []
     for run, baseline in pairs:
+        if "config" not in run:  # a value that cannot run here
+            rows.append({axis: run[axis], "status": run["status"], "reason": run["reason"]})
+            continue
         c = run["config"]
         k = c.get("accumulate", 1)
-        row = {"sync": variant_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
+        row = {axis: label_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
                "sync_config": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
                "micro_batch_per_rank": c["global_batch"] // (c["ranks"] * c.get("nnodes", 1)) / k,
                "global_batch": c["global_batch"], "run_id": run["run_id"], **run_metrics(run)}
         rows.append(with_baseline(row, run, completed(baseline)))
-    frame = pd.DataFrame(rows, columns=STRATEGY_COLUMNS)
-    rank = {s: i for i, s in enumerate(order)}
-    frame = frame.sort_values("sync", key=lambda s: s.map(rank), kind="stable")
-    return frame.reset_index(drop=True)
-
-
-def backends_table(entries: list[tuple[dict, dict | None]]) -> pd.DataFrame:
-    """One row per backend (BACKENDS order): (a run, its baseline run), or a skipped backend (a dict without
-    "config", with its reason) paired with None."""
-    rows = []
-    for entry, baseline in entries:
-        if "config" not in entry:  # a backend that cannot run here
-            rows.append({"backend": entry["backend"], "status": entry["status"], "reason": entry["reason"]})
-            continue
-        c = entry["config"]
-        row = {"backend": c["backend"], "status": entry.get("status", "completed"), "reason": entry.get("reason"),
-               "sync": c.get("sync"), "run_id": entry["run_id"], **run_metrics(entry)}
-        rows.append(with_baseline(row, entry, completed(baseline)))
-    frame = pd.DataFrame(rows, columns=BACKEND_COLUMNS)
-    order = {b: i for i, b in enumerate(BACKENDS)}
-    frame = frame.sort_values("backend", key=lambda s: s.map(order), kind="stable")
-    return frame.reset_index(drop=True)
-
-
-ENGINE_COLUMNS = ["engine", *(c for c in BACKEND_COLUMNS if c != "backend")]
-
-
-def engines_table(entries: list[tuple[dict, dict | None]], *, order: Sequence[str]) -> pd.DataFrame:
-    """One row per training engine in `order`: (a run, its baseline run or None: exposed communication not
-    measured), or an engine that cannot run here (a dict without "config", with its reason) paired with None."""
-    rows = []
-    for entry, baseline in entries:
-        if "config" not in entry:
-            rows.append({"engine": entry["engine"], "status": entry["status"], "reason": entry["reason"]})
-            continue
-        c = entry["config"]
-        row = {"engine": c.get("engine", "ddp"), "status": entry.get("status", "completed"),
-               "reason": entry.get("reason"), "sync": c.get("sync"), "run_id": entry["run_id"], **run_metrics(entry)}
-        rows.append(with_baseline(row, entry, completed(baseline)))
-    frame = pd.DataFrame(rows, columns=ENGINE_COLUMNS)
-    rank = {e: i for i, e in enumerate(order)}
-    frame = frame.sort_values("engine", key=lambda s: s.map(rank), kind="stable")
+    frame = pd.DataFrame(rows, columns=[axis, *COMPARISON_COLUMNS])
+    rank = {v: i for i, v in enumerate(order)}
+    frame = frame.sort_values(axis, key=lambda v: v.map(rank), kind="stable")
     return frame.reset_index(drop=True)
 
 

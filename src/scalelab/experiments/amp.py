@@ -82,6 +82,7 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
            else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

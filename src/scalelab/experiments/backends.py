@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from scalelab.analysis.compare import BACKENDS, backends_table
-from scalelab.analysis.interpret import fmt, ranking
+from scalelab.analysis.compare import BACKENDS
+from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig, cuda_device_count
-from scalelab.errors import ConfigError
-from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, LOOPBACK_NOTE, baseline_cells, comm_figures, ordered
+from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ranked, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
-from scalelab.lab.cells import Cell, with_fields
-from scalelab.lab.checked import run_checked
 
 
 def runtime_facts() -> dict:
@@ -41,30 +38,10 @@ def backend_skip_reason(backend: str, base: TrainConfig, facts: dict) -> str | N
 
 def run_backends(ctx: Context, base: TrainConfig, opts: dict, facts: dict | None = None) -> Result:
     facts = runtime_facts() if facts is None else facts
-    cells, skipped = [], {}
-    for backend in ordered(opts["backends"], BACKENDS):
-        reason = backend_skip_reason(backend, base, facts)
-        if reason is None:
-            try:
-                cell = Cell(backend, with_fields(base, backend=backend), repeats=opts["launches"])
-                baseline = baseline_cells([cell])[0]
-            except ConfigError as err:  # the config cannot run on this backend here: say why, do not drop it
-                reason = str(err)
-        if reason is not None:
-            ctx.say(f"[backends] {backend}: skipped: {reason}")
-            skipped[backend] = reason
-            continue
-        cells += [cell, baseline]
-
-    def analyse(results):
-        runs = ctx.cells.rows(results)
-        pairs = list(zip(runs[0::2], runs[1::2]))  # cells come in pairs: the backend, then its baseline
-        pairs += [({"backend": b, "status": "skipped", "reason": why}, None) for b, why in skipped.items()]
-        return backends_table(pairs)
-
-    return Result("compare_backends", {"compare_backends": run_checked(ctx, cells, group="compare",
-                                                                       analyse=analyse)},
-                  notes={"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE, "skipped": skipped})
+    axis = Axis("backend", "compare_backends", BACKENDS, lambda backend: {"backend": backend},
+                label_of=lambda config: config["backend"],
+                skip=lambda backend, cfg: backend_skip_reason(backend, cfg, facts))
+    return run_comparison(ctx, base, axis, opts["backends"], launches=opts["launches"])
 
 
 def backends_result(result) -> tuple[list[str], str | None]:
@@ -76,14 +53,9 @@ def backends_result(result) -> tuple[list[str], str | None]:
                        f"{fmt(row['comm(ms)'], ' ms')}, busbw {fmt(row['busbw(GB/s)'], ' GB/s')}.")
         else:
             out.append(f"{row['backend']}: {row['status']} ({row['reason']}).")
-    done = table[table["status"] == "completed"] if len(table) else table
-    rec = None
-    if len(done) > 1:
-        lines, best = ranking(done, "backend", "backend")
-        out += lines
-        if best is not None:
-            rec = f"Use the {best['backend']} backend ({fmt(best['step(ms)'], ' ms')} per step)."
-    return out, rec
+    lines, rec = ranked(table, "backend", "backend")
+    return out + lines, rec
+
 
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""

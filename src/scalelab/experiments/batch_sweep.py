@@ -68,6 +68,7 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
         ax.minorticks_off()
     return save(fig, path)
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

@@ -22,7 +22,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from scalelab.analysis.compare import strategies_table
+from scalelab.analysis.compare import comparison_table
 from scalelab.analysis.interpret import ranking
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -91,8 +91,8 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     def analyse(results) -> pd.DataFrame:
         runs = ctx.cells.rows(results)
         pairs = [(run, runs[-1]) for run in runs[:-1]]
-        table = strategies_table(pairs, variant_of=lambda c: _label(c["bucket_mb"]),
-                                 order=[_label(mb) for mb in chosen]).rename(columns={"sync": "bucket"})
+        table = comparison_table(pairs, axis="bucket", label_of=lambda c: _label(c["bucket_mb"]),
+                                 order=[_label(mb) for mb in chosen])
         table["bucket_mb"] = chosen
         table["share_of_gradients"] = [mb * MIB / grads for mb in chosen]
         return table[COLUMNS]

@@ -112,6 +112,7 @@ def _ratio(value: float, base: float) -> str:
     ratio = value / base if base else float("nan")
     return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

@@ -58,6 +58,7 @@ def comm_result(result) -> tuple[list[str], str | None]:
     out.append(f"Correctness check: {wrong} wrong element(s) over every op and size.")
     return out, None
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from scalelab.analysis.compare import engines_table
-from scalelab.analysis.interpret import fmt, ranking
+from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
-from scalelab.experiments.strategies import DEFAULTS, EXPOSED_NOTE, baseline_cells, comm_figures, ordered
+from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ranked, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
-from scalelab.lab.cells import Cell, with_fields
-from scalelab.lab.checked import run_checked
 
 HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "
                 "moment the rank knows it is done; Horovod's own collective intervals are in the run's trace, from "
@@ -25,40 +22,12 @@ HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of t
                 "Horovod (its fusion buffer merges them on the wire); no buffers are broadcast per step")
 
 
-def engine_skip_reason(name: str) -> str | None:
-    return engines.get(name).unavailable()
-
-
 def run_engines(ctx: Context, base: TrainConfig, opts: dict) -> Result:
-    with_baseline = opts["baseline"]
-    cells, skipped, names = [], {}, []
-    for name in ordered(opts["engines"], engines.names()):
-        reason = engine_skip_reason(name)
-        if reason is None:
-            try:
-                cell = Cell(name, with_fields(base, engine=name), repeats=opts["launches"])
-                pair = [cell, *baseline_cells([cell])] if with_baseline else [cell]
-            except ConfigError as err:  # the base config cannot run on this engine: say why, do not drop it
-                reason = str(err)
-        if reason is not None:
-            ctx.say(f"[engines] {name}: skipped: {reason}")
-            skipped[name] = reason
-            continue
-        cells += pair
-        names.append(name)
-
-    def analyse(results):
-        runs = ctx.cells.rows(results)
-        step = 2 if with_baseline else 1
-        pairs = [(runs[i], runs[i + 1] if with_baseline else None) for i in range(0, len(runs), step)]
-        pairs += [({"engine": e, "status": "skipped", "reason": why}, None) for e, why in skipped.items()]
-        return engines_table(pairs, order=engines.names())
-
-    table = run_checked(ctx, cells, group="compare", analyse=analyse)
-    notes = {"exposed": EXPOSED_NOTE if with_baseline else "exposed communication: not applicable (run without "
-                                                             "the baseline cells, option baseline off)",
-             "horovod": HOROVOD_NOTE, "skipped": skipped}
-    return Result("compare_engines", {"compare_engines": table}, notes=notes)
+    axis = Axis("engine", "compare_engines", engines.names(), lambda name: {"engine": name},
+                label_of=lambda config: config.get("engine", "ddp"),
+                skip=lambda name, cfg: engines.get(name).unavailable())
+    return run_comparison(ctx, base, axis, opts["engines"], launches=opts["launches"], baseline=opts["baseline"],
+                          notes={"horovod": HOROVOD_NOTE})
 
 
 def _flag(value, name: str) -> bool:
@@ -81,19 +50,14 @@ def engines_result(result) -> tuple[list[str], str | None]:
                           else "not measured (no baseline)."))
         else:
             out.append(f"{row['engine']}: {row['status']} ({row['reason']}).")
-    done = table[table["status"] == "completed"] if len(table) else table
-    rec = None
-    if len(done) > 1:
-        lines, best = ranking(done, "engine", "engine")
-        out += lines
-        if best is not None:
-            rec = f"Use the {best['engine']} engine ({fmt(best['step(ms)'], ' ms')} per step)."
-    return out, rec
+    lines, rec = ranked(table, "engine", "engine")
+    return out + lines, rec
+
 
 def study_options(plan: StudyPlan) -> dict | None:
-    """The options in the built-in study (the quick study leaves it out). The DDP cell is backends' gloo cell; Horovod adds
-    one launch (~15 s on 2 cores), without its baseline (the default study's 10-minute budget): its exposed
-    communication is marked not applicable"""
+    """The options in the built-in study (the quick study leaves it out). The DDP cell is backends' gloo cell;
+    Horovod adds one launch (~15 s on 2 cores), without its baseline (the default study's 10-minute budget): its
+    exposed communication is marked not applicable."""
     comm_model = plan.comm_model
     return {"launches": 1, "baseline": False, "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
 

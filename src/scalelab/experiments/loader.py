@@ -166,6 +166,7 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
             return out, None
     return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

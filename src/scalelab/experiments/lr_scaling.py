@@ -180,9 +180,10 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
                        f"{100 * ivs[1][1]:.1f} % over {int(best.n)} seeds).")
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. 1024 (where the linear rule diverges) is left to `lr-scaling --batches`
-    (~30 s more)"""
+    (~30 s more)."""
     q = plan.quick
     return {"batches": [32, 256], "workers": [1], "target": 0.9,
             "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",

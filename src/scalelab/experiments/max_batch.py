@@ -39,6 +39,8 @@ GUESS_JUMP = 16  # and goes at most this many times past the first fit
 
 
 @dataclass(frozen=True)
+
+
 class Trial:
     batch: int
     fits: bool
@@ -50,6 +52,8 @@ class Trial:
 
 
 @dataclass
+
+
 class SearchResult:
     max_batch: int  # 0 when even the smallest batch does not fit
     trials: list[Trial] = field(default_factory=list)
@@ -250,9 +254,10 @@ def max_batch_result(result) -> tuple[list[str], str | None]:
     best = t.loc[t["max_batch"].idxmax()]
     return out, f"For the largest batch, use {best.variant}: {int(best.max_batch)} samples fit."
 
+
 def study_options(plan: StudyPlan) -> dict | None:
-    """The options in the built-in study (the quick study leaves it out). On CUDA the GPU's memory is the limit; a CPU cap
-    would mislead the search's prediction"""
+    """The options in the built-in study (the quick study leaves it out). On CUDA the GPU's memory is the limit; a
+    CPU cap would mislead the search's prediction."""
     q = plan.quick
     gpus = plan.gpus
     return {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,

@@ -280,6 +280,7 @@ def model_grid_result(result) -> tuple[list[str], str | None]:
                    f"{step.median():.2f}x{spread}.")
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. Seed 004: at this batch narrow MLPs are activation-bound (2 workers halve
     that), wide ones parameter-bound (every worker holds all of it). The 96 MiB CPU cap leaves room for the narrow

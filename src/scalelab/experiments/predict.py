@@ -47,6 +47,7 @@ def predict_result(result) -> tuple[list[str], str | None]:
         rec = f"For larger clusters ({hw}): {advice}"
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

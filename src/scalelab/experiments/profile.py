@@ -66,6 +66,7 @@ def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
         out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
     return out, None
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     return {"set": {"ranks": 2}}

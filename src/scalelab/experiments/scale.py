@@ -222,12 +222,13 @@ def scale_result(result) -> tuple[list[str], str | None]:
                    f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. Compared cells: launched 3 times in interleaved rounds in the default
     study; the quick one launches each once (its intervals then come from the steps of one launch: the tables'
     `launches` column says so) the buckets of strategies' DDP: its 2-worker cell and baseline are then one cell with
     the DDP row and baseline of strategies and backends, measured once and reused (6 launches fewer in the default
-    study)"""
+    study)."""
     q = plan.quick
     comm_model = plan.comm_model
     top = max(2, min(plan.gpus, 8)) if plan.gpus else 2

@@ -12,29 +12,14 @@ per_rank_batch / K samples and syncs once, so its baseline has the same K.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pandas as pd
 
-from scalelab.analysis.compare import strategies_table
 from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
+from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ordered, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list, number
-from scalelab.lab.cells import Cell, with_fields
-from scalelab.lab.checked import run_checked
-from scalelab.report import figures
 from scalelab.sync import registry as syncs
-
-DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
-EXPOSED_NOTE = ("exposed comm = median step - median step of the same config with no-op collectives (the "
-                "strategy's own work kept), not clipped, with a conservative 95 % interval; comm = the union of "
-                "each step's collective intervals; overlap = 1 - exposed / comm; comm_wait = from the last gradient "
-                "produced to the end of the sync, measured directly; quality flags an overlap outside [0, 1] beyond "
-                "its interval")
-LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "
-                 "interpolated over the timed steps; with steps shorter than the sampling period, traffic of "
-                 "neighbouring steps (e.g. warm-up) leaks in")
 
 
 def strategy_fields(name: str, accumulate: int) -> dict:
@@ -47,49 +32,17 @@ def strategy_fields(name: str, accumulate: int) -> dict:
     return {"sync": sync, "ddp_hook": "none", "accumulate": 1, **fields}
 
 
-def ordered(names: list[str] | None, allowed: Sequence[str]) -> list[str]:
-    """The names to run, in the canonical order (all when None)."""
-    return list(allowed) if names is None else [n for n in allowed if n in names]
-
-
-def baseline_cells(cells: list[Cell]) -> list[Cell]:
-    """Each cell's exposed-communication baseline (the same config with no-op collectives, as many launches), in
-    the same order."""
-    return [Cell(f"{c.label}, no-op collectives", with_fields(c.config, **syncs.baseline_fields(c.config)),
-                 repeats=c.repeats) for c in cells]
-
-
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     accumulate = opts["accumulate"]
-    chosen = ordered(opts["strategies"], syncs.variants())
-    # every config is validated before anything runs
-    cells = [Cell(name, with_fields(base, **strategy_fields(name, accumulate)), repeats=opts["launches"])
-             for name in chosen]
-
-    def analyse(results):
-        runs = ctx.cells.rows(results)
-        return strategies_table(list(zip(runs[:len(cells)], runs[len(cells):])), variant_of=syncs.variant_of,
-                                order=syncs.variants())
-
-    table = run_checked(ctx, [*cells, *baseline_cells(cells)], group="compare", analyse=analyse)
-    notes = {"exposed": EXPOSED_NOTE, "loopback": LOOPBACK_NOTE}
-    if any(c.config.accumulate > 1 for c in cells):
+    axis = Axis("sync", "compare_strategies", syncs.variants(), lambda name: strategy_fields(name, accumulate),
+                label_of=syncs.variant_of)
+    notes = {}
+    if "ddp+accumulate" in ordered(opts["strategies"], syncs.variants()):
         per_rank = base.per_rank_batch
         notes["accumulate"] = (f"ddp+accumulate keeps the global batch {base.global_batch}: each rank runs "
                                f"{accumulate} micro-steps of {per_rank / accumulate:g} samples (instead of one of "
                                f"{per_rank}) and syncs once per step; its baseline has the same accumulation")
-    return Result("compare_strategies", {"compare_strategies": table}, notes=notes)
-
-
-def comm_figures(name: str, label: str):
-    """Step breakdown and bytes bars of a side-by-side table (rows that did not run keep their slot)."""
-    def draw(result: Result, out) -> list:
-        table = result.tables[name]
-        if not (table["status"] == "completed").any():
-            return []
-        return [figures.comm_breakdown_bars(table, out / f"{name}.png", label=label),
-                figures.comm_bytes_bars(table, out / f"{name}_bytes.png", label=label)]
-    return draw
+    return run_comparison(ctx, base, axis, opts["strategies"], launches=opts["launches"], notes=notes)
 
 
 def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
@@ -127,10 +80,11 @@ def strategies_result(result) -> tuple[list[str], str | None]:
                            f"the bytes of plain ddp per step ({fmt(row['bytes_per_step'])} B).")
     return out, rec
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. Seed 003's three (the naive gather/scatter, blocking allreduce, DDP's
     overlapped buckets; the quick study the last two); every variant, scalelab's own bucketed overlap and DDP's
-    hooks, is `scalelab compare strategies`: 3 launches of 9 variants and their baselines take ~7 minutes here"""
+    hooks, is `scalelab compare strategies`: 3 launches of 9 variants and their baselines take ~7 minutes here."""
     q = plan.quick
     comm_model = plan.comm_model
     return {"strategies": ["allreduce", "ddp"] if q else ["gather_scatter", "allreduce", "ddp"],

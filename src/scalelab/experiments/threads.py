@@ -81,6 +81,7 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     ax.legend()
     return save(fig, path)
 
+
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick

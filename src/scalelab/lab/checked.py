@@ -1,7 +1,7 @@
 """Compared cells measured with a second chance: a row whose figures look implausible, or whose run was noisy, is
 measured once more, automatically; what persists is flagged in words.
 
-    table = run_checked(ctx, cells, group="compare", analyse=lambda results: strategies_table(...))
+    table = run_checked(ctx, cells, group="compare", analyse=lambda results: comparison_table(...))
 
 `analyse` turns the cells' results into the experiment's table; the table has `run_id` (and optionally
 `baseline_run_id`, `reference_run_id`) and `quality` columns ("ok", or why not: scalelab.analysis.compare). The cells behind a row

@@ -29,6 +29,7 @@ from scalelab.report.figures import plt, save
 
 # ---------------------------------------------------------------- prediction
 
+
 def resolve_hardware(names: Sequence[str], cal: Calibration, *, file: dict | None = None,
                      gpus_per_node: int | None = None) -> list[Hardware]:
     """Hardware presets by name (the `presets` registry plus "measured" = this machine's fit), then the one of
@@ -209,6 +210,7 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
 
 
 # ---------------------------------------------------------------- the experiment
+
 
 def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, bucket_mb: float,
                      compression: str) -> tuple[list[Cell], str | None]:

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_experiment
 from scalelab.analysis import compare as pure
-from scalelab.analysis.compare import BACKENDS, backends_table, exposed_comm, overlap
+from scalelab.analysis.compare import BACKENDS, comparison_table, exposed_comm, overlap
 from scalelab.sync.registry import variant_of as strategy_of
 from scalelab.sync.registry import variants
 
@@ -15,7 +15,7 @@ STRATEGIES = variants()
 
 
 def strategies_table(pairs):
-    return pure.strategies_table(pairs, variant_of=strategy_of, order=variants())
+    return pure.comparison_table(pairs, axis="sync", label_of=strategy_of, order=variants())
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -112,7 +112,7 @@ def test_backends_table_keeps_skipped_backends_with_their_reason():
     gloo, base = _run("g", 30.0, 10.0), _run("gn", 25.0, noop_collectives=True)
     entries = [({"backend": "mpi", "status": "skipped", "reason": "no mpi"}, None), (gloo, base),
                ({"backend": "nccl", "status": "skipped", "reason": "no gpu"}, None)]
-    table = backends_table(entries)
+    table = comparison_table(entries, axis="backend", label_of=lambda c: c["backend"], order=BACKENDS)
     assert list(table["backend"]) == list(BACKENDS)
     assert list(table["status"]) == ["completed", "skipped", "skipped"]
     assert list(table["reason"])[1:] == ["no gpu", "no mpi"]

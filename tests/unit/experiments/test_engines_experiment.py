@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from conftest import quiet_cells
-from scalelab.analysis.compare import engines_table
+from scalelab.analysis.compare import comparison_table
 from scalelab.config import TrainConfig
 from scalelab.engines import horovod
 from scalelab.experiments import engines as engines_exp
@@ -39,7 +39,8 @@ def test_a_missing_horovod_is_a_skipped_row_naming_the_setup_command(monkeypatch
 def test_engines_table_keeps_the_order_and_the_baseline():
     ddp, ddp_base = _run("d", 30.0), _run("dn", 25.0, noop_collectives=True)
     hvd = _run("h", 28.0, engine="horovod")
-    table = engines_table([(hvd, None), (ddp, ddp_base)], order=("ddp", "horovod"))
+    table = comparison_table([(hvd, None), (ddp, ddp_base)], axis="engine",
+                             label_of=lambda c: c.get("engine", "ddp"), order=("ddp", "horovod"))
     assert list(table["engine"]) == ["ddp", "horovod"]
     assert table.at[0, "exposed_comm(ms)"] == 5.0 and table.at[0, "baseline_run_id"] == "dn"
     assert pd.isna(table.at[1, "exposed_comm(ms)"])  # no baseline: not applicable, not made up

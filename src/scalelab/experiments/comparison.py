@@ -1,0 +1,114 @@
+"""One parameterised comparison: the same base config over the values of one axis (sync strategies, backends,
+training engines), each value a cell beside its exposed-communication baseline.
+
+The baseline is the same config with no-op collectives (the value's own work kept, only the collectives skipped;
+sync.registry.baseline_fields): the difference of median step times is the exposed communication, measured by
+ablation, not taken as a remainder. A value that cannot run here (a backend this machine lacks, Horovod not
+installed, a config the value cannot honour) is a row with the reason, never dropped. Cells that two comparisons
+share (DDP on gloo and its baseline are a cell of strategies, backends and engines alike) run once in a study.
+This module registers no experiment: strategies.py, backends.py and engines.py each declare one axis of it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from scalelab.analysis.compare import comparison_table
+from scalelab.analysis.interpret import fmt, ranking
+from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
+from scalelab.lab.base import Context, Result
+from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.checked import run_checked
+from scalelab.report import figures
+from scalelab.sync import registry as syncs
+
+DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
+EXPOSED_NOTE = ("exposed comm = median step - median step of the same config with no-op collectives (the "
+                "strategy's own work kept), not clipped, with a conservative 95 % interval; comm = the union of "
+                "each step's collective intervals; overlap = 1 - exposed / comm; comm_wait = from the last gradient "
+                "produced to the end of the sync, measured directly; quality flags an overlap outside [0, 1] beyond "
+                "its interval")
+LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "
+                 "interpolated over the timed steps; with steps shorter than the sampling period, traffic of "
+                 "neighbouring steps (e.g. warm-up) leaks in")
+NO_BASELINE_NOTE = "exposed communication: not applicable (run without the baseline cells, option baseline off)"
+
+
+@dataclass(frozen=True)
+
+
+class Axis:
+    """What a comparison varies: `name` is its table's first column and `table` the table's name; `values` every
+    value in table order; `fields(value)` the config fields that select it; `skip(value, base)` why it cannot run
+    here (None: it can); `label_of(config)` the value a stored config ran."""
+    name: str
+    table: str
+    values: Sequence[str]
+    fields: Callable[[str], dict]
+    label_of: Callable[[dict], str]
+    skip: Callable[[str, TrainConfig], str | None] = lambda value, base: None
+
+
+def ordered(names: Sequence[str] | None, allowed: Sequence[str]) -> list[str]:
+    """The names to run, in the canonical order (all when None)."""
+    return list(allowed) if names is None else [n for n in allowed if n in names]
+
+
+def baseline_cell(cell: Cell) -> Cell:
+    """A cell's exposed-communication baseline: the same config with no-op collectives, as many launches."""
+    return Cell(f"{cell.label}, no-op collectives", with_fields(cell.config, **syncs.baseline_fields(cell.config)),
+                repeats=cell.repeats)
+
+
+def run_comparison(ctx: Context, base: TrainConfig, axis: Axis, chosen: Sequence[str] | None, *, launches: int,
+                   baseline: bool = True, notes: dict | None = None) -> Result:
+    """Every chosen value of `axis` on `base` (with its baseline unless `baseline` is off), interleaved, checked
+    (lab.checked), as one table; values that cannot run here are rows with their reason."""
+    cells, skipped = [], {}
+    for value in ordered(chosen, axis.values):
+        reason = axis.skip(value, base)
+        if reason is None:
+            try:
+                cell = Cell(value, with_fields(base, **axis.fields(value)), repeats=launches)
+                pair = [cell, baseline_cell(cell)] if baseline else [cell]
+            except ConfigError as err:  # the config cannot run with this value: say why, do not drop it
+                reason = str(err)
+        if reason is not None:
+            ctx.say(f"[{axis.table.removeprefix('compare_')}] {value}: skipped: {reason}")
+            skipped[value] = reason
+            continue
+        cells += pair
+    step = 2 if baseline else 1
+
+    def analyse(results):
+        runs = ctx.cells.rows(results)
+        pairs = [(runs[i], runs[i + 1] if baseline else None) for i in range(0, len(runs), step)]
+        pairs += [({axis.name: value, "status": "skipped", "reason": why}, None) for value, why in skipped.items()]
+        return comparison_table(pairs, axis=axis.name, label_of=axis.label_of, order=axis.values)
+
+    table = run_checked(ctx, cells, group="compare", analyse=analyse)
+    notes = {"exposed": EXPOSED_NOTE if baseline else NO_BASELINE_NOTE, "loopback": LOOPBACK_NOTE, **(notes or {})}
+    if skipped:
+        notes["skipped"] = skipped
+    return Result(axis.table, {axis.table: table}, notes=notes)
+
+
+def comm_figures(name: str, label: str):
+    """Step breakdown and bytes bars of a comparison table (rows that did not run keep their slot)."""
+    def draw(result: Result, out) -> list:
+        table = result.tables[name]
+        if not (table["status"] == "completed").any():
+            return []
+        return [figures.comm_breakdown_bars(table, out / f"{name}.png", label=label),
+                figures.comm_bytes_bars(table, out / f"{name}_bytes.png", label=label)]
+    return draw
+
+
+def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
+    """The completed rows ranked by median step (a winner only beyond noise) and the recommendation it makes."""
+    done = table[table["status"] == "completed"] if len(table) else table
+    if len(done) < 2:
+        return [], None
+    lines, best = ranking(done, axis, what)
+    return lines, None if best is None else f"Use the {best[axis]} {what} ({fmt(best['step(ms)'], ' ms')} per step)."
