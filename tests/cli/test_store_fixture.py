@@ -111,3 +111,35 @@ def test_report_of_an_old_store_gives_the_same_tables(tmp_path, capsys):
         got = got.drop(columns=sorted(empty))
         assert list(got.columns) == list(want.columns), path.name
         pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-9, obj=path.name)
+
+
+def test_a_second_report_renders_the_saved_results_to_the_same_tables(tmp_path, capsys):
+    """The first `report` of the old study derives every result from the stored runs and saves it (lab.results);
+    the second renders from the saved files alone, to byte-identical tables; a result saved by another analysis
+    version, or a corrupt one, is derived again."""
+    import json
+
+    root = _store(tmp_path)
+    study = root / "studies" / "fixture"
+    main_ok(["report", str(study)])
+    first = capsys.readouterr().out
+    tables = {p.name: p.read_bytes() for p in sorted((study / "report" / "tables").glob("*.csv"))}
+    n = len(json.loads((study / "study.json").read_text())["spec"]["experiments"])
+    assert f"0 of {n} experiments from their saved results" in first
+    main_ok(["report", str(study)])
+    assert f"{n} of {n} experiments from their saved results" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in sorted((study / "report" / "tables").glob("*.csv"))} == tables
+    saved = study / "results" / "batch_sweep.json"
+    data = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**data, "analysis_version": "0.0"}))
+    (study / "results" / "profile.json").write_text("{not json")
+    main_ok(["report", str(study)])
+    assert f"{n - 2} of {n} experiments from their saved results" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in sorted((study / "report" / "tables").glob("*.csv"))} == tables
+
+
+def main_ok(argv):
+    try:
+        main(argv)
+    except SystemExit as e:
+        assert e.code in (0, None)

@@ -17,15 +17,17 @@ app = typer.Typer()
 
 
 def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
-    """The study's report from its answered experiments; returns the HTML file's path."""
-    from scalelab.lab.study import noise_floor
+    """The study's report from its answered experiments and the study-wide figures saved beside them (lab.results);
+    returns the HTML file's path."""
+    from scalelab.lab import results as saved
     from scalelab.report.build import build_report, system_section
     from scalelab.report.render import write_report
 
+    folder = saved.results_dir(out_dir)
     results = {experiment.name: result for experiment, result in answered}
-    extra = [s for s in [system_section(store, results, out_dir / "tables")] if s is not None]
+    extra = [s for s in [system_section(store, results, folder)] if s is not None]
     report = build_report(spec, answered, provenance, command, extra_sections=extra,
-                          noise_floor=noise_floor(spec, store))
+                          noise_floor=(saved.load_study(folder) or {}).get("noise_floor"))
     files = write_report(report, out_dir / "report")
     return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html"
 
@@ -75,7 +77,9 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
 
 @app.command("report")
 def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds study.json).")) -> None:
-    """Rebuild a study's report from its stored runs alone: nothing is re-run."""
+    """Rebuild a study's report from its saved results (those of an older analysis from its stored runs): nothing
+    is re-run."""
+    from scalelab.lab import registry, results
     from scalelab.lab.cells import replay_only
     from scalelab.lab.progress import PlainProgress
     from scalelab.lab.study import read_spec, run_experiments
@@ -86,7 +90,10 @@ def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds
     spec, store_root = read_spec(study_dir)
     st = Store(store_root)
     saved = read_json(study_dir / "provenance.json")
+    folder = results.results_dir(study_dir)
+    kept = [n for n in spec.experiments if results.load(registry.get(n), folder) is not None]
     with replay_only():
-        answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None))
+        answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None), reuse_saved=True)
     html = write_study_report(spec, st, study_dir, answered, saved["provenance"], saved["command"])
-    console.print(f"report rebuilt from stored runs: {html}", highlight=False)
+    console.print(f"report rebuilt: {len(kept)} of {len(spec.experiments)} experiments from their saved results, "
+                  f"{len(spec.experiments) - len(kept)} derived again from stored runs: {html}", highlight=False)

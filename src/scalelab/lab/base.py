@@ -54,9 +54,10 @@ class Option:
 @dataclass(frozen=True)
 class Context:
     """What an experiment's run gets: the cell engine of its study and where its tables and plots go."""
-    cells: Any  # experiments.cells.Cells
+    cells: Any  # lab.cells.Cells
     out_dir: Path
     say: Callable[[str], None]
+    tables: bool = True  # write each table as CSV and JSON too (a study saves its results instead: lab.results)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ class Experiment:
     # whether the quick study (150 s) runs it too
     study_options: Callable[[StudyPlan], dict | None] | None = None
     quick: bool = True
+    version: int = 1  # of its table and sentences: raise it when they change, so saved results are re-derived
 
     def __post_init__(self) -> None:
         if (self.run is None) == (self.cells is None or self.analyse is None):
@@ -116,12 +118,12 @@ class Experiment:
             # a cell launched several times is one row, its launches pooled (scalelab.analysis.repeats)
             completed = [r for r in ctx.cells.rows(results) if r["status"] == "completed"]
             result = self.analyse(completed, base, opts)
-        return self.write(result, ctx.out_dir)
+        return self.write(result, ctx.out_dir, tables=ctx.tables)
 
-    def write(self, result: Result, out_dir: Path) -> Result:
-        """Every table as CSV and JSON, then the experiment's figures, into `out_dir`."""
+    def write(self, result: Result, out_dir: Path, *, tables: bool = True) -> Result:
+        """Every table as CSV and JSON (unless `tables` is off), then the experiment's figures, into `out_dir`."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        for key, frame in result.tables.items():
+        for key, frame in result.tables.items() if tables else ():
             paths = write_table(frame, out_dir, key)
             result.files += [p for p in (paths["csv"], paths["json"]) if p not in result.files]
         if self.figures is not None and any(len(t) for t in result.tables.values()):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError
-from scalelab.lab import registry
+from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.store import Store, read_json, write_json_atomic
@@ -178,10 +178,13 @@ def noise_floor(spec: StudySpec, store: Store) -> str | None:
     return drift_sentence(drift(start, end), start[0], end[0])
 
 
-def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Progress | None = None) -> list[tuple]:
+def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Progress | None = None, *,
+                    reuse_saved: bool = False) -> list[tuple]:
     """Run (or, under cells.replay_only, read back) every experiment of the spec through one cell engine, between
     the two measurements of the reference cell (`noise_floor`); (registry entry, Result) per experiment, in the
-    spec's order."""
+    spec's order. Each result is saved in out_dir/results (lab.results) with the study's noise floor. With
+    `reuse_saved` (`scalelab report`) a saved result of the code's analysis version is used as it is, and only the
+    others are derived again (under replay_only: from the stored runs)."""
     from scalelab.errors import ScalelabError
     from scalelab.lab.base import Context, Result
     from scalelab.lab.cells import Cells
@@ -189,10 +192,11 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
 
     progress = progress or PlainProgress()
     cells = Cells(store, spec.name, progress=progress)
-    ctx = Context(cells, out_dir / "tables", progress.say)
+    folder = results.results_dir(out_dir)
+    ctx = Context(cells, folder, progress.say, tables=False)
 
     def reference(repeats: int) -> None:
-        if spec.reference:
+        if spec.reference and not reuse_saved:
             try:
                 cells.run([reference_cell(spec, repeats)], group=REFERENCE_GROUP)
             except (RunFailed, ScalelabError, RuntimeError) as err:  # no noise floor then; the study goes on
@@ -202,12 +206,17 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     answered = []
     for i, name in enumerate(spec.experiments, 1):
         experiment = registry.get(name)
+        saved = results.load(experiment, folder) if reuse_saved else None
+        if saved is not None:
+            answered.append((experiment, saved))
+            continue
         progress.experiment(name, i, len(spec.experiments))
         began = time.monotonic()
         try:
             base = spec.config(name) if experiment.base else None
             result = experiment.execute(ctx, base, experiment.option_values(spec.options.get(name)))
             progress.experiment_done(name, time.monotonic() - began)
+            results.save(experiment, result, folder)
         except (RunFailed, ScalelabError, RuntimeError) as err:
             # One experiment failing must not lose the others: its section says why, the rest goes on.
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -215,4 +224,6 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             result = Result(name, {}, notes={"failed": reason})
         answered.append((experiment, result))
     reference(2)
+    if not reuse_saved or results.load_study(folder) is None:
+        results.save_study(folder, noise_floor(spec, store))
     return answered
