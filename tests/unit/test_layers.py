@@ -125,6 +125,13 @@ def test_no_module_imports_a_private_name_of_another_package():
     assert private == []
 
 
+def test_the_report_reads_results_and_files_not_the_engine_or_the_runs():
+    """The report renders saved results (lab.results) and stored files: it imports neither the cell engine (lab),
+    the experiments, the model (perf) nor the run layer (run, train)."""
+    reached = {package_of(target) for module, target, _ in edges() if package_of(module) == "report"}
+    assert reached & {"lab", "experiments", "perf", "run", "train"} == set(), reached
+
+
 def test_the_checker_sees_an_upward_edge_and_a_private_import(tmp_path):
     pkg = tmp_path / "scalelab"
     (pkg / "store").mkdir(parents=True)
