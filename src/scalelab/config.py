@@ -14,8 +14,11 @@ from typing import Any, Literal, get_args, get_type_hints
 
 import yaml
 
+from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
 from scalelab.sizes import parse_bytes
+from scalelab.sync import registry as syncs
+from scalelab.zoo.registry import models
 
 Backend = Literal["auto", "gloo", "nccl", "mpi"]
 Wrapper = Literal["auto", "single", "dp", "ddp"]
@@ -207,7 +210,6 @@ class TrainConfig:
         self.model_options = format_model_options(options)  # one spelling per size: equal sizes are one cell
         if ":" in self.model:
             raise ConfigError("model_options", self.model_options, "user models take no options; leave it unset")
-        from scalelab.zoo.registry import models  # local: the zoo imports torch
 
         if self.model in models.names():  # an unknown model is refused where it is built, naming the models
             allowed = models.get(self.model).options
@@ -221,9 +223,7 @@ class TrainConfig:
         return parse_model_options(self.model_options) if self.model_options is not None else {}
 
     def _check_sync(self) -> None:
-        from scalelab.sync import registry  # local: the registry imports the strategies (and torch) when asked
-
-        allowed = ("auto", *registry.names())
+        allowed = ("auto", *syncs.names())
         if self.sync not in allowed:
             raise ConfigError("sync", self.sync, f"allowed: {', '.join(allowed)}")
         if self.bucket_mb <= 0:
@@ -252,14 +252,12 @@ class TrainConfig:
                               "allowed only with a process group (ranks > 1 or a sync strategy other than auto)")
 
     def _check_engine(self) -> None:
-        from scalelab.engines import registry  # local: the engines import torch
-
-        engine = registry.get(self.engine, "engine")
+        engine = engines.get(self.engine, "engine")
         if self.hvd_fusion_threshold is not None and self.hvd_fusion_threshold < 0:
             raise ConfigError("hvd_fusion_threshold", self.hvd_fusion_threshold, "allowed: bytes >= 0 (0 = no fusion)")
         if self.hvd_cycle_time_ms is not None and self.hvd_cycle_time_ms <= 0:
             raise ConfigError("hvd_cycle_time_ms", self.hvd_cycle_time_ms, "allowed: ms > 0 (or leave unset)")
-        for other in registry.entries():
+        for other in engines.entries():
             for name in other.options:
                 value = getattr(self, name)
                 if other is not engine and value not in (None, False):

@@ -33,6 +33,7 @@ except ImportError:  # a user's script: one line saying what to install, exit 2,
 
 from scalelab.distenv import DistContext
 from scalelab.run.probe import Probe, batch_samples, current
+from scalelab.run.standalone import open_standalone, shared_run_id
 
 
 class ScalelabCallback(Callback):
@@ -53,7 +54,6 @@ class ScalelabCallback(Callback):
             found.instrumented = True
             self.run = found
             return
-        from scalelab.run.standalone import open_standalone, shared_run_id
 
         ctx = DistContext(trainer.global_rank, trainer.world_size, trainer.local_rank,
                           max(1, trainer.world_size // max(1, trainer.num_nodes)), trainer.strategy.root_device)

@@ -21,6 +21,7 @@ model's buckets (your own comm hook is kept, registered before or after), and `t
 from __future__ import annotations
 
 from scalelab.run.probe import Probe, current
+from scalelab.run.standalone import open_standalone
 
 __all__ = ["Probe", "open", "current"]
 
@@ -31,6 +32,5 @@ def open(*, store: str | None = None, warmup_steps: int = 2, sample_interval_s: 
     if found is not None:
         found.instrumented = True
         return found
-    from scalelab.run.standalone import open_standalone
 
     return open_standalone(store=store, warmup_steps=warmup_steps, sample_interval_s=sample_interval_s)

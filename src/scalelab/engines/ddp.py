@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from scalelab.engines.registry import EngineEntry
+from scalelab.sync.registry import build_sync as build
 
 
 def connect(cfg, ctx) -> None:
@@ -19,8 +20,6 @@ def disconnect() -> None:
 
 
 def build_sync(cfg, model, ctx, meter):
-    from scalelab.sync.registry import build_sync as build
-
     return build(cfg, model, ctx, meter)
 
 

@@ -41,6 +41,7 @@ from torch import nn
 
 from scalelab.engines.registry import EngineEntry
 from scalelab.errors import ConfigError
+from scalelab.install.horovod import installed_version
 from scalelab.store.rundir import RunDir
 from scalelab.sync.base import tensor_bytes
 from scalelab.sync.meter import CommMeter
@@ -65,8 +66,6 @@ def unavailable() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _loadable() -> str | None:
-    from scalelab.install.horovod import installed_version
-
     return installed_version()
 
 

@@ -31,6 +31,8 @@ from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
+from scalelab.train.setup import build_inputs
+from scalelab.zoo.models import parameter_bytes
 
 MIB = 2**20
 COLUMNS = ["bucket", "bucket_mb", "share_of_gradients", "status", "reason", "launches", "timed_steps", "step(ms)",
@@ -66,8 +68,6 @@ def sizes_mb(value, name: str) -> list[float]:
 
 def gradient_bytes(base: TrainConfig) -> int:
     """What one step's gradients weigh: the trainable parameters of the base config's model."""
-    from scalelab.train.setup import build_inputs
-    from scalelab.zoo.models import parameter_bytes
 
     return parameter_bytes(build_inputs(base)[1])
 

@@ -10,18 +10,15 @@ import pandas as pd
 from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan
 from scalelab.lab.cells import Cell
+from scalelab.measure.commbench import CommBenchConfig, read_results
 
 
 def bench_config(opts: dict):
-    from scalelab.measure.commbench import CommBenchConfig
-
     cfg = CommBenchConfig(**{k: v for k, v in opts.items() if v is not None})
     return dataclasses.replace(cfg, backend=cfg.resolved_backend)  # what runs here: the cell's identity
 
 
 def _run(ctx: Context, base, opts: dict) -> Result:
-    from scalelab.measure.commbench import read_results
-
     [res] = ctx.cells.run([Cell("bench comm", bench_config(opts), kind="bench")], group="comm")
     if res.status == "missing":
         return Result("comm", {}, notes={"missing": f"{ctx.cells.study}/comm"})

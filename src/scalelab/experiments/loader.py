@@ -14,9 +14,13 @@ from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.analysis.tables import runs_frame
 from scalelab.config import TrainConfig
+from scalelab.distenv import DistContext
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bool_list, int_list, launches_option
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
+from scalelab.provenance import collect_provenance
 from scalelab.report.figures import ci, plt, save
+from scalelab.train.loop import make_loader
+from scalelab.train.setup import build_bundle
 
 
 def loader_table(runs: list[dict]) -> pd.DataFrame:
@@ -56,9 +60,6 @@ def iterate_epoch(cfg: TrainConfig) -> float:
     """Seconds to iterate one epoch of the training loader alone."""
     import torch
 
-    from scalelab.distenv import DistContext
-    from scalelab.train.loop import make_loader
-    from scalelab.train.setup import build_bundle
 
     bundle = build_bundle(cfg)
     loader, sampler = make_loader(bundle.train, cfg, DistContext(0, 1, 0, 1, torch.device("cpu")))
@@ -71,8 +72,6 @@ def iterate_epoch(cfg: TrainConfig) -> float:
 
 @cell_kind("loader", TrainConfig.from_dict)
 def _execute_loader(cell: Cell, store, study: str, say) -> Outcome:
-    from scalelab.provenance import collect_provenance
-
     cfg = cell.config
     run_id = store.create_run(cfg.to_dict(), collect_provenance(seed=cfg.seed), kind="loader", study=study)
     try:

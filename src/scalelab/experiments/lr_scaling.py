@@ -17,10 +17,12 @@ from scalelab.analysis import keys
 from scalelab.analysis.interpret import interval
 from scalelab.analysis.intervals import median_interval, separated
 from scalelab.config import TrainConfig
+from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import plt, save
 from scalelab.train.lr import RULES
+from scalelab.train.setup import build_bundle
 
 
 def curves_frame(run: dict, evals: list[dict], steps: list[dict]) -> pd.DataFrame:
@@ -70,7 +72,6 @@ def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
 def _target(value, name: str) -> float:
     x = number(0.0, 1.0)(value, name)
     if x <= 0:
-        from scalelab.errors import ConfigError
         raise ConfigError(name, value, "allowed: an accuracy in (0, 1]")
     return x
 
@@ -87,7 +88,6 @@ def _share_base_runs(curves: pd.DataFrame, base_batch: int, rules: list[str]) ->
 def lr_cells(base: TrainConfig, batches: list[int], rules: list[str], workers: list[int], *,
              warmup_epochs: float = 2.0, seeds: int = 1) -> list[Cell]:
     """`base.global_batch` is the batch `base.lr` was tuned at; every cell trains `base.epochs` epochs."""
-    from scalelab.train.setup import build_bundle
 
     n = len(build_bundle(base).train)
     cells = []

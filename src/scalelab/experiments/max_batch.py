@@ -27,6 +27,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, name_list, number
 from scalelab.lab.cells import Cell, Cells, with_fields
+from scalelab.run.execute import RunFailed
 from scalelab.sizes import parse_bytes
 
 # cuBLAS and cuDNN word a failed allocation their own way (seen on an H100 at the edge of its memory).
@@ -156,7 +157,6 @@ def does_not_fit(cfg: TrainConfig, lenient: bool):
 
 def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = False) -> Trial:
     """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused)."""
-    from scalelab.run.execute import RunFailed
 
     [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=True,
                             outcome_failure=does_not_fit(cfg, lenient))], group=group)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis.interpret import fmt
-from scalelab.analysis.model_grid import FALLS_BELOW, grid_table, workers_table
+from scalelab.analysis.model_grid import FALLS_BELOW, PEAK_ADDED, STACKED, grid_table, memory_column, workers_table
 from scalelab.config import TrainConfig, format_model_options
 from scalelab.errors import ConfigError
 from scalelab.experiments.max_batch import does_not_fit
@@ -29,6 +29,9 @@ from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, po
 from scalelab.lab.cells import Cell, CellResult, with_fields
 from scalelab.report.figures import plt, save
 from scalelab.sizes import parse_bytes
+from scalelab.train.setup import build_bundle
+from scalelab.zoo.models import build_model, count_parameters
+from scalelab.zoo.registry import models
 
 SIZES = ("depth", "width")  # the model options the grid varies
 
@@ -51,7 +54,6 @@ def memory_cap(base: TrainConfig, opts: dict) -> int | None:
 
 def grid_configs(base: TrainConfig, opts: dict) -> list[tuple[dict, TrainConfig]]:
     """(depth, width, workers) and its config per cell, workers outermost: the global batch of `base` is kept."""
-    from scalelab.zoo.registry import models  # the zoo imports torch
 
     entry = None if ":" in base.model else models.get(base.model)
     if entry is None or not all(size in entry.options for size in SIZES):
@@ -77,8 +79,6 @@ def parameter_counts(base: TrainConfig, sizes: list[tuple[int, int]]) -> dict[tu
     """Trainable parameters per (depth, width), counted on models built on the meta device (nothing allocated)."""
     import torch
 
-    from scalelab.train.setup import build_bundle
-    from scalelab.zoo.models import build_model, count_parameters
 
     spec = build_bundle(base).spec
     with torch.device("meta"):
@@ -195,7 +195,6 @@ def model_grid_heatmaps(table: pd.DataFrame, path: Path) -> Path:
 def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
     """Memory by kind per rank for every cell, stacked (parameters, gradients, optimizer state, saved
     activations), with the activation peak in backward and the peak memory training added as markers."""
-    from scalelab.analysis.model_grid import PEAK_ADDED, STACKED, memory_column
 
     labels = [f"d{int(d)} w{int(w)}\n{int(n)} worker{'s' if n > 1 else ''}"
               for d, w, n in zip(table["depth"], table["width"], table["workers"])]

@@ -65,7 +65,6 @@ def interpret_threads(result: Result) -> tuple[list[str], str | None]:
 
 
 def _figures(result: Result, out) -> list:
-
     return [time_vs_threads(result.tables["threads"], out / "threads.png")]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 
 from scalelab.errors import ConfigError
+from scalelab.store import write_json_atomic, write_text_atomic
 
 
 @dataclass
@@ -135,7 +136,6 @@ def write_table(frame: pd.DataFrame, out_dir: Path, name: str) -> dict[str, Path
     """A table as CSV and JSON (records), both written atomically."""
     import json
 
-    from scalelab.store import write_json_atomic, write_text_atomic
 
     csv_path, json_path = out_dir / f"{name}.csv", out_dir / f"{name}.json"
     write_text_atomic(csv_path, frame.to_csv(index=False))

@@ -35,8 +35,12 @@ from typing import Any
 
 from scalelab.analysis.repeats import pool
 from scalelab.analysis.summary import timed_step_ms
+from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
-from scalelab.lab.progress import Progress, PlainProgress
+from scalelab.lab.progress import PlainProgress, Progress
+from scalelab.measure.commbench import CommBenchConfig
+from scalelab.run.execute import RunFailed, execute, execute_run, run_commbench
+from scalelab.run.script import SCRIPT, ScriptConfig
 from scalelab.store import RunDir, Store
 
 # Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.
@@ -155,27 +159,19 @@ def cell_kind(name: str, read_config: Callable[[dict], Any]) -> Callable[[Execut
 
 
 def _train_config(config: dict):
-    from scalelab.config import TrainConfig
-
     return TrainConfig.from_dict(config)
 
 
 def _bench_config(config: dict):
-    from scalelab.measure.commbench import CommBenchConfig
-
     return CommBenchConfig.from_dict(config)
 
 
 def _script_config(config: dict):
-    from scalelab.run.script import ScriptConfig
-
     return ScriptConfig.from_dict(config)
 
 
 @cell_kind("train", _train_config)
 def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
-    from scalelab.run.execute import RunFailed, execute
-
     try:
         return Outcome(execute(cell.config, store, study=study, say=say, isolate=cell.isolate).run_id)
     except RunFailed as err:
@@ -184,8 +180,6 @@ def _execute_train(cell: Cell, store: Store, study: str, say: Callable[[str], No
 
 @cell_kind("bench", _bench_config)
 def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
-    from scalelab.run.execute import RunFailed, run_commbench
-
     try:
         out = run_commbench(cell.config, store, study=study, say=say)
     except RunFailed as err:
@@ -195,9 +189,6 @@ def _execute_bench(cell: Cell, store: Store, study: str, say: Callable[[str], No
 
 @cell_kind("script", _script_config)
 def _execute_script(cell: Cell, store: Store, study: str, say: Callable[[str], None]) -> Outcome:
-    from scalelab.run.execute import RunFailed, execute_run
-    from scalelab.run.script import SCRIPT
-
     try:
         done = execute_run(SCRIPT, cell.config, store, study=study, say=say)
     except RunFailed as err:

@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Callable, Protocol
 
+from scalelab.config import TrainConfig
+
 
 class Progress(Protocol):
     def experiment(self, name: str, index: int, total: int) -> None: ...
@@ -163,7 +165,6 @@ def _config(files) -> dict:
 def auto_budget(files) -> float | None:
     """The time budget (s) of a run of auto length, from its stored config; None for a fixed length."""
     config = _config(files)
-    from scalelab.config import TrainConfig
 
     return float(config.get("time_budget_s", TrainConfig.time_budget_s)) if config.get("steps") == "auto" else None
 

@@ -13,11 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalelab.analysis import keys
+from scalelab.analysis.noise import drift, drift_sentence
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.progress import PlainProgress, Progress
+from scalelab.run.execute import RunFailed
 from scalelab.store import Store, read_json, write_json_atomic
 
 
@@ -161,8 +164,6 @@ def reference_cell(spec: StudySpec, repeats: int):
 def noise_floor(spec: StudySpec, store: Store) -> str | None:
     """The drift of the reference cell between the study's start and end, in one line, from stored runs alone;
     None when the study has no two finished reference runs."""
-    from scalelab.analysis import keys
-    from scalelab.analysis.noise import drift, drift_sentence
     from scalelab.lab.cells import Cells, replay_only
 
     if not spec.reference:
@@ -185,10 +186,8 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     spec's order. Each result is saved in out_dir/results (lab.results) with the study's noise floor. With
     `reuse_saved` (`scalelab report`) a saved result of the code's analysis version is used as it is, and only the
     others are derived again (under replay_only: from the stored runs)."""
-    from scalelab.errors import ScalelabError
     from scalelab.lab.base import Context, Result
     from scalelab.lab.cells import Cells
-    from scalelab.run.execute import RunFailed
 
     progress = progress or PlainProgress()
     cells = Cells(store, spec.name, progress=progress)

@@ -51,15 +51,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.perf import perfmodel as pm
 from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware
-from scalelab.perf.hardware import fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, StoreError
 from scalelab.lab.cells import Cell, Cells, with_fields
+from scalelab.measure.commbench import CommBenchConfig, iteration_times
+from scalelab.perf import perfmodel as pm
+from scalelab.perf.hardware import fit_alpha_beta
 from scalelab.perf.links import NodeLink, link_text, wire_beta
+from scalelab.run.execute import RunFailed
 from scalelab.store import RunDir, Store, read_json, write_json_atomic
+from scalelab.train.setup import build_inputs
 
 MEASURED = "measured"  # the hardware name that means this machine's fitted α and β
 STAGES = ("forward", "backward", "optimizer", "other")
@@ -210,7 +213,6 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
 def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
     """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows (`files`: the run's
     RunDir): per iteration the slowest rank's time, as in its results table, but averaged instead of the median."""
-    from scalelab.measure.commbench import iteration_times
 
     data = files.read_timings()
     groups: dict[int, list[dict]] = {}
@@ -229,7 +231,6 @@ def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
     """The allreduce sweep: 1 KiB up to the whole gradient (at least 4 MiB, at most 64 MiB), ×4. The floor keeps
     the bandwidth term well above the latency for small models: with sizes up to 1 MiB on a loaded host, noise
     could push the fitted β to zero."""
-    from scalelab.measure.commbench import CommBenchConfig
 
     top, end = min(64 * pm.MIB, max(4 * pm.MIB, sum(param_bytes))), 1024
     while end < top:
@@ -242,7 +243,6 @@ def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
 
 def gradient_sizes(base: TrainConfig) -> tuple[list[int], int]:
     """(bytes per trainable parameter in registration order, parameter elements) of the model, built once."""
-    from scalelab.train.setup import build_inputs
 
     _, model = build_inputs(base)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -386,7 +386,6 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
     `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`). `strategies`: the sync strategies
     the caller will predict; those in OWN_SCALE get in-situ runs of their own (module docstring)."""
-    from scalelab.run.execute import RunFailed
 
     param_bytes, parameters = gradient_sizes(base)
     compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)

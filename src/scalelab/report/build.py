@@ -12,7 +12,7 @@ import pandas as pd
 
 from scalelab.analysis.noise import OUTSIDE_CPU_THRESHOLD, STEAL_THRESHOLD
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
-from scalelab.store import RunDir
+from scalelab.store import RunDir, read_jsonl
 
 DEFINITIONS = [
     "Warm-up steps are excluded from every timing. On CUDA stages are bounded by CUDA events on the current stream "
@@ -141,7 +141,6 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
 def system_frame(files: RunDir) -> pd.DataFrame:
     """All ranks' system samples of one run (`files`: its RunDir), with loopback bytes/s derived from the
     counters."""
-    from scalelab.store import read_jsonl
 
     frames = []
     for path in files.system_files():

@@ -23,12 +23,14 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.measure.commbench import CommBenchConfig, read_results
 from scalelab.provenance import collect_provenance
-from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
 from scalelab.run import netns
-from scalelab.run.launch import LaunchFailed, Launcher, torchrun_launch
+from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
+from scalelab.run.launch import Launcher, LaunchFailed, torchrun_launch
 from scalelab.run.nodes import LocalNodes
 from scalelab.run.watchdog import Watchdog
 from scalelab.store import RunDir, Store
+from scalelab.train import checkpoint
+
 
 class RunFailed(Exception):
     """A run started and failed; the message is the root cause in one line."""
@@ -196,7 +198,6 @@ def failure_reason(err: BaseException) -> tuple[str, str]:
 def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print,
                launcher: Launcher = torchrun_launch) -> RunOutcome:
     """Continue a failed or interrupted run from its last checkpoint, in its own directory and catalog row."""
-    from scalelab.train import checkpoint
 
     store.mark_stale()  # a run whose process died with the machine is "interrupted", not "running"
     info = store.get(run_id)

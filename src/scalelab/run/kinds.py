@@ -23,7 +23,9 @@ from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec, torchrun_arg
 
 # the engines' launchers by the name their EngineEntry gives
 LAUNCHERS: dict[str, Launcher] = {"torchrun": torchrun_launch, "horovodrun": horovod_launch}
+from scalelab.distenv import DistContext
 from scalelab.store.rundir import RunDir
+from scalelab.train.setup import build_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +82,6 @@ class RunKind(Protocol):
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
-    from scalelab.train.setup import build_inputs
 
     try:
         bundle, _ = build_inputs(cfg)
@@ -153,7 +154,6 @@ class TrainKind:
     def run_here(self, cfg: TrainConfig, run_dir: Path, *, resume: bool) -> None:
         import torch
 
-        from scalelab.distenv import DistContext
         from scalelab.run.worker import run_rank
 
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")

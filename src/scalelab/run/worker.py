@@ -26,9 +26,9 @@ from scalelab.measure.memory import added_since, cap_address_space, cap_cuda_mem
 from scalelab.measure.system import SystemSampler
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
-from scalelab.train.loop import train
-from scalelab.train.setup import build_inputs
 from scalelab.train.heartbeat import Heartbeat
+from scalelab.train.loop import loss_and_correct, train
+from scalelab.train.setup import build_inputs, build_optimizer
 
 
 def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False) -> dict:
@@ -95,8 +95,6 @@ def warm_up(model: torch.nn.Module, data, device: torch.device, cfg: TrainConfig
     """One forward/backward on two samples and one optimizer step on a scratch parameter, so that what any step
     allocates whatever its batch (thread pools, autograd's engine, the optimizer's lazy imports: ~70 MB) is part
     of the baseline a memory cap is measured from."""
-    from scalelab.train.loop import loss_and_correct
-    from scalelab.train.setup import build_optimizer
 
     scratch = torch.nn.Linear(1, 1)
     scratch(torch.ones(1, 1)).sum().backward()

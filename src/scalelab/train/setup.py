@@ -6,6 +6,10 @@ from torch import nn
 
 from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
+from scalelab.engines import registry
+from scalelab.sync.meter import CommMeter
+from scalelab.zoo.data import build_data
+from scalelab.zoo.models import build_model, set_checkpoint_segments
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
@@ -19,8 +23,6 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext):
     if wrapper == "dp":
         return nn.DataParallel(model), None
     if wrapper == "ddp":
-        from scalelab.engines import registry
-        from scalelab.sync.meter import CommMeter
 
         sync = registry.get(cfg.engine).build_sync(cfg, model, ctx, CommMeter.from_config(cfg, ctx.world, ctx.device))
         return sync.wrap(), sync
@@ -42,7 +44,6 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 def build_bundle(cfg: TrainConfig):
     """The dataset bundle a config names (generated datasets use their own sizes unless the config sets them)."""
-    from scalelab.zoo.data import build_data
 
     sizes = {k: v for k, v in (("samples", cfg.samples), ("eval_samples", cfg.eval_samples)) if v is not None}
     return build_data(cfg.dataset, path=cfg.data_path, seed=cfg.seed, augment=cfg.augment, **sizes)
@@ -50,7 +51,6 @@ def build_bundle(cfg: TrainConfig):
 
 def build_inputs(cfg: TrainConfig):
     """The dataset bundle and the (unwrapped) model; the same on every rank for the same seed."""
-    from scalelab.zoo.models import build_model, set_checkpoint_segments
 
     bundle = build_bundle(cfg)
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
