@@ -96,7 +96,7 @@ def test_sizes_are_parsed_from_any_layer(tmp_path):
 
 
 def test_train_flags_reach_the_config_by_the_same_rule(tmp_path, monkeypatch, capsys):
-    import scalelab.run.execute as execute_module
+    import scalelab.cli.train as execute_module  # the command's own name for run.execute.execute
 
     seen = {}
 

@@ -9,6 +9,9 @@ import typer
 
 from scalelab.cli.common import console, err_console, run_failed
 from scalelab.cli.options import field_option, store_option
+from scalelab.measure.commbench import CommBenchConfig, results_rich_table
+from scalelab.run.execute import RunFailed, run_commbench
+from scalelab.store import open_store
 
 app = typer.Typer(no_args_is_help=True, help="Microbenchmarks.")
 
@@ -31,9 +34,6 @@ def bench_comm(
     store: Optional[Path] = store_option(),
 ) -> None:
     """Time collectives over a size sweep (algbw, busbw as nccl-tests), check every result element, store the run."""
-    from scalelab.measure.commbench import CommBenchConfig, results_rich_table
-    from scalelab.run.execute import RunFailed, run_commbench
-    from scalelab.store import open_store
 
     cfg = CommBenchConfig(ops=ops, begin=begin, end=end, factor=factor, warmup=warmup, iters=iters, ranks=ranks,
                           backend=backend, dtype=dtype, local_nodes=local_nodes, link_gbps=link_gbps,

@@ -6,6 +6,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from scalelab.lab.base import Context
+from scalelab.lab.cells import Cells
+from scalelab.lab.progress import PlainProgress
+from scalelab.store import open_store
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -23,7 +28,6 @@ def run_failed(err: Exception) -> typer.Exit:
 
 def store_and_out(store: Path | None, study: str, out: Path | None):
     """The run store and an experiment's output folder (default STORE/studies/STUDY)."""
-    from scalelab.store import open_store
 
     st = open_store(store)
     return st, out or st.root / "studies" / study
@@ -31,9 +35,6 @@ def store_and_out(store: Path | None, study: str, out: Path | None):
 
 def experiment_context(store, study: str, out_dir: Path, write=say):
     """A one-experiment context: the study's cell engine with progress lines, tables and plots into `out_dir`."""
-    from scalelab.lab.base import Context
-    from scalelab.lab.cells import Cells
-    from scalelab.lab.progress import PlainProgress
 
     progress = PlainProgress(write)
     return Context(Cells(store, study, progress=progress), out_dir, progress.say)

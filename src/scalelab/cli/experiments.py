@@ -21,6 +21,8 @@ import yaml
 
 from scalelab.cli.common import experiment_context, show_result, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
+from scalelab.lab.registry import experiments
+from scalelab.run.script import SCRIPT_FLAGS, ScriptConfig
 
 app = typer.Typer()
 compare_app = typer.Typer(no_args_is_help=True, help="Gradient-sync strategies, backends or engines side by side "
@@ -50,7 +52,6 @@ def command_for(experiment):
         opts = experiment.option_values({k: yaml.safe_load(v) if looks_like_yaml(v) else v for k, v in given.items()})
         base = None
         if kw.get("command"):  # a user's script: its config from the command and the flags that apply to it
-            from scalelab.run.script import SCRIPT_FLAGS, ScriptConfig
 
             base = ScriptConfig(command=tuple(kw["command"]),
                                 **{k: kw[k] for k in SCRIPT_FLAGS if kw.get(k) is not None})
@@ -75,8 +76,6 @@ def command_for(experiment):
 
 
 def register_commands() -> None:
-    from scalelab.lab.registry import experiments
-
     for experiment in experiments().values():
         if experiment.command is None:
             continue

@@ -21,7 +21,10 @@ import typer
 import yaml
 
 from scalelab.config import TrainConfig, load_yaml
+from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, renamed_to
+from scalelab.sync import registry
+from scalelab.zoo.registry import datasets, models
 
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 
@@ -42,8 +45,6 @@ class ConfigFlag:
 
 
 def sync_choices() -> tuple[str, ...]:
-    from scalelab.sync import registry  # imports the strategies (and torch) when asked
-
     return ("auto", *registry.names())
 
 
@@ -51,7 +52,6 @@ def registry_help(field: str) -> str:
     """The names a field's help lists from the zoo registries ("" for other fields)."""
     if field not in ("model", "dataset", "data_path"):
         return ""
-    from scalelab.zoo.registry import datasets, models  # imports the zoo (and torch) when asked
 
     if field == "model":
         return f" Built-in: {', '.join(models.names())}."
@@ -71,7 +71,6 @@ def config_flags() -> tuple[ConfigFlag, ...]:
         if f.name == "sync":
             choices = sync_choices()
         if f.name == "engine":
-            from scalelab.engines import registry as engines  # imports the engines (and torch) when asked
 
             choices = engines.names()
         dashed = f.name.replace("_", "-")

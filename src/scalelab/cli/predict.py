@@ -28,10 +28,16 @@ import typer
 
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, parse_sets, place_params
-from scalelab.perf.hardware import presets
 from scalelab.config import load_yaml
 from scalelab.errors import ConfigError
 from scalelab.lab.base import int_list
+from scalelab.lab.registry import get as get_experiment
+from scalelab.perf.calibration import MEASURED
+from scalelab.perf.elsewhere import calibrate_from, largest_batch, predict_from, stored_runs
+from scalelab.perf.hardware import hardware_from_dict, presets
+from scalelab.perf.perfmodel import COMPRESSION, modelled_syncs
+from scalelab.perf.prediction import resolve_hardware, run_prediction
+from scalelab.run.execute import RunFailed
 from scalelab.sync import registry as sync_registry
 
 DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
@@ -43,7 +49,6 @@ SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "expos
 
 def predictable_syncs() -> tuple[str, ...]:
     """The sync strategies `predict` models and measures: every registered one with a cost, except noop."""
-    from scalelab.perf.perfmodel import modelled_syncs
 
     return tuple(s for s in modelled_syncs() if s != "noop")
 
@@ -108,13 +113,6 @@ OWN = {p.name for p in PREDICT_OPTIONS}
 
 def predict_cmd(**kw) -> None:
     """Predict step time, speedup and efficiency for more workers and other hardware from measurements here."""
-    from scalelab.perf.hardware import hardware_from_dict, presets
-    from scalelab.perf.perfmodel import COMPRESSION
-    from scalelab.perf.calibration import MEASURED
-    from scalelab.perf.elsewhere import largest_batch
-    from scalelab.perf.prediction import run_prediction
-    from scalelab.lab.registry import get as get_experiment
-    from scalelab.run.execute import RunFailed
 
     mode, sync, workers = kw["mode"], kw["sync"], kw["workers"]
     global_batch, per_rank_batch, bucket_mb = kw["global_batch"], kw["per_rank_batch"], kw["bucket_mb"]
@@ -161,8 +159,6 @@ def predict_cmd(**kw) -> None:
     if batch < 1:
         raise ConfigError("per_rank_batch" if mode == "weak" else "global_batch", batch, "allowed: an integer >= 1")
     if cal is not None:
-        from scalelab.perf.elsewhere import predict_from
-        from scalelab.perf.prediction import resolve_hardware
 
         hws = resolve_hardware(names, cal, file=hw_file, gpus_per_node=kw["gpus_per_node"])
         st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
@@ -192,8 +188,6 @@ def predict_cmd(**kw) -> None:
 def calibrated_elsewhere(kw: dict, flags: dict, names: list[str]):
     """(calibration, stored runs, hardware names) for --from: the hardware defaults to DEFAULT_HARDWARE's presets,
     plus measured when the runs hold a bench of the compute's host. Nothing is launched."""
-    from scalelab.perf.calibration import MEASURED
-    from scalelab.perf.elsewhere import calibrate_from, stored_runs
 
     if kw["calibration_batches"]:
         raise ConfigError("calibration_batches", kw["calibration_batches"], "allowed only without --from (the "

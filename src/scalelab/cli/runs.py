@@ -10,6 +10,8 @@ from rich.table import Table
 
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
+from scalelab.run.exports import write_scalars
+from scalelab.store import open_store
 
 app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
 
@@ -24,7 +26,6 @@ def runs_list(
     store: Optional[Path] = store_option(),
 ) -> None:
     """List stored runs, newest first."""
-    from scalelab.store import open_store
 
     st = open_store(store)
     st.mark_stale()
@@ -46,7 +47,6 @@ def runs_list(
 def runs_show(run: str = typer.Argument(..., help="Run id or a unique prefix."),
               store: Optional[Path] = store_option()) -> None:
     """Show one run: status, config and summary."""
-    from scalelab.store import open_store
 
     print(json.dumps(open_store(store).get(run), indent=2, default=str))
 
@@ -58,7 +58,6 @@ def runs_compare(
     store: Optional[Path] = store_option(),
 ) -> None:
     """Compare runs side by side: one row per run, one column per metric."""
-    from scalelab.store import open_store
 
     console.print(open_store(store).compare(runs, metric or None).T.to_string())
 
@@ -67,8 +66,6 @@ def runs_compare(
 def runs_tensorboard(run: str = typer.Argument(..., help="Run id or a unique prefix."),
                      store: Optional[Path] = store_option()) -> None:
     """Write (or rewrite) a run's TensorBoard scalars into its directory; needs scalelab[tensorboard]."""
-    from scalelab.run.exports import write_scalars
-    from scalelab.store import open_store
 
     out = write_scalars(Path(open_store(store).get(run)["dir"]), required=True)
     print(out if out is not None else "this run has no step records: nothing to export")

@@ -16,6 +16,9 @@ import typer
 from scalelab.cli.common import console, run_failed
 from scalelab.cli.options import field_option, store_option
 from scalelab.cli.train import print_summary
+from scalelab.run.execute import RunFailed, execute_run
+from scalelab.run.script import SCRIPT, ScriptConfig
+from scalelab.store import open_store
 
 
 def run_script(
@@ -43,9 +46,6 @@ def run_script(
 ) -> None:
     """Run your own training script under torchrun and measure it: wall time, system metrics and collectives
     always; steps and stages where it uses scalelab.probe."""
-    from scalelab.run.execute import RunFailed, execute_run
-    from scalelab.run.script import SCRIPT, ScriptConfig
-    from scalelab.store import open_store
 
     cfg = ScriptConfig(command=tuple(command or ()), ranks=ranks, nnodes=nnodes, node_rank=node_rank,
                        rdzv_endpoint=rdzv_endpoint, local_nodes=local_nodes, link_gbps=link_gbps,

@@ -10,7 +10,9 @@ import typer
 
 from scalelab.cli.common import console
 from scalelab.config import load_yaml
+from scalelab.engines import registry
 from scalelab.errors import ConfigError
+from scalelab.run.launch import slurm_script
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -28,8 +30,6 @@ def slurm(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default stdout)."),
 ) -> None:
     """Write an sbatch script that runs `scalelab train` on every node (torchrun, or Horovod's per-node launch)."""
-    from scalelab.engines import registry
-    from scalelab.run.launch import slurm_script
 
     data = load_yaml(config)  # fail now, not on the cluster, if the file is missing or not YAML
     exported = parse_env(env)

@@ -11,7 +11,17 @@ import typer
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
+from scalelab.lab import registry, results
+from scalelab.lab import results as saved
+from scalelab.lab.cells import replay_only
+from scalelab.lab.progress import PlainProgress, progress_for_output
+from scalelab.lab.registry import names
 from scalelab.lab.registry import names as experiment_names
+from scalelab.lab.study import default_spec, load_spec, read_spec, run_experiments, save_spec
+from scalelab.provenance import collect_provenance
+from scalelab.report.build import build_report, system_section
+from scalelab.report.render import write_report
+from scalelab.store import Store, open_store, read_json, write_json_atomic
 
 app = typer.Typer()
 
@@ -19,9 +29,6 @@ app = typer.Typer()
 def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
     """The study's report from its answered experiments and the study-wide figures saved beside them (lab.results);
     returns the HTML file's path."""
-    from scalelab.lab import results as saved
-    from scalelab.report.build import build_report, system_section
-    from scalelab.report.render import write_report
 
     folder = saved.results_dir(out_dir)
     results = {experiment.name: result for experiment, result in answered}
@@ -41,11 +48,6 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
               store: Optional[Path] = store_option()) -> None:
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
-    from scalelab.lab.progress import progress_for_output
-    from scalelab.lab.registry import names
-    from scalelab.lab.study import default_spec, load_spec, run_experiments, save_spec
-    from scalelab.provenance import collect_provenance
-    from scalelab.store import open_store, write_json_atomic
 
     spec = load_spec(config, quick=quick) if config else default_spec(quick=quick)
     if name:
@@ -79,11 +81,6 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
 def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds study.json).")) -> None:
     """Rebuild a study's report from its saved results (those of an older analysis from its stored runs): nothing
     is re-run."""
-    from scalelab.lab import registry, results
-    from scalelab.lab.cells import replay_only
-    from scalelab.lab.progress import PlainProgress
-    from scalelab.lab.study import read_spec, run_experiments
-    from scalelab.store import Store, read_json
 
     if not (study_dir / "study.json").is_file():
         raise ConfigError("study_dir", str(study_dir), "no study.json there; give a folder `scalelab study` wrote")

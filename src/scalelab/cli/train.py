@@ -17,12 +17,12 @@ from rich.table import Table
 from scalelab.analysis import keys
 from scalelab.cli.common import console, run_failed
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, store_option
+from scalelab.run.execute import RunFailed, execute, resume_run
+from scalelab.store import open_store
 
 
 def train(**kw) -> None:
     """Train once, measuring every step's stages; store the run and print its summary."""
-    from scalelab.run.execute import RunFailed, execute, resume_run
-    from scalelab.store import open_store
 
     flags = config_values(kw)
     if kw["resume"] is not None:
