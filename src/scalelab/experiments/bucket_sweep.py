@@ -135,7 +135,9 @@ def interpret(result: Result) -> tuple[list[str], str | None]:
         where = (f"At {row['bucket']} ({row['share_of_gradients']:.2g} of the gradients, "
                  f"{row['collectives_per_step']:.0f} collective{'' if row['collectives_per_step'] == 1 else 's'} "
                  "per step)")
-        span = f"{100 * row['overlap_ci_low']:.0f} to {100 * row['overlap_ci_high']:.0f} %"
+        # an overlap is a share: its interval is shown within [0, 100] %, where the physics puts it
+        span = (f"{100 * min(max(row['overlap_ci_low'], 0.0), 1.0):.0f} to "
+                f"{100 * min(max(row['overlap_ci_high'], 0.0), 1.0):.0f} %")
         if row.get("quality", "ok") != "ok":
             lines.append(f"{where} the overlap is not used: {row['quality']}.")
         elif row["overlap_ci_low"] > 0:  # a share hidden beyond noise

@@ -80,6 +80,7 @@ def test_overlap_is_called_hidden_only_when_its_interval_is_above_zero():
     lines, _ = sentences([row(1.5, 50, 45, 60, overlap=0.3, o_low=-0.1, o_high=0.5),
                           row(24, 55, 50, 62, overlap=0.6, o_low=0.2, o_high=0.9)])
     assert "no communication is hidden beyond noise" in lines[1] and "hides 60 %" in lines[2]
+    assert "interval 0 to 50 %" in lines[1]  # a share's interval stays within [0, 100] %
     assert not any("hides -" in line for line in lines)
 
 
