@@ -107,13 +107,19 @@ def bare_worker(model_name: str, device: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def run_bare(model: str, device: str, tmp: Path) -> float:
+def launch(script: str, args: list[str], ranks: int = 2) -> None:
+    """`script ARGS` as `ranks` ranks of one torchrun launch on this machine's loopback (the benchmarks' workers)."""
+    from scalelab.config import default_threads
     from scalelab.run.launch import free_port, run_torchrun
 
+    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(ranks)))
+    run_torchrun(["--nnodes", "1", "--nproc-per-node", str(ranks), "--rdzv-backend", "static",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", script, *args])
+
+
+def run_bare(model: str, device: str, tmp: Path) -> float:
     out = tmp / f"bare-{time.time_ns()}.json"
-    run_torchrun(["--nnodes", "1", "--nproc-per-node", str(RANKS[device]), "--rdzv-backend", "static",
-                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__,
-                  "--bare-worker", model, "--device", device, "--out", str(out)])
+    launch(__file__, ["--bare-worker", model, "--device", device, "--out", str(out)], RANKS[device])
     batch, _, warmup = SHAPES[model, device]
     return rate_after_warmup(json.loads(out.read_text())["t_end"], warmup, batch)
 

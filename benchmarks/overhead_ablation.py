@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import SHAPES, median_interval, train_config  # noqa: E402
+from overhead import SHAPES, launch, median_interval, train_config  # noqa: E402
 
 FEATURES = ("stages", "records", "heartbeat", "sampling", "metering")
 
@@ -280,16 +279,10 @@ def main() -> None:
     if args.worker:
         ablation_worker(args.model, args.rounds, args.block_s, args.out)
         return
-    from scalelab.config import default_threads
-    from scalelab.run.launch import free_port, run_torchrun
-
-    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(2)))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ablation.json"
-        run_torchrun(["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
-                      "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
-                      "--model", args.model, "--rounds", str(args.rounds), "--block-s", str(args.block_s),
-                      "--out", str(out)])
+        launch(__file__, ["--worker", "--model", args.model, "--rounds", str(args.rounds), "--block-s",
+                          str(args.block_s), "--out", str(out)])
         result = json.loads(out.read_text())
     per_feature = costs(result["blocks"], args.rounds)
     print(f"{args.model}: blocks of {result['k']} steps, {args.rounds} on/off rounds per feature")

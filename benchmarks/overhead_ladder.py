@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import median_interval, train_config  # noqa: E402
+from overhead import launch, median_interval, train_config  # noqa: E402
 
 VARIANTS = ("bare", "hook", "loader", "loss", "lr")
 
@@ -125,16 +124,10 @@ def main() -> None:
     if args.worker:
         ladder_worker(args.model, args.rounds, args.block, args.out)
         return
-    from scalelab.config import default_threads
-    from scalelab.run.launch import free_port, run_torchrun
-
-    os.environ.setdefault("OMP_NUM_THREADS", str(default_threads(2)))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "blocks.json"
-        run_torchrun(["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
-                      "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
-                      "--model", args.model, "--rounds", str(args.rounds), "--block", str(args.block),
-                      "--out", str(out)])
+        launch(__file__, ["--worker", "--model", args.model, "--rounds", str(args.rounds), "--block",
+                          str(args.block), "--out", str(out)])
         blocks = json.loads(out.read_text())
     bare = sorted(b["s_per_step"] for b in blocks if b["variant"] == "bare")
     print(f"{args.model}: bare step {1e3 * bare[len(bare) // 2]:.1f} ms (median of {len(bare)} blocks of "
