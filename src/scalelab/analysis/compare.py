@@ -1,7 +1,7 @@
 """Gradient-sync strategies, backends and training engines side by side (pure): one row per sync variant, backend
 or engine.
 
-Definitions (DESIGN.md, "Measurement definitions"):
+Definitions (docs/definitions.md):
 - step = the run's median timed step (min and max beside it); compute = the median step of its baseline: the same
   config with no-op collectives (the strategy's own work kept: DDP's buckets, hooks and division; the bucketed
   copies; rank 0's averaging), so only the collectives are missing;

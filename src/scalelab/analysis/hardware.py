@@ -1,4 +1,4 @@
-"""The network half of the performance model (DESIGN F14): the α-β cost of collectives, and the hardware they run
+"""The network half of the performance model (docs/model.md): the α-β cost of collectives, and the hardware they run
 on. The presets, the fit of α and β to a benchmark and the parsing of a hardware description are in
 scalelab.perf.hardware; this part is what the sync strategies' own cost formulas need.
 

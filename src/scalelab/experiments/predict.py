@@ -1,4 +1,4 @@
-"""What larger clusters would do (DESIGN F14; seed 003 conclusion, seed 000 Q2): calibrate the performance model
+"""What larger clusters would do (docs/model.md; seed 003 conclusion, seed 000 Q2): calibrate the performance model
 on this machine, predict per hardware, validate on measured runs. `scalelab predict` has its own command
 (cli/predict.py) for its batch and hardware-file flags; the study runs it from here."""
 from __future__ import annotations

@@ -7,7 +7,7 @@ is rendered: they are the experiment's `interpret` over these tables, so the tab
 
 A saved result is used only when its analysis version is the code's (`version_of`): ANALYSIS_VERSION for what all
 experiments share, each experiment's own `version` for its table and sentences. Any other result, a missing file
-or a corrupt one is re-derived from the stored runs (DESIGN: reports are rebuilt from stored runs) and saved again.
+or a corrupt one is re-derived from the stored runs (a report is always rebuildable from the stored runs alone) and saved again.
 `STUDY/results/study.json` keeps the study-wide figures: the noise floor from the reference cell.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ The spec is plain data (YAML-able): the experiments to run, a base config shared
 options, each of which may override base fields with `set:`. `default_spec()` is tuned for the machine at hand:
 on a CPU-only box, small models, gloo, 1 and 2 ranks, minutes not hours; `quick` shrinks it further.
 Its cells keep fixed `steps`, not `steps: auto`: with dozens of timing cells each taking up to its time budget on a
-noisy machine, the quick study would not stay under 150 s (README, "Run length").
+noisy machine, the quick study would not stay under 150 s (docs/definitions.md, "Run length").
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Communication microbenchmark (DESIGN F13): collectives over a size sweep, timed two ways, checked.
+"""Communication microbenchmark (docs/definitions.md, "Collective microbenchmark"): collectives over a size
+sweep, timed two ways, checked.
 
     scalelab bench comm                                   # 2 ranks, 1K..64M ×2, all four collectives
     scalelab bench comm --ops allreduce --begin 1M --end 256M --iters 50 --ranks 4   # a fixed count per size

@@ -1,4 +1,4 @@
-"""The performance model (DESIGN F14), in one package: step time = compute + exposed communication per sync
+"""The performance model (docs/model.md), in one package: step time = compute + exposed communication per sync
 strategy, hardware and worker count (`perfmodel`); the hardware presets and the α-β fit (`hardware`); the
 calibration of this machine (`calibration`) and the links between its namespace nodes (`links`); the prediction
 and its validation against measured runs (`prediction`); and `predict --from`, a run measured elsewhere

@@ -1,5 +1,5 @@
 """Calibration of the performance model on this machine: the compute fit, α and β, the in-situ scales, the
-gradient sizes (DESIGN F14; used by `scalelab.perf.prediction`).
+gradient sizes (docs/model.md; used by `scalelab.perf.prediction`).
 
 Calibration measures what the model needs, as stored runs (resumable through the cell engine):
 - compute: one run per per-rank batch with no gradient sync (base.ranks ranks with sync=noop, so every rank

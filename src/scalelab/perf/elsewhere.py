@@ -1,4 +1,4 @@
-"""The performance model calibrated on runs measured elsewhere (`scalelab predict --from DIR`, DESIGN F14): stored
+"""The performance model calibrated on runs measured elsewhere (`scalelab predict --from DIR`, docs/model.md): stored
 runs copied from another machine (one GPU box, say) give the compute fit, and α and β when a `bench comm` run is
 among them; the model then predicts that machine's compute on presets or a hardware file. Nothing is launched:
 every number comes from the stored files, and the model is built here on the CPU only to size its gradients.

@@ -1,4 +1,4 @@
-"""The performance model (DESIGN F14): fitted compute + α-β communication + overlap → step time and scaling.
+"""The performance model (docs/model.md): fitted compute + α-β communication + overlap → step time and scaling.
 
 A step of data parallelism on n ranks (one optimizer step, K micro-steps of accumulation, per-rank batch b per
 optimizer step, micro-batch m = b / K):
@@ -8,7 +8,7 @@ optimizer step, micro-batch m = b / K):
     throughput   = n·b / step                       (samples/s, global)
     speedup      = X(n) / X(1)                      strong (global batch fixed): = T(1) / T(n) for the same work
                                                     weak (per-rank batch fixed): the throughput ratio
-    efficiency   = speedup / n                      weak: = X(n) / (n·X(1))  (DESIGN "Measurement definitions")
+    efficiency   = speedup / n                      weak: = X(n) / (n·X(1))  (docs/definitions.md)
 
 forward and backward are fitted per micro-step as c0 + c1·m, the optimizer as a constant, overhead (data wait,
 host→device copy, other) as c0 + c1·b. Communication comes from `scalelab.analysis.hardware`; how much of it the

@@ -1,4 +1,4 @@
-"""Performance-model experiment (DESIGN F14): calibrate the model on this machine, predict, validate.
+"""Performance-model experiment (docs/model.md): calibrate the model on this machine, predict, validate.
 
     cal = calibrate(base, cells, batches=[8, 16, 32, 64])             # stored runs + a `bench comm` run
     table = predict_table(cal, PRESETS["10gbe"], [1, 2, 4, 8, 1024], mode="weak", batch=32, strategy="ddp")

@@ -6,64 +6,28 @@ numbers (analysis.interpret). Nothing here measures or runs anything.
 from __future__ import annotations
 
 import platform
+from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.noise import OUTSIDE_CPU_THRESHOLD, STEAL_THRESHOLD
 from scalelab.report.document import FigureBlock, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
 
-DEFINITIONS = [
-    "Warm-up steps are excluded from every timing. On CUDA stages are bounded by CUDA events on the current stream "
-    "and each step waits once, at its end (with --sync-stages every boundary synchronises the device instead).",
-    "A step runs from asking the loader for a batch to the end of the optimizer update; `other` is the part of a "
-    "step outside every named stage, so the stages sum to the step's wall time. Evaluation runs after a step ends "
-    "and is reported on its own, per evaluation.",
-    "A step's time is the slowest rank's; stage times are averaged over ranks. A median step carries a 95 % "
-    "interval: order statistics over the timed steps, widened for the correlation between consecutive steps.",
-    "Compared cells are launched several times in interleaved rounds (the `launches` column); a row pools its "
-    "launches and its interval reaches each launch's own median. A ranking or recommendation is made only where "
-    "intervals separate; otherwise the report says the difference is within noise. The `quality` column says ok "
-    "or why not (implausible beyond its interval, noisy, precision not reached).",
-    "Epoch time = mean step time × steps per epoch; without data loading each step's data wait is subtracted. "
-    "Throughput = global samples / time over the timed steps. Means (epoch time, stage times, time inside "
-    "collectives) carry a 95 % t interval whose standard error is widened for the correlation of consecutive steps; "
-    "a rate of a fixed count over such a mean (throughput, algbw, busbw) carries the count over the mean's interval.",
-    "Every table's headline column is followed by `n` (the timed steps it rests on, pooled over launches), `ci_low` "
-    "and `ci_high` (its 95 % interval); other intervals are named after their figure (step_ci_low(ms), "
-    "speedup_ci_low, exposed_ci_low(ms) ...). Ratios of two measured figures (speedup, efficiency, exposed "
-    "communication, overlap) take the conservative interval of both sides: every value of one against every value "
-    "of the other.",
-    "Implausible or noisy rows of compared cells (efficiency above 1, overlap outside [0, 1] or exposed time below 0 "
-    "beyond their intervals, time inside collectives longer than the step, collectives faster than the shaped links "
-    "of a local-nodes run allow, a run noisy by the rule below) are "
-    "measured once more, automatically, from new launches; the quality column then says `re-measured`, or the "
-    "reason with \"(persisted when re-measured)\", or that the first and second measurements disagree. Flagged rows "
-    "are listed in words under their section and never make a ranking or a recommendation.",
-    "speedup(N) = T(1) / T(N) for the same work; efficiency = speedup / N. Strong scaling keeps the global batch; "
-    "weak scaling keeps the per-worker batch and compares throughput: efficiency = X(N) / (N·X(1)).",
-    "Communication time = the union of each step's collective intervals per rank (overlapping asynchronous "
-    "collectives count once; async ones run from launch to completion; on CUDA between CUDA events on the stream "
-    "that waits for the collective). Blocking wait = from the last gradient produced to the end of the sync, the "
-    "same meaning for every strategy.",
-    "Exposed communication = step time with real sync − step time of the same config with no-op collectives (the "
-    "strategy's own work kept: DDP's buckets, hook and division, the bucketed copies, rank 0's averaging), never "
-    "clipped, with a conservative 95 % interval. Overlap = 1 − exposed / communication; an overlap outside [0, 1] "
-    "beyond its interval is flagged in the quality column, not clipped.",
-    "Bytes are payload bytes per collective and per step. algbw = S / t with t a collective's own interval, and for "
-    "a run S over the union; busbw = algbw·2(n−1)/n for allreduce, (n−1)/n for allgather / reduce_scatter, 1 for "
-    "broadcast (the nccl-tests definitions).",
-    "Memory by kind is measured per rank on its first step; the largest rank is reported. Activations = the "
-    "distinct storages saved for backward in forward (saved_tensors_hooks; parameters and buffers excluded, a "
-    "storage saved twice counted once); backward peak = the most of them live at once during backward, what "
-    "checkpointing recomputes included. Exact on CPU and CUDA; on CPU the process's peak RSS hides them.",
-    "Plots draw each figure's 95 % interval as error bars unless their axis says otherwise.",
-    "Noise: while a run is timed, the first rank of each host samples the CPU taken by processes outside the run "
-    "(machine busy CPU − the run's own processes'), steal time and load; a run is noisy above "
-    f"{OUTSIDE_CPU_THRESHOLD} cores outside the run or {STEAL_THRESHOLD:.0f} % steal. The noise floor (environment) is the drift of one reference cell, measured before the "
-    "first experiment and after the last: end / start median step − 1, with the interval of that ratio.",
-]
+def definitions() -> list[str]:
+    """The measurement definitions, one string per bullet of docs/definitions.md: the one place they are written
+    (the package carries that page as report/definitions.md, a link to it)."""
+    text = resources.files("scalelab.report").joinpath("definitions.md").read_text(encoding="utf-8")
+    bullets: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("- "):
+            bullets.append(line[2:].strip())
+        elif line.startswith("  ") and bullets:
+            bullets[-1] += " " + line.strip()
+    return bullets
+
+
+DEFINITIONS = definitions()
 
 def _note_text(value) -> str:
     """A note's value as prose: a mapping (one entry per hardware, variant …) as "key: value; key: value"."""

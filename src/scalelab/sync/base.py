@@ -15,7 +15,7 @@ issues its collectives through the rank's CommMeter. The loop uses a strategy li
 
 With `collectives=False` (TrainConfig.noop_collectives) a strategy keeps all of its own work (wrapping,
 bucketing, hooks, copies, casts) but issues no collective and records nothing in the meter: the baseline for
-exposed communication (DESIGN, "Measurement definitions").
+exposed communication (docs/definitions.md).
 """
 from __future__ import annotations
 
