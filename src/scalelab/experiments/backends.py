@@ -8,7 +8,7 @@ import pandas as pd
 from scalelab.analysis.compare import BACKENDS
 from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig, cuda_device_count
-from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ranked, run_comparison
+from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 
@@ -77,6 +77,8 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=run_backends,
     figures=comm_figures("compare_backends", "backend"),
+    columns={"compare_backends": answer_columns("backend")},
+    captions=comm_captions("compare_backends", "backend"),
     interpret=backends_result,
     study_options=study_options,
 )

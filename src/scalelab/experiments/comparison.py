@@ -112,3 +112,21 @@ def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
         return [], None
     lines, best = ranking(done, axis, what)
     return lines, None if best is None else f"Use the {best[axis]} {what} ({fmt(best['step(ms)'], ' ms')} per step)."
+
+
+def answer_columns(axis: str) -> list[str]:
+    """The columns a comparison table's answer needs (the report shows these, the files every column)."""
+    return [axis, "status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)",
+            "exposed_comm(ms)", "overlap", "bytes_per_step", "quality"]
+
+
+def comm_captions(table: str, what: str) -> dict[str, str]:
+    """Captions of a comparison's table and plots."""
+    return {table: f"One row per {what}: the median step with its 95 % interval, compute (the same config with "
+                   "no-op collectives), time inside collectives, exposed communication and overlap, bytes moved "
+                   "per step; every column is in the files.",
+            f"{table}.png": f"Per {what}: the median step split into compute and exposed communication (bars: "
+                            "the step's 95 % interval), and the time inside collectives (diamonds), which "
+                            "overlap with compute can hide.",
+            f"{table}_bytes.png": f"Per {what}: payload bytes per optimizer step by phase (the ranks' mean), and "
+                                  "what the host's loopback interface carried."}

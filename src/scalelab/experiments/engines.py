@@ -13,7 +13,7 @@ from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
-from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ranked, run_comparison
+from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "
@@ -79,6 +79,8 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=run_engines,
     figures=comm_figures("compare_engines", "engine"),
+    columns={"compare_engines": answer_columns("engine")},
+    captions=comm_captions("compare_engines", "training engine"),
     interpret=engines_result,
     study_options=study_options,
     quick=False,

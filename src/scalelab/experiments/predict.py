@@ -82,5 +82,14 @@ EXPERIMENT = Experiment(
     run=_run,
     figures=prediction_figures,
     interpret=predict_result,
+    captions={"prediction": "Predicted step, speedup and efficiency per hardware and worker count (the model: "
+                            "compute + exposed communication; docs/model.md).",
+              "validation": "The model against measured runs it was not fitted on: predicted and measured median "
+                            "step, the measurement's 95 % interval, the error.",
+              "options": "The largest worker count each option keeps above the target efficiency.",
+              "prediction.png": "Predicted speedup (left) and efficiency (right, dashed: 50 %) over worker counts, "
+                                "one line per hardware; measured points where there are runs.",
+              "validation.png": "Predicted against measured step per validation run (log-log; the diagonal is a "
+                                "perfect prediction)."},
     study_options=study_options,
 )

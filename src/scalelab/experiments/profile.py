@@ -39,18 +39,22 @@ def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
 EVAL_OUTSIDE = "eval (outside the step, per evaluation)"
 
 
+SMALL = 3.0  # % of a step: stages below it share one slice, so that no two labels sit on top of each other
+
+
 def stage_pie(table: pd.DataFrame, path: Path) -> Path:
-    """Share of a step per stage (stages under 0.5 % are folded into 'rest')."""
+    """Share of a step per stage; stages under SMALL % share one slice that names them. Labels are in a legend."""
     run = table[(table["run_id"] == table["run_id"].iloc[0]) & table["share(%)"].notna()]  # steps only
-    big = run[run["share(%)"] >= 0.5]
-    rest = run.loc[run["share(%)"] < 0.5, "time(ms)"].sum()
-    labels = [f"{s} {t:.1f} ms" for s, t in zip(big["stage"], big["time(ms)"])]
+    big, small = run[run["share(%)"] >= SMALL], run[run["share(%)"] < SMALL]
+    labels = [f"{s}: {t:.2g} ms ({p:.0f} %)" for s, t, p in zip(big["stage"], big["time(ms)"], big["share(%)"])]
     values = list(big["time(ms)"])
-    if rest > 0:
-        labels.append(f"rest {rest:.2f} ms")
-        values.append(rest)
-    fig, ax = plt.subplots(figsize=(6, 5))
-    ax.pie(values, labels=labels, autopct="%1.1f%%", startangle=90)
+    if len(small) and small["time(ms)"].sum() > 0:
+        labels.append(f"{', '.join(small['stage'])}: {small['time(ms)'].sum():.2g} ms "
+                      f"({small['share(%)'].sum():.1f} %, each under {SMALL:g} %)")
+        values.append(small["time(ms)"].sum())
+    fig, ax = plt.subplots(figsize=(9, 4.5), layout="constrained")
+    wedges, _ = ax.pie(values, startangle=90, counterclock=False)
+    fig.legend(wedges, labels, loc="outside right center", frameon=False)
     ax.set_title(f"Where a step goes (mean per step, total {run['time(ms)'].sum():.1f} ms)")
     return save(fig, path)
 
@@ -83,6 +87,7 @@ EXPERIMENT = Experiment(
     figures=lambda result, out: [stage_pie(result.tables["profile"], out / "profile.png")],
     interpret=lambda result: profile(result.tables["profile"]),
     captions={"profile": "Mean time per step of each stage (ms) and its share (%).",
-              "profile.png": "Share of a step per stage (mean over timed steps)."},
+              "profile.png": f"Each stage's share of the mean step over the timed steps; stages under {SMALL:g} % "
+                             "share one slice, which names them."},
     study_options=study_options,
 )

@@ -263,6 +263,14 @@ EXPERIMENT = Experiment(
               "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
               "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
                                         "one core) and network MB/s sent off the node, by node count.",
-              "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s."},
+              "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
+              "scale_strong": "Strong scaling, one row per worker count and batch: median step and its 95 % "
+                              "interval, speedup with its interval, efficiency, exposed communication; every "
+                              "column is in the files.",
+              "scale_weak": "Weak scaling, one row per worker count and per-worker batch: median step and its 95 % "
+                            "interval, throughput speedup with its interval, efficiency, exposed communication."},
+    columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
+                    "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
+                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
 )

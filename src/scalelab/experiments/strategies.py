@@ -17,7 +17,7 @@ import pandas as pd
 from scalelab.analysis.interpret import fmt, ranking
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.comparison import DEFAULTS, Axis, comm_figures, ordered, run_comparison
+from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ordered, run_comparison
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list, number
 from scalelab.sync import registry as syncs
 
@@ -108,6 +108,8 @@ EXPERIMENT = Experiment(
     defaults=DEFAULTS,
     run=_run,
     figures=comm_figures("compare_strategies", "sync"),
+    columns={"compare_strategies": answer_columns("sync")},
+    captions=comm_captions("compare_strategies", "gradient-sync strategy"),
     interpret=strategies_result,
     study_options=study_options,
 )

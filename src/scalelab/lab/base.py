@@ -86,6 +86,7 @@ class Experiment:
     figures: Callable[[Result, Path], list[Path]] | None = None
     interpret: Callable[[Result], tuple[list[str], str | None]] | None = None
     captions: dict[str, str] = field(default_factory=dict)  # table or figure stem -> caption
+    columns: dict[str, list[str]] = field(default_factory=dict)  # table -> the ~10 columns that carry its answer
     order: int = 100  # place in the study and the report
     interleave: bool = False  # run the cells' repeats in rounds (A B C, A B C: cells compared with each other)
     # also over a user's script: `scalelab CMD ... -- python train.py ARGS` (base is then a run.script.ScriptConfig)

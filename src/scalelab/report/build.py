@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.report.document import FigureBlock, Report, Section, TableBlock
+from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
 
 def definitions() -> list[str]:
@@ -43,15 +43,35 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
     tables = result.tables
     if experiment.interpret is not None and tables and any(len(frame) for frame in tables.values()):
         sentences, rec = experiment.interpret(result)  # failed or missing experiments: the notes say why
-    blocks = [TableBlock(key.replace("/", "_"), frame.drop(columns=["run_id"], errors="ignore"),
-                         experiment.captions.get(key, "")) for key, frame in tables.items()
-              if not key.endswith("_curves")]
+    shown = {key: frame.drop(columns=["run_id"], errors="ignore") for key, frame in tables.items()
+             if not key.endswith("_curves")}
+    blocks = [TableBlock(key.replace("/", "_"), frame, experiment.captions.get(key, ""),
+                         answer_columns(frame, experiment.columns.get(key))) for key, frame in shown.items()]
     figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
     notes += [line for key, frame in tables.items() for line in flagged_rows(key, frame)]
     return Section(id=experiment.section, title=experiment.title, question=experiment.question,
                    sentences=sentences, tables=blocks, figures=figures, notes=notes), [rec] if rec else []
+
+
+# what a table's answer is usually made of, in the order shown after its first (describing) column
+ANSWER = ["status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "time/epoch(s)", "throughput(samples/s)",
+          "ci_low", "ci_high", "speedup", "efficiency", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "overlap",
+          "busbw(GB/s)", "max_batch", "final_acc"]
+MOST_COLUMNS = 12  # a table this wide or narrower is shown whole
+
+
+def answer_columns(frame: pd.DataFrame, declared: list[str] | None = None, most: int = 10) -> list[str] | None:
+    """The columns a table's answer needs (None: show them all): the experiment's own choice, else its first
+    column and the usual answer columns it has, at most `most`, its quality flag last."""
+    if declared:
+        return [c for c in declared if c in frame.columns]
+    if frame.shape[1] <= MOST_COLUMNS:
+        return None
+    chosen = [frame.columns[0], *(c for c in ANSWER if c in frame.columns and c != frame.columns[0])]
+    chosen = chosen[:most - 1] if "quality" in frame.columns else chosen[:most]
+    return chosen + (["quality"] if "quality" in frame.columns else [])
 
 
 def flagged_rows(name: str, frame: pd.DataFrame) -> list[str]:
@@ -92,7 +112,7 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
     for experiment, result in answered:
         section, r = section_for(experiment, result)
         sections.append(section)
-        recs += r
+        recs += [Recommendation(text, section.id) for text in r]
     sections += extra_sections or []
     subtitle = (f"study '{spec.name}'{' (quick)' if spec.quick else ''}: {len(spec.experiments)} experiments on "
                 f"{provenance.get('host', 'this machine')}")

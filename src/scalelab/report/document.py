@@ -23,10 +23,12 @@ def _check_ident(kind: str, value: object) -> None:
 
 @dataclass
 class TableBlock:
-    """One table of a section. `frame` is shown as is (numbers formatted for reading) and also written raw."""
+    """One table of a section. `frame` is written raw (CSV, JSON); the page shows `columns`, the ones that carry
+    the answer (None: all of them), numbers formatted for reading, with the whole table one click away."""
     name: str
     frame: pd.DataFrame
     caption: str = ""
+    columns: list[str] | None = None
 
     def __post_init__(self) -> None:
         _check_ident("table name", self.name)
@@ -36,6 +38,9 @@ class TableBlock:
         dupes = sorted({str(c) for c in self.frame.columns[self.frame.columns.duplicated()]})
         if dupes:
             raise ValueError(f"table {self.name!r}: duplicate column names {dupes}; each column needs its own name")
+        missing = [c for c in self.columns or () if c not in self.frame.columns]
+        if missing:
+            raise ValueError(f"table {self.name!r}: columns to show {missing} are not in the table")
 
 
 @dataclass
@@ -78,11 +83,18 @@ class Section:
 
 
 @dataclass
+class Recommendation:
+    """One recommendation, and the section that holds its evidence (its first figure is shown beside it)."""
+    text: str
+    section: str | None = None
+
+
+@dataclass
 class Report:
     """A whole study report. `environment` is shown sorted by key so equal reports render identically."""
     title: str
     subtitle: str = ""
-    recommendations: list[str] = field(default_factory=list)
+    recommendations: list[str | Recommendation] = field(default_factory=list)
     sections: list[Section] = field(default_factory=list)
     definitions: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)

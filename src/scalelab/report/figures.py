@@ -21,7 +21,8 @@ from scalelab.store import atomic_file  # noqa: E402
 def save(fig, path: Path) -> Path:
     """Lay out `fig`, write it to `path` atomically (PNG at 110 dpi) and close it; returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a figure laid out by its own engine (constrained) keeps it
+        fig.tight_layout()
     try:
         with atomic_file(path, "wb") as f:
             fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png")

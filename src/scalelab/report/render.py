@@ -108,17 +108,26 @@ def _frame_for_display(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _table_context(section: Section, table: TableBlock, max_rows: int) -> dict:
-    frame = _frame_for_display(table.frame)
+    """What the page shows of a table: its answer columns (`table.columns`), and the whole table when that is more."""
     stem = f"{section.id}_{table.name}"
+    whole = _frame_for_display(table.frame)
+    shown = whole[table.columns] if table.columns is not None else whole
+    out = {"name": table.name, "caption": table.caption or table.name, "stem": stem, **_cells(shown, max_rows),
+           "csv": f"tables/{stem}.csv", "json": f"tables/{stem}.json", "full": None}
+    if shown.shape[1] < whole.shape[1]:
+        out["full"] = {"count": whole.shape[1], **_cells(whole, max_rows)}
+    return out
+
+
+def _cells(frame: pd.DataFrame, max_rows: int) -> dict:
     numeric = [_is_numeric(frame.iloc[:, i]) for i in range(frame.shape[1])]
-    shown = frame.head(max_rows)
+    head = frame.head(max_rows)
     rows = [[{"text": format_value(v), "num": numeric[i]} for i, v in enumerate(row)]
-            for row in shown.itertuples(index=False, name=None)]
-    truncated = (f"Showing the first {len(shown):,} of {len(frame):,} rows; the full table is in the files below."
-                 if len(frame) > len(shown) else "")
-    return {"name": table.name, "caption": table.caption or table.name, "stem": stem,
-            "columns": [{"label": str(c), "num": numeric[i]} for i, c in enumerate(frame.columns)],
-            "rows": rows, "truncated": truncated, "csv": f"tables/{stem}.csv", "json": f"tables/{stem}.json"}
+            for row in head.itertuples(index=False, name=None)]
+    truncated = (f"Showing the first {len(head):,} of {len(frame):,} rows; the full table is in the files below."
+                 if len(frame) > len(head) else "")
+    return {"columns": [{"label": str(c), "num": numeric[i]} for i, c in enumerate(frame.columns)], "rows": rows,
+            "truncated": truncated}
 
 
 def _safe_file_part(text: str) -> str:
@@ -154,7 +163,14 @@ def _context(report: Report, max_rows: int) -> dict:
            + [{"anchor": s["anchor"], "title": s["title"]} for s in sections]
            + [{"anchor": "definitions", "title": "Measurement definitions"},
               {"anchor": "environment", "title": "Environment"}])
-    return {"title": report.title, "subtitle": report.subtitle, "recommendations": list(report.recommendations),
+    by_id = {s["id"]: s for s in sections}
+    recommendations = []
+    for rec in report.recommendations:
+        text, where = (rec, None) if isinstance(rec, str) else (rec.text, by_id.get(rec.section))
+        figure = next((f for f in where["figures"] if f.data), None) if where else None
+        recommendations.append({"text": text, "anchor": where["anchor"] if where else None,
+                                "title": where["title"] if where else None, "figure": figure})
+    return {"title": report.title, "subtitle": report.subtitle, "recommendations": recommendations,
             "sections": sections, "toc": toc, "definitions": list(report.definitions),
             "environment": sorted((str(k), str(v)) for k, v in report.environment.items()),
             "command": report.command}
@@ -188,7 +204,8 @@ def render_markdown(ctx: dict) -> str:
     out += [f"{i}. [{md_text(e['title'])}](#{e['anchor']})" for i, e in enumerate(ctx["toc"], 1)] + [""]
     # Explicit anchors: renderers derive heading ids differently, and titles are arbitrary text.
     out += ['<a id="recommendations"></a>', "", "## Recommendations", ""]
-    out += _md_list(ctx["recommendations"], "No recommendations: no experiment produced one.") + [""]
+    out += _md_list([r["text"] + (f" ([{r['title']}](#{r['anchor']}))" if r["anchor"] else "")
+                     for r in ctx["recommendations"]], "No recommendations: no experiment produced one.") + [""]
     for s in ctx["sections"]:
         out += [f'<a id="{s["anchor"]}"></a>', "", f"## {md_text(s['title'])}", ""]
         if s["question"]:
@@ -208,6 +225,9 @@ def render_markdown(ctx: dict) -> str:
                 out += ["*No rows.*", ""]
             if t["truncated"]:
                 out += [f"*{md_text(t['truncated'])}*", ""]
+            if t["full"]:
+                out += [f"*{len(t['columns'])} of {t['full']['count']} columns shown; every column is in the "
+                        "files.*", ""]
             out += [f"Data: [CSV]({t['csv']}) · [JSON]({t['json']})", ""]
         for f in s["figures"]:
             if f.data is None:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from scalelab.report.document import FigureBlock, Report, Section, TableBlock  # noqa: E402
+from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock  # noqa: E402
 from scalelab.report.render import format_value, md_cell, write_report  # noqa: E402
 
 XSS_MODEL = "<script>alert(1)</script>"
@@ -284,3 +284,83 @@ def test_report_renders_in_headless_chromium(tmp_path, pngs):
     assert r["nodata"] == 0
     for literal in (XSS_MODEL, XSS_IMG, AWKWARD_PATH, "</td></tr><script>window.__xss=2</script>"):
         assert literal in r["text"], literal
+
+
+# ---- what a reader sees: the answer's columns, the whole table a click away, nothing wider than the page --------
+
+def wide_report(pngs: list[Path]) -> Report:
+    """A section with a 40-column table (the scaling tables have 43) whose answer is 6 columns."""
+    wide = pd.DataFrame({f"metric_{i}_with_a_long_name(ms)": [1234.5678 * (i + 1), 2.5, 3.75] for i in range(40)})
+    wide.insert(0, "workers", [1, 2, 4])
+    shown = ["workers", *wide.columns[1:6]]
+    return Report(title="wide", recommendations=[Recommendation("Use 2 workers.", "wide")],
+                  sections=[Section("wide", "A wide table", sentences=["It is wide."],
+                                    tables=[TableBlock("wide", wide, "Forty columns.", columns=shown)],
+                                    figures=[FigureBlock(pngs[0], caption="A figure")])])
+
+
+def test_a_wide_table_shows_its_answer_and_keeps_every_column_a_click_away(tmp_path, pngs):
+    files = write_report(wide_report(pngs), tmp_path)
+    page = files["report.html"].read_text()
+    shown_table, full = page.split("<details>", 1)
+    assert shown_table.count("metric_") == 5 + 0 and "All 41 columns" in full and full.count("metric_") >= 40
+    assert "6 of 41 columns shown" in files["report.md"].read_text()
+    assert len(pd.read_csv(files["tables/wide_wide.csv"]).columns) == 41  # the files keep every column
+
+
+def test_the_answer_columns_of_a_table():
+    from scalelab.report.build import answer_columns
+
+    narrow = pd.DataFrame(columns=["a", "b", "c"])
+    assert answer_columns(narrow) is None  # shown whole
+    wide = pd.DataFrame(columns=["sync", *(f"x{i}" for i in range(20)), "step(ms)", "step_ci_low(ms)",
+                                 "step_ci_high(ms)", "overlap", "quality"])
+    assert answer_columns(wide) == ["sync", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "overlap", "quality"]
+    assert answer_columns(wide, ["sync", "overlap", "gone"]) == ["sync", "overlap"]
+
+
+def test_recommendations_come_first_with_their_evidence(tmp_path, pngs):
+    page = write_report(wide_report(pngs), tmp_path)["report.html"].read_text()
+    assert page.index('id="recommendations"') < page.index('id="toc"')
+    rec = page[page.index('id="recommendations"'):page.index('id="toc"')]
+    assert 'class="thumb"' in rec and 'href="#sec-wide"' in rec and "Use 2 workers." in rec
+
+
+LAYOUT = """<!DOCTYPE html><html><head><meta charset="utf-8"><title>layout</title></head><body style="margin:0">
+<pre id="result">pending</pre><iframe id="report" src="report.html" width="1400" height="900" style="border:0"></iframe>
+<script>
+document.getElementById("report").addEventListener("load", () => setTimeout(() => {
+  const r = {};
+  try {
+    const d = document.getElementById("report").contentWindow.document;
+    r.pageWidth = d.documentElement.scrollWidth;
+    r.scrolling = [...d.querySelectorAll("table")].filter(t => !t.closest("details"))
+      .filter(t => t.parentElement.scrollWidth > t.parentElement.clientWidth + 1)
+      .map(t => (t.querySelector("caption") || {}).textContent || "?");
+    r.details = d.querySelectorAll("details").length;
+  } catch (e) { r.error = String(e); }
+  document.getElementById("result").textContent = JSON.stringify(r);
+}, 50));
+</script></body></html>
+"""
+
+
+def test_at_1400_pixels_nothing_is_wider_than_the_page(tmp_path, pngs):
+    """In headless Chromium at a 1,400 px viewport the page does not scroll sideways and no table outside a
+    <details> scrolls: wide tables show their answer columns."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip(f"no Chromium binary on PATH (looked for {', '.join(CHROMIUM_NAMES)}); "
+                    "install it with: apt-get install -y chromium")
+    write_report(wide_report(pngs), tmp_path / "out")
+    (tmp_path / "out" / "layout.html").write_text(LAYOUT)
+    proc = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+         "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={tmp_path / 'profile'}",
+         "--allow-file-access-from-files", "--window-size=1400,1000", "--virtual-time-budget=5000", "--dump-dom",
+         (tmp_path / "out" / "layout.html").as_uri()], capture_output=True, text=True, timeout=60)
+    found = re.search(r'<pre id="result">(.*?)</pre>', proc.stdout, re.S)
+    assert found and found.group(1) != "pending", proc.stderr[-2000:]
+    r = json.loads(html.unescape(found.group(1)))
+    assert "error" not in r, r["error"]
+    assert r["pageWidth"] <= 1400 and r["scrolling"] == [] and r["details"] == 1, r
