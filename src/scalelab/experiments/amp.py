@@ -8,7 +8,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import interval, span
+from scalelab.analysis.interpret import fmt, interval, span
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, launches_option, name_list
 from scalelab.lab.cells import Cell, with_fields
@@ -77,8 +77,9 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
     faster = b is not None and f is not None and b[1] < f[0]  # best's step interval lies below fp32's
     if best.precision != "fp32" and not faster:
         out.append(f"{best.precision}'s step ({span(b)}) is not faster than fp32's ({span(f)}) beyond noise.")
-    rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32 "
-           f"with accuracy within 1 point." if ok and faster and best.precision != "fp32"
+    rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32's throughput, "
+           f"step {fmt(best[keys.STEP_MEDIAN_MS], ' ms')} ({span(b)}) against {fmt(base[keys.STEP_MEDIAN_MS], ' ms')} "
+           f"({span(f)}), with accuracy within 1 point." if ok and faster and best.precision != "fp32"
            else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
     return out, rec
 

@@ -47,9 +47,11 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
         small = near[0]
         out.append(f"Batch {int(small['global_batch'])} is within noise of it ({fmt(small[keys.THROUGHPUT])} "
                    f"samples/s, {span(interval(small, 'ci_low', 'ci_high'), ' samples/s')}).")
-        return out, (f"Use batch {int(small['global_batch'])} or more for throughput: up to batch "
+        return out, (f"Use batch {int(small['global_batch'])} or more for throughput ({fmt(small[keys.THROUGHPUT])} "
+                     f"samples/s, {span(interval(small, 'ci_low', 'ci_high'), ' samples/s')}): up to batch "
                      f"{int(best.global_batch)} the gain is within noise.")
-    return out, f"Use batch {int(best.global_batch)} for throughput ({fmt(best[keys.THROUGHPUT])} samples/s)."
+    return out, (f"Use batch {int(best.global_batch)} for throughput ({fmt(best[keys.THROUGHPUT])} samples/s, "
+                 f"{span(b, ' samples/s')}).")
 
 
 def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from scalelab.analysis.compare import comparison_table
-from scalelab.analysis.interpret import ranking
+from scalelab.analysis.interpret import interval, ranking, span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option
@@ -136,19 +136,19 @@ def interpret(result: Result) -> tuple[list[str], str | None]:
                  f"{row['collectives_per_step']:.0f} collective{'' if row['collectives_per_step'] == 1 else 's'} "
                  "per step)")
         # an overlap is a share: its interval is shown within [0, 100] %, where the physics puts it
-        span = (f"{100 * min(max(row['overlap_ci_low'], 0.0), 1.0):.0f} to "
+        shares = (f"{100 * min(max(row['overlap_ci_low'], 0.0), 1.0):.0f} to "
                 f"{100 * min(max(row['overlap_ci_high'], 0.0), 1.0):.0f} %")
         if row.get("quality", "ok") != "ok":
             lines.append(f"{where} the overlap is not used: {row['quality']}.")
         elif row["overlap_ci_low"] > 0:  # a share hidden beyond noise
             lines.append(f"{where} backward hides {100 * row['overlap']:.0f} % of {row['comm(ms)']:.3g} ms of "
-                         f"communication (interval {span}).")
+                         f"communication (interval {shares}).")
         else:
             lines.append(f"{where} no communication is hidden beyond noise: overlap {100 * row['overlap']:.0f} % "
-                         f"of {row['comm(ms)']:.3g} ms (interval {span}).")
+                         f"of {row['comm(ms)']:.3g} ms (interval {shares}).")
     rec = None if best is None else (f"Use bucket_cap_mb {best['bucket_mb']:.3g} "
                                      f"({best['share_of_gradients']:.2g} of the gradients): "
-                                     f"{best['step(ms)']:.3g} ms per step.")
+                                     f"{best['step(ms)']:.3g} ms per step ({span(interval(best))}).")
     return lines, rec
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scalelab.analysis.compare import comparison_table
-from scalelab.analysis.interpret import fmt, ranking
+from scalelab.analysis.interpret import fmt, interval, ranking, span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
@@ -111,7 +111,8 @@ def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
     if len(done) < 2:
         return [], None
     lines, best = ranking(done, axis, what)
-    return lines, None if best is None else f"Use the {best[axis]} {what} ({fmt(best['step(ms)'], ' ms')} per step)."
+    return lines, None if best is None else (f"Use the {best[axis]} {what}: {fmt(best['step(ms)'], ' ms')} per "
+                                             f"step ({span(interval(best))}).")
 
 
 def answer_columns(axis: str) -> list[str]:

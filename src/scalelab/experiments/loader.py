@@ -163,7 +163,12 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
             out.append(f"num_workers={best['num_workers']}'s step ({span(b)}) is not shorter than with no workers "
                        f"({span(z)}) beyond noise.")
             return out, None
-    return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}."
+    row = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
+    said = ""
+    if len(row) and keys.STEP_MEDIAN_MS in row:
+        step = interval(row.iloc[0], keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS)
+        said = f": step {fmt(row[keys.STEP_MEDIAN_MS].iloc[0], ' ms')} ({span(step)})"
+    return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}{said}."
 
 
 def study_options(plan: StudyPlan) -> dict | None:

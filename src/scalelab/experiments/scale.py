@@ -21,7 +21,17 @@ from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
-from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, int_list, launches_option, name_list, positive_ints
+from scalelab.lab.base import (
+    Context,
+    Experiment,
+    Option,
+    Result,
+    StudyPlan,
+    int_list,
+    launches_option,
+    name_list,
+    positive_ints,
+)
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.report.figures import ci, plt, save
@@ -214,13 +224,18 @@ def scale_result(result) -> tuple[list[str], str | None]:
                        "50 %.")
         elif mode == "strong" and best.efficiency >= 0.5:
             rec = (f"Use {int(best.workers)} workers at global batch {int(best.global_batch)}: strong-scaling "
-                   f"efficiency {100 * best.efficiency:.0f} %.")
+                   f"efficiency {100 * best.efficiency:.0f} %{efficiency_interval(low, high)}.")
         elif mode == "strong":
             share = best.get("exposed_comm(ms)", float("nan")) / best["step(ms)"] if best["step(ms)"] else float("nan")
             rec = (f"{int(best.workers)} workers do not pay off here: at best {100 * best.efficiency:.0f} % "
-                   f"strong-scaling efficiency (global batch {int(best.global_batch)}), exposed communication "
+                   f"strong-scaling efficiency{efficiency_interval(low, high)} (global batch "
+                   f"{int(best.global_batch)}), exposed communication "
                    f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
     return out, rec
+
+
+def efficiency_interval(low: float, high: float) -> str:
+    return "" if pd.isna(low) or pd.isna(high) else f" (95 % interval {100 * low:.0f}–{100 * high:.0f} %)"
 
 
 def study_options(plan: StudyPlan) -> dict | None:

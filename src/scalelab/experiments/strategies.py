@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import pandas as pd
 
-from scalelab.analysis.interpret import fmt, ranking
+from scalelab.analysis.interpret import fmt, interval, ranking, span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ordered, run_comparison
+from scalelab.experiments.comparison import (
+    DEFAULTS,
+    Axis,
+    answer_columns,
+    comm_captions,
+    comm_figures,
+    ordered,
+    run_comparison,
+)
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list, number
 from scalelab.sync import registry as syncs
 
@@ -64,7 +72,8 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
                           if "overlap_ci_low" in top and not pd.isna(top["overlap_ci_low"]) else "."))
         for sync, why in zip(flagged["sync"], quality[flagged.index]):
             out.append(f"{sync}'s overlap is not used: {why}.")
-    rec = None if best is None else f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per step."
+    rec = None if best is None else (f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per "
+                                     f"step ({span(interval(best))}).")
     return out, rec
 
 

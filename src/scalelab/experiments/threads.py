@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.interpret import interval, span
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -61,7 +62,9 @@ def interpret_threads(result: Result) -> tuple[list[str], str | None]:
         worst = over.sort_values("threads").iloc[-1]
         out.append(f"Oversubscribed ({int(worst.threads)} threads on {int(worst.cores)} cores): "
                    f"{worst[keys.STEP_MEDIAN_MS]:.3g} ms per step.")
-    return out, f"Use {int(best.threads)} torch threads per process ({best[keys.STEP_MEDIAN_MS]:.3g} ms per step)."
+    iv = interval(best, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS)
+    return out, (f"Use {int(best.threads)} torch threads per process: {best[keys.STEP_MEDIAN_MS]:.3g} ms per step "
+                 f"({span(iv)}).")
 
 
 def _figures(result: Result, out) -> list:
