@@ -76,6 +76,9 @@ EXPERIMENT = Experiment(
              _opt("dtype", "float32, float16 or bfloat16.")),
     run=_run,
     interpret=comm_result,
-    captions={"comm_busbw.png": "Bus bandwidth per message size and collective."},
+    captions={"comm_busbw.png": "Bus bandwidth per message size and collective.",
+              "comm": "Per collective, implementation and message size: time per call (the loop's mean, and the "
+                      "median with its 95 % interval), algorithm and bus bandwidth (the nccl-tests definitions), and "
+                      "whether the results were right."},
     study_options=study_options,
 )
