@@ -11,11 +11,10 @@ import typer
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
-from scalelab.lab import registry, results
+from scalelab.lab import registry
 from scalelab.lab import results as saved
 from scalelab.lab.cells import replay_only
 from scalelab.lab.progress import PlainProgress, progress_for_output
-from scalelab.lab.registry import names
 from scalelab.lab.registry import names as experiment_names
 from scalelab.lab.study import default_spec, load_spec, read_spec, run_experiments, save_spec
 from scalelab.provenance import collect_provenance
@@ -29,7 +28,6 @@ app = typer.Typer()
 def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
     """The study's report from its answered experiments and the study-wide figures saved beside them (lab.results);
     returns the HTML file's path."""
-
     folder = saved.results_dir(out_dir)
     results = {experiment.name: result for experiment, result in answered}
     extra = [s for s in [system_section(store, results, folder)] if s is not None]
@@ -55,8 +53,8 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
     if only:
         chosen = [e.strip() for e in only.split(",") if e.strip()]
         for e in chosen:
-            if e not in names():
-                raise ConfigError("only", e, f"allowed: {', '.join(names())}")
+            if e not in experiment_names():
+                raise ConfigError("only", e, f"allowed: {', '.join(experiment_names())}")
         spec.experiments = chosen
     st = open_store(store)
     out_dir = out or st.root / "studies" / spec.name
@@ -86,11 +84,11 @@ def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds
         raise ConfigError("study_dir", str(study_dir), "no study.json there; give a folder `scalelab study` wrote")
     spec, store_root = read_spec(study_dir)
     st = Store(store_root)
-    saved = read_json(study_dir / "provenance.json")
-    folder = results.results_dir(study_dir)
-    kept = [n for n in spec.experiments if results.load(registry.get(n), folder) is not None]
+    recorded = read_json(study_dir / "provenance.json")
+    folder = saved.results_dir(study_dir)
+    kept = [n for n in spec.experiments if saved.load(registry.get(n), folder) is not None]
     with replay_only():
         answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None), reuse_saved=True)
-    html = write_study_report(spec, st, study_dir, answered, saved["provenance"], saved["command"])
+    html = write_study_report(spec, st, study_dir, answered, recorded["provenance"], recorded["command"])
     console.print(f"report rebuilt: {len(kept)} of {len(spec.experiments)} experiments from their saved results, "
                   f"{len(spec.experiments) - len(kept)} derived again from stored runs: {html}", highlight=False)

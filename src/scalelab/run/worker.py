@@ -51,13 +51,13 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     try:
         engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
         bundle, model = build_inputs(cfg)
+        if cfg.memory_limit and ctx.device.type == "cuda":
+            cuda_capped = cap_cuda_memory(ctx.device, cfg.memory_limit) < 1.0
         if cfg.memory_limit and ctx.device.type == "cpu":
             warm_up(model, bundle.train, ctx.device, cfg)
             baseline = training_baseline()
             cap_address_space(baseline, cfg.memory_limit)
         else:
-            if cfg.memory_limit and ctx.device.type == "cuda":
-                cuda_capped = cap_cuda_memory(ctx.device, cfg.memory_limit) < 1.0
             baseline = training_baseline()
         ckpt = checkpoint.load(run_dir, ctx.rank, ctx.device) if resume else None
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,

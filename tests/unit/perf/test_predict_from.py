@@ -9,31 +9,22 @@ import shutil
 import pandas as pd
 import pytest
 
-from conftest import (FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, STORE_V0_MLP_NOOP,
-                      as_gpu_box, copied_runs as copied)
-from scalelab.experiments import predict as interpret
-from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
+from conftest import FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, STORE_V0_MLP_NOOP, as_gpu_box
+from conftest import copied_runs as copied
 from scalelab.errors import ConfigError, StoreError
-from scalelab.perf.calibration import Calibration, bench_means, compute_points, device_name, gradient_sizes
+from scalelab.experiments import predict as interpret
+from scalelab.perf.calibration import bench_means, compute_points, device_name, gradient_sizes
 from scalelab.perf.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
-                                           validation_runs, without_communication)
-from scalelab.perf.prediction import (compute_origin, prediction_result, predict_table, resolve_hardware,
-                                             row_label, same_device)
+                                     validation_runs, without_communication)
+from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
+from scalelab.perf.prediction import (compute_origin, predict_table, prediction_result, resolve_hardware, row_label,
+                                      same_device)
 from scalelab.store import RunDir
+from test_prediction import synthetic_calibration  # round numbers: compute(b) = 2 + 0.1·b ms a stage pair
 
 STORE = FIXTURES / "store_v0"
 COMPUTE, BENCH, DDP, MLP_NOOP = STORE_V0_COMPUTE, STORE_V0_BENCH, STORE_V0_DDP, STORE_V0_MLP_NOOP
 NVLINK = PRESETS["nvlink3"].name  # "NVLink 3 (A100) ×8/node + 8× 200 Gb/s InfiniBand HDR"
-
-
-def synthetic_calibration(**changes) -> Calibration:
-    """Round numbers (as in test_prediction.py): compute(b) = 2.5 + 0.1·b ms, 10 tensors of 4 MB."""
-    fields = dict(model="m", dataset="d", ranks=2, threads=None, backend="gloo", accumulate=1,
-                  compute={"forward": [1.0, 0.05], "backward": [1.0, 0.05], "optimizer": [0.5, 0.0],
-                           "other": [0.0, 0.0]},
-                  points=[], alpha_s=1e-5, beta_s_per_byte=1e-9, param_bytes=[4_000_000] * 10,
-                  parameters=10_000_000, compute_runs=[], bench_run="b", key="k")
-    return Calibration(**{**fields, **changes})
 
 
 # ---------------------------------------------------------------- labels (pure)

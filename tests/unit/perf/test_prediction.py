@@ -9,14 +9,14 @@ import math
 import pandas as pd
 import pytest
 
-from scalelab.perf import perfmodel as pm
-from scalelab.perf.hardware import PRESETS, hardware_from_fit
 from scalelab.cli import main
 from scalelab.errors import ConfigError, StoreError
+from scalelab.perf import perfmodel as pm
 from scalelab.perf.calibration import Calibration, fit_overlap, insitu_scales
-from scalelab.perf.prediction import (efficiency_threshold, options_for_efficiency, predict_table,
-                                             resolve_hardware)
+from scalelab.perf.hardware import PRESETS, hardware_from_fit
+from scalelab.perf.prediction import efficiency_threshold, options_for_efficiency, predict_table, resolve_hardware
 from scalelab.store import Store
+
 
 def synthetic_calibration(**changes) -> Calibration:
     """A calibration with round numbers: compute(b) = 2 + 0.1·b ms per stage pair, 10 tensors of 4 MB."""
