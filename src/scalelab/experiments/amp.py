@@ -58,7 +58,20 @@ def plot_loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
     return save(fig, path)
 
 
-def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
+LEARNED = 0.9  # a run learned when its last quarter's mean loss is at most this share of its first step's
+
+
+def learned(curves: pd.DataFrame, precision: str) -> tuple[bool, float, float]:
+    """Whether the run of `precision` learned (its loss fell: LEARNED), with its first and last-quarter loss. An
+    accuracy comparison between runs that did not learn (both near chance) says nothing about precision."""
+    curve = curves[curves["precision"] == precision].sort_values("step")["loss"] if len(curves) else pd.Series()
+    if len(curve) < 4:
+        return False, float("nan"), float("nan")
+    first, last = float(curve.iloc[0]), float(curve.iloc[-max(1, len(curve) // 4):].mean())
+    return last <= LEARNED * first, first, last
+
+
+def precision(table: pd.DataFrame, curves: pd.DataFrame | None = None) -> tuple[list[str], str | None]:
     if not len(table) or "fp32" not in set(table["precision"]):
         return [], None
     base = table[table["precision"] == "fp32"].iloc[0]
@@ -71,12 +84,18 @@ def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
     if not trusted(best.get("quality")) or not trusted(base.get("quality")):
         flagged = best if not trusted(best.get("quality")) else base
         return out + [f"{flagged.precision} is flagged ({flagged.quality}): no precision is recommended."], None
-    ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     b, f = interval(best, low, high), interval(base, low, high)
     faster = b is not None and f is not None and b[1] < f[0]  # best's step interval lies below fp32's
     if best.precision != "fp32" and not faster:
         out.append(f"{best.precision}'s step ({span(b)}) is not faster than fp32's ({span(f)}) beyond noise.")
+    fell = {p: learned(curves if curves is not None else pd.DataFrame(), p) for p in ("fp32", best.precision)}
+    if not all(ok for ok, _, _ in fell.values()):
+        p, (_, first, last) = next((p, v) for p, v in fell.items() if not v[0])
+        out.append(f"Accuracy is not compared: the {p} run did not learn (loss {first:.3g} at its first step, "
+                   f"{last:.3g} over its last quarter); train longer (--steps) for an accuracy comparison.")
+        return out, None
+    ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
     rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32's throughput, "
            f"step {fmt(best[keys.STEP_MEDIAN_MS], ' ms')} ({span(b)}) against {fmt(base[keys.STEP_MEDIAN_MS], ' ms')} "
            f"({span(f)}), with accuracy within 1 point." if ok and faster and best.precision != "fp32"
@@ -104,7 +123,7 @@ EXPERIMENT = Experiment(
     analyse=_analyse,
     figures=lambda result, out: [plot_loss_curves(result.tables["amp_curves"], out / "amp_curves.png",
                                                      hue="precision")],
-    interpret=lambda result: precision(result.tables["amp"]),
+    interpret=lambda result: precision(result.tables["amp"], result.tables.get("amp_curves")),
     captions={"amp": "Per precision: final accuracy and loss, peak memory, throughput, step time spread.",
               "amp_curves.png": "Training loss per step, fp32 vs lower precision (rank 0)."},
     study_options=study_options,
