@@ -7,12 +7,17 @@ Definitions (docs/definitions.md):
   copies; rank 0's averaging), so only the collectives are missing;
 - comm = time inside collectives: the union of each step's collective intervals (summary comm/time(ms)); comm_sum
   = their plain sum (overlapped intervals more than once); comm_wait = from the last gradient produced to the end
-  of the sync, the directly measured blocking wait, which means the same for every strategy;
+  of the sync, the directly measured blocking wait, which means the same for every strategy; comm_critical = the
+  time inside collectives of the rank that sets the step once every peer had arrived, and waiting_for_peers the
+  most a rank stood inside them for a peer still computing (scalelab.analysis.peers: one host only);
 - exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
-  overlap = 1 - exposed / comm (empty when comm is 0), never clipped. `quality` is "ok", or says why not: an
-  exposed interval entirely below 0, an overlap interval entirely outside [0, 1] by more than OVERLAP_SLACK, or
-  time inside collectives above the mean step beyond both intervals, or collectives faster than the kernel-shaped
-  links of a local-nodes run allow (scalelab.analysis.bandwidth), is "implausible";
+  overlap = 1 - exposed / comm_critical (comm where it was not measured; empty when 0), never clipped;
+  interference = exposed - comm_critical when the exposed interval lies above it (the collectives slowed the
+  compute around them), else 0. `quality` is "ok", or says why not: an exposed interval entirely below 0, an
+  overlap interval above 1 by more than OVERLAP_SLACK, a blocking strategy whose overlap interval lies above 0 by
+  more than OVERLAP_SLACK (it hides nothing by construction), time inside collectives above the mean step beyond
+  both intervals, or collectives faster than the kernel-shaped links of a local-nodes run allow
+  (scalelab.analysis.bandwidth), is "implausible";
 - bytes are payload bytes per step as the CommMeter counts them (scalelab.sync.meter), averaged over ranks;
   loopback bytes are what the host's loopback interface carried per step (all ranks, from the system sampler).
 
@@ -41,14 +46,16 @@ OVERLAP_SLACK = 0.05
 # 0.117 GB/s on 1 Gbit/s); a run is judged faster than its links only beyond this much above the ceiling.
 LINK_SLACK = 0.05
 EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap", "overlap_ci_low",
-                   "overlap_ci_high", "quality"]
+                   "overlap_ci_high", "interference(ms)", "quality"]
 
 # table column -> summary key (scalelab.analysis.summary)
 SUMMARY_COLUMNS = {
     "step(ms)": keys.STEP_MEDIAN_MS, "step_ci_low(ms)": keys.STEP_MEDIAN_CI_LOW_MS,
     "step_ci_high(ms)": keys.STEP_MEDIAN_CI_HIGH_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
     "comm(ms)": keys.COMM_TIME_MS, "comm_sum(ms)": keys.COMM_SUM_MS, "comm_wait(ms)": keys.COMM_WAIT_MS,
-    "comm_blocking(ms)": keys.COMM_BLOCKING_MS,
+    "comm_blocking(ms)": keys.COMM_BLOCKING_MS, "comm_critical(ms)": keys.COMM_CRITICAL_MS,
+    "comm_critical_ci_high(ms)": keys.ci_keys(keys.COMM_CRITICAL_MS)[1],
+    "waiting_for_peers(ms)": keys.COMM_PEERS_WAIT_MS,
     "collectives_per_step": keys.COMM_COLLECTIVES_PER_STEP, "bytes_per_step": keys.COMM_BYTES_PER_STEP,
     "bytes_forward_per_step": keys.COMM_BYTES_FORWARD_PER_STEP,
     "bytes_backward_per_step": keys.COMM_BYTES_BACKWARD_PER_STEP,
@@ -61,7 +68,8 @@ SUMMARY_COLUMNS = {
 COMPARISON_COLUMNS = ["status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                       "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)",
                       "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
-                      "comm_blocking(ms)", *EXPOSED_COLUMNS, "collectives_per_step", "bytes_per_step",
+                      "comm_blocking(ms)", "comm_critical(ms)", "comm_critical_ci_high(ms)",
+                      "waiting_for_peers(ms)", "blocks", *EXPOSED_COLUMNS, "collectives_per_step", "bytes_per_step",
                       "bytes_forward_per_step", "bytes_backward_per_step", "bytes_optimizer_per_step",
                       "algbw(GB/s)", "busbw(GB/s)", "loopback_bytes_per_step", "loopback/payload", "train_loss",
                       "run_id", "baseline_run_id"]
@@ -82,9 +90,12 @@ def overlap(exposed_ms: float | None, comm_ms: float | None) -> float | None:
     return 1.0 - exposed_ms / comm_ms
 
 
-def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None) -> dict:
+def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None, *,
+                          comm_high_ms: float | None = None, blocks: bool = False) -> dict:
     """Exposed comm and overlap of a run against its baseline's summary, with conservative 95 % intervals (the
-    difference of the two medians' intervals: [low - baseline high, high - baseline low]) and a quality flag."""
+    difference of the two medians' intervals: [low - baseline high, high - baseline low]), interference and a
+    quality flag. `comm_ms`: the communication overlap is judged against (critical communication where measured;
+    `comm_high_ms` its interval's upper end); `blocks`: the strategy syncs after backward and waits for it."""
     exposed = exposed_comm(summary.get(keys.STEP_MEDIAN_MS), baseline.get(keys.STEP_MEDIAN_MS))
     out = dict.fromkeys(EXPOSED_COLUMNS)
     out["exposed_comm(ms)"], out["overlap"] = exposed, overlap(exposed, comm_ms)
@@ -96,9 +107,23 @@ def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None) 
         low, high = difference_interval((ci[0], ci[1]), (ci[2], ci[3]))
         out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
         out["overlap_ci_low"], out["overlap_ci_high"] = overlap(high, comm_ms), overlap(low, comm_ms)
-    out["quality"] = plausibility(out) if not comm_exceeds_step(summary) else \
-        "implausible: time inside collectives longer than the step beyond noise"
+    out["interference(ms)"] = interference(out, comm_ms, comm_high_ms)
+    out["quality"] = ("implausible: time inside collectives longer than the step beyond noise"
+                      if comm_exceeds_step(summary) else plausibility(out, blocks=blocks))
     return out
+
+
+def interference(row: dict, comm_ms: float | None, comm_high_ms: float | None = None) -> float | None:
+    """Exposed - communication when the step lost more than its collectives took, beyond both intervals (the
+    exposed interval's low end above the communication's high end): the collectives slowed the compute around them
+    (their threads take cores on a CPU, their kernels take SMs on a GPU). 0 when not beyond noise; None unknown."""
+    exposed = row.get("exposed_comm(ms)")
+    if _missing(exposed) or _missing(comm_ms):
+        return None
+    low = row.get("exposed_ci_low(ms)")
+    low = exposed if _missing(low) else low
+    high = comm_ms if _missing(comm_high_ms) else comm_high_ms
+    return exposed - comm_ms if low > high else 0.0
 
 
 def comm_exceeds_step(summary: dict) -> bool:
@@ -132,9 +157,9 @@ def faster_than_link(run: dict) -> str | None:
             f"(busbw {busbw:.3g} GB/s, the links allow {ceiling:.3g})")
 
 
-def plausibility(row: dict) -> str:
+def plausibility(row: dict, *, blocks: bool = False) -> str:
     """"ok", or why the exposed communication cannot be taken at face value (intervals missing: judged on the
-    point values)."""
+    point values). Exposed above communication (overlap below 0) is not an error: it is interference."""
     low = row.get("exposed_ci_low(ms)")
     high = row.get("exposed_ci_high(ms)")
     low, high = (row["exposed_comm(ms)"],) * 2 if low is None else (low, high)
@@ -143,8 +168,11 @@ def plausibility(row: dict) -> str:
     o_low, o_high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
     if o_low is None and row.get("overlap") is not None:
         o_low = o_high = row["overlap"]
-    if o_high is not None and (o_high < -OVERLAP_SLACK or o_low > 1 + OVERLAP_SLACK):
-        return "implausible: overlap outside [0, 1] beyond its interval"
+    if o_low is not None and o_low > 1 + OVERLAP_SLACK:
+        return "implausible: overlap above 100 % beyond its interval"
+    if blocks and o_low is not None and o_low > OVERLAP_SLACK:
+        return (f"implausible: a blocking sync hides nothing, yet its overlap interval "
+                f"({100 * o_low:.0f}–{100 * o_high:.0f} %) excludes 0")
     return "ok"
 
 
@@ -184,7 +212,11 @@ def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
     base = (baseline or {}).get("summary", {}) or {}
     row["compute(ms)"] = base.get(keys.STEP_MEDIAN_MS)
     row["baseline_run_id"] = (baseline or {}).get("run_id")
-    row.update(exposed_with_interval(run.get("summary") or {}, base, row.get("comm(ms)")))
+    critical = row.get("comm_critical(ms)")
+    comm, comm_high = (row.get("comm(ms)"), None) if _missing(critical) else \
+        (critical, row.get("comm_critical_ci_high(ms)"))
+    row.update(exposed_with_interval(run.get("summary") or {}, base, comm, comm_high_ms=comm_high,
+                                     blocks=bool(row.get("blocks"))))
     if run.get("summary"):
         own = run_quality(run["summary"])
         base_q = run_quality(base) if base else "ok"
@@ -198,11 +230,12 @@ def completed(run: dict | None) -> dict | None:
 
 
 def comparison_table(pairs: list[tuple[dict, dict | None]], *, axis: str, label_of: Callable[[dict], str],
-                     order: Sequence[str]) -> pd.DataFrame:
+                     order: Sequence[str], blocks: Callable[[dict], bool] | None = None) -> pd.DataFrame:
     """One row per compared value, in `order`: (a run, its baseline run or None: exposed communication not
     measured), or a value that cannot run here (a dict without "config": {axis: value, status, reason}) paired with
     None. Column `axis` is the value (`label_of(config)`: a sync variant, a backend, an engine, a bucket size);
-    sync_config is the config's own sync."""
+    sync_config is the config's own sync; `blocks(config)`: whether its sync waits after backward (it can hide
+    nothing: `plausibility`)."""
     rows = []
     for run, baseline in pairs:
         if "config" not in run:  # a value that cannot run here
@@ -213,7 +246,8 @@ def comparison_table(pairs: list[tuple[dict, dict | None]], *, axis: str, label_
         row = {axis: label_of(c), "status": run.get("status", "completed"), "reason": run.get("reason"),
                "sync_config": c.get("sync"), "ddp_hook": c.get("ddp_hook", "none"), "accumulate": k,
                "micro_batch_per_rank": c["global_batch"] // (c["ranks"] * c.get("nnodes", 1)) / k,
-               "global_batch": c["global_batch"], "run_id": run["run_id"], **run_metrics(run)}
+               "global_batch": c["global_batch"], "run_id": run["run_id"],
+               "blocks": bool(blocks(c)) if blocks else None, **run_metrics(run)}
         rows.append(with_baseline(row, run, completed(baseline)))
     frame = pd.DataFrame(rows, columns=[axis, *COMPARISON_COLUMNS])
     rank = {v: i for i, v in enumerate(order)}

@@ -53,6 +53,8 @@ COMM_TIME_MS = "comm/time(ms)"  # union of the step's collective intervals, per 
 COMM_SUM_MS = "comm/sum(ms)"  # sum of the collective intervals (overlapped stretches more than once)
 COMM_BLOCKING_MS = "comm/blocking(ms)"  # the loop's "comm" span (DDP waits inside backward: 0 there)
 COMM_WAIT_MS = "comm/wait(ms)"  # last gradient produced -> end of the sync: the blocking wait, every strategy
+COMM_CRITICAL_MS = "comm/critical(ms)"  # inside collectives once every peer had arrived (analysis/peers.py)
+COMM_PEERS_WAIT_MS = "comm/waiting_for_peers(ms)"  # inside collectives before the last peer arrived, per step
 COMM_ALGBW = "comm/algbw(GB/s)"
 COMM_BUSBW = "comm/busbw(GB/s)"
 COMM_COLLECTIVES_PER_STEP = "comm/collectives_per_step"
@@ -82,7 +84,7 @@ STAGE_PREFIX = "stage/"
 # Figures that carry a 95 % interval besides the median step (scalelab.analysis.summary): means over the timed
 # steps (mean_interval), and rates of a fixed count over such a mean (throughput: samples; algbw / busbw: bytes),
 # whose interval is the count over the mean's interval. Their keys: `ci_keys`.
-MEAN_FIGURES = (EPOCH_S, COMM_TIME_MS)
+MEAN_FIGURES = (EPOCH_S, COMM_TIME_MS, COMM_CRITICAL_MS, COMM_PEERS_WAIT_MS)
 RATE_FIGURES = {THROUGHPUT: EPOCH_S, COMM_ALGBW: COMM_TIME_MS, COMM_BUSBW: COMM_TIME_MS}  # rate -> its mean
 
 
@@ -108,3 +110,10 @@ def stage_ms(stage: str) -> str:
 def memory_gib(name: str) -> str:
     """A memory peak in GiB: "memory/<name>(GiB)"."""
     return f"memory/{name}(GiB)"
+
+
+# Small samples (scalelab.analysis.repeats, scalelab.analysis.interpret.ranking): a cell pooled from several
+# launches keeps the lowest and highest of its launches' own median steps, so a finding between two cells can
+# require that their launches do not interleave. Absent in single-launch and older summaries.
+STEP_LAUNCH_MEDIAN_MIN_MS = "time/step_launch_median_min(ms)"
+STEP_LAUNCH_MEDIAN_MAX_MS = "time/step_launch_median_max(ms)"

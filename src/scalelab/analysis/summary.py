@@ -20,6 +20,9 @@ Definitions (stated in every report):
   comm/time = the union of the step's collective intervals (may overlap compute, never counted twice); comm/sum =
   their plain sum; comm/wait = from the last gradient produced to the end of the sync (the blocking wait, the same
   meaning for every strategy); comm/blocking = the loop's "comm" span (DDP waits inside backward instead).
+  comm/critical = the time inside collectives once every peer had arrived, of the rank that sets the step;
+  comm/waiting_for_peers = the most a rank stood inside collectives for a peer that had not arrived (one host
+  only: scalelab.analysis.peers).
   algbw = sum of buffer sizes S / summed union time over the timed steps of all ranks; busbw = the same with
   each S weighted by its nccl-tests factor (2(n-1)/n allreduce, (n-1)/n gather/scatter, 1 broadcast).
 - Memory by kind (parameters, gradients, optimizer state, saved activations and their backward peak) is measured
@@ -33,6 +36,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.intervals import mean_interval, median_interval
 from scalelab.analysis.keys import STAGES
 from scalelab.analysis.noise import noise_summary, timed_window, window_deltas
+from scalelab.analysis.peers import step_split
 from scalelab.analysis.precision import precision_summary
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
@@ -75,8 +79,9 @@ def skew(frame: pd.DataFrame) -> float:
 
 def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | None = None,
               memory: list[dict] | None = None, system: list[dict] | None = None,
-              target_precision: float | None = None) -> dict:
-    """The run's summary metrics; keys carry their unit. `target_precision`: an auto-length run's target."""
+              target_precision: float | None = None, one_clock: bool = True) -> dict:
+    """The run's summary metrics; keys carry their unit. `target_precision`: an auto-length run's target;
+    `one_clock`: every rank ran on one host (comm_summary)."""
     frame = steps_frame(records)
     steps = per_step(frame)
     out: dict = {keys.STEPS_TIMED: int(len(steps)), keys.STEPS_TOTAL: int(frame["step"].nunique()),
@@ -114,7 +119,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
     if evals:
         out[keys.EVAL_LOSS] = float(evals[-1]["loss"])
         out[keys.EVAL_ACC] = float(evals[-1]["acc"])
-    out.update(comm_summary(frame))
+    out.update(comm_summary(frame, one_clock))
     add_rate_intervals(out)
     out.update(noise_summary(system or [], records))  # `system`: every rank's system samples
     out.update(precision_summary(steps["train(s)"], target_precision))
@@ -145,8 +150,9 @@ COMM_PER_STEP = {keys.COMM_COLLECTIVES_PER_STEP: "collectives", keys.COMM_BYTES_
                  keys.COMM_BYTES_OPTIMIZER_PER_STEP: "comm_bytes_optimizer"}
 
 
-def comm_summary(frame: pd.DataFrame) -> dict:
-    """Communication metrics of the timed steps (empty for runs without a process group)."""
+def comm_summary(frame: pd.DataFrame, one_clock: bool = True) -> dict:
+    """Communication metrics of the timed steps (empty for runs without a process group). `one_clock`: the ranks'
+    meter clocks are one (one host, its namespaces included): critical communication and waiting for peers."""
     if "comm_bytes" not in frame:
         return {}
     timed = frame[~frame["warmup"].astype(bool)]
@@ -160,12 +166,30 @@ def comm_summary(frame: pd.DataFrame) -> dict:
     if "comm_sum(s)" in timed:  # records of scalelab 0.1 summed the intervals into comm_total(s)
         out[keys.COMM_SUM_MS] = 1e3 * float(by_step["comm_sum(s)"].mean().mean())
     out[keys.COMM_BLOCKING_MS] = 1e3 * float(by_step["comm(s)"].mean().mean())
+    if one_clock:
+        split = split_per_step(timed)
+        for key, col in ((keys.COMM_CRITICAL_MS, "critical(s)"), (keys.COMM_PEERS_WAIT_MS, "waiting(s)")):
+            if len(split):
+                out[key] = 1e3 * float(split[col].mean())
+                add_mean_interval(out, key, split[col], 1e3)
     if "wait(s)" in timed and timed["wait(s)"].notna().any():
         out[keys.COMM_WAIT_MS] = 1e3 * float(by_step["wait(s)"].mean().mean())
     seconds = float(timed["comm_total(s)"].sum())
     out[keys.COMM_ALGBW] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     out[keys.COMM_BUSBW] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     return out
+
+
+def split_per_step(timed: pd.DataFrame) -> pd.DataFrame:
+    """Per timed step (one row each), critical(s) and waiting(s) of scalelab.analysis.peers; empty when no step
+    could be split (one rank, no collectives, ranks whose collectives differ)."""
+    rows = {}
+    if "comm_events" in timed:
+        for step, group in timed.sort_values("rank").groupby("step"):
+            split = step_split([list(e) if isinstance(e, list) else [] for e in group["comm_events"]])
+            if split is not None:
+                rows[step] = split
+    return pd.DataFrame.from_dict(rows, orient="index", columns=["critical(s)", "waiting(s)"])
 
 
 def add_mean_interval(out: dict, key: str, series, scale: float) -> None:

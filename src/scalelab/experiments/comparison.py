@@ -26,9 +26,11 @@ from scalelab.sync import registry as syncs
 DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
 EXPOSED_NOTE = ("exposed comm = median step - median step of the same config with no-op collectives (the "
                 "strategy's own work kept), not clipped, with a conservative 95 % interval; comm = the union of "
-                "each step's collective intervals; overlap = 1 - exposed / comm; comm_wait = from the last gradient "
-                "produced to the end of the sync, measured directly; quality flags an overlap outside [0, 1] beyond "
-                "its interval")
+                "each step's collective intervals; comm_critical = the part after every peer arrived (waiting_for_peers: "
+                "before); overlap = 1 - exposed / comm_critical; interference = exposed - comm_critical when "
+                "positive beyond noise; comm_wait = from the last gradient "
+                "produced to the end of the sync, measured directly; quality flags an overlap above 1, or above 0 for a "
+                "blocking strategy, beyond its interval")
 LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "
                  "interpolated over the timed steps; with steps shorter than the sampling period, traffic of "
                  "neighbouring steps (e.g. warm-up) leaks in")
@@ -36,8 +38,6 @@ NO_BASELINE_NOTE = "exposed communication: not applicable (run without the basel
 
 
 @dataclass(frozen=True)
-
-
 class Axis:
     """What a comparison varies: `name` is its table's first column and `table` the table's name; `values` every
     value in table order; `fields(value)` the config fields that select it; `skip(value, base)` why it cannot run
@@ -85,7 +85,8 @@ def run_comparison(ctx: Context, base: TrainConfig, axis: Axis, chosen: Sequence
         runs = ctx.cells.rows(results)
         pairs = [(runs[i], runs[i + 1] if baseline else None) for i in range(0, len(runs), step)]
         pairs += [({axis.name: value, "status": "skipped", "reason": why}, None) for value, why in skipped.items()]
-        return comparison_table(pairs, axis=axis.name, label_of=axis.label_of, order=axis.values)
+        return comparison_table(pairs, axis=axis.name, label_of=axis.label_of, order=axis.values,
+                                blocks=syncs.blocks)
 
     table = run_checked(ctx, cells, group="compare", analyse=analyse)
     notes = {"exposed": EXPOSED_NOTE if baseline else NO_BASELINE_NOTE, "loopback": LOOPBACK_NOTE, **(notes or {})}

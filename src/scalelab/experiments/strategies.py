@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt, interval, ranking, span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -54,27 +55,66 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
 
 
 def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
-    """`table`: one row per strategy with step(ms) and its interval, comm(ms), exposed_comm(ms), bytes/step."""
+    """`table`: one row per strategy with step(ms) and its interval, comm(ms), comm_critical(ms),
+    waiting_for_peers(ms), exposed_comm(ms), overlap and its interval, interference(ms), blocks, quality."""
     real = table[table["sync"] != "noop"]
     if not len(real):
         return [], None
     out, best = ranking(real, "sync", "gradient sync")
     if "overlap" in real:
-        hidden = real.dropna(subset=["overlap"])
-        quality = hidden["quality"].fillna("ok") if "quality" in hidden else pd.Series("ok", index=hidden.index)
-        flagged = hidden[quality != "ok"]
-        hidden = hidden.drop(flagged.index)  # no conclusion from a figure flagged implausible
-        if len(hidden):
-            top = hidden.loc[hidden["overlap"].idxmax()]
-            out.append(f"{top.sync} hides the largest share of its communication behind compute: overlap "
-                       f"{100 * top['overlap']:.0f} % of {fmt(top['comm(ms)'], ' ms')} inside collectives"
-                       + (f" (interval {100 * top['overlap_ci_low']:.0f}–{100 * top['overlap_ci_high']:.0f} %)."
-                          if "overlap_ci_low" in top and not pd.isna(top["overlap_ci_low"]) else "."))
-        for sync, why in zip(flagged["sync"], quality[flagged.index]):
-            out.append(f"{sync}'s overlap is not used: {why}.")
+        out += overlap_sentences(real)
     rec = None if best is None else (f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per "
                                      f"step ({span(interval(best))}).")
     return out, rec
+
+
+def _percent_span(row) -> str:
+    """The overlap interval in words, its ends clipped to 0–100 % (a share cannot leave them; the unclipped
+    figures are in the table)."""
+    low, high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
+    if low is None or pd.isna(low) or high is None or pd.isna(high):
+        return "no interval"
+    return f"interval {max(0, min(100, 100 * low)):.0f}–{max(0, min(100, 100 * high)):.0f} %"
+
+
+def _critical(row) -> float:
+    """Communication on the critical path where measured (one host), else the time inside collectives."""
+    value = row.get("comm_critical(ms)")
+    return row["comm(ms)"] if value is None or pd.isna(value) else value
+
+
+def overlap_sentences(real: pd.DataFrame) -> list[str]:
+    """What each strategy hides, waits for and costs beyond its collectives: only from rows that pass their
+    checks (compare.trusted); a blocking strategy is never said to hide anything."""
+    rows = real.dropna(subset=["overlap"]).to_dict("records")
+    ok = [r for r in rows if trusted(r.get("quality"))]
+    out = [f"{r['sync']}'s overlap is not used: {r['quality']}." for r in rows if not trusted(r.get("quality"))]
+    for r in ok:
+        if r.get("blocks"):
+            out.append(f"{r['sync']} waits for its collectives after backward: it hides nothing by construction "
+                       f"(measured overlap {100 * r['overlap']:.0f} %, {_percent_span(r)}).")
+        waiting = r.get("waiting_for_peers(ms)")
+        if waiting is not None and not pd.isna(waiting) and waiting > 0.1 * (r.get("comm(ms)") or 0):
+            out.append(f"{r['sync']}: {fmt(waiting, ' ms')} of its {fmt(r['comm(ms)'], ' ms')} inside collectives "
+                       f"per step is waiting for a peer still computing, not communication (on the critical path: "
+                       f"{fmt(_critical(r), ' ms')}).")
+        lost = r.get("interference(ms)")
+        if lost is not None and not pd.isna(lost) and lost > 0:
+            out.append(f"{r['sync']} costs the step {fmt(lost, ' ms')} beyond the time its collectives take, "
+                       f"beyond noise (exposed {fmt(r['exposed_comm(ms)'], ' ms')} > communication "
+                       f"{fmt(_critical(r), ' ms')}): interference, the collectives' threads "
+                       f"compete with compute for the cores.")
+    hiding = [r for r in ok if not r.get("blocks") and r.get("overlap_ci_low") is not None
+              and not pd.isna(r["overlap_ci_low"]) and r["overlap_ci_low"] > 0]
+    if hiding:
+        top = max(hiding, key=lambda r: r["overlap"])
+        out.append(f"{top['sync']} hides the largest share of its communication behind compute: overlap "
+                   f"{100 * min(1.0, top['overlap']):.0f} % of {fmt(_critical(top), ' ms')} on the "
+                   f"critical path ({_percent_span(top)}).")
+    elif ok:
+        out.append("No strategy hides communication behind compute beyond noise here (every overlap interval "
+                   "reaches 0).")
+    return out
 
 
 def strategies_result(result) -> tuple[list[str], str | None]:

@@ -104,9 +104,11 @@ def collect_summary(run_dir: Path) -> dict:
         raise StoreError(f"run {rundir.run_id}: no rank wrote a result file")
     records = rundir.read_steps()
     main = min(results, key=lambda r: r["rank"])
+    config = rundir.read_config() if rundir.config_file.exists() else {}
+    one_clock = config.get("nnodes", 1) == 1 or bool(config.get("local_nodes"))  # namespaces share the clock
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
                         memory=[r["memory"] for r in results], system=rundir.read_system(),
-                        target_precision=main.get("length", {}).get("target_precision"))
+                        target_precision=main.get("length", {}).get("target_precision"), one_clock=one_clock)
     summary[keys.RANKS_REPORTED] = len(results)
     if "threads" in main:
         summary[keys.THREADS_USED] = main["threads"]

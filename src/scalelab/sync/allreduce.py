@@ -34,4 +34,5 @@ def cost(q: CostQuery) -> SyncCost:
 ENTRY = SyncEntry(name="allreduce",
                   factory=lambda cfg, model, ctx, meter: AllreduceSync(model, meter,
                                                                        collectives=not cfg.noop_collectives),
-                  description="one blocking all-reduce per parameter after backward", cost=cost, order=20)
+                  description="one blocking all-reduce per parameter after backward", cost=cost, order=20,
+                  blocks=True)

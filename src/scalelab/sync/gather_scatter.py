@@ -52,4 +52,5 @@ def cost(q: CostQuery) -> SyncCost:
 ENTRY = SyncEntry(name="gather_scatter",
                   factory=lambda cfg, model, ctx, meter: GatherScatterSync(model, meter,
                                                                            collectives=not cfg.noop_collectives),
-                  description="per parameter, gather on rank 0, average there, scatter back", cost=cost, order=10)
+                  description="per parameter, gather on rank 0, average there, scatter back", cost=cost, order=10,
+                  blocks=True)

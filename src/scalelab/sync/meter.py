@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from scalelab.analysis.bandwidth import bus_factor
+from scalelab.analysis.peers import union_seconds
 
 PHASES = ("forward", "backward", "optimizer")
 
@@ -184,16 +185,6 @@ class CommMeter:
                 seconds = begin.elapsed_time(end) / 1e3
                 records.append(dataclasses.replace(rec, seconds=seconds, end=start + seconds))
         return step_totals(records, self.world)
-
-
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end] intervals (overlapping stretches counted once)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
 
 
 def step_totals(records: list[Collective], world: int) -> dict:

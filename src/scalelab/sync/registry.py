@@ -41,6 +41,8 @@ class SyncEntry:
                  optimizer step; None when the model has no formula for the strategy.
     order        position in every listing (lower first); ties by name.
     broadcasts_initial_state  the strategy starts every rank from rank 0's model itself (DDP does).
+    blocks       the strategy syncs only after backward and waits for it: it can hide nothing, so a measured
+                 overlap above 0 beyond noise is a measurement error (scalelab.analysis.compare.plausibility).
     """
 
     name: str
@@ -51,6 +53,7 @@ class SyncEntry:
     cost: Callable[..., Any] | None = field(default=None, compare=False)
     order: int = 50
     broadcasts_initial_state: bool = False
+    blocks: bool = False
 
     def __post_init__(self) -> None:
         variants = dict(self.variants) or {self.name: {}}
@@ -116,6 +119,12 @@ def variant_of(config: Mapping[str, Any]) -> str:
 
     fitting = [(len(f), i, v) for i, (v, f) in enumerate(entry.variants.items()) if all(holds(k, w) for k, w in f.items())]
     return min(fitting, key=lambda t: (-t[0], t[1]))[2] if fitting else entry.name
+
+
+def blocks(config: Mapping[str, Any]) -> bool:
+    """Whether the strategy of a stored config blocks after backward (SyncEntry.blocks)."""
+    sync = config.get("sync", "auto")
+    return get("ddp" if sync == "auto" else sync).blocks
 
 
 def baseline_fields(config) -> dict[str, Any]:
