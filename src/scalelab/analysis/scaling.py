@@ -19,7 +19,8 @@ from scalelab.analysis.compare import exposed_with_interval, faster_than_link, r
 from scalelab.analysis.intervals import ratio_interval
 from scalelab.analysis.repeats import LAUNCHES
 
-COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
+COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_CRITICAL_MS,
+                keys.COMM_PEERS_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
 RATE_CI = ["epoch_ci_low(s)", "epoch_ci_high(s)", "throughput_ci_low", "throughput_ci_high"]
 
@@ -101,18 +102,24 @@ def speedup_interval(frame: pd.DataFrame, row, key: str, mode: str) -> tuple[flo
     return ratio_interval(one, cell) if mode == "strong" else ratio_interval(cell, one)
 
 
+SUPERLINEAR = "superlinear"
+
+
 def efficiency_quality(efficiency: float | None, low: float | None) -> str | None:
-    """An efficiency above 1 beyond its interval can be real (caches, threads) but must not pass unremarked."""
+    """A speedup above N (efficiency above 1) beyond its interval is real often enough (each worker's share of the
+    data and model fits a cache the whole did not; more threads in all) to be kept, but never unremarked: it is
+    flagged "superlinear", a finding of its own, not an error."""
     if efficiency is None or pd.isna(efficiency):
         return None
     if low is not None and not pd.isna(low) and low > 1:
-        return "implausible: efficiency above 1 beyond its interval"
+        return f"{SUPERLINEAR}: speedup above the worker count beyond its interval (efficiency {100 * low:.0f} % at least)"
     return "ok"
 
 
 def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict]) -> pd.DataFrame:
     """Per cell: compute = the median step of its baseline (the same config with no-op collectives); exposed
-    communication = step - compute, overlap = 1 - exposed / time inside collectives, both with intervals and a
+    communication = step - compute, overlap = 1 - exposed / communication on the critical path (time inside
+    collectives where that was not measured), interference, all with intervals and a
     quality flag, never clipped (scalelab.analysis.compare.exposed_with_interval).
 
     `runs` are the table's runs, `baselines` the completed baseline runs of the same cells (same workers and global
@@ -124,12 +131,15 @@ def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict
     base = {cell(r): r for r in baselines}
     summaries = {r["run_id"]: r["summary"] or {} for r in runs}
     rows = []
-    for run_id, workers, batch, comm in zip(table["run_id"], table["workers"], table["global_batch"],
-                                            table[keys.COMM_TIME_MS]):
+    for run_id, workers, batch in zip(table["run_id"], table["workers"], table["global_batch"]):
         b = base.get((workers, batch))
         b_summary = (b or {}).get("summary") or {}
+        summary = summaries.get(run_id, {})
+        critical = summary.get(keys.COMM_CRITICAL_MS)  # on the critical path where measured (one host)
+        comm, high = (summary.get(keys.COMM_TIME_MS), None) if critical is None else \
+            (critical, summary.get(keys.ci_keys(keys.COMM_CRITICAL_MS)[1]))
         rows.append({"compute(ms)": b_summary.get(keys.STEP_MEDIAN_MS), "baseline_run_id": (b or {}).get("run_id"),
-                     **exposed_with_interval(summaries.get(run_id, {}), b_summary, comm)})
+                     **exposed_with_interval(summary, b_summary, comm, comm_high_ms=high)})
     out = pd.concat([table.drop(columns=["compute(ms)", "quality"], errors="ignore"),
                      pd.DataFrame(rows, index=table.index)], axis=1)
     if "quality" in table:  # the exposed part's flag first, then the efficiency's or the run's own

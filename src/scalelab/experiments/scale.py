@@ -19,7 +19,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
-from scalelab.analysis.scaling import add_exposed_comm, scaling_table
+from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
 from scalelab.lab.base import (
     Context,
@@ -214,6 +214,12 @@ def scale_result(result) -> tuple[list[str], str | None]:
         for d in top.drop(fair.index).to_dict("records"):
             out.append(f"{d['workers']} workers at batch {d['global_batch']} are flagged ({d['quality']}): "
                        "their efficiency is not a finding.")
+        for d in fair.to_dict("records"):
+            if str(d.get("quality", "")).startswith(SUPERLINEAR):
+                out.append(f"{d['workers']} workers at batch {d['global_batch']} scale superlinearly: speedup "
+                           f"{fmt(d['speedup'])}x on {d['workers']} workers (interval from "
+                           f"{fmt(d['speedup_ci_low'])}x), beyond noise. Real causes exist (each worker's share "
+                           "fits a cache the whole did not; more threads in all); it is reported, not dropped.")
         if not len(fair) or fair["efficiency"].isna().all():
             continue
         best = fair.loc[fair["efficiency"].idxmax()]

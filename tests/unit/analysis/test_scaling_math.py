@@ -1,5 +1,7 @@
 import pytest
 
+from scalelab.analysis.compare import trusted
+
 from scalelab.analysis.scaling import add_exposed_comm, scaling_table
 
 
@@ -59,13 +61,15 @@ def test_exposed_comm_is_never_clipped_and_flagged_only_beyond_its_interval():
     assert list(t["quality"]) == ["ok", "ok", "implausible: the sync is faster than its no-op baseline beyond noise"]
 
 
-def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged():
+def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged_superlinear():
     # strong scaling: the same work; the epoch times' (±10 %) intervals give speedup T1/TN and efficiency / N
     runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 2.0, 250, 20.0), run("c", 4, 64, 1.5, 333, 15.0)]
     t = scaling_table(runs, "strong").set_index("workers")
     assert (t.at[2, "speedup_ci_low"], t.at[2, "speedup_ci_high"]) == (pytest.approx(4.5 / 2.2), pytest.approx(5.5 / 1.8))
     assert (t.at[2, "ci_low"], t.at[2, "ci_high"]) == (pytest.approx(4.5 / 2.2 / 2), pytest.approx(5.5 / 1.8 / 2))
-    assert t.at[2, "quality"] == "implausible: efficiency above 1 beyond its interval"  # 1.02..1.53: not noise
+    # 1.02..1.53: not noise; superlinear is a finding (caches), flagged but trusted: never dropped silently
+    assert t.at[2, "quality"] == "superlinear: speedup above the worker count beyond its interval (efficiency 102 % at least)"
+    assert trusted(t.at[2, "quality"])
     assert t.at[4, "quality"] == "ok"  # 4.5/1.65/4 = 0.68 .. 5.5/1.35/4 = 1.02
     assert t.at[1, "quality"] == "ok" and t.at[1, "efficiency"] == 1.0
     assert list(t["n"].isna()) == [True] * 3  # the fixtures have no step count

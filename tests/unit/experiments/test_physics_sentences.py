@@ -1,0 +1,65 @@
+"""Sentences that must survive the physics (issue 28): a blocking sync hides nothing, waiting for a peer is not
+communication, a step that loses more than its collectives take shows interference, a speedup above N is reported
+as superlinear, never dropped; the overlap interval in words stays within 0-100 %."""
+from __future__ import annotations
+
+import pandas as pd
+
+from scalelab.experiments.scale import scale_result
+from scalelab.experiments.strategies import overlap_sentences
+
+
+def row(sync, **figures):
+    base = {"sync": sync, "status": "completed", "step(ms)": 80.0, "step_ci_low(ms)": 78.0, "step_ci_high(ms)": 82.0,
+            "comm(ms)": 40.0, "comm_critical(ms)": 30.0, "waiting_for_peers(ms)": 0.0, "exposed_comm(ms)": 30.0,
+            "overlap": 0.0, "overlap_ci_low": -0.2, "overlap_ci_high": 0.2, "interference(ms)": 0.0,
+            "blocks": True, "quality": "ok"}
+    return {**base, **figures}
+
+
+def test_a_blocking_strategy_is_never_said_to_hide_communication():
+    words = overlap_sentences(pd.DataFrame([row("gather_scatter"),
+                                            row("allreduce", overlap=0.05, overlap_ci_low=-0.1)]))
+    assert not any("hides the largest share" in w for w in words)
+    assert any(w.startswith("gather_scatter waits for its collectives after backward: it hides nothing") for w in words)
+    assert words[-1].startswith("No strategy hides communication behind compute beyond noise")
+
+
+def test_waiting_for_a_peer_is_said_apart_from_communication():
+    words = overlap_sentences(pd.DataFrame([row("gather_scatter", **{"waiting_for_peers(ms)": 12.0})]))
+    assert any("gather_scatter: 12 ms of its 40 ms inside collectives per step is waiting for a peer still "
+               "computing, not communication (on the critical path: 30 ms)." == w for w in words), words
+
+
+def test_an_overlapping_strategy_hides_with_its_interval_clipped_to_0_100():
+    ddp = row("ddp", blocks=False, overlap=0.7, overlap_ci_low=0.4, overlap_ci_high=1.03)
+    words = overlap_sentences(pd.DataFrame([ddp, row("allreduce")]))
+    assert words[-1] == ("ddp hides the largest share of its communication behind compute: overlap 70 % of 30 ms "
+                         "on the critical path (interval 40–100 %).")
+
+
+def test_interference_is_a_measured_figure_with_its_strategy():
+    words = overlap_sentences(pd.DataFrame([row("allreduce", **{"exposed_comm(ms)": 45.0, "interference(ms)": 15.0,
+                                                                "overlap": -0.5})]))
+    assert any(w.startswith("allreduce costs the step 15 ms beyond the time its collectives take") for w in words)
+
+
+def test_a_flagged_row_gets_no_sentence_that_relies_on_it():
+    bad = row("gather_scatter", overlap=0.5, overlap_ci_low=0.3, overlap_ci_high=0.7,
+              quality="implausible: a blocking sync hides nothing, yet its overlap interval (30–70 %) excludes 0")
+    words = overlap_sentences(pd.DataFrame([bad]))
+    assert words == ["gather_scatter's overlap is not used: implausible: a blocking sync hides nothing, yet its "
+                     "overlap interval (30–70 %) excludes 0."]
+
+
+def test_a_superlinear_speedup_is_reported_not_dropped():
+    class Result:
+        tables = {"scale_strong": pd.DataFrame([
+            {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
+             "ci_low": 0.9, "ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0},
+            {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 2.5, "efficiency": 1.25,
+             "ci_low": 1.05, "ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0,
+             "quality": "superlinear: speedup above the worker count beyond its interval"}])}
+    words, rec = scale_result(Result())
+    assert any(w.startswith("2 workers at batch 64 scale superlinearly: speedup 2.5x") for w in words)
+    assert rec is not None and rec.startswith("Use 2 workers")
