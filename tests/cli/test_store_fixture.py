@@ -146,3 +146,21 @@ def main_ok(argv):
         main(argv)
     except SystemExit as e:
         assert e.code in (0, None)
+
+
+def test_the_stored_fixture_study_has_no_sentence_a_check_contradicts(tmp_path):
+    """Every check of analysis.checks over every row of the old study's tables: no sentence or recommendation the
+    report would print relies on a row a check fails."""
+    from scalelab.lab import registry, results
+    from scalelab.lab.study import audit, held_to_host_peak
+
+    study = _store(tmp_path) / "studies" / "fixture"
+    try:
+        main(["report", str(study)])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    folder = results.results_dir(study)
+    answered = [(registry.get(p.stem), results.load(registry.get(p.stem), folder))
+                for p in sorted(folder.glob("*.json")) if p.stem in registry.names()]
+    assert {e.name for e, _ in answered} >= {"strategies", "comm"}
+    assert audit(held_to_host_peak(answered)) == []

@@ -58,3 +58,16 @@ def test_tiny_study_has_every_section_and_rebuilds_identically(tmp_path):
     assert rebuilt.returncode == 0, rebuilt.stderr[-2000:]
     assert digest(out / "report") == before  # the same report from the stored runs alone
     assert len(list((store / "runs").iterdir())) == n_runs  # and nothing was run
+    assert audited(out) == []  # no sentence relies on a row a physics check fails (analysis.checks)
+
+
+def audited(out) -> list[str]:
+    """The study's contradictions (lab.study.audit) over its saved results."""
+    from scalelab.lab import registry, results
+    from scalelab.lab.study import audit, held_to_host_peak
+
+    folder = results.results_dir(out)
+    answered = [(registry.get(p.stem), results.load(registry.get(p.stem), folder))
+                for p in sorted(folder.glob("*.json")) if p.stem in registry.names()]
+    assert len(answered) >= 12
+    return audit(held_to_host_peak(answered))

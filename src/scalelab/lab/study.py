@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scalelab.analysis import keys
+from scalelab.analysis import checks, keys
 from scalelab.analysis.noise import drift, drift_sentence
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError, ScalelabError
@@ -225,4 +225,23 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     reference(2)
     if not reuse_saved or results.load_study(folder) is None:
         results.save_study(folder, noise_floor(spec, store))
-    return answered
+    return held_to_host_peak(answered)
+
+
+def held_to_host_peak(answered: list[tuple]) -> list[tuple]:
+    """Every experiment's tables held to the fastest collective the study's benchmark measured on this host
+    (analysis.checks.mark_host_peak): the one check that spans two experiments, applied before any sentence."""
+    peak = next((checks.host_peak(r.tables) for _, r in answered if "comm" in r.tables), None)
+    return [(e, dataclasses.replace(r, tables=checks.mark_host_peak(r.tables, peak))) for e, r in answered]
+
+
+def audit(answered: list[tuple]) -> list[str]:
+    """Every sentence or recommendation of the study that relies on a row a check failed (analysis.checks): none
+    is the bar."""
+    peak = next((checks.host_peak(r.tables) for _, r in answered if "comm" in r.tables), None)
+    out = []
+    for experiment, result in answered:
+        if result.tables:
+            sentences, rec = experiment.interpret(result)
+            out += checks.contradictions(result.tables, sentences, rec, peak)
+    return out

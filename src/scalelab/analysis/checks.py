@@ -1,0 +1,140 @@
+"""The physics every row must obey before a sentence, a ranking or a recommendation may use it (pure).
+
+Each check reads one table row (a dict) and returns None when the row obeys it, else why not, in words:
+- `hides_while_blocking`: a strategy that syncs after backward and waits for it hides nothing, so its overlap
+  interval reaches 0 (within OVERLAP_SLACK);
+- `faster_than_baseline`: the sync cannot make a step shorter than the same step without collectives;
+- `overlap_above_one`: no strategy hides more than all of its communication;
+- `beyond_host_peak`: no training run's collectives move bytes faster (busbw) than the fastest call the
+  collective benchmark measured on this host (`bench comm`, the same study), beyond LINK_SLACK; a run over
+  shaped links is held to its links (compare.faster_than_link, applied when its table is built);
+- `superlinear`: a speedup above the worker count beyond its interval must be flagged "superlinear" (a finding,
+  reported in words), never pass unremarked and never be dropped.
+
+The experiments apply the row checks when they build their tables (the row's `quality`: scalelab.analysis.compare,
+scalelab.analysis.scaling); the host's peak spans two experiments, so `mark_host_peak` applies it to a study's
+tables before their sentences are written. `contradictions` then reads an experiment's tables, sentences and
+recommendation and lists every sentence that relies on a row a check failed: a study must have none
+(tests/dist/test_study_dist.py, tests/unit/analysis/test_checks.py).
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+
+import pandas as pd
+
+from scalelab.analysis.compare import LINK_SLACK, OVERLAP_SLACK, trusted, worst_quality
+from scalelab.analysis.scaling import SUPERLINEAR
+
+# words with which a sentence sets a row aside instead of relying on it
+SET_ASIDE = ("not used", "left out", "flagged", "implausible", "is not a finding", "not compared", "within noise",
+             "indicative")
+
+
+def _number(row: Mapping, key: str) -> float | None:
+    value = row.get(key)
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def hides_while_blocking(row: Mapping) -> str | None:
+    low, high = _number(row, "overlap_ci_low"), _number(row, "overlap_ci_high")
+    if row.get("blocks") is True and low is not None and low > OVERLAP_SLACK:
+        return (f"a blocking sync hides nothing, yet its overlap interval ({100 * low:.0f}–{100 * high:.0f} %) "
+                "excludes 0")
+    return None
+
+
+def faster_than_baseline(row: Mapping) -> str | None:
+    high = _number(row, "exposed_ci_high(ms)")
+    return "the sync is faster than its no-op baseline beyond noise" if high is not None and high < 0 else None
+
+
+def overlap_above_one(row: Mapping) -> str | None:
+    low = _number(row, "overlap_ci_low")
+    return "overlap above 100 % beyond its interval" if low is not None and low > 1 + OVERLAP_SLACK else None
+
+
+def beyond_host_peak(row: Mapping, peak: float | None) -> str | None:
+    busbw = _number(row, "busbw(GB/s)")
+    if peak is None or busbw is None or busbw <= peak * (1 + LINK_SLACK):
+        return None
+    return (f"collectives faster than this host allows: busbw {busbw:.3g} GB/s, the collective benchmark's fastest "
+            f"call here {peak:.3g} GB/s")
+
+
+def superlinear(row: Mapping) -> str | None:
+    low, workers = _number(row, "speedup_ci_low"), _number(row, "workers")
+    if low is None or workers is None or low <= workers:
+        return None
+    return None if str(row.get("quality", "")).startswith(SUPERLINEAR) else "speedup above N is not flagged superlinear"
+
+
+ROW_CHECKS: tuple[Callable[[Mapping], str | None], ...] = (hides_while_blocking, faster_than_baseline,
+                                                           overlap_above_one, superlinear)
+
+
+def host_peak(tables: Mapping[str, pd.DataFrame]) -> float | None:
+    """The fastest single call (busbw_max) the collective benchmark measured, over every op and size."""
+    bench = tables.get("comm")
+    if bench is None or not len(bench) or "busbw_max(GB/s)" not in bench:
+        return None
+    ok = bench[bench["status"] == "ok"] if "status" in bench else bench
+    peak = ok["busbw_max(GB/s)"].max() if len(ok) else None
+    return None if peak is None or pd.isna(peak) else float(peak)
+
+
+def mark_host_peak(tables: dict[str, pd.DataFrame], peak: float | None) -> dict[str, pd.DataFrame]:
+    """The tables with every row faster than `peak` marked implausible in its quality (a new frame where any is)."""
+    out = dict(tables)
+    for name, table in tables.items():
+        if name == "comm" or not len(table) or "busbw(GB/s)" not in table or "quality" not in table:
+            continue
+        reasons = [beyond_host_peak(r, peak) for r in table.to_dict("records")]
+        if any(reasons):
+            table = table.copy()
+            table["quality"] = [q if r is None else worst_quality(f"implausible: {r}", q)
+                                for q, r in zip(table["quality"], reasons)]
+            out[name] = table
+    return out
+
+
+def failures(tables: Mapping[str, pd.DataFrame], peak: float | None = None) -> list[tuple[str, dict, str]]:
+    """(table, row, why) for every row of `tables` that fails a check."""
+    out = []
+    for name, table in tables.items():
+        if name == "comm" or not isinstance(table, pd.DataFrame) or not len(table):
+            continue
+        for row in table.to_dict("records"):
+            for check in (*ROW_CHECKS, lambda r: beyond_host_peak(r, peak)):
+                why = check(row)
+                if why:
+                    out.append((name, row, why))
+    return out
+
+
+def _names(row: Mapping, label: str) -> bool:
+    """Whether `label` (a sentence) names the row by its first column's value as a whole word."""
+    value = str(next(iter(row.values())))
+    return re.search(rf"(?<![\w+.-]){re.escape(value)}(?![\w+-])", label) is not None
+
+
+def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec: str | None,
+                   peak: float | None = None) -> list[str]:
+    """Every sentence or recommendation that relies on a row a check failed, with why: the row's quality must
+    set it aside (compare.trusted; superlinear rows must say so), the recommendation must not name it, and a
+    sentence may name it only to set it aside (SET_ASIDE)."""
+    out = []
+    for name, row, why in failures(tables, peak):
+        if why.startswith("speedup above N"):
+            out.append(f"{name}: {row.get('workers')} workers: {why}")
+            continue
+        if trusted(row.get("quality")):
+            out.append(f"{name}: {next(iter(row.values()))}: {why}, but its quality is {row.get('quality')!r}")
+        if rec and _names(row, rec):
+            out.append(f"{name}: the recommendation rests on {next(iter(row.values()))} ({why}): {rec}")
+        out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
+    return out

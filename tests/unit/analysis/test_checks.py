@@ -1,0 +1,51 @@
+"""The physics checks on exact rows, the host-peak mark, and sentences audited against them: a planted
+contradiction is found (the stored fixture study has none: tests/cli/test_store_fixture.py)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from scalelab.analysis import checks
+
+
+def test_each_check_on_exact_rows():
+    assert checks.hides_while_blocking({"blocks": True, "overlap_ci_low": 0.3, "overlap_ci_high": 0.7}) == \
+        "a blocking sync hides nothing, yet its overlap interval (30–70 %) excludes 0"
+    assert checks.hides_while_blocking({"blocks": True, "overlap_ci_low": 0.04, "overlap_ci_high": 0.7}) is None
+    assert checks.hides_while_blocking({"blocks": False, "overlap_ci_low": 0.3, "overlap_ci_high": 0.7}) is None
+    assert checks.faster_than_baseline({"exposed_ci_high(ms)": -0.1}) is not None
+    assert checks.faster_than_baseline({"exposed_ci_high(ms)": 0.0}) is None
+    assert checks.overlap_above_one({"overlap_ci_low": 1.06}) is not None
+    assert checks.overlap_above_one({"overlap_ci_low": 1.05}) is None
+    assert checks.beyond_host_peak({"busbw(GB/s)": 2.11}, 2.0) is not None  # above 2.0 * (1 + 5 %)
+    assert checks.beyond_host_peak({"busbw(GB/s)": 2.1}, 2.0) is None
+    assert checks.beyond_host_peak({"busbw(GB/s)": 9.0}, None) is None  # no benchmark in the study
+    assert checks.superlinear({"workers": 2, "speedup_ci_low": 2.2, "quality": "ok"}) is not None
+    assert checks.superlinear({"workers": 2, "speedup_ci_low": 2.2, "quality": "superlinear: ..."}) is None
+    assert checks.superlinear({"workers": 2, "speedup_ci_low": 1.9, "quality": "ok"}) is None
+
+
+def test_the_host_peak_marks_rows_faster_than_the_benchmark_measured():
+    bench = pd.DataFrame({"op": ["allreduce", "broadcast"], "status": ["ok", "ok"], "busbw_max(GB/s)": [1.5, 3.0]})
+    table = pd.DataFrame({"sync": ["ddp", "allreduce"], "busbw(GB/s)": [1.0, 4.0], "quality": ["ok", "ok"]})
+    peak = checks.host_peak({"comm": bench})
+    assert peak == 3.0
+    marked = checks.mark_host_peak({"comm": bench, "compare_strategies": table}, peak)["compare_strategies"]
+    assert list(marked["quality"]) == ["ok", "implausible: collectives faster than this host allows: busbw 4 GB/s, "
+                                             "the collective benchmark's fastest call here 3 GB/s"]
+    assert list(table["quality"]) == ["ok", "ok"]  # the given table is left as it was
+
+
+def _strategies(quality: str) -> pd.DataFrame:
+    return pd.DataFrame([{"sync": "gather_scatter", "blocks": True, "overlap": 0.5, "overlap_ci_low": 0.3,
+                          "overlap_ci_high": 0.7, "quality": quality}])
+
+
+def test_a_planted_contradiction_is_found_and_a_set_aside_row_is_not_one():
+    claim = "gather_scatter hides the largest share of its communication behind compute: overlap 50 %."
+    found = checks.contradictions({"compare_strategies": _strategies("ok")}, [claim], "Use the gather_scatter sync.")
+    assert len(found) == 3  # its quality passes it, the recommendation rests on it, a sentence relies on it
+    aside = "gather_scatter's overlap is not used: implausible: a blocking sync hides nothing."
+    assert checks.contradictions({"compare_strategies": _strategies("implausible: x")}, [aside], None) == []
+    # another strategy's name that contains this one is not this one
+    assert checks.contradictions({"compare_strategies": _strategies("implausible: x")},
+                                 ["gather_scatter+x is fine."], None) == []
