@@ -16,6 +16,13 @@
 - `difference_interval` / `ratio_interval`: figures computed from two independently measured ones (exposed =
   step - baseline, speedup = T1 / TN): the conservative combination of their intervals (every value in one with
   every value in the other).
+
+Small samples. With fewer than RANGE_MIN_N = 6 values, order statistics cannot make a 95 % interval for a median:
+the best they give is the whole range, which covers the true median with probability 1 - 2 * 0.5^n (50 % at n = 2,
+75 % at 3, 87.5 % at 4, 93.75 % at 5). `median_interval` still returns that range, and `coverage(n)` says what it
+is; a sentence prints it with its coverage ("range of 4, 87.5 %"), never as a 95 % interval. One value makes no
+interval at all: both functions return NaN, and `separated` says False for a missing, NaN or zero-width interval,
+so a single value can never make a difference look like a finding.
 """
 from __future__ import annotations
 
@@ -25,6 +32,20 @@ from collections.abc import Sequence
 import numpy as np
 
 MAX_CORRELATION = 0.95  # beyond this a series is a trend, not noise: the factor is capped (sqrt(39) = 6.2)
+CONFIDENCE = 0.95
+RANGE_MIN_N = 6  # the fewest values whose range covers the median with >= 95 %: 1 - 2 * 0.5^6 = 96.9 %
+
+
+def coverage(n: int | None, confidence: float = CONFIDENCE) -> float:
+    """The probability that `median_interval` over n independent values covers the true median: `confidence`
+    from RANGE_MIN_N values on (order statistics chosen for it), below that the range's 1 - 2 * 0.5^n, and NaN
+    for n < 2 (no interval). n None (not known: an old stored row) is taken as `confidence`."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return confidence
+    n = int(n)
+    if n < 2:
+        return math.nan
+    return confidence if n >= RANGE_MIN_N else 1 - 2 * 0.5 ** n
 
 
 def lag1_autocorrelation(values: Sequence[float]) -> float:
@@ -45,11 +66,12 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     """A 95 % interval for the median of a series of timings, robust to correlation between consecutive values.
 
     Order statistics give [x_(k), x_(n-k+1)] (1-based), k the largest rank with P(Binomial(n, 1/2) <= k-1) within
-    (1 - confidence) / 2; with too few values for that (n < 6 at 95 %) their whole range. Each half-width is then
-    widened by sqrt((1 + r) / (1 - r)) for the series' lag-1 autocorrelation r (module docstring)."""
+    (1 - confidence) / 2; with too few values for that (n < 6 at 95 %) their whole range, whose real coverage is
+    `coverage(n)`; one value or none: NaN (no interval). Each half-width is then widened by sqrt((1 + r) / (1 - r))
+    for the series' lag-1 autocorrelation r (module docstring)."""
     x = np.sort(np.asarray(values, dtype=float))
     n = len(x)
-    if n == 0:
+    if n < 2:
         return math.nan, math.nan
     from scipy import stats  # here, not at the top: ranks import this module and scipy.stats costs them ~1 s
 
@@ -63,14 +85,12 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
     """A 95 % interval for the mean of a series of timings: mean +- t * sd / sqrt(n), the standard error widened
-    by sqrt((1 + r) / (1 - r)) for the lag-1 autocorrelation r; one value: (it, it); none: NaN."""
+    by sqrt((1 + r) / (1 - r)) for the lag-1 autocorrelation r; one value or none: NaN (no interval)."""
     x = np.asarray(values, dtype=float)
     n = len(x)
-    if n == 0:
+    if n < 2:
         return math.nan, math.nan
     mean = float(x.mean())
-    if n == 1:
-        return mean, mean
     r = lag1_autocorrelation(values)
     from scipy import stats
 
@@ -92,6 +112,16 @@ def ratio_interval(a: tuple[float, float], b: tuple[float, float]) -> tuple[floa
     return a[0] / b[1], a[1] / b[0]
 
 
-def separated(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """The two intervals do not meet: a difference between them is a finding, not noise."""
-    return a[1] < b[0] or b[1] < a[0]
+def known(iv: tuple[float, float] | None) -> bool:
+    """An interval that can tell anything: present, finite and of positive width (one value makes none)."""
+    try:
+        low, high = float(iv[0]), float(iv[1])
+    except (TypeError, ValueError, IndexError):
+        return False
+    return math.isfinite(low) and math.isfinite(high) and high > low
+
+
+def separated(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+    """The two intervals do not meet: a difference between them is a finding, not noise. False when either is
+    missing, NaN or of zero width (one value): nothing is separated from a single value."""
+    return known(a) and known(b) and (a[1] < b[0] or b[1] < a[0])

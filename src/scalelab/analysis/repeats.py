@@ -11,10 +11,13 @@ with the cells it is compared with, and its headline figures come from all launc
   (keys.ci_keys) keeps the median launch's interval, widened to reach every launch's value, by the same reasoning;
 - the run's doubts carry over: noisy when any launch was noisy (with that launch's reason), and a quality other
   than ok when any launch had one;
-- `launches` says how many there were.
+- `launches` says how many there were, and the lowest and highest of the launches' own median steps are kept
+  (keys.STEP_LAUNCH_MEDIAN_MIN_MS / _MAX_MS): a finding between two cells needs their launches not to interleave
+  (scalelab.analysis.interpret.ranking), and a finding between configurations counts launches, not steps.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,12 +54,14 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
     series = [float(t) for launch in steps_ms for t in launch]
     medians = [float(np.median(launch)) for launch in steps_ms if len(launch)]
     if series:
-        low, high = median_interval(series)
+        low, high = median_interval(series)  # NaN from one value: no interval
+        if not math.isnan(low) or len(medians) > 1:
+            low, high = float(np.nanmin([low, *medians])), float(np.nanmax([high, *medians]))
         out[keys.STEP_MEDIAN_MS] = float(np.median(series))
-        out[keys.STEP_MEDIAN_CI_LOW_MS] = min(low, min(medians))
-        out[keys.STEP_MEDIAN_CI_HIGH_MS] = max(high, max(medians))
+        out[keys.STEP_MEDIAN_CI_LOW_MS], out[keys.STEP_MEDIAN_CI_HIGH_MS] = low, high
         out[keys.STEP_MIN_MS], out[keys.STEP_MAX_MS] = min(series), max(series)
         out[keys.STEPS_TIMED] = len(series)
+        out[keys.STEP_LAUNCH_MEDIAN_MIN_MS], out[keys.STEP_LAUNCH_MEDIAN_MAX_MS] = min(medians), max(medians)
     out[LAUNCHES] = len(summaries)
     return out
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt, interval, span
+from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, interval, launches, not_ranked, span
 from scalelab.analysis.intervals import separated
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
@@ -39,7 +39,12 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
     out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
     if not trusted(best.get("quality")):
         return out + [f"Batch {int(best.global_batch)} is flagged ({best['quality']}): no batch is recommended."], None
-    # the smallest batch whose throughput interval meets the best's does as well within noise
+    # choosing a batch is a finding between configurations: launches, not steps (scalelab.analysis.interpret)
+    n = min(launches(r) for r in t.to_dict("records"))
+    if len(t) > 1 and n < MIN_LAUNCHES:
+        return out + [f"Batch {int(best.global_batch)} has the highest throughput: {not_ranked(n)}."], None
+    # the smallest batch whose throughput interval meets the best's does as well within noise (a pooled row's
+    # interval reaches every launch's value: scalelab.analysis.repeats)
     b = interval(best, "ci_low", "ci_high")
     near = [r for r in t.to_dict("records") if b is not None and (iv := interval(r, "ci_low", "ci_high"))
             and not separated(b, iv) and r["global_batch"] < best.global_batch and trusted(r.get("quality"))]

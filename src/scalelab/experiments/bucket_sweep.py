@@ -10,8 +10,9 @@ Each size is a DDP cell of the base config. The no-op-collectives baseline (scal
 is measured once, at the base config's own bucket size: exposed communication = median step - that baseline's
 median step, overlap = 1 - exposed / comm, each with its interval (scalelab.analysis.compare). At the study's
 sizes the base bucket's cells are the strategies experiment's DDP cell and baseline, reused. The fastest size is
-named only when its step interval is separated from every other size's; "no size is faster beyond noise" is an
-answer.
+named only when it beats every other size as a finding between configurations (scalelab.analysis.interpret:
+step intervals separated and launches not interleaved, at least 2 launches each); "no size is faster beyond noise"
+is an answer.
 
     scalelab bucket-sweep --model mlp --ranks 2 --fractions 0.0625,0.25,1
 """
@@ -23,7 +24,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from scalelab.analysis.compare import comparison_table
-from scalelab.analysis.interpret import interval, ranking, span
+from scalelab.analysis.interpret import ranking, step_span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option
@@ -148,7 +149,7 @@ def interpret(result: Result) -> tuple[list[str], str | None]:
                          f"of {row['comm(ms)']:.3g} ms (interval {shares}).")
     rec = None if best is None else (f"Use bucket_cap_mb {best['bucket_mb']:.3g} "
                                      f"({best['share_of_gradients']:.2g} of the gradients): "
-                                     f"{best['step(ms)']:.3g} ms per step ({span(interval(best))}).")
+                                     f"{best['step(ms)']:.3g} ms per step ({step_span(best)}).")
     return lines, rec
 
 

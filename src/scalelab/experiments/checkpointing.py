@@ -12,8 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import fmt, interval
-from scalelab.analysis.intervals import separated
+from scalelab.analysis.interpret import MIN_LAUNCHES, beats, fmt, interval, launches
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
@@ -96,12 +95,16 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
 
 
 def _noise_note(row: dict, reference) -> str:
-    """" (within noise)" when the two median steps' intervals meet, " (no interval)" without them, else ""."""
+    """What a step-time ratio against no checkpointing is worth: "" when one beats the other (interpret.beats:
+    separated intervals, launches not interleaved, at least 2 launches each), " (indicative: 1 launch)" from
+    fewer launches, " (no interval)" without intervals, else " (within noise)"."""
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-    a, b = interval(row, low, high), interval(reference, low, high)
-    if a is None or b is None:
+    if interval(row, low, high) is None or interval(reference, low, high) is None:
         return " (no interval)"
-    return "" if separated(a, b) else " (within noise)"
+    n = min(launches(row), launches(reference))
+    if n < MIN_LAUNCHES:
+        return f" (indicative: {n} launch{'es' if n != 1 else ''})"
+    return "" if beats(row, reference, low, high) or beats(reference, row, low, high) else " (within noise)"
 
 
 def _mib(nbytes: float) -> str:

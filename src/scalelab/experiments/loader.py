@@ -11,7 +11,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt, interval, span
+from scalelab.analysis.interpret import MIN_LAUNCHES, beats, fmt, launches, not_ranked, step_span
 from scalelab.analysis.tables import runs_frame
 from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
@@ -158,16 +158,23 @@ def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
             out.append(f"num_workers={int(flagged[0]['num_workers'])} is flagged ({flagged[0]['quality']}): no "
                        "loader setting is recommended.")
             return out, None
-        b, z = interval(chosen.iloc[0], low, high), interval(zero.iloc[0], low, high)
-        if b is None or z is None or not b[1] < z[0]:
-            out.append(f"num_workers={best['num_workers']}'s step ({span(b)}) is not shorter than with no workers "
-                       f"({span(z)}) beyond noise.")
+        c, z = chosen.iloc[0], zero.iloc[0]
+        b_said, z_said = step_span(c, low=low, high=high), step_span(z, low=low, high=high)
+        if not beats(c, z, low, high):  # a finding between settings: launches, not steps (interpret.beats)
+            n = min(launches(c), launches(z))
+            why = not_ranked(n) if n < MIN_LAUNCHES else f"not beyond noise in every launch (n = {n} launches each)"
+            out.append(f"num_workers={best['num_workers']}'s step ({b_said}) against no workers' ({z_said}): "
+                       f"{why}.")
             return out, None
+    elif len(table) > 1 and min(launches(r) for r in table.to_dict("records")) < MIN_LAUNCHES:
+        n = min(launches(r) for r in table.to_dict("records"))
+        out.append(f"num_workers={best['num_workers']} has the highest throughput: {not_ranked(n)}.")
+        return out, None
     row = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
     said = ""
     if len(row) and keys.STEP_MEDIAN_MS in row:
-        step = interval(row.iloc[0], keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS)
-        said = f": step {fmt(row[keys.STEP_MEDIAN_MS].iloc[0], ' ms')} ({span(step)})"
+        low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+        said = f": step {fmt(row[keys.STEP_MEDIAN_MS].iloc[0], ' ms')} ({step_span(row.iloc[0], low=low, high=high)})"
     return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}{said}."
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import interval, span
+from scalelab.analysis.interpret import MIN_LAUNCHES, beats, launches, not_ranked, step_span
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -55,16 +55,29 @@ def interpret_threads(result: Result) -> tuple[list[str], str | None]:
         return [], None
     fair = t[~t["oversubscribed"]]
     best = (fair if len(fair) else t).sort_values(keys.STEP_MEDIAN_MS).iloc[0]
-    out = [f"With {int(best.threads)} threads a step takes {best[keys.STEP_MEDIAN_MS]:.3g} ms, "
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    out = [f"With {int(best.threads)} threads a step takes {best[keys.STEP_MEDIAN_MS]:.3g} ms "
+           f"({step_span(best, low=low, high=high)}), "
            f"{best.speedup:.2f}x the {int(t.iloc[0].threads)}-thread step ({int(best.cores)} cores here)."]
     over = t[t["oversubscribed"]]
     if len(over):
         worst = over.sort_values("threads").iloc[-1]
         out.append(f"Oversubscribed ({int(worst.threads)} threads on {int(worst.cores)} cores): "
                    f"{worst[keys.STEP_MEDIAN_MS]:.3g} ms per step.")
-    iv = interval(best, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS)
+    # a recommendation is a finding between thread counts: launches, not steps (interpret.beats)
+    others = [r for r in (fair if len(fair) else t).to_dict("records") if r["threads"] != best.threads]
+    n = min(launches(r) for r in [best, *others])
+    if n < MIN_LAUNCHES:
+        out.append(f"The shortest step is {int(best.threads)} threads': {not_ranked(n)}.")
+        return out, None
+    ties = [r for r in others if not beats(best, r, low, high)]
+    if ties:
+        out.append(f"{', '.join(str(int(r['threads'])) for r in ties)} threads {'is' if len(ties) == 1 else 'are'} "
+                   f"within noise of {int(best.threads)} (n = {n} launches each): no thread count is recommended.")
+        return out, None
     return out, (f"Use {int(best.threads)} torch threads per process: {best[keys.STEP_MEDIAN_MS]:.3g} ms per step "
-                 f"({span(iv)}).")
+                 f"({step_span(best, low=low, high=high)}; shorter than every other thread count in each of {n} "
+                 "launches).")
 
 
 def _figures(result: Result, out) -> list:

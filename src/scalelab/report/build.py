@@ -114,7 +114,9 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
         sections.append(section)
         recs += [Recommendation(text, section.id) for text in r]
     sections += extra_sections or []
-    subtitle = (f"study '{spec.name}'{' (quick)' if spec.quick else ''}: {len(spec.experiments)} experiments on "
+    # the quick study launches each cell once: its comparisons rank nothing (analysis.interpret.MIN_LAUNCHES)
+    quick = " (quick: one launch per cell, so its comparisons are indicative and rank nothing)" if spec.quick else ""
+    subtitle = (f"study '{spec.name}'{quick}: {len(spec.experiments)} experiments on "
                 f"{provenance.get('host', 'this machine')}")
     return Report(title="scalelab report", subtitle=subtitle, recommendations=recs, sections=sections,
                   definitions=DEFINITIONS, command=command,

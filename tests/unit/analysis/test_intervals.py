@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.analysis.intervals import (difference_interval, lag1_autocorrelation, mean_interval,
-                                         median_interval, ratio_interval, separated)
+from scalelab.analysis.intervals import (RANGE_MIN_N, difference_interval, lag1_autocorrelation,
+                                         mean_interval, median_interval, ratio_interval, separated)
+from scalelab.analysis.intervals import coverage as real_coverage
 
 TRIALS = 1000
 SEED = 2
@@ -73,7 +74,7 @@ def test_an_interval_that_treats_drifting_steps_as_independent_fails():
 def test_short_series_and_edge_cases():
     assert median_interval([5.0, 6.0, 7.0]) == (5.0, 7.0)  # too few for order statistics: the whole range
     assert all(math.isnan(v) for v in median_interval([]))
-    assert mean_interval([4.0]) == (4.0, 4.0) and all(math.isnan(v) for v in mean_interval([]))
+    assert all(math.isnan(v) for v in mean_interval([4.0])) and all(math.isnan(v) for v in mean_interval([]))
     assert lag1_autocorrelation([1, 2, 3]) == 0.0  # too short to tell correlation from chance
     assert lag1_autocorrelation(list(range(50))) == pytest.approx(0.95)  # a trend: capped
 
@@ -83,3 +84,23 @@ def test_combined_intervals_are_conservative():
     assert ratio_interval((90.0, 110.0), (45.0, 55.0)) == pytest.approx((90 / 55, 110 / 45))
     assert all(math.isnan(v) for v in ratio_interval((1.0, 2.0), (0.0, 1.0)))
     assert separated((1.0, 2.0), (2.5, 3.0)) and not separated((1.0, 2.6), (2.5, 3.0))
+
+
+def test_below_six_values_the_range_covers_the_median_1_minus_2_half_to_the_n():
+    # P(all n values on one side of the median) = 2 * 0.5^n: the range misses the median that often
+    assert [real_coverage(n) for n in (2, 3, 4, 5)] == [0.5, 0.75, 0.875, 0.9375]
+    assert RANGE_MIN_N == 6 and real_coverage(6) == real_coverage(40) == 0.95  # 1 - 2 / 64 = 96.9 % >= 95 %: order statistics
+    assert math.isnan(real_coverage(1)) and math.isnan(real_coverage(0)) and real_coverage(None) == 0.95  # None: an old row
+    # the range that median_interval returns below 6 values really has that coverage (1000 seeded trials of 4)
+    rng = np.random.default_rng(SEED)
+    hits = sum(lo <= 0.0 <= hi for lo, hi in (median_interval(rng.normal(size=4)) for _ in range(1000)))
+    assert 0.85 <= hits / 1000 <= 0.90
+
+
+def test_one_value_makes_no_interval_and_separates_nothing():
+    assert all(math.isnan(v) for v in median_interval([5.0]))
+    assert all(math.isnan(v) for v in mean_interval([5.0]))
+    assert not separated((5.0, 5.0), (9.0, 9.0))  # two single values 4 ms apart: not a finding
+    assert not separated((5.0, 5.0), (6.0, 7.0)) and not separated((6.0, 7.0), (5.0, 5.0))
+    assert not separated((math.nan, math.nan), (6.0, 7.0)) and not separated(None, (6.0, 7.0))
+    assert separated((4.0, 5.0), (6.0, 7.0))

@@ -45,3 +45,16 @@ def test_steady_launches_give_a_narrow_interval():
     steps = [[100.0 + (i % 5) * 0.1 for i in range(20)] for _ in range(3)]
     out = pool([summary(100.2, 1.0)] * 3, steps)
     assert out[keys.STEP_MEDIAN_CI_HIGH_MS] - out[keys.STEP_MEDIAN_CI_LOW_MS] < 1.0
+
+
+def test_the_launches_own_medians_are_kept_so_a_finding_can_ask_that_they_do_not_interleave():
+    steps = [[100.0, 101.0, 102.0], [140.0, 141.0, 142.0], [99.0, 100.0, 104.0]]  # launch medians 101, 141, 100
+    out = pool([summary(101.0, 1.0), summary(141.0, 1.0), summary(100.0, 1.0)], steps)
+    assert (out[keys.STEP_LAUNCH_MEDIAN_MIN_MS], out[keys.STEP_LAUNCH_MEDIAN_MAX_MS]) == (100.0, 141.0)
+
+
+def test_two_launches_of_one_step_each_make_an_interval_one_step_makes_none():
+    out = pool([summary(10.0, 1.0), summary(12.0, 1.0)], [[10.0], [12.0]])
+    assert (out[keys.STEP_MEDIAN_CI_LOW_MS], out[keys.STEP_MEDIAN_CI_HIGH_MS]) == (10.0, 12.0)
+    out = pool([summary(10.0, 1.0), summary(12.0, 1.0)], [[10.0], []])
+    assert out[keys.STEP_MEDIAN_CI_LOW_MS] != out[keys.STEP_MEDIAN_CI_LOW_MS]  # NaN: one value, no interval

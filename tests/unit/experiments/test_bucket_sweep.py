@@ -58,8 +58,9 @@ def test_bad_fractions_are_one_line(value):
     assert "allowed: comma-separated shares" in str(info.value) and "\n" not in str(info.value)
 
 
-def row(mb, step, low, high, overlap=0.5, o_low=0.2, o_high=0.8, quality="ok"):
+def row(mb, step, low, high, overlap=0.5, o_low=0.2, o_high=0.8, quality="ok", launches=3):
     return {"bucket": f"{mb:.3g} MiB", "bucket_mb": mb, "share_of_gradients": mb / 24, "status": "completed",
+            "launches": launches,
             "step(ms)": step, "step_ci_low(ms)": low, "step_ci_high(ms)": high, "comm(ms)": 10.0,
             "exposed_comm(ms)": 5.0, "overlap": overlap, "overlap_ci_low": o_low, "overlap_ci_high": o_high,
             "collectives_per_step": 4, "quality": quality}
@@ -74,6 +75,8 @@ def test_a_size_is_recommended_only_when_faster_beyond_noise():
     assert rec is not None and rec.startswith("Use bucket_cap_mb 1.5") and "faster than every other" in lines[0]
     lines, rec = sentences([row(1.5, 50, 45, 60), row(24, 55, 50, 62)])
     assert rec is None and "no bucket size is faster than it beyond noise" in lines[0]
+    lines, rec = sentences([row(1.5, 50, 48, 52, launches=1), row(24, 70, 66, 74, launches=1)])
+    assert rec is None and "indicative: 1 launch, not ranked" in lines[0]
 
 
 def test_overlap_is_called_hidden_only_when_its_interval_is_above_zero():

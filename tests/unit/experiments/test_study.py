@@ -14,8 +14,9 @@ from scalelab.lab.study import StudySpec, load_spec
 pytestmark = pytest.mark.timeout(600)
 
 
-def strategy_table(steps: dict, noise: float = 1.0) -> pd.DataFrame:
-    return pd.DataFrame([{"sync": s, "status": "completed", "step(ms)": t, "step_ci_low(ms)": t - noise,
+def strategy_table(steps: dict, noise: float = 1.0, launches: int = 3) -> pd.DataFrame:
+    return pd.DataFrame([{"sync": s, "status": "completed", "launches": launches, "step(ms)": t,
+                          "step_ci_low(ms)": t - noise,
                           "step_ci_high(ms)": t + noise, "comm(ms)": 10.0,
                           "exposed_comm(ms)": t - 50.0, "overlap": 1 - (t - 50.0) / 10.0 if s != "noop" else None,
                           "bytes_per_step": 100.0} for s, t in steps.items()])
@@ -27,6 +28,9 @@ def test_interpretation_follows_the_data():
     assert a[0].startswith("ddp has the shortest median step") and "ddp" in rec_a
     assert b[0].startswith("allreduce has the shortest median step") and "allreduce" in rec_b
     assert a != b
+    # the same table from one launch each (the quick study): indicative, nothing ranked, nothing recommended
+    quick, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, launches=1))
+    assert rec is None and "indicative: 1 launch, not ranked" in quick[0]
 
 
 def test_no_ranking_and_no_recommendation_from_noise():
