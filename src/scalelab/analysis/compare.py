@@ -52,6 +52,7 @@ EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms
 SUMMARY_COLUMNS = {
     "step(ms)": keys.STEP_MEDIAN_MS, "step_ci_low(ms)": keys.STEP_MEDIAN_CI_LOW_MS,
     "step_ci_high(ms)": keys.STEP_MEDIAN_CI_HIGH_MS, "step_min(ms)": keys.STEP_MIN_MS, "step_max(ms)": keys.STEP_MAX_MS,
+    "step_launch_min(ms)": keys.STEP_LAUNCH_MEDIAN_MIN_MS, "step_launch_max(ms)": keys.STEP_LAUNCH_MEDIAN_MAX_MS,
     "comm(ms)": keys.COMM_TIME_MS, "comm_sum(ms)": keys.COMM_SUM_MS, "comm_wait(ms)": keys.COMM_WAIT_MS,
     "comm_blocking(ms)": keys.COMM_BLOCKING_MS, "comm_critical(ms)": keys.COMM_CRITICAL_MS,
     "comm_critical_ci_high(ms)": keys.ci_keys(keys.COMM_CRITICAL_MS)[1],
@@ -67,7 +68,7 @@ SUMMARY_COLUMNS = {
 # the columns of a comparison table after its first one (the compared value: `comparison_table`)
 COMPARISON_COLUMNS = ["status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                       "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)",
-                      "step_min(ms)", "step_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
+                      "step_min(ms)", "step_max(ms)", "step_launch_min(ms)", "step_launch_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
                       "comm_blocking(ms)", "comm_critical(ms)", "comm_critical_ci_high(ms)",
                       "waiting_for_peers(ms)", "blocks", *EXPOSED_COLUMNS, "collectives_per_step", "bytes_per_step",
                       "bytes_forward_per_step", "bytes_backward_per_step", "bytes_optimizer_per_step",

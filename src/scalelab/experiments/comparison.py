@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scalelab.analysis.compare import comparison_table
-from scalelab.analysis.interpret import fmt, interval, ranking, span
+from scalelab.analysis.interpret import fmt, ranking, step_span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
@@ -113,7 +113,7 @@ def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
         return [], None
     lines, best = ranking(done, axis, what)
     return lines, None if best is None else (f"Use the {best[axis]} {what}: {fmt(best['step(ms)'], ' ms')} per "
-                                             f"step ({span(interval(best))}).")
+                                             f"step ({step_span(best)}).")
 
 
 def answer_columns(axis: str) -> list[str]:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt
+from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, launches, not_ranked
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
@@ -224,6 +224,10 @@ def scale_result(result) -> tuple[list[str], str | None]:
             continue
         best = fair.loc[fair["efficiency"].idxmax()]
         low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+        if mode == "strong" and launches(best) < MIN_LAUNCHES:  # a worker count is chosen between configurations
+            out.append(f"How many workers to use is not recommended: {int(best.workers)} workers at global batch "
+                       f"{int(best.global_batch)} is {not_ranked(launches(best))}.")
+            continue
         if mode == "strong" and not pd.isna(low) and low < 0.5 <= high:
             out.append(f"Whether {int(best.workers)} workers pay off at global batch {int(best.global_batch)} is "
                        f"within noise: efficiency {100 * low:.0f}–{100 * high:.0f} % (95 % interval) straddles "

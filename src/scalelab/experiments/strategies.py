@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt, interval, ranking, span
+from scalelab.analysis.interpret import fmt, ranking, step_span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.comparison import (
@@ -64,7 +64,7 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
     if "overlap" in real:
         out += overlap_sentences(real)
     rec = None if best is None else (f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per "
-                                     f"step ({span(interval(best))}).")
+                                     f"step ({step_span(best)}).")
     return out, rec
 
 

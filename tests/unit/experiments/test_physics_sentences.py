@@ -56,10 +56,22 @@ def test_a_superlinear_speedup_is_reported_not_dropped():
     class Result:
         tables = {"scale_strong": pd.DataFrame([
             {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
-             "ci_low": 0.9, "ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0},
+             "ci_low": 0.9, "ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0,
+             "launches": 3},
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 2.5, "efficiency": 1.25,
-             "ci_low": 1.05, "ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0,
+             "ci_low": 1.05, "ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0, "launches": 3,
              "quality": "superlinear: speedup above the worker count beyond its interval"}])}
     words, rec = scale_result(Result())
     assert any(w.startswith("2 workers at batch 64 scale superlinearly: speedup 2.5x") for w in words)
     assert rec is not None and rec.startswith("Use 2 workers")
+
+
+def test_a_worker_count_from_one_launch_is_not_recommended():
+    class Result:
+        tables = {"scale_strong": pd.DataFrame([
+            {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
+             "ci_low": 0.9, "ci_high": 1.1, "quality": "ok", "step(ms)": 10.0, "launches": 1},
+            {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 1.8, "efficiency": 0.9,
+             "ci_low": 0.8, "ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
+    words, rec = scale_result(Result())
+    assert rec is None and any("indicative: 1 launch, not ranked" in w for w in words)
