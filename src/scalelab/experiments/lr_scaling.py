@@ -16,6 +16,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.interpret import interval
 from scalelab.analysis.intervals import median_interval, separated
+from scalelab.analysis.learning import COMPARE_ONLY_LEARNED, chance_over, over_seeds, seed_band
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
@@ -37,9 +38,11 @@ def curves_frame(run: dict, evals: list[dict], steps: list[dict]) -> pd.DataFram
                           keys.EVAL_ACC: e["acc"], keys.EVAL_LOSS: e["loss"]} for e in evals])
 
 
-def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
+def lr_table(curves: pd.DataFrame, target: float, chance: float = float("nan")) -> pd.DataFrame:
     """Per (rule, batch, workers): final accuracy and time / epochs to the target accuracy (NaN: never reached),
-    the median over seeds with their 95 % interval (`n` seeds)."""
+    the median over seeds with their 95 % interval (`n` seeds); `chance` (the majority class's share) and whether
+    the cell `learned`: its final accuracy above chance by more than its seed interval (never with one seed;
+    scalelab.analysis.learning)."""
     curves = curves if "seed" in curves else curves.assign(seed=0)
     per_seed = []
     for (rule, batch, workers, seed), g in curves.groupby(["lr_rule", "global_batch", "workers", "seed"], sort=True):
@@ -55,11 +58,13 @@ def lr_table(curves: pd.DataFrame, target: float) -> pd.DataFrame:
                                                                         sort=True):
         reached = g["time_to"].dropna()
         # one seed has no interval: how far another seed would move it is unknown
-        acc_low, acc_high = median_interval(g["final_acc"]) if len(g) > 1 else (float("nan"),) * 2
+        fit = over_seeds(list(g["final_acc"]), chance)
+        acc_low, acc_high = fit.low, fit.high
         t_low, t_high = median_interval(reached) if len(reached) == len(g) > 1 else (float("nan"),) * 2
         rows.append({"lr_rule": rule, "global_batch": batch, "workers": workers,
                      "final_acc": float(g["final_acc"].median()), "n": len(g), "ci_low": acc_low,
-                     "ci_high": acc_high, "best_acc": float(g["best_acc"].median()),
+                     "ci_high": acc_high, "chance": chance, "learned": fit.learned,
+                     "best_acc": float(g["best_acc"].median()),
                      # reached by every seed, else not reached: a median over the seeds that got there would flatter
                      f"time_to_{target:.0%}(s)": float(reached.median()) if len(reached) == len(g) else float("nan"),
                      f"time_to_{target:.0%}_ci_low(s)": t_low, f"time_to_{target:.0%}_ci_high(s)": t_high,
@@ -112,9 +117,10 @@ def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
     curves = pd.concat([curves_frame(r, r["files"].read_result(0)["evals"], r["files"].read_steps(0)) for r in runs],
                        ignore_index=True) if runs else pd.DataFrame()
     curves = _share_base_runs(curves, base.global_batch, opts["rules"])
-    table = lr_table(curves, opts["target"]) if len(curves) else pd.DataFrame()
+    chance, _ = chance_over(build_bundle(with_fields(base, seed=base.seed + k)) for k in range(opts["seeds"]))
+    table = lr_table(curves, opts["target"], chance) if len(curves) else pd.DataFrame()
     return Result("lr_scaling", {"lr_scaling": table, "lr_curves": curves},
-                  notes={"target_acc": opts["target"], "base_batch": base.global_batch})
+                  notes={"target_acc": opts["target"], "base_batch": base.global_batch, "chance": chance})
 
 
 def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
@@ -146,38 +152,62 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
 
 
 def lr_scaling_result(result) -> tuple[list[str], str | None]:
+    """Per batch above the base: the rules' accuracies, and a rule recommended only from two or more seeds, between
+    rules that learned (scalelab.analysis.learning), when the best one's seed interval lies clear of the next one's.
+    One seed: the ranking is said to be indicative, and nothing is recommended."""
     t = result.tables["lr_scaling"]
     if not len(t):
         return [], None
     base_batch = result.notes.get("base_batch", int(t["global_batch"].min()))
+    chance = float(t["chance"].iloc[0]) if "chance" in t else float("nan")
+    at_chance = f" (chance {100 * chance:.1f} %)" if chance == chance else ""
     out = []
     base = t[t["global_batch"] == base_batch]
     if len(base):
         out.append(f"At the base batch {base_batch} the model reaches {100 * base['final_acc'].max():.1f} % test "
-                   f"accuracy.")
+                   f"accuracy{at_chance}.")
     rec = None
     for b in sorted(t["global_batch"].unique()):
         if b == base_batch:
             continue
         g = t[t["global_batch"] == b].sort_values("final_acc", ascending=False)
-        best, worst = g.iloc[0], g.iloc[-1]
-        out.append(f"At batch {b} ({b // base_batch}x): best {best.lr_rule} {100 * best.final_acc:.1f} %, worst "
-                   f"{worst.lr_rule} {100 * worst.final_acc:.1f} %; "
-                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} %" for r in g.itertuples()) + ".")
-        runner = g.iloc[1] if len(g) > 1 else None
-        ivs = [interval(r, "ci_low", "ci_high") for r in (best, runner) if r is not None]
-        if runner is None or any(iv is None for iv in ivs):
-            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} % vs {worst.lr_rule} "
-                   f"{100 * worst.final_acc:.1f} %; one seed each: --seeds 3 says whether this holds beyond seed "
-                   "noise).")
-        elif separated(*ivs):
-            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} %, interval "
-                   f"{100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % over {int(best.n)} seeds, vs {runner.lr_rule} "
-                   f"{100 * ivs[1][0]:.1f}–{100 * ivs[1][1]:.1f} %).")
+        listed = ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} %" for r in g.itertuples())
+        if int(g["n"].max()) < 2:
+            out.append(f"At batch {b} ({b // base_batch}x), indicative, one seed: {listed}{at_chance}. One seed "
+                       "has no interval, so whether a rule learned, and whether its lead holds beyond seed noise, is "
+                       "unknown: no rule is recommended (--seeds 3 gives each an interval).")
+            continue
+        learned = g[g["learned"].astype(bool)] if "learned" in g else g
+        missed = g.drop(learned.index)
+        if len(missed):
+            out.append(f"At batch {b}, " + ", ".join(r.lr_rule for r in missed.itertuples())
+                       + f" did not learn: final accuracy not clear of chance{at_chance} over the seeds; "
+                         f"{COMPARE_ONLY_LEARNED}.")
+        if not len(learned):
+            continue
+        best = learned.iloc[0]
+        runner = learned.iloc[1] if len(learned) > 1 else None
+        iv = interval(best, "ci_low", "ci_high")
+        if runner is None:
+            out.append(f"At batch {b} ({b // base_batch}x), only {best.lr_rule} learned: {100 * best.final_acc:.1f} % "
+                       f"({100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over {int(best.n)} seeds).")
+            rec = (f"For batch {b}, use the {best.lr_rule} rule: the only one that learned "
+                   f"({100 * best.final_acc:.1f} %, {seed_band(int(best.n))} {100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over "
+                   f"{int(best.n)} seeds; chance {100 * chance:.1f} %).") if len(g) > 1 else rec
+            continue
+        ivr = interval(runner, "ci_low", "ci_high")
+        out.append(f"At batch {b} ({b // base_batch}x), among the rules that learned ({seed_band(int(best.n))}s "
+                   "over seeds): "
+                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} % ({100 * r.ci_low:.1f}–{100 * r.ci_high:.1f} %)"
+                               for r in learned.itertuples()) + f" over {int(best.n)} seeds.")
+        if separated(iv, ivr):
+            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} %, {seed_band(int(best.n))} "
+                   f"{100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over {int(best.n)} seeds, vs {runner.lr_rule} "
+                   f"{100 * ivr[0]:.1f}–{100 * ivr[1]:.1f} %).")
         else:
             out.append(f"At batch {b}, {best.lr_rule} and {runner.lr_rule} are within seed noise of each other "
-                       f"({100 * ivs[0][0]:.1f}–{100 * ivs[0][1]:.1f} % vs {100 * ivs[1][0]:.1f}–"
-                       f"{100 * ivs[1][1]:.1f} % over {int(best.n)} seeds).")
+                       f"({100 * iv[0]:.1f}–{100 * iv[1]:.1f} % vs {100 * ivr[0]:.1f}–{100 * ivr[1]:.1f} % over "
+                       f"{int(best.n)} seeds): no rule is recommended.")
     return out, rec
 
 
@@ -218,4 +248,5 @@ EXPERIMENT = Experiment(
               "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",
               "lr_curves.png": "Test accuracy per epoch per rule, one panel per batch size."},
     study_options=study_options,
+    version=2,
 )

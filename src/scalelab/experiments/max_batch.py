@@ -210,13 +210,44 @@ def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int 
 
 VARIANTS = ("base", "amp", "checkpointing")
 
+# What set the limit a search ran under: only a real device's memory or a limit the user chose answers "what is the
+# largest batch"; the built-in study's cap only demonstrates the search (max_batch_result).
+DEVICE, USER, DEMONSTRATION = "device", "user", "demonstration"
+
+
+def limit_of(base: TrainConfig, opts: dict, device_name: str | None = None) -> tuple[int | None, str, str]:
+    """(cap in bytes or None, kind, words) of the limit a search of `base` runs under. The cap is --memory-limit
+    (or the study's `memory_limit`), else the config's `memory_limit`; it is the study's demonstration cap when it
+    equals `demonstration_cap` (set only by the built-in study); without a cap on CUDA the device's memory is the
+    limit. On CUDA a demonstration cap is dropped: the GPU's own memory is the real limit."""
+    cuda = base.resolved_device == "cuda"
+    demo = opts.get("demonstration_cap")
+    cap = opts["memory_limit"] if opts["memory_limit"] is not None else base.memory_limit
+    if cap is not None and demo is not None and cap == demo:
+        if cuda:
+            cap = None
+        else:
+            return cap, DEMONSTRATION, (f"the study's demonstration cap of {cap / 2**20:.0f} MiB of address space "
+                                        "(RLIMIT_AS, virtual memory)")
+    if cap is not None:
+        where = "--memory-limit" if opts["memory_limit"] is not None else "the config's memory_limit field"
+        return cap, USER, f"the limit you set, {cap / 2**20:.0f} MiB ({where})"
+    if cuda:
+        return None, DEVICE, f"the CUDA memory of {device_name or 'the GPU'}"
+    raise ConfigError("memory_limit", None, "required on CPU (the search would otherwise fill the machine), "
+                                            "e.g. --memory-limit 2GiB")
+
+
+def _device_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
 
 def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     """The max batch of the base config, with mixed precision, and with activation checkpointing, side by side."""
-    memory_limit, segments = opts["memory_limit"], opts["segments"]
-    if memory_limit is None and base.memory_limit is None and base.resolved_device == "cpu":
-        raise ConfigError("memory_limit", None, "required on CPU (the search would otherwise fill the machine), "
-                                                "e.g. --memory-limit 2GiB")
+    segments = opts["segments"]
+    cap, kind, words = limit_of(base, opts, _device_name() if base.resolved_device == "cuda" else None)
     amp = "fp16" if base.resolved_device == "cuda" else "bf16"
     chosen = {"as configured": base, amp: with_fields(base, precision=amp),
               f"checkpointing ({segments} segments)": with_fields(base, checkpoint_segments=segments)}
@@ -224,14 +255,14 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     rows = []
     for label, cfg in chosen.items():
         ctx.say(f"[max batch] {label}")
-        res = max_batch(cfg, ctx.cells, f"max_batch/{label.split(' ')[0]}", memory_limit=memory_limit, say=ctx.say)
-        cap = memory_limit if memory_limit is not None else cfg.memory_limit
+        res = max_batch(with_fields(cfg, memory_limit=cap), ctx.cells, f"max_batch/{label.split(' ')[0]}",
+                        memory_limit=cap, say=ctx.say)
         rows.append({"variant": label, "max_batch": res.max_batch, "trials": res.n_trials,
-                     "memory_limit(bytes)": cap, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
-                                                                   for t in res.trials)})
-    notes = {}
+                     "memory_limit(bytes)": cap, "limit": kind, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
+                                                                                  for t in res.trials)})
+    notes = {"limit": words}
     if base.resolved_device == "cpu":
-        notes["limit"] = CPU_LIMIT_NOTE
+        notes["limit on a CPU"] = CPU_LIMIT_NOTE
     return Result("max_batch", {"max_batch": pd.DataFrame(rows)}, notes=notes)
 
 
@@ -242,25 +273,40 @@ CPU_LIMIT_NOTE = ("on a CPU the limit is a cap on the address space a rank may a
 
 
 def max_batch_result(result) -> tuple[list[str], str | None]:
+    """The largest batch per variant; a batch is recommended only under a real limit (the device's memory, or a
+    limit the user set), and the recommendation names it. Under the built-in study's demonstration cap: a sentence
+    saying why nothing is recommended."""
     t = result.tables["max_batch"]
     if not len(t):
         return [], None
+    words = result.notes.get("limit", "the limit")
     base = t.iloc[0]
-    out = [f"As configured, the largest batch under the limit is {int(base.max_batch)} "
+    out = [f"As configured, the largest batch under {words} is {int(base.max_batch)} "
            f"(found in {int(base.trials)} trials)."]
     for row in t.iloc[1:].itertuples():
         gain = row.max_batch / base.max_batch if base.max_batch else float("nan")
         out.append(f"With {row.variant}: {int(row.max_batch)} ({fmt(gain)}x).")
+    kind = base.get("limit", USER)  # a table from before this column: a limit someone set
+    if kind == DEMONSTRATION:
+        out.append("No batch is recommended: the study's cap is a demonstration, an arbitrary amount of virtual "
+                   "memory chosen so the search ends fast on a CPU, so these batches show how the search works and "
+                   "how the variants compare here, not what fits in this machine's RAM or on a GPU; give "
+                   "--memory-limit (or run on CUDA) for a recommendation.")
+        return out, None
     best = t.loc[t["max_batch"].idxmax()]
-    return out, f"For the largest batch, use {best.variant}: {int(best.max_batch)} samples fit."
+    return out, f"For the largest batch under {words}, use {best.variant}: {int(best.max_batch)} samples fit."
+
+
+DEMO_CAP_QUICK, DEMO_CAP = 96 * 2**20, 128 * 2**20  # the built-in study's CPU caps: small, so the search ends fast
 
 
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study (the quick study leaves it out). On CUDA the GPU's memory is the limit; a
-    CPU cap would mislead the search's prediction."""
+    CPU cap would mislead the search's prediction. On a CPU the cap is a demonstration (`demonstration_cap`): the
+    search runs, nothing is recommended."""
     q = plan.quick
-    gpus = plan.gpus
-    return {"memory_limit": None if gpus else 96 * 2**20 if q else 128 * 2**20, "segments": 2,
+    cap = None if plan.gpus else DEMO_CAP_QUICK if q else DEMO_CAP
+    return {"memory_limit": cap, "demonstration_cap": cap, "segments": 2,
             # one search (~1.5 min): what checkpointing and AMP do to memory is in their own experiments;
             # their searches are left to `max-batch --variants` (the default study's 10-minute budget)
             "variants": ["base"],
@@ -278,11 +324,15 @@ EXPERIMENT = Experiment(
              Option(name="segments", default=2, help="Checkpoint segments for the checkpointing variant.",
                     parse=number(1, integer=True)),
              Option(name="variants", default=list(VARIANTS), help="base, amp, checkpointing (comma-separated).",
-                    parse=lambda v, n: name_list(v, n, VARIANTS))),
+                    parse=lambda v, n: name_list(v, n, VARIANTS)),
+             Option(name="demonstration_cap", default=None, help="Set by the built-in study: when memory_limit "
+                                                                 "equals it, the cap is the study's demonstration "
+                                                                 "and no batch is recommended.", parse=parse_bytes)),
     run=_run,
     interpret=max_batch_result,
-    captions={"max_batch": "Largest global batch that trains under the memory limit; trials in their own "
-                           "processes."},
+    captions={"max_batch": "Largest global batch that trains under the memory limit (`limit`: the device's memory, "
+                           "one the user set, or the study's demonstration cap); trials in their own processes."},
     study_options=study_options,
     quick=False,
+    version=2,
 )

@@ -8,6 +8,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, int_list, name_list, number
+from scalelab.perf.horizon import HORIZON
 from scalelab.perf.prediction import prediction_figures, run_prediction
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]
@@ -21,30 +22,55 @@ def _run(ctx: Context, base, opts: dict) -> Result:
 
 
 def predict_result(result) -> tuple[list[str], str | None]:
+    """Per hardware: the predicted efficiency at its largest worker count within the horizon, and, marked as such,
+    what the model extrapolates beyond it (perf/horizon.py); the validation; a recommendation only for a cluster
+    larger than the measured scale and within the horizon."""
     table = result.tables.get("prediction", pd.DataFrame())
     if not len(table):
         return [], None
     out = []
     hw_col = "hardware" if "hardware" in table else None
     groups = table.groupby(hw_col, sort=False) if hw_col else [("model", table)]
+    marked = "extrapolation" in table
     for hw, g in groups:
         g = g.sort_values("workers")
-        top = g.iloc[-1]
-        below = g[g["efficiency"] < 0.5]
-        first = f"falls below 50 % at {int(below['workers'].iloc[0])} workers" if len(below) else \
-            f"stays above 50 % up to {int(top['workers'])} workers"
-        out.append(f"{hw}: predicted efficiency {100 * top['efficiency']:.0f} % at {int(top['workers'])} workers "
-                   f"({fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
+        inside = g[~g["extrapolation"].astype(bool)] if marked else g
+        beyond = g.drop(inside.index)
+        text = []
+        if len(inside):
+            top = inside.iloc[-1]
+            below = inside[inside["efficiency"] < 0.5]
+            first = f"falls below 50 % at {int(below['workers'].iloc[0])} workers" if len(below) else \
+                f"stays above 50 % up to {int(top['workers'])} workers"
+            text.append(f"{hw}: predicted efficiency {100 * top['efficiency']:.0f} % at {int(top['workers'])} "
+                        f"workers ({fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
+        if len(beyond):
+            last = beyond.iloc[-1]
+            text.append(f"{'' if text else f'{hw}: '}Extrapolated beyond {int(result.meta.get('horizon', 0))} "
+                        f"workers, {100 * last['efficiency']:.0f} % at {int(last['workers'])} workers: an "
+                        "extrapolation, which no recommendation rests on.")
+        out.append(" ".join(text))
+    if marked and "scale" in result.meta:
+        scale, cores, own = result.meta["scale"], result.meta.get("cores"), result.meta.get("own")
+        out.append(f"Predictions beyond {int(result.meta['horizon'])} workers ({HORIZON}x the largest measured "
+                   f"scale, {int(scale)} workers) are extrapolation.")
+        if cores is not None and int(table["workers"].max()) > cores:
+            out.append(f"{own} is not predicted beyond {cores} workers: its calibration ran over one host's "
+                       f"loopback, which says nothing about more ranks than that host's {cores} cores.")
     val = result.tables.get("validation")
     if val is not None and len(val):
         where = result.meta.get("compute_of", "this machine")
         out.append(f"Validated on {len(val)} measured runs of {where}: median |error| "
                    f"{val['error(%)'].abs().median():.1f} % (worst {val['error(%)'].abs().max():.1f} %).")
-    rec = None
     keep = result.notes.get(next((k for k in result.notes if k.startswith("to keep")), ""), {})
-    if isinstance(keep, dict) and keep:
-        hw, advice = next(iter(keep.items()))
-        rec = f"For larger clusters ({hw}): {advice}"
+    reaches, scale = result.meta.get("reach", {}), result.meta.get("scale", 0)
+    # a larger cluster: a worker count past the measured one, inside the horizon
+    larger = [(hw, advice) for hw, advice in (keep.items() if isinstance(keep, dict) else ())
+              if not marked or (reaches.get(hw) or 0) > scale]
+    if marked and not larger:
+        out.append(f"No recommendation for larger clusters: no worker count above the measured {int(scale)} is "
+                   "inside the horizon here.")
+    rec = f"For larger clusters ({larger[0][0]}): {larger[0][1]}" if larger else None
     return out, rec
 
 
@@ -83,13 +109,16 @@ EXPERIMENT = Experiment(
     figures=prediction_figures,
     interpret=predict_result,
     captions={"prediction": "Predicted step, speedup and efficiency per hardware and worker count (the model: "
-                            "compute + exposed communication; docs/model.md).",
+                            "compute + exposed communication; docs/model.md); `extrapolation`: beyond 8x the largest "
+                            "measured scale.",
               "validation": "The model against measured runs it was not fitted on: predicted and measured median "
                             "step, the measurement's 95 % interval, the error.",
-              "options": "The largest worker count each option keeps above the target efficiency.",
+              "options": "What keeps the target efficiency at each hardware's largest worker count inside the "
+                         "horizon (`workers`).",
               "prediction.png": "Predicted speedup (left) and efficiency (right, dashed: 50 %) over worker counts, "
                                 "one line per hardware; measured points where there are runs.",
               "validation.png": "Predicted against measured step per validation run (log-log; the diagonal is a "
                                 "perfect prediction)."},
     study_options=study_options,
+    version=2,
 )

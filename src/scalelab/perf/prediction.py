@@ -24,6 +24,7 @@ from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf import perfmodel as pm
 from scalelab.perf.calibration import MEASURED, Calibration, calibrate, calibration_path, own_scales_text
 from scalelab.perf.hardware import hardware_from_dict, presets
+from scalelab.perf.horizon import HORIZON, extrapolated, host_cores, measured_scale, reach
 from scalelab.perf.links import NodeLink, network_label
 from scalelab.report.figures import plt, save
 
@@ -257,21 +258,55 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
                              calibration=str(calibration_path(ctx.cells.store, ctx.cells.study)))
 
 
+def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """The prediction table within the calibration's horizon (perf/horizon.py): the calibrated hardware's own rows
+    of a one-host loopback calibration stop at the host's cores, and every row says whether it is `extrapolation`
+    (beyond HORIZON x the largest measured scale). Also the horizon's figures: the measured scale, its HORIZON x
+    bound, the cores (None unless that cap applies) and the calibrated hardware's label."""
+    validated = validation["workers"] if "workers" in validation and len(validation) else ()
+    scale = measured_scale(cal.ranks, validated)
+    own = row_label(cal, cal.hardware())
+    cores = host_cores(cal.device, cal.host is None) if cal.nodes == 1 else None  # one host's loopback
+    if cores is not None:
+        table = table[~((table["hardware"] == own) & (table["workers"] > cores))].reset_index(drop=True)
+    table = table.assign(extrapolation=[extrapolated(int(w), scale) for w in table["workers"]])
+    return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own}
+
+
+def horizon_text(horizon: dict, top: int) -> str:
+    """The horizon in words (the note, and the sentences' source)."""
+    text = (f"predictions beyond {horizon['horizon']} workers ({HORIZON}x the largest measured scale, "
+            f"{horizon['scale']} workers) are extrapolation, marked in the table's `extrapolation` column; no "
+            "recommendation rests on them")
+    if horizon["cores"] is not None and top > horizon["cores"]:
+        text += (f"; {horizon['own']} is not predicted beyond {horizon['cores']} workers: its calibration ran over "
+                 f"one host's loopback, which says nothing about more ranks than that host's {horizon['cores']} "
+                 "cores")
+    return text
+
+
 def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Sequence[int], mode: str, batch: float,
                       strategy: str, bucket_mb: float, compression: str, target: float, validation: pd.DataFrame,
                       skipped: str | None, calibration: str) -> Result:
     """The predict experiment's result from a calibration (made here or from runs measured elsewhere): the
-    prediction per hardware, the options that keep `target` at the largest worker count, the validation
+    prediction per hardware within its horizon (`apply_horizon`), the options that keep `target` at each hardware's
+    largest worker count that is not extrapolation (perf/horizon.py `reach`), the validation
     (`skipped`: why there is none), notes. `calibration` says where the calibration is."""
     table = predict_table(cal, hws, workers, mode=mode, batch=batch, strategy=strategy, bucket_mb=bucket_mb,
                           compression=compression, accumulate=cal.accumulate)
+    table, horizon = apply_horizon(table, cal, validation)
     top = max(int(n) for n in workers)
     low = max(1.0, batch / top if mode == "strong" else batch)
     candidates = sorted({low * 2**k for k in range(8)})
-    options = pd.concat([options_for_efficiency(cal, hw, top, target=target, per_rank_batches=candidates,
-                                                bucket_mb=bucket_mb, compression=compression,
-                                                accumulate=cal.accumulate).assign(hardware=row_label(cal, hw))
-                         for hw in hws], ignore_index=True)
+    # what keeps the target is asked where the model is not extrapolating: each hardware's reach (perf/horizon.py)
+    reaches = {row_label(cal, hw): reach(workers, horizon["scale"], horizon["cores"]
+                                         if row_label(cal, hw) == horizon["own"] else None) for hw in hws}
+    options = pd.concat([options_for_efficiency(cal, hw, reaches[row_label(cal, hw)], target=target,
+                                                per_rank_batches=candidates, bucket_mb=bucket_mb,
+                                                compression=compression, accumulate=cal.accumulate)
+                         .assign(hardware=row_label(cal, hw), workers=reaches[row_label(cal, hw)])
+                         for hw in hws if reaches[row_label(cal, hw)] is not None] or [pd.DataFrame()],
+                        ignore_index=True)
     below = efficiency_threshold(table, 0.5)
     links = (f"α = {cal.alpha_s * 1e6:.1f} µs, β⁻¹ = "
              f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s from the bench"
@@ -280,17 +315,21 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
                             f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, "
                             f"overlap {cal.overlap:.2f}; "
                             f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
-             "efficiency < 50 % from": {hw: (f"{n} workers" if n else f"never up to {top} workers")
+             "efficiency < 50 % from": {hw: (f"{n} workers" + (" (extrapolation)" if extrapolated(n, horizon["scale"])
+                                                               else "") if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
-             f"to keep >= {target:.0%} on {top} workers": {hw: recommendation(group, top, target)
-                                                            for hw, group in options.groupby("hardware", sort=False)}}
+             "horizon": horizon_text(horizon, top),
+             f"to keep >= {target:.0%} within the horizon": {
+                 hw: recommendation(group, int(group["workers"].iloc[0]), target)
+                 for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
     if len(validation):
         notes["validation"] = (f"median |error| {validation.attrs['median_abs_error(%)']:.1f} % over "
                                f"{len(validation)} measured runs")
     elif skipped:
         notes["validation"] = f"skipped: {skipped}"
     result = Result("predict", {"prediction": table, "options": options}, notes=notes,
-                    meta={"mode": mode, "sync": strategy, "batch": batch, "compute_of": compute_origin(cal)})
+                    meta={"mode": mode, "sync": strategy, "batch": batch, "compute_of": compute_origin(cal),
+                          **horizon, "reach": reaches})
     if len(validation):
         result.tables["validation"] = validation
     return result

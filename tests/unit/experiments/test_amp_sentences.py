@@ -1,36 +1,66 @@
 """Mixed precision's sentences: accuracy is compared, and a precision recommended, only between runs that learned
-(their loss fell); a faster precision whose runs stayed at chance is said to be faster, nothing more."""
+(accuracy above chance by more than its seed interval, scalelab.analysis.learning); a faster precision whose runs
+stayed at chance is said to be faster, nothing more."""
 from __future__ import annotations
 
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.experiments.amp import precision
+from scalelab.experiments.amp import precision, precision_table, study_options
+from scalelab.lab.base import StudyPlan
+
+CHANCE = 0.106  # MNIST-1D's test set: its largest class holds 10.6 % of the labels
 
 
-def table(acc_fp32: float, acc_bf16: float) -> pd.DataFrame:
-    row = {"quality": "ok", keys.STEP_MEDIAN_MS: 0.0, keys.STEP_MEDIAN_CI_LOW_MS: 0.0, keys.STEP_MEDIAN_CI_HIGH_MS: 0.0}
-    return pd.DataFrame([
-        {**row, "precision": "fp32", keys.EVAL_ACC: acc_fp32, keys.THROUGHPUT: 100.0, keys.STEP_MEDIAN_MS: 4.5,
-         keys.STEP_MEDIAN_CI_LOW_MS: 4.4, keys.STEP_MEDIAN_CI_HIGH_MS: 4.6},
-        {**row, "precision": "bf16", keys.EVAL_ACC: acc_bf16, keys.THROUGHPUT: 118.0, keys.STEP_MEDIAN_MS: 3.9,
-         keys.STEP_MEDIAN_CI_LOW_MS: 3.8, keys.STEP_MEDIAN_CI_HIGH_MS: 4.0}])
+def table(fp32: list[float], bf16: list[float]) -> pd.DataFrame:
+    """Two precisions, each a run per seed with these final accuracies (bf16 faster beyond noise)."""
+    def run(p: str, seed: int, acc: float, step: float, thr: float) -> dict:
+        return {"run_id": f"{p}-{seed}", "config": {"precision": p, "device": "cpu", "seed": seed},
+                "summary": {keys.EVAL_ACC: acc, keys.THROUGHPUT: thr, keys.STEP_MEDIAN_MS: step,
+                            keys.STEP_MEDIAN_CI_LOW_MS: step - 0.1, keys.STEP_MEDIAN_CI_HIGH_MS: step + 0.1,
+                            "launches": 2}}  # cells launched twice: their own pooled time stands
+    runs = [run("fp32", s, a, 4.5, 100.0) for s, a in enumerate(fp32)]
+    runs += [run("bf16", s, a, 3.9, 118.0) for s, a in enumerate(bf16)]
+    return precision_table(runs, CHANCE)
 
 
-def curves(end: float) -> pd.DataFrame:
-    """Loss from 2.31 (chance for 10 classes: ln 10 = 2.30) falling linearly to `end` over 40 steps."""
-    return pd.DataFrame([{"precision": p, "step": s, "loss": 2.31 + (end - 2.31) * (s - 1) / 39}
-                         for p in ("fp32", "bf16") for s in range(1, 41)])
+def test_the_table_says_chance_and_whether_each_precision_learned():
+    t = table([0.85, 0.88], [0.104, 0.12]).set_index("precision")
+    assert t.loc["fp32", keys.EVAL_ACC] == 0.865
+    assert (t.loc["fp32", "eval/acc_ci_low"], t.loc["fp32", "eval/acc_ci_high"]) == (0.85, 0.88)
+    assert t.loc["fp32", "chance"] == CHANCE and t.loc["fp32", "seeds"] == 2
+    assert bool(t.loc["fp32", "learned"]) and not bool(t.loc["bf16", "learned"])
 
 
 def test_runs_that_did_not_learn_give_no_recommendation():
-    lines, rec = precision(table(0.109, 0.102), curves(end=2.29))  # the default study's 40 steps: at chance
+    lines, rec = precision(table([0.109, 0.102], [0.104, 0.12]))  # the old default study's 40 steps: at chance
     assert rec is None
-    assert any("Accuracy is not compared: the fp32 run did not learn" in line for line in lines)
+    assert lines[0] == "bf16 runs at 1.18x the fp32 throughput."  # no accuracy beside it
+    assert lines[1:3] == ["fp32 did not learn: 10.5 % (range 10.2–10.9 % over 2 seeds) is not clear of chance "
+                          "10.6 %.",
+                          "bf16 did not learn: 11.2 % (range 10.4–12.0 % over 2 seeds) is not clear of chance "
+                          "10.6 %."]
+    assert lines[3].startswith("Accuracy is not compared: accuracies are compared only between runs that learned: a "
+                               "run at chance guesses")
+
+
+def test_one_seed_compares_no_accuracy():
+    lines, rec = precision(table([0.9], [0.9]))
+    assert rec is None
+    assert any("fp32 is not known to have learned: 90.0 % from one seed" in line for line in lines)
 
 
 def test_runs_that_learned_are_compared():
-    lines, rec = precision(table(0.91, 0.905), curves(end=0.4))
+    lines, rec = precision(table([0.90, 0.92], [0.895, 0.915]))
+    assert lines[0] == ("bf16 runs at 1.18x the fp32 throughput and ends at accuracy 90.5 % (range 89.5–91.5 %, 2 seeds) "
+                        "vs 91.0 % (range 90.0–92.0 %, 2 seeds) (fp32).")
     assert rec is not None and rec.startswith("Train in bf16") and "with accuracy within 1 point" in rec
-    lines, rec = precision(table(0.91, 0.85), curves(end=0.4))  # faster, but 6 points less accurate
+    lines, rec = precision(table([0.90, 0.92], [0.84, 0.86]))  # faster, but 6 points less accurate
     assert rec.startswith("Keep fp32")
+
+
+def test_the_study_trains_a_model_that_learns():
+    for quick in (True, False):
+        opts = study_options(StudyPlan(quick=quick, gpus=0, comm_model={}))
+        assert opts["set"]["dataset"] == "mnist1d" and opts["seeds"] >= 2
+        assert opts["set"]["steps"] >= 400

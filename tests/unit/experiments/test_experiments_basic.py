@@ -73,7 +73,7 @@ def test_profile_amp_checkpointing_loader(store, tmp_path):
     amp = run_experiment("amp", tiny(model="cnn"), store, "st", out)
     assert set(amp.tables["amp"]["precision"]) == {"fp32", "bf16"}
     assert "fp16" in amp.notes["skipped"]
-    assert len(amp.tables["amp_curves"]) == 6
+    assert len(amp.tables["amp_curves"]) == 12  # 2 precisions x 2 seeds (the default) x 3 steps
     ck = run_experiment("checkpointing", tiny(model="cnn"), store, "st", out,
                         segments=[0, 1, 3]).tables["checkpointing"]
     assert list(ck["checkpoint_segments"]) == [0, 1, 3]

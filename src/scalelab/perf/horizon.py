@@ -1,0 +1,51 @@
+"""How far a calibration's predictions reach (pure): the prediction horizon.
+
+A calibration measures a few worker counts on one machine; the model extrapolates from there. Two limits:
+
+- **One host's loopback ends at its cores.** A calibration whose ranks talked over one host's loopback (no
+  namespace nodes: `Calibration.nodes == 1`) describes ranks that share that host's cores and memory bus. More ranks
+  than the host has cores is not a cluster of such hosts, it is an oversubscribed host, and the fitted α and β say
+  nothing about it: the calibrated hardware's own rows (its "measured" links) are never predicted past the core
+  count. The cores are those the calibration recorded ("16-core CPU", `calibration.device_name`), else, for a
+  calibration made here, this machine's `os.cpu_count()`.
+- **Beyond HORIZON x the largest measured scale, a prediction is extrapolation.** The largest measured scale is the
+  most ranks any run behind the calibration used: its bench and compute (`Calibration.ranks`) and the validation
+  runs. Such rows are kept and marked (the prediction table's `extrapolation` column, and the sentences say so),
+  and no recommendation rests on them: what keeps the target efficiency is asked at the largest requested worker
+  count within the horizon (`reach`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+
+HORIZON = 8  # predictions beyond this many times the largest measured scale are extrapolation
+
+_CORES = re.compile(r"^(\d+)-core CPU$")
+
+
+def measured_scale(calibrated_ranks: int, validated: Iterable[int] = ()) -> int:
+    """The most ranks any run behind the prediction used: the calibration's, or a validation run's (at least 1)."""
+    return max([1, int(calibrated_ranks), *(int(w) for w in validated)])
+
+
+def extrapolated(workers: int, scale: int) -> bool:
+    """Whether a prediction at `workers` is extrapolation: beyond HORIZON x the largest measured `scale`."""
+    return workers > HORIZON * scale
+
+
+def host_cores(device: str, here: bool) -> int | None:
+    """The core count of the host a calibration ran on: from its recorded device ("16-core CPU"), else this
+    machine's when it was calibrated `here`; None when unknown (a GPU host measured elsewhere)."""
+    found = _CORES.match(device or "")
+    if found:
+        return int(found.group(1))
+    return os.cpu_count() if here else None
+
+
+def reach(workers: Sequence[int], scale: int, cores: int | None = None) -> int | None:
+    """The largest of `workers` that is neither extrapolation nor, with `cores` (a one-host loopback calibration's
+    own hardware), past the host's cores; None when there is none."""
+    inside = [int(w) for w in workers if not extrapolated(int(w), scale) and (cores is None or int(w) <= cores)]
+    return max(inside) if inside else None
