@@ -118,15 +118,16 @@ def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
 
 def answer_columns(axis: str) -> list[str]:
     """The columns a comparison table's answer needs (the report shows these, the files every column)."""
-    return [axis, "status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)",
-            "exposed_comm(ms)", "overlap", "bytes_per_step", "quality"]
+    return [axis, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)",
+            "waiting_for_peers(ms)", "exposed_comm(ms)", "overlap", "bytes_per_step", "quality"]
 
 
 def comm_captions(table: str, what: str) -> dict[str, str]:
     """Captions of a comparison's table and plots."""
-    return {table: f"One row per {what}: the median step with its 95 % interval, compute (the same config with "
-                   "no-op collectives), time inside collectives, exposed communication and overlap, bytes moved "
-                   "per step; every column is in the files.",
+    return {table: f"One row per {what}: the median step with its interval, compute (the same config with "
+                   "no-op collectives), time inside collectives and the part of it on the critical path (after "
+                   "every peer had arrived; before that: waiting for peers), exposed communication and overlap, "
+                   "bytes moved per step; every column is in the files.",
             f"{table}.png": f"Per {what}: the median step split into compute and exposed communication (bars: "
                             "the step's 95 % interval), and the time inside collectives (diamonds), which "
                             "overlap with compute can hide.",
