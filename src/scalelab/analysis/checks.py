@@ -10,6 +10,10 @@ Each check reads one table row (a dict) and returns None when the row obeys it, 
   shaped links is held to its links (compare.faster_than_link, applied when its table is built);
 - `superlinear`: a speedup above the worker count beyond its interval must be flagged "superlinear" (a finding,
   reported in words), never pass unremarked and never be dropped.
+Three more hold the claims made from a table, not its figures (`claim_contradictions`): an accuracy is compared,
+and a setting recommended, only from runs that learned (tables with `learned`: scalelab.analysis.learning); no
+recommendation rests on a prediction marked extrapolation (`extrapolation`: scalelab.perf.horizon); no batch is
+recommended under the study's demonstration memory cap (`limit`: scalelab.experiments.max_batch).
 
 The experiments apply the row checks when they build their tables (the row's `quality`: scalelab.analysis.compare,
 scalelab.analysis.scaling); the host's peak spans two experiments, so `mark_host_peak` applies it to a study's
@@ -116,10 +120,17 @@ def failures(tables: Mapping[str, pd.DataFrame], peak: float | None = None) -> l
     return out
 
 
-def _names(row: Mapping, label: str) -> bool:
-    """Whether `label` (a sentence) names the row by its first column's value as a whole word."""
-    value = str(next(iter(row.values())))
-    return re.search(rf"(?<![\w+.-]){re.escape(value)}(?![\w+-])", label) is not None
+# the column that names a row in sentences, where a table has one (else its first column)
+LABELS = ("sync", "backend", "engine", "bucket", "precision", "lr_rule")
+
+
+def _label(row: Mapping) -> str:
+    return str(next((row[c] for c in LABELS if c in row), next(iter(row.values()))))
+
+
+def _names(row: Mapping, text: str) -> bool:
+    """Whether `text` (a sentence) names the row by its label as a whole word."""
+    return re.search(rf"(?<![\w+.-]){re.escape(_label(row))}(?![\w+-])", text) is not None
 
 
 def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec: str | None,
@@ -133,8 +144,36 @@ def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec
             out.append(f"{name}: {row.get('workers')} workers: {why}")
             continue
         if trusted(row.get("quality")):
-            out.append(f"{name}: {next(iter(row.values()))}: {why}, but its quality is {row.get('quality')!r}")
+            out.append(f"{name}: {_label(row)}: {why}, but its quality is {row.get('quality')!r}")
         if rec and _names(row, rec):
-            out.append(f"{name}: the recommendation rests on {next(iter(row.values()))} ({why}): {rec}")
+            out.append(f"{name}: the recommendation rests on {_label(row)} ({why}): {rec}")
         out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
+    return out + claim_contradictions(tables, sentences, rec)
+
+
+NOT_LEARNED = ("did not learn", "not known to have learned", "not compared", "indicative", "chance")
+
+
+def claim_contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec: str | None) -> list[str]:
+    """Claims that rest on what cannot carry them: an accuracy of a run that did not learn, compared or
+    recommended; a recommendation at a worker count where every prediction is extrapolation; a batch recommended
+    under the demonstration cap."""
+    out = []
+    for name, table in tables.items():
+        if not isinstance(table, pd.DataFrame) or not len(table):
+            continue
+        if "learned" in table:
+            for row in table[table["learned"].astype(str) != "True"].to_dict("records"):
+                if rec and _names(row, rec):
+                    out.append(f"{name}: the recommendation names {_label(row)}, which did not learn: {rec}")
+                out += [f"{name}: {s}" for s in sentences if _names(row, s) and "accura" in s
+                        and not any(w in s for w in NOT_LEARNED)]
+        if "extrapolation" in table and "workers" in table and rec:
+            beyond = set(table.loc[table["extrapolation"].astype(bool), "workers"].astype(int))
+            inside = set(table.loc[~table["extrapolation"].astype(bool), "workers"].astype(int))
+            for n in (int(m) for m in re.findall(r"on ([\d,]+) workers", rec.replace(",", ""))):
+                if n in beyond and n not in inside:
+                    out.append(f"{name}: the recommendation rests on an extrapolation ({n} workers): {rec}")
+        if "limit" in table and rec and (table["limit"] == "demonstration").any():
+            out.append(f"{name}: a batch is recommended under the study's demonstration cap: {rec}")
     return out

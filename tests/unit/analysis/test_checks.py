@@ -73,3 +73,21 @@ def test_a_quick_studys_results_have_no_sentence_a_check_contradicts():
     rows = sum(len(t) for _, r in answered for t in r.tables.values())
     assert rows > 100  # the checks saw real tables
     assert audit(held_to_host_peak(answered)) == []
+
+
+def test_claims_that_rest_on_what_cannot_carry_them():
+    amp = pd.DataFrame([{"run_id": "a", "precision": "fp32", "learned": True},
+                        {"run_id": "b", "precision": "bf16", "learned": False}])
+    compared = "bf16 runs at 1.2x the fp32 throughput and ends at accuracy 10.2 % vs 10.9 % (fp32)."
+    assert checks.contradictions({"amp": amp}, [compared], "Train in bf16: 1.2x fp32's throughput.") == [
+        "amp: the recommendation names bf16, which did not learn: Train in bf16: 1.2x fp32's throughput.",
+        f"amp: {compared}"]
+    aside = "bf16 did not learn: 10.5 % (range 10.2–10.9 % over 2 seeds) is not clear of chance 10.6 %."
+    assert checks.contradictions({"amp": amp}, [aside], None) == []
+    prediction = pd.DataFrame({"workers": [2, 16, 4096], "extrapolation": [False, False, True]})
+    assert checks.contradictions({"prediction": prediction}, [], "bucketed keeps 50 % on 16 workers") == []
+    assert checks.contradictions({"prediction": prediction}, [], "bucketed keeps 50 % on 4,096 workers") == [
+        "prediction: the recommendation rests on an extrapolation (4096 workers): bucketed keeps 50 % on 4,096 workers"]
+    batch = pd.DataFrame({"variant": ["base"], "limit": ["demonstration"]})
+    assert checks.contradictions({"max_batch": batch}, [], "use as configured: 5 samples fit.") != []
+    assert checks.contradictions({"max_batch": batch}, ["No batch is recommended: ..."], None) == []
