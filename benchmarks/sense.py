@@ -7,8 +7,8 @@ and test_blocking_hides_nothing_dist.py, printed with their figures instead of a
   for a peer;
 - blocking: gather/scatter and allreduce beside DDP on the zoo's mlp: a blocking sync's overlap interval should
   reach 0, DDP's may not;
-- learning: the MNIST-1D CNN at lr 0.03 beside the same at lr 0 (cannot learn), 2 seeds each: only the first
-  learned (analysis.learning);
+- learning: the MNIST-1D CNN beside a model blind to its input (one learnable score per class), 3 seeds each:
+  only the first learned (analysis.learning), the blind one at chance at best;
 - link: two namespaced nodes joined by 0.2 Gbit/s tbf links: busbw should stay under 0.025 GB/s.
 Each scenario is run `--repeats` times (default 3) and every run is printed (n and spread, never one run).
 
@@ -85,20 +85,18 @@ def blocking(folder: Path, repeats: int) -> None:
 
 
 def learning(folder: Path, repeats: int) -> None:
-    from scalelab.analysis.learning import Learning, labels_of, majority_share
+    from scalelab.analysis.learning import chance_over, over_seeds
     from scalelab.zoo.data import build_data
 
-    chance = majority_share(labels_of(build_data("mnist1d").eval))
-    print(f"learning (MNIST-1D CNN, 1 rank, {max(2, repeats)} seeds each; chance {100 * chance:.1f} %)")
-    for lr in (0.03, 0.0):
-        accs = []
-        for seed in range(max(2, repeats)):
-            cfg = TrainConfig(model="cnn", dataset="mnist1d", ranks=1, global_batch=64, lr=lr, seed=seed,
-                              epochs=3, steps=None, warmup_steps=1)
-            accs.append(summaries(cfg, folder, 1)[0][keys.EVAL_ACC])
-        low, high = min(accs), max(accs)
-        verdict = Learning(statistics.median(accs), low, high, len(accs), chance).verdict()
-        print(f"  lr {lr:<5g} accuracy {spread(accs)}: {verdict}")
+    seeds = max(2, repeats)
+    chance, _ = chance_over(build_data("mnist1d", seed=seed) for seed in range(seeds))
+    print(f"learning (MNIST-1D, 1 rank, {sense.LEARN_STEPS} steps of batch 32, {seeds} seeds each; chance "
+          f"{100 * chance:.1f} %)")
+    for blind in (False, True):
+        accs = [summaries(sense.learner(folder, seed, blind=blind), folder, 1)[0][keys.EVAL_ACC]
+                for seed in range(seeds)]
+        name = "input-blind model" if blind else "CNN"
+        print(f"  {name:17s} accuracy {spread(accs)}: {over_seeds(accs, chance).verdict()}")
 
 
 def link(folder: Path, repeats: int) -> None:

@@ -6,6 +6,8 @@ must attribute it. tests/dist/test_sense_dist.py asserts them; benchmarks/sense.
 - data wait: every sample takes DATA_SLEEP_S to load (no loader workers): the data stage ~ per-rank batch x that,
   and it is not communication.
 - link: two namespaced nodes joined by links shaped to LINK_GBPS by the kernel (tbf): no collective beats them.
+- learning: the MNIST-1D CNN beside a model blind to its input (one learnable score per class), SEEDS seeds each.
+  Truth: the blind model can at best always guess one class, which is chance by definition; the CNN learns.
 """
 from __future__ import annotations
 
@@ -92,3 +94,34 @@ def shaped_link(folder: Path) -> TrainConfig:
     return TrainConfig(model="mlp", dataset="synthetic", samples=128, eval_samples=16, global_batch=16, steps=6,
                        warmup_steps=1, ranks=1, local_nodes=2, link_gbps=LINK_GBPS, sync="allreduce",
                        sample_interval_s=0.5)
+
+
+SEEDS = 2
+LEARN_STEPS = 300
+
+BLIND_MODEL = """
+import torch
+from torch import nn
+
+
+class Blind(nn.Module):
+    '''One learnable score per class, whatever the input: the best it can learn is to always guess one class.'''
+
+    def __init__(self, spec):
+        super().__init__()
+        self.score = nn.Parameter(torch.zeros(spec.num_classes))
+
+    def forward(self, x):
+        return self.score.expand(x.shape[0], -1)
+
+
+def make(spec):
+    return Blind(spec)
+"""
+
+
+def learner(folder: Path, seed: int, *, blind: bool) -> TrainConfig:
+    """The amp study's MNIST-1D set-up (1 rank, batch 32, lr 0.03), shorter; `blind`: the input-blind model."""
+    model = _write(folder, "blind", BLIND_MODEL) if blind else "cnn"
+    return TrainConfig(model=model, dataset="mnist1d", global_batch=32, lr=0.03, steps=LEARN_STEPS,
+                       warmup_steps=1, ranks=1, seed=seed, eval_every=0)

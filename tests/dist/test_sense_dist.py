@@ -50,3 +50,19 @@ def test_no_collective_beats_a_kernel_shaped_link(tmp_path):
     assert faster_than_link(run) is None, out.summary
     # 2 nodes, allreduce: busbw cannot pass the link's rate (0.2 Gbit/s = 0.025 GB/s), with tbf's burst as slack
     assert out.summary[keys.COMM_BUSBW] <= 1.1 * sense.LINK_GBPS / 8, out.summary
+
+
+def test_a_model_that_learns_beside_one_that_cannot(tmp_path):
+    """Chance is the eval labels' majority share; the blind model can reach it at best, never beat it."""
+    from scalelab.analysis.learning import chance_over, over_seeds
+    from scalelab.zoo.data import build_data
+
+    chance, _ = chance_over(build_data("mnist1d", seed=seed) for seed in range(sense.SEEDS))
+    verdicts = {}
+    for blind in (False, True):
+        accs = [_run(sense.learner(tmp_path, seed, blind=blind), tmp_path)[keys.EVAL_ACC]
+                for seed in range(sense.SEEDS)]
+        verdicts[blind] = over_seeds(accs, chance)
+    assert verdicts[False].learned, verdicts[False].verdict()
+    assert not verdicts[True].learned, verdicts[True].verdict()
+    assert verdicts[True].high <= chance + 1e-9, verdicts[True].verdict()  # no input, no better than a guess

@@ -40,7 +40,8 @@ from scalelab.analysis.repeats import LAUNCHES
 BACKENDS = ("gloo", "nccl", "mpi")
 # The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
 # collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
-# on 2 gloo ranks. An overlap is judged implausible only beyond this much outside [0, 1], past its interval.
+# on 2 gloo ranks. An overlap is judged implausible only beyond this much above 1 (or above 0 for a blocking
+# strategy), past its interval.
 OVERLAP_SLACK = 0.05
 # TCP's headers and tbf's token accounting leave the measured busbw a little under a shaped link's rate (seen
 # 0.117 GB/s on 1 Gbit/s); a run is judged faster than its links only beyond this much above the ceiling.
