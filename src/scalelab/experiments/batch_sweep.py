@@ -10,7 +10,7 @@ from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, interval, launches, not_ranked, span
 from scalelab.analysis.intervals import separated
 from scalelab.analysis.tables import SPREAD, runs_frame
-from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
@@ -79,7 +79,8 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256]}
+    # 2 launches in the default study: choosing a batch compares launches (scalelab.analysis.interpret.beats)
+    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256], "launches": 1 if q else 2}
 
 
 EXPERIMENT = Experiment(
@@ -88,8 +89,11 @@ EXPERIMENT = Experiment(
     question="How do epoch time (with and without data loading) and throughput change with the batch size? "
              "(seed 000 Q1)",
     help="Epoch time with and without data loading, throughput and peak memory per batch size.",
-    options=(Option(name="batches", default=[32, 64, 128, 256], help="Global batch sizes.", parse=int_list),),
-    cells=lambda base, opts: [Cell(f"batch {b}", with_fields(base, global_batch=b)) for b in opts["batches"]],
+    options=(Option(name="batches", default=[32, 64, 128, 256], help="Global batch sizes.", parse=int_list),
+             launches_option()),
+    cells=lambda base, opts: [Cell(f"batch {b}", with_fields(base, global_batch=b), repeats=opts["launches"])
+                              for b in opts["batches"]],
+    interleave=True,
     analyse=lambda runs, base, opts: Result("batch_sweep", {"batch_sweep": batch_sweep_table(runs)}),
     figures=lambda result, out: [time_vs_batch(result.tables["batch_sweep"], out / "batch_sweep.png")],
     interpret=lambda result: batch_sweep(result.tables["batch_sweep"]),

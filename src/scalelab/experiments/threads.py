@@ -13,7 +13,7 @@ from scalelab.analysis.interpret import MIN_LAUNCHES, beats, launches, not_ranke
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
-from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list
+from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
@@ -28,12 +28,12 @@ def default_threads(cores: int | None = None) -> list[int]:
     return sorted(out)
 
 
-def thread_cells(base: TrainConfig, threads: list[int]) -> list[Cell]:
+def thread_cells(base: TrainConfig, threads: list[int], launches: int = 1) -> list[Cell]:
     if base.world_size != 1:
         raise ConfigError("ranks", base.world_size, "the threads sweep runs one process: allowed 1")
     if min(threads) < 1:
         raise ConfigError("threads", threads, "allowed: thread counts >= 1, e.g. 1,2,4")
-    return [Cell(f"{t} threads", with_fields(base, threads=t), isolate=True) for t in threads]
+    return [Cell(f"{t} threads", with_fields(base, threads=t), isolate=True, repeats=launches) for t in threads]
 
 
 def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
@@ -100,7 +100,8 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"threads": [1, 2] if q else None}  # default: 1, 2, 4 (oversubscribed) on 2 cores
+    # default: 1, 2, 4 (oversubscribed) on 2 cores; 2 launches: recommending a thread count compares launches
+    return {"threads": [1, 2] if q else None, "launches": 1 if q else 2}
 
 
 EXPERIMENT = Experiment(
@@ -110,8 +111,10 @@ EXPERIMENT = Experiment(
              "(seed 003 figure 2)",
     help="Training time over torch intra-op threads (one process; past the core count marked oversubscribed).",
     options=(Option(name="threads", default=None, help="Thread counts (default 1, 2, 4, ... up to 2×cores).",
-                    parse=int_list),),
-    cells=lambda base, opts: thread_cells(base, opts["threads"] or default_threads()),
+                    parse=int_list),
+             launches_option()),
+    cells=lambda base, opts: thread_cells(base, opts["threads"] or default_threads(), opts["launches"]),
+    interleave=True,
     analyse=lambda runs, base, opts: Result("threads", {"threads": threads_table(runs, os.cpu_count() or 1)}),
     figures=_figures,
     interpret=interpret_threads,

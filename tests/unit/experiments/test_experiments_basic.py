@@ -57,7 +57,7 @@ def test_cell_key_ignores_run_id_and_resolves_auto():
 
 
 def test_batch_sweep_table_has_one_row_per_batch_and_files(store, tmp_path):
-    res = run_experiment("batch_sweep", tiny(), store, "study", tmp_path / "out", batches=[8, 16, 32])
+    res = run_experiment("batch_sweep", tiny(), store, "study", tmp_path / "out", batches=[8, 16, 32], launches=1)
     table = res.tables["batch_sweep"]
     assert list(table["global_batch"]) == [8, 16, 32]
     assert (table["time/epoch(s)"] >= table["time/epoch_no_data(s)"]).all()

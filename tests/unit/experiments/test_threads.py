@@ -66,7 +66,7 @@ def test_real_sweep_writes_its_table_and_figure(store, tmp_path):
     exp = registry.get("threads")
     out = tmp_path / "out"
     ctx = Context(quiet_cells(store, "st"), out, lambda line: None)
-    res = exp.execute(ctx, tiny(), exp.option_values({"threads": [1, 2]}))
+    res = exp.execute(ctx, tiny(), exp.option_values({"threads": [1, 2], "launches": 1}))
     t = res.tables["threads"]
     assert list(t["threads"]) == [1, 2]
     # each row is the stored run of that thread count, and the rank really ran with that many torch threads
