@@ -6,8 +6,9 @@ Each check reads one table row (a dict) and returns None when the row obeys it, 
 - `faster_than_baseline`: the sync cannot make a step shorter than the same step without collectives;
 - `overlap_above_one`: no strategy hides more than all of its communication;
 - `beyond_host_peak`: no training run's collectives move bytes faster (busbw) than the fastest call the
-  collective benchmark measured on this host (`bench comm`, the same study), beyond LINK_SLACK; a run over
-  shaped links is held to its links (compare.faster_than_link, applied when its table is built);
+  collective benchmark measured on this host (`bench comm`, the same study), beyond LINK_SLACK, where the
+  benchmark reached the run's message size (a bench of small messages says nothing about a large bucket's rate);
+  a run over shaped links is held to its links (compare.faster_than_link, applied when its table is built);
 - `superlinear`: a speedup above the worker count beyond its interval must be flagged "superlinear" (a finding,
   reported in words), never pass unremarked and never be dropped.
 Three more hold the claims made from a table, not its figures (`claim_contradictions`): an accuracy is compared,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -62,12 +64,23 @@ def overlap_above_one(row: Mapping) -> str | None:
     return "overlap above 100 % beyond its interval" if low is not None and low > 1 + OVERLAP_SLACK else None
 
 
-def beyond_host_peak(row: Mapping, peak: float | None) -> str | None:
-    busbw = _number(row, "busbw(GB/s)")
-    if peak is None or busbw is None or busbw <= peak * (1 + LINK_SLACK):
+@dataclass(frozen=True)
+class HostPeak:
+    """The fastest single call the study's collective benchmark measured (busbw_max over every op and size) and
+    the largest message it measured."""
+    busbw: float
+    largest_bytes: float
+
+
+def beyond_host_peak(row: Mapping, peak: HostPeak | None) -> str | None:
+    busbw, payload = _number(row, "busbw(GB/s)"), _number(row, "bytes_per_step")
+    count = _number(row, "collectives_per_step")
+    if peak is None or busbw is None or busbw <= peak.busbw * (1 + LINK_SLACK):
         return None
+    if payload is None or not count or payload / count > peak.largest_bytes:
+        return None  # its messages are larger than any the benchmark sent: no ceiling for them
     return (f"collectives faster than this host allows: busbw {busbw:.3g} GB/s, the collective benchmark's fastest "
-            f"call here {peak:.3g} GB/s")
+            f"call here {peak.busbw:.3g} GB/s")
 
 
 def superlinear(row: Mapping) -> str | None:
@@ -81,17 +94,19 @@ ROW_CHECKS: tuple[Callable[[Mapping], str | None], ...] = (hides_while_blocking,
                                                            overlap_above_one, superlinear)
 
 
-def host_peak(tables: Mapping[str, pd.DataFrame]) -> float | None:
-    """The fastest single call (busbw_max) the collective benchmark measured, over every op and size."""
+def host_peak(tables: Mapping[str, pd.DataFrame]) -> HostPeak | None:
+    """The collective benchmark's fastest single call (busbw_max, over every op and size) and largest message."""
     bench = tables.get("comm")
     if bench is None or not len(bench) or "busbw_max(GB/s)" not in bench:
         return None
     ok = bench[bench["status"] == "ok"] if "status" in bench else bench
     peak = ok["busbw_max(GB/s)"].max() if len(ok) else None
-    return None if peak is None or pd.isna(peak) else float(peak)
+    if peak is None or pd.isna(peak):
+        return None
+    return HostPeak(float(peak), float(ok["size(B)"].max()))
 
 
-def mark_host_peak(tables: dict[str, pd.DataFrame], peak: float | None) -> dict[str, pd.DataFrame]:
+def mark_host_peak(tables: dict[str, pd.DataFrame], peak: HostPeak | None) -> dict[str, pd.DataFrame]:
     """The tables with every row faster than `peak` marked implausible in its quality (a new frame where any is)."""
     out = dict(tables)
     for name, table in tables.items():
@@ -106,7 +121,7 @@ def mark_host_peak(tables: dict[str, pd.DataFrame], peak: float | None) -> dict[
     return out
 
 
-def failures(tables: Mapping[str, pd.DataFrame], peak: float | None = None) -> list[tuple[str, dict, str]]:
+def failures(tables: Mapping[str, pd.DataFrame], peak: HostPeak | None = None) -> list[tuple[str, dict, str]]:
     """(table, row, why) for every row of `tables` that fails a check."""
     out = []
     for name, table in tables.items():
@@ -134,7 +149,7 @@ def _names(row: Mapping, text: str) -> bool:
 
 
 def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec: str | None,
-                   peak: float | None = None) -> list[str]:
+                   peak: HostPeak | None = None) -> list[str]:
     """Every sentence or recommendation that relies on a row a check failed, with why: the row's quality must
     set it aside (compare.trusted; superlinear rows must say so), the recommendation must not name it, and a
     sentence may name it only to set it aside (SET_ASIDE)."""

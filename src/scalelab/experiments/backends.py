@@ -8,7 +8,8 @@ import pandas as pd
 from scalelab.analysis.compare import BACKENDS
 from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig, cuda_device_count
-from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked, run_comparison
+from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked,
+                                             run_comparison, set_aside)
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 
@@ -48,7 +49,9 @@ def backends_result(result) -> tuple[list[str], str | None]:
     table = result.tables.get("compare_backends", pd.DataFrame())
     out = []
     for row in table.to_dict("records"):
-        if row["status"] == "completed":
+        if row["status"] == "completed" and set_aside(row, "backend"):
+            out.append(set_aside(row, "backend"))
+        elif row["status"] == "completed":
             out.append(f"{row['backend']}: step {fmt(row['step(ms)'], ' ms')}, time inside collectives "
                        f"{fmt(row['comm(ms)'], ' ms')}, busbw {fmt(row['busbw(GB/s)'], ' GB/s')}.")
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scalelab.analysis.compare import comparison_table
+from scalelab.analysis.compare import comparison_table, trusted
 from scalelab.analysis.interpret import fmt, ranking, step_span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
@@ -114,6 +114,11 @@ def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
     lines, best = ranking(done, axis, what)
     return lines, None if best is None else (f"Use the {best[axis]} {what}: {fmt(best['step(ms)'], ' ms')} per "
                                              f"step ({step_span(best)}).")
+
+
+def set_aside(row: dict, axis: str) -> str | None:
+    """The sentence a completed row gets instead of its figures when a check flagged it (compare.trusted)."""
+    return None if trusted(row.get("quality")) else f"{row[axis]}'s figures are not used: {row['quality']}."
 
 
 def answer_columns(axis: str) -> list[str]:

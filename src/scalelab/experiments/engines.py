@@ -13,7 +13,8 @@ from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
-from scalelab.experiments.comparison import DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked, run_comparison
+from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked,
+                                             run_comparison, set_aside)
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 HOROVOD_NOTE = ("horovod: comm = from each gradient's enqueue to the return of the optimizer's synchronize() (the "
@@ -42,7 +43,9 @@ def engines_result(result) -> tuple[list[str], str | None]:
     table = result.tables.get("compare_engines", pd.DataFrame())
     out = []
     for row in table.to_dict("records"):
-        if row["status"] == "completed":
+        if row["status"] == "completed" and set_aside(row, "engine"):
+            out.append(set_aside(row, "engine"))
+        elif row["status"] == "completed":
             exposed = row.get("exposed_comm(ms)")
             out.append(f"{row['engine']}: step {fmt(row['step(ms)'], ' ms')}, time inside collectives "
                        f"{fmt(row['comm(ms)'], ' ms')}, blocking wait {fmt(row['comm_wait(ms)'], ' ms')}, exposed "

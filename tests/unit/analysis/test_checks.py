@@ -16,19 +16,26 @@ def test_each_check_on_exact_rows():
     assert checks.faster_than_baseline({"exposed_ci_high(ms)": 0.0}) is None
     assert checks.overlap_above_one({"overlap_ci_low": 1.06}) is not None
     assert checks.overlap_above_one({"overlap_ci_low": 1.05}) is None
-    assert checks.beyond_host_peak({"busbw(GB/s)": 2.11}, 2.0) is not None  # above 2.0 * (1 + 5 %)
-    assert checks.beyond_host_peak({"busbw(GB/s)": 2.1}, 2.0) is None
-    assert checks.beyond_host_peak({"busbw(GB/s)": 9.0}, None) is None  # no benchmark in the study
+    peak = checks.HostPeak(2.0, 4 * 2**20)  # the benchmark's fastest call, its largest message 4 MiB
+    one = {"bytes_per_step": 2**20, "collectives_per_step": 1}
+    assert checks.beyond_host_peak({"busbw(GB/s)": 2.11, **one}, peak) is not None  # above 2.0 * (1 + 5 %)
+    assert checks.beyond_host_peak({"busbw(GB/s)": 2.1, **one}, peak) is None
+    assert checks.beyond_host_peak({"busbw(GB/s)": 9.0, **one}, None) is None  # no benchmark in the study
+    # 25 MiB buckets: larger than anything the benchmark sent, so its peak is no ceiling for them
+    assert checks.beyond_host_peak({"busbw(GB/s)": 9.0, "bytes_per_step": 25 * 2**20, "collectives_per_step": 1},
+                                   peak) is None
     assert checks.superlinear({"workers": 2, "speedup_ci_low": 2.2, "quality": "ok"}) is not None
     assert checks.superlinear({"workers": 2, "speedup_ci_low": 2.2, "quality": "superlinear: ..."}) is None
     assert checks.superlinear({"workers": 2, "speedup_ci_low": 1.9, "quality": "ok"}) is None
 
 
 def test_the_host_peak_marks_rows_faster_than_the_benchmark_measured():
-    bench = pd.DataFrame({"op": ["allreduce", "broadcast"], "status": ["ok", "ok"], "busbw_max(GB/s)": [1.5, 3.0]})
-    table = pd.DataFrame({"sync": ["ddp", "allreduce"], "busbw(GB/s)": [1.0, 4.0], "quality": ["ok", "ok"]})
+    bench = pd.DataFrame({"op": ["allreduce", "broadcast"], "status": ["ok", "ok"], "busbw_max(GB/s)": [1.5, 3.0],
+                          "size(B)": [2**20, 4 * 2**20]})
+    table = pd.DataFrame({"sync": ["ddp", "allreduce"], "busbw(GB/s)": [1.0, 4.0], "quality": ["ok", "ok"],
+                          "bytes_per_step": [2**20, 2**20], "collectives_per_step": [1, 4]})
     peak = checks.host_peak({"comm": bench})
-    assert peak == 3.0
+    assert peak == checks.HostPeak(3.0, 4 * 2**20)
     marked = checks.mark_host_peak({"comm": bench, "compare_strategies": table}, peak)["compare_strategies"]
     assert list(marked["quality"]) == ["ok", "implausible: collectives faster than this host allows: busbw 4 GB/s, "
                                              "the collective benchmark's fastest call here 3 GB/s"]

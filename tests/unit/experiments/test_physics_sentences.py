@@ -77,3 +77,15 @@ def test_a_worker_count_from_one_launch_is_not_recommended():
              "ci_low": 0.8, "ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
     words, rec = scale_result(Result())
     assert rec is None and any("indicative: 1 launch, not ranked" in w for w in words)
+
+
+def test_a_flagged_backend_or_engine_gets_no_figures_in_words():
+    from scalelab.experiments.backends import backends_result
+
+    class Result:
+        tables = {"compare_backends": pd.DataFrame([
+            {"backend": "gloo", "status": "completed", "step(ms)": 50.0, "comm(ms)": 20.0, "busbw(GB/s)": 9.0,
+             "quality": "implausible: collectives faster than this host allows"}])}
+    words, rec = backends_result(Result())
+    assert words == ["gloo's figures are not used: implausible: collectives faster than this host allows."]
+    assert rec is None
