@@ -16,7 +16,7 @@ name: floor
 experiments: [batch_sweep]
 base: {model: cnn, dataset: synthetic, samples: 128, eval_samples: 16, global_batch: 16, steps: 3, warmup_steps: 1}
 options:
-  batch_sweep: {batches: [16]}
+  batch_sweep: {batches: [16], launches: 1}
 """
 
 

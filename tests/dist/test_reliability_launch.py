@@ -128,7 +128,7 @@ reference: false  # these tests count the sweep's runs; the noise floor's refere
 base: {{model: "{model}", dataset: synthetic, samples: 4096, eval_samples: 16, steps: {steps}, warmup_steps: 1,
         ranks: 2, sample_interval_s: 0.2}}
 options:
-  batch_sweep: {{batches: {batches}}}
+  batch_sweep: {{batches: {batches}, launches: 1}}
 """)
     return path
 

@@ -16,7 +16,7 @@ name: tiny
 base: {{model: cnn, dataset: synthetic, samples: 64, eval_samples: 16, global_batch: 16, steps: 3, warmup_steps: 1}}
 options:
   profile: {{set: {{ranks: 1}}}}
-  batch_sweep: {{batches: [16, 32]}}
+  batch_sweep: {{batches: [16, 32], launches: 1}}
   max_batch: {{memory_limit: {int(4.5 * 8 * 2**20)}, variants: [base], set: {{model: "{model}"}}}}
   scale: {{workers: [1, 2], batches: [16], mode: [strong], set: {{model: mlp}}}}
   strategies: {{strategies: [allreduce, ddp, noop], set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
