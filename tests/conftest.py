@@ -132,10 +132,14 @@ def make(spec):
 """
 
 
-def hungry_model(tmp_path, kill_above=None, rank_only=None, per_sample: int = PER_SAMPLE) -> str:
+def hungry_model(tmp_path, kill_above=None, rank_only=None, per_sample: int = PER_SAMPLE,
+                 fail_above=None) -> str:
     """Ref 'file.py:make' of a model allocating `per_sample` bytes per training sample on its input's device:
-    max-batch's known truth."""
-    kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else "pass")
+    max-batch's known truth. `kill_above`: SIGKILLed (as by the kernel's OOM killer) above that batch;
+    `fail_above`: raises an error that is not memory above that batch."""
+    kill = (f"if x.shape[0] > {kill_above}: os.kill(os.getpid(), signal.SIGKILL)" if kill_above else
+            f"if x.shape[0] > {fail_above}: raise ValueError('a deliberate failure that is not memory')"
+            if fail_above else "pass")
     path = tmp_path / "hungry.py"
     path.write_text(HUNGRY.format(per=per_sample, kill=kill, rank_only=rank_only))
     return f"{path}:make"

@@ -32,6 +32,17 @@ def test_a_trial_killed_by_the_kernel_counts_as_not_fitting(store, tmp_path):
     assert any("SIGKILL" in (t.reason or "") for t in res.trials)
 
 
+def test_a_failure_that_is_not_memory_stops_the_search_and_says_why(store, tmp_path):
+    """Batch 3 and below fit under a cap of 64 samples; above 3 the model raises a ValueError, which is not memory:
+    before issue 29 it counted as "does not fit", and the search bracketed it and reported 3 as the largest batch
+    that fits."""
+    cfg = TrainConfig(model=model_file(tmp_path, fail_above=3), samples=64, eval_samples=8)
+    res = max_batch(cfg, quiet_cells(store, "nomem"), "trials", memory_limit=64 * PER_SAMPLE, say=lambda s: None)
+    assert res.stopped is not None and res.stopped.batch > 3 and res.max_batch <= 3
+    assert res.trials[-1] is res.stopped  # the search went no further
+    assert "a deliberate failure that is not memory" in res.stopped.reason and not res.stopped.memory
+
+
 def test_two_ranks_agree_when_only_one_runs_out(store, tmp_path):
     """Only rank 1 allocates, so only rank 1 can run out: every trial still has one verdict for both ranks,
     the failing ones name rank 1, and no run is left hanging or unmarked."""

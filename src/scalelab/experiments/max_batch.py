@@ -33,6 +33,10 @@ from scalelab.sizes import parse_bytes
 # cuBLAS and cuDNN word a failed allocation their own way (seen on an H100 at the edge of its memory).
 OOM_MARKS = ("out of memory", "not enough memory", "memoryerror", "cannot allocate memory", "signal sigkill",
              "std::bad_alloc", "outofmemoryerror", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+# Native code that reports a failed allocation in words of its own: oneDNN under an address-space cap, cuDNN's
+# workspace on a full GPU (CUDNN_STATUS_INTERNAL_ERROR, seen on an H100 at batch 17522 of resnet18, between fits
+# and OOMs). Read as memory only once a smaller batch fitted: before that the config itself may be broken.
+NATIVE_ALLOCATION_MARKS = ("could not create a primitive", "cudnn_status_internal_error")
 
 
 GUESS_SHARE = 4  # the first guess aims at 1/GUESS_SHARE of the batch the activations predict
@@ -40,8 +44,6 @@ GUESS_JUMP = 16  # and goes at most this many times past the first fit
 
 
 @dataclass(frozen=True)
-
-
 class Trial:
     batch: int
     fits: bool
@@ -50,14 +52,14 @@ class Trial:
     reason: str | None = None
     activation_bytes: float | None = None  # per rank: max(saved, backward peak) of its first micro-step
     fixed_bytes: float | None = None  # per rank: parameters + gradients + optimizer state
+    memory: bool = True  # a trial that did not fit: its failure was an allocation (else another failure: `reason`)
 
 
 @dataclass
-
-
 class SearchResult:
     max_batch: int  # 0 when even the smallest batch does not fit
     trials: list[Trial] = field(default_factory=list)
+    stopped: Trial | None = None  # the trial that failed for a reason other than memory, which ended the search
 
     @property
     def n_trials(self) -> int:
@@ -121,7 +123,9 @@ def activation_guess(trial: Trial, limit_bytes: float, step: int) -> int | None:
 
 def search(trial: Callable[[int], Trial], *, start: int = 1, step: int = 1, limit_bytes: float | None = None,
            max_trials: int = 40, say: Callable[[str], None] = print) -> SearchResult:
-    """Find the largest multiple of `step` for which `trial(batch).fits`."""
+    """Find the largest multiple of `step` for which `trial(batch).fits`. Only an allocation failure
+    (`Trial.memory`) means "does not fit"; a trial that failed otherwise (a timeout, a hang the watchdog ended, an
+    error of the model) ends the search (`stopped`), and the largest fit so far is a lower bound."""
     if start < step or start % step:
         raise ConfigError("start", start, f"allowed: a positive multiple of the rank count ({step})")
     result = SearchResult(0)
@@ -129,6 +133,11 @@ def search(trial: Callable[[int], Trial], *, start: int = 1, step: int = 1, limi
     while batch is not None and result.n_trials < max_trials:
         t = trial(batch)
         result.trials.append(t)
+        if not t.fits and not t.memory:  # not an answer about memory: no bracket can close on it
+            say(f"trial {result.n_trials}: batch {batch} failed for a reason other than memory ({t.reason}); "
+                "the search stops here")
+            result.stopped = t
+            break
         say(f"trial {result.n_trials}: batch {batch} {'fits' if t.fits else 'does not fit'}"
             + (f" ({t.reason})" if t.reason and not t.fits else ""))
         if not t.fits and batch == start:
@@ -155,11 +164,28 @@ def does_not_fit(cfg: TrainConfig, lenient: bool):
     return lambda reason: is_oom(reason) or lenient or (capped and "killed by signal" in reason)
 
 
-def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = False) -> Trial:
-    """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused)."""
+def allocation_failure(cfg: TrainConfig, after_fit: bool) -> Callable[[str | None], bool]:
+    """Which failure reasons of a max-batch trial are a failed allocation: an out-of-memory error in any of its
+    wordings (OOM_MARKS, the kernel's OOM kill included); under an address-space cap a rank killed by a signal
+    (native code may crash on a failed allocation instead of raising); once a smaller batch fitted, native code's
+    own words for it (NATIVE_ALLOCATION_MARKS). Anything else (a timeout, a watchdog kill, an error of the model) is
+    not memory."""
+    capped = cfg.memory_limit is not None
 
+    def judge(reason: str | None) -> bool:
+        text = (reason or "").lower()
+        return (is_oom(text) or (capped and "killed by signal" in text)
+                or (after_fit and any(mark in text for mark in NATIVE_ALLOCATION_MARKS)))
+    return judge
+
+
+def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, after_fit: bool = False) -> Trial:
+    """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused). Once a
+    smaller batch fitted, every failure is a stored outcome (the report rebuilds from it), an allocation failure
+    or not (`Trial.memory`); before that, a failure that is not memory is an error."""
+    memory = allocation_failure(cfg, after_fit)
     [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=True,
-                            outcome_failure=does_not_fit(cfg, lenient))], group=group)
+                            outcome_failure=lambda reason: memory(reason) or after_fit)], group=group)
     if res.status == "missing":
         raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store ({cells.study}/{group})")
     if res.status == "completed":
@@ -167,7 +193,7 @@ def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, lenient: bool = Fal
         return Trial(cfg.global_batch, True, summary.get(keys.MEMORY_TRAIN_ADDED_BYTES), res.run_id,
                      **memory_by_kind(summary))
     if res.cell.accepts("failed", res.reason):
-        return Trial(cfg.global_batch, False, None, res.run_id, res.reason)
+        return Trial(cfg.global_batch, False, None, res.run_id, res.reason, memory=memory(res.reason))
     if cfg.memory_limit is not None:  # nothing fitted yet: may be the cap, may be a real error; say both
         raise RunFailed(res.run_id, f"batch {cfg.global_batch} failed under the memory cap of "
                         f"{cfg.memory_limit / 2**20:.0f} MiB before any batch fitted ({res.reason}); if "
@@ -196,11 +222,7 @@ def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int 
     def trial(batch: int) -> Trial:
         cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
                           memory_limit=cap, samples=max(batch, base.samples or batch))
-        # Once a smaller batch fitted, the config is known to work: a failure above it is memory. Under a CPU cap
-        # native code may crash instead of raising; on CUDA, cuDNN reports a failed workspace allocation as
-        # CUDNN_STATUS_INTERNAL_ERROR (seen on an H100 at batch 17522 of resnet18, between fits and OOMs).
-        bounded = cap is not None or cfg.resolved_device == "cuda"
-        t = run_trial(cells, cfg, group, lenient=bounded and any(b < batch for b in fitted))
+        t = run_trial(cells, cfg, group, after_fit=any(b < batch for b in fitted))
         if t.fits:
             fitted.append(batch)
         return t
@@ -257,9 +279,11 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         ctx.say(f"[max batch] {label}")
         res = max_batch(with_fields(cfg, memory_limit=cap), ctx.cells, f"max_batch/{label.split(' ')[0]}",
                         memory_limit=cap, say=ctx.say)
+        stop = res.stopped
         rows.append({"variant": label, "max_batch": res.max_batch, "trials": res.n_trials,
-                     "memory_limit(bytes)": cap, "limit": kind, "tried": " ".join(f"{t.batch}{'+' if t.fits else '-'}"
-                                                                                  for t in res.trials)})
+                     "memory_limit(bytes)": cap, "limit": kind,
+                     "tried": " ".join(f"{t.batch}{'+' if t.fits else '-' if t.memory else '!'}" for t in res.trials),
+                     "stopped_at": stop.batch if stop else None, "failure": stop.reason if stop else None})
     notes = {"limit": words}
     if base.resolved_device == "cpu":
         notes["limit on a CPU"] = CPU_LIMIT_NOTE
@@ -286,6 +310,11 @@ def max_batch_result(result) -> tuple[list[str], str | None]:
     for row in t.iloc[1:].itertuples():
         gain = row.max_batch / base.max_batch if base.max_batch else float("nan")
         out.append(f"With {row.variant}: {int(row.max_batch)} ({fmt(gain)}x).")
+    stopped = t[t["stopped_at"].notna()] if "stopped_at" in t else t.iloc[:0]
+    for row in stopped.to_dict("records"):
+        out.append(f"The search ({row['variant']}) stopped at batch {int(row['stopped_at'])}, which failed "
+                   f"for a reason other than memory ({row['failure']}); {int(row['max_batch'])} is a lower bound, "
+                   "not the largest batch that fits.")
     kind = base.get("limit", USER)  # a table from before this column: a limit someone set
     if kind == DEMONSTRATION:
         out.append("No batch is recommended: the study's cap is a demonstration, an arbitrary amount of virtual "
@@ -294,6 +323,8 @@ def max_batch_result(result) -> tuple[list[str], str | None]:
                    "--memory-limit (or run on CUDA) for a recommendation.")
         return out, None
     best = t.loc[t["max_batch"].idxmax()]
+    if best["variant"] in set(stopped["variant"]):
+        return out + [f"No batch is recommended: {best['variant']}'s search ended on a failure that is not memory."], None
     return out, f"For the largest batch under {words}, use {best.variant}: {int(best.max_batch)} samples fit."
 
 

@@ -147,12 +147,61 @@ def test_on_cuda_a_failure_above_a_fitting_batch_counts_as_not_fitting(monkeypat
     monkeypatch.setattr(config_module, "cuda_device_count", lambda: 1)
     seen = []
 
-    def fake_trial(cells, cfg, group, *, lenient=False):
-        seen.append((cfg.global_batch, lenient))
+    def fake_trial(cells, cfg, group, *, after_fit=False):
+        seen.append((cfg.global_batch, after_fit))
         return Trial(cfg.global_batch, cfg.global_batch <= 4)
 
     monkeypatch.setattr(mb, "run_trial", fake_trial)
     result = mb.max_batch(TrainConfig(device="cuda", model="mlp"), cells=None, group="g", say=lambda s: None)
     assert result.max_batch == 4
     assert seen[0] == (1, False)  # nothing fitted yet: an error is an error
-    assert all(lenient for batch, lenient in seen[1:])
+    assert all(after_fit for batch, after_fit in seen[1:])
+
+
+def test_only_an_allocation_failure_means_does_not_fit():
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.max_batch import allocation_failure
+
+    capped = TrainConfig(model="mlp", memory_limit=2**30)
+    after, before = allocation_failure(capped, after_fit=True), allocation_failure(capped, after_fit=False)
+    assert after("rank 0: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert after("rank 0 killed by signal SIGSEGV")  # native code crashing on a failed allocation under the cap
+    assert after("rank 0: RuntimeError: could not create a primitive") and not before("could not create a primitive")
+    assert not after("rank 1 made no progress for 120 s (hang timeout): the watchdog ended the run")
+    assert not after("timed out after 600 s")
+    assert not after("rank 0: ValueError: a deliberate failure that is not memory")
+    assert not allocation_failure(TrainConfig(model="mlp", device="cpu", memory_limit=None), True)(
+        "rank 0 killed by signal SIGSEGV")  # without a cap a crash is a crash
+
+
+def test_a_failure_that_is_not_memory_stops_the_search_with_its_reason():
+    """Batches up to 4 fit, 8 runs out of memory, 6 fails for another reason: the search stops at 6 and says
+    4 is a lower bound."""
+    def trial(b):
+        if b == 6:
+            return Trial(b, False, reason="rank 0: ValueError: boom", memory=False)
+        return Trial(b, b <= 4, reason=None if b <= 4 else "out of memory")
+
+    said = []
+    result = search(trial, start=1, say=said.append)
+    assert result.max_batch == 4 and result.stopped.batch == 6 and result.stopped.reason == "rank 0: ValueError: boom"
+    assert [t.batch for t in result.trials] == [1, 2, 4, 8, 6]
+    assert said[-1] == ("trial 5: batch 6 failed for a reason other than memory (rank 0: ValueError: boom); "
+                        "the search stops here")
+
+
+def test_the_table_and_sentence_name_a_failure_that_is_not_memory():
+    import pandas as pd
+
+    from scalelab.experiments.max_batch import max_batch_result
+
+    class Result:
+        notes = {"limit": "the limit you set, 64 MiB (--memory-limit)"}
+        tables = {"max_batch": pd.DataFrame([
+            {"variant": "as configured", "max_batch": 4, "trials": 5, "limit": "user", "stopped_at": 6.0,
+             "failure": "rank 0: ValueError: boom"},
+            {"variant": "bf16", "max_batch": 3, "trials": 4, "limit": "user", "stopped_at": None, "failure": None}])}
+    words, rec = max_batch_result(Result())
+    assert ("The search (as configured) stopped at batch 6, which failed for a reason other than memory (rank 0: "
+            "ValueError: boom); 4 is a lower bound, not the largest batch that fits.") in words
+    assert rec is None and words[-1].startswith("No batch is recommended: as configured's search ended")
