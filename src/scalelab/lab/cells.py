@@ -278,7 +278,7 @@ class Cells:
         self._refresh()
         accepted = outcome.failure is None or cell.accepts("failed", outcome.failure)
         self.progress.cell_done(cell.label, "done" if outcome.failure is None else
-                                f"{'does not fit' if accepted else 'failed'}: {outcome.failure}",
+                                f"failed{' (an outcome, kept)' if accepted else ''}: {outcome.failure}",
                                 seconds=time.monotonic() - began)
         return None if accepted else outcome.failure
 
