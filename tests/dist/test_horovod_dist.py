@@ -87,6 +87,19 @@ def test_a_horovod_run_has_ddps_records(ddp, hvd):
     assert (hvd["dir"] / "trace.json").is_file()
 
 
+def test_collective_times_come_from_horovods_timeline(hvd):
+    """comm/time, comm/critical and waiting for peers from rank 0's timeline, every timed step covered; the meter's
+    enqueue -> synchronize() records (which span backward) are not the time inside collectives."""
+    s = hvd["summary"]
+    assert s["comm/source"] == "horovod timeline, rank 0" and "rank 0" in s["comm/not_available"]
+    assert s["comm/timeline_steps"] == s["steps/timed"]
+    assert 0 < s["comm/time(ms)"] == s["comm/critical(ms)"] <= s["time/step_max(ms)"]
+    assert s["comm/waiting_for_peers(ms)"] >= 0 and s["comm/hvd_fusion_copies(ms)"] >= 0
+    assert s["comm/time_ci_low(ms)"] <= s["comm/time(ms)"] <= s["comm/time_ci_high(ms)"]
+    enqueue_to_sync = [1e3 * r["comm_total(s)"] for r in hvd["steps"][0] if not r["warmup"]]
+    assert s["comm/time(ms)"] <= max(enqueue_to_sync) + 1.0  # the collective lies inside enqueue -> synchronize()
+
+
 def test_fp16_compression_halves_the_bytes(tmp_path, mlp):
     run = train(tmp_path, mlp, "--engine", "horovod", "--hvd-fp16", "--hvd-cycle-time-ms", "2",
                 "--hvd-fusion-threshold", "1MiB")
@@ -96,6 +109,7 @@ def test_fp16_compression_halves_the_bytes(tmp_path, mlp):
 def test_the_baseline_runs_the_same_loop_without_allreduce(tmp_path, mlp):
     run = train(tmp_path, mlp, "--engine", "horovod", "--noop-collectives")
     assert all(r["comm_bytes"] == 0 for records in run["steps"] for r in records)
+    assert "comm/source" not in run["summary"]  # nothing handed to Horovod: no timeline figures to take
     # each rank kept its own gradients: the replicas differ after a step
     assert run["row"]["status"] == "completed"
 

@@ -13,12 +13,28 @@ by rank 0's hook (its comm_events' starts) before Horovod's background thread ne
 with as many negotiations as enqueues, paired in time order, the median of (negotiation start - enqueue) is the lag
 (reported; ~ the cycle time). A negative lag (negotiations before their enqueues) is impossible: the timeline's
 clock is off, and it is shifted by that much (`Alignment.offset_s`). Pure functions over the text and records.
+
+Steps (`step_spans`): rank 0's step k runs over [t_end(unix_s) - wall(s), t_end(unix_s)]; a span belongs to the
+step whose window holds its end (after the offset). An allreduce of step k ends before that step's synchronize()
+returns on rank 0; a negotiation ends when the last rank, rank 0 included, is ready, which is inside rank 0's
+backward of that step (it may start earlier, when a peer was ready first). Per step: `collective(s)` = the union of
+the ALLREDUCE spans (a fused allreduce is one span per tensor, microseconds apart: counted once), `ops` = the
+overlapping groups of them (collectives on the wire: Horovod's background thread runs one at a time, so their
+plain sum is the union), `negotiation(s)` = the union of the NEGOTIATE_ALLREDUCE spans, `copies(s)` = the union
+of the fusion-buffer copies (MEMCPY_IN/OUT_FUSION_BUFFER, inside the ALLREDUCE spans).
 """
 from __future__ import annotations
 
 import json
 import statistics
 from dataclasses import dataclass
+
+import pandas as pd
+
+from scalelab.analysis.peers import union_seconds
+
+COPIES = ("MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER")
+STEP_COLUMNS = ["collective(s)", "ops", "negotiation(s)", "copies(s)"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,45 @@ def align(spans: list[Interval], enqueues_s: list[float]) -> Alignment:
     lag = statistics.median(n - q for q, n in zip(sorted(enqueues_s), negotiations))
     offset = max(0.0, -lag)  # only an impossible (negative) lag moves the timeline
     return Alignment(offset, len(negotiations), lag + offset)
+
+
+def enqueues_unix(rank0: list[dict]) -> list[float]:
+    """Rank 0's gradient enqueues on unix time: each allreduce record's start, moved from the meter clock
+    (perf_counter) to unix time by its step record's two end stamps."""
+    return [rec["t_end(unix_s)"] - (rec["t_end(perf_s)"] - start)
+            for rec in rank0 if "t_end(perf_s)" in rec and "t_end(unix_s)" in rec
+            for op, _phase, start, _seconds, _nbytes in rec.get("comm_events", []) if op == "allreduce"]
+
+
+def step_spans(spans: list[Interval], rank0: list[dict], offset_s: float = 0.0) -> pd.DataFrame:
+    """Per timed step of rank 0 (index: step) that holds at least one ALLREDUCE span, STEP_COLUMNS (see the
+    module docstring); `offset_s` from `align`. Empty (with those columns) when no step holds one."""
+    windows = sorted((r["t_end(unix_s)"] - r["wall(s)"], r["t_end(unix_s)"], r["step"]) for r in rank0
+                     if not r.get("warmup") and "t_end(unix_s)" in r and "wall(s)" in r)
+    found: dict[int, dict[str, set]] = {}
+    for s in spans:
+        end = s.start_s + offset_s + s.seconds
+        step = next((k for lo, hi, k in windows if lo <= end <= hi), None)
+        if step is None:
+            continue
+        kind = ("allreduce" if s.activity == "ALLREDUCE" and s.depth == 0 else
+                "negotiation" if s.activity == "NEGOTIATE_ALLREDUCE" else "copies" if s.activity in COPIES else None)
+        if kind:
+            found.setdefault(step, {"allreduce": set(), "negotiation": set(), "copies": set()})[kind].add(
+                (s.start_s + offset_s, end))
+    rows = {step: {"collective(s)": union_seconds(got["allreduce"]), "ops": _groups(got["allreduce"]),
+                   "negotiation(s)": union_seconds(got["negotiation"]), "copies(s)": union_seconds(got["copies"])}
+            for step, got in sorted(found.items()) if got["allreduce"]}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=STEP_COLUMNS)
+
+
+def _groups(spans: set[tuple[float, float]]) -> int:
+    """How many stretches the union of [start, end] spans falls into."""
+    count, reach = 0, float("-inf")
+    for start, end in sorted(spans):
+        count += start > reach
+        reach = max(reach, end)
+    return count
 
 
 def trace_events(spans: list[Interval], alignment: Alignment, *, pid: int) -> list[dict]:

@@ -11,17 +11,30 @@ are averaged in place), so the step itself is the same code as DDP's.
 
 Metering: every gradient handed to Horovod is one "allreduce" record of phase "backward", its bytes the tensor as
 it goes on the wire (half of fp32 with fp16 compression), its interval from the hook's enqueue to the return of
-`synchronize()` (the moment this rank knows it is done; Horovod's own intervals come from its timeline,
-analysis/timeline.py). Horovod sends no buffers per step (DDP broadcasts them in "forward"), so a model's running
-statistics stay each rank's own; the initial broadcast of parameters and buffers is once, before training, and not
-metered, as DDP's.
+`synchronize()`. That interval spans backward compute: it is kept for the trace (its starts align the timeline,
+run/exports.py) and is not the run's time inside collectives. The summary takes those from Horovod's own timeline
+(rank 0: analysis/hvdcomm.py): the union of its ALLREDUCE spans per step is comm/time and comm/critical, its
+negotiations are waiting for peers. Horovod sends no buffers per step (DDP broadcasts them in "forward"), so a
+model's running statistics stay each rank's own; the initial broadcast of parameters and buffers is once, before
+training, and not metered, as DDP's.
+
+Network emulation: with `net_latency_ms` every rank sleeps that long after `synchronize()` returns, on the
+caller's side, inside the loop's comm span and the allreduce records; the summary counts it inside the collective
+(as the meter counts DDP's emulated remainder). A bandwidth cap is refused: Horovod fuses tensors, so there is no
+per-collective byte count on the caller's side to pad by.
 
 Optimizer state: `hvd.broadcast_optimizer_state` runs when the state is not empty (a resumed run). A fresh
 optimizer has no state to send, and Horovod's way of creating one first (a step on zero gradients) would move
 the weights under weight decay and advance Adam's step count, so the run would no longer be DDP's.
 
-The baseline of exposed communication (cfg.noop_collectives) is the same loop under horovodrun with the plain
-optimizer: no DistributedOptimizer, no allreduce.
+The baseline of exposed communication (cfg.noop_collectives) keeps as much of Horovod's own work as can be kept:
+the same hvd.DistributedOptimizer with its hooks, delay counters, compression and decompression, and
+`synchronize()` setting each gradient from its handle; only the enqueue is replaced by a completed dummy (a
+callable handle that returns the compressed gradient, which `synchronize()` reads instead of calling
+hvd.synchronize), and nothing is metered. What it cannot keep, because it lives behind the enqueue in Horovod's C++
+background thread: the fusion-buffer copies (measured from the real run's timeline, comm/hvd_fusion_copies(ms))
+and the negotiation of real tensors by the background cycle (every HOROVOD_CYCLE_TIME ms; not measured: in the
+baseline the thread still cycles, with nothing to negotiate).
 
 A torch gloo process group runs beside Horovod for the loop's reductions outside the timed steps (evaluation
 totals, the auto-length agreement); its store is hosted by the launcher on 127.0.0.1 (run/horovodrun.py).
@@ -32,6 +45,7 @@ import datetime
 import functools
 import importlib.util
 import os
+import time
 from contextlib import nullcontext
 from typing import ContextManager
 
@@ -78,8 +92,9 @@ def check(cfg) -> None:
                                                   "are untested; allowed: cpu"),
         "lr_rule": (cfg.lr_rule == "lars", "LARS cannot be wrapped by hvd.DistributedOptimizer; allowed: none, "
                                            "linear, sqrt, linear_warmup"),
-        "net_latency_ms": (cfg.net_latency_ms > 0 or cfg.net_bandwidth_gbps is not None,
-                           "network emulation meters torch collectives, not Horovod's; allowed: 0"),
+        "net_bandwidth_gbps": (cfg.net_bandwidth_gbps is not None,
+                               "Horovod fuses tensors, so no collective's bytes can be padded on the caller's side; "
+                               "allowed: unset (net_latency_ms is allowed)"),
         "memory_limit": (cfg.memory_limit is not None, "not with the Horovod engine; leave it unset"),
     }
     for name, (bad, allowed) in reasons.items():
@@ -145,16 +160,17 @@ class HorovodSync:
         return nullcontext()  # the optimizer counts backward passes itself (backward_passes_per_step)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.collectives:
-            return  # the baseline: the plain optimizer, no Horovod allreduce
         import horovod.torch as hvd
 
-        if optimizer.state_dict()["state"]:  # a resumed run: every rank continues from rank 0's state
+        if self.collectives and optimizer.state_dict()["state"]:  # resumed: every rank continues from rank 0's
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         compression = hvd.Compression.fp16 if self.fp16 else hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=self.model.named_parameters(),
                                                   compression=compression,
                                                   backward_passes_per_step=self.accumulate)
+        if not self.collectives:  # the baseline: Horovod's hooks and synchronize(), the allreduce a completed dummy
+            self.optimizer._allreduce_grad_async = functools.partial(noop_enqueue, self.optimizer)
+            return
         enqueue = self.optimizer._allreduce_grad_async  # Horovod's hook and synchronize() both go through it
 
         def metered(p):
@@ -169,6 +185,8 @@ class HorovodSync:
         if self.optimizer is None:
             return
         self.optimizer.synchronize()  # the blocking wait: every enqueued allreduce done, gradients averaged
+        if self.collectives and self.meter.latency_s > 0:
+            time.sleep(self.meter.latency_s)  # the emulated network, on the caller's side (module docstring)
         end = self.meter.now()
         for start, nbytes in self._launched:
             self.meter.record("allreduce", nbytes, end - start, phase="backward")
@@ -176,6 +194,16 @@ class HorovodSync:
 
     def close(self) -> None:
         self._launched.clear()
+
+
+def noop_enqueue(optimizer, p: torch.Tensor):
+    """Horovod's `_allreduce_grad_async` without the allreduce: the same local work (a missing gradient zeroed,
+    the compression), and a callable handle, which `synchronize()` calls for the result instead of waiting on
+    Horovod."""
+    if p.grad is None:
+        p.grad = p.data.new(p.size()).zero_()
+    compressed, ctx = optimizer._compression.compress(p.grad)
+    return (lambda: compressed), ctx
 
 
 def build_sync(cfg, model: nn.Module, ctx, meter: CommMeter) -> HorovodSync:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from scalelab.analysis import keys
-from scalelab.analysis.summary import loopback_bytes_per_step, summarize
+from scalelab.analysis.hvdcomm import horovod_comm
+from scalelab.analysis.summary import add_rate_intervals, loopback_bytes_per_step, summarize
 from scalelab.config import TrainConfig, default_threads
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
@@ -109,6 +110,12 @@ def collect_summary(run_dir: Path) -> dict:
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
                         memory=[r["memory"] for r in results], system=rundir.read_system(),
                         target_precision=main.get("length", {}).get("target_precision"), one_clock=one_clock)
+    if config.get("engine") == "horovod" and summary.get(keys.COMM_BYTES_PER_STEP):
+        # Horovod's collective intervals come from its own timeline (rank 0), not from the meter's enqueue ->
+        # synchronize() records, which span backward (analysis/hvdcomm.py); its baseline hands Horovod no bytes
+        summary.update(horovod_comm(rundir.read_horovod_timeline(), [r for r in records if r["rank"] == 0],
+                                    latency_ms=config.get("net_latency_ms") or 0.0))
+        add_rate_intervals(summary)
     summary[keys.RANKS_REPORTED] = len(results)
     if "threads" in main:
         summary[keys.THREADS_USED] = main["threads"]

@@ -64,3 +64,98 @@ def test_the_run_trace_carries_the_timeline(tmp_path):
     assert "median lag 0.50 ms after 2 enqueues" in rows[0]["args"]["name"]
     gloo = next(e for e in rows if e["name"] == "GLOO_ALLREDUCE")
     assert gloo["tid"] == "allreduce.fc.weight" and gloo["ts"] == pytest.approx((T0 + 0.0035) * 1e6, abs=1)
+
+
+# Two timed steps of rank 0 (and a warm-up one): step 2's window is [10, 20] ms after the timeline's start, step
+# 3's [22, 32] ms. Step 2: two tensors fused (their ALLREDUCE spans 10 µs apart), one negotiation starting before
+# the window (a peer was ready first), copies in and out of the fusion buffer; step 3: two allreduces one after
+# the other, no copies. A warm-up span and one past every window belong to no timed step.
+STEPS_TEXT = f"""[
+{{"name": "process_name", "ph": "M", "pid": 0, "args": {{"start_time_since_epoch_in_micros":{START_US}}}}},
+{{"name": "process_name", "ph": "M", "pid": 1, "args": {{"name": "allreduce.a"}}}},
+{{"name": "process_name", "ph": "M", "pid": 2, "args": {{"name": "allreduce.b"}}}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 1}},{{"ph": "E", "ts": 5000, "pid": 1}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 9000, "pid": 1}},{{"ph": "E", "ts": 12000, "pid": 1}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 11000, "pid": 2}},{{"ph": "E", "ts": 12000, "pid": 2}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 12500, "pid": 1}},
+{{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": 12500, "pid": 1}},{{"ph": "E", "ts": 13000, "pid": 1}},
+{{"ph": "B", "name": "GLOO_ALLREDUCE", "ts": 13000, "pid": 1}},{{"ph": "E", "ts": 15500, "pid": 1}},
+{{"ph": "B", "name": "MEMCPY_OUT_FUSION_BUFFER", "ts": 15500, "pid": 1}},{{"ph": "E", "ts": 16000, "pid": 1}},
+{{"ph": "E", "ts": 16000, "pid": 1}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 12510, "pid": 2}},{{"ph": "E", "ts": 16010, "pid": 2}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 23000, "pid": 1}},{{"ph": "E", "ts": 24000, "pid": 1}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 24000, "pid": 1}},{{"ph": "E", "ts": 26000, "pid": 1}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 26500, "pid": 2}},{{"ph": "E", "ts": 27000, "pid": 2}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 27000, "pid": 2}},{{"ph": "E", "ts": 28000, "pid": 2}},
+{{"ph": "B", "name": "ALLREDUCE", "ts": 40000, "pid": 1}},{{"ph": "E", "ts": 41000, "pid": 1}}]"""
+RANK0 = [{"step": 1, "rank": 0, "warmup": True, "wall(s)": 0.008, "t_end(unix_s)": T0 + 0.008,
+          "comm_alg_bytes": 1000, "comm_bus_bytes": 1000},
+         {"step": 2, "rank": 0, "warmup": False, "wall(s)": 0.010, "t_end(unix_s)": T0 + 0.020,
+          "comm_alg_bytes": 1000, "comm_bus_bytes": 1000},
+         {"step": 3, "rank": 0, "warmup": False, "wall(s)": 0.010, "t_end(unix_s)": T0 + 0.032,
+          "comm_alg_bytes": 1000, "comm_bus_bytes": 1000}]
+
+
+def test_spans_map_to_rank_0s_timed_steps_by_their_end():
+    steps = timeline.step_spans(timeline.intervals(timeline.load_events(STEPS_TEXT)), RANK0)
+    assert list(steps.index) == [2, 3]
+    ms = (1e3 * steps[["collective(s)", "negotiation(s)", "copies(s)"]]).round(3)
+    assert ms.loc[2].tolist() == [3.51, 3.0, 1.0]  # fused: [12.5, 16.01]; negotiations [9, 12]; copies 0.5 + 0.5
+    assert ms.loc[3].tolist() == [3.0, 1.5, 0.0]
+    assert steps["ops"].tolist() == [1, 2]
+    # an offset moves every span: 3 ms later, step 3's allreduces end at 29 and 31 ms, still inside its window,
+    # and step 2's at 19.01 ms, inside its own
+    later = timeline.step_spans(timeline.intervals(timeline.load_events(STEPS_TEXT)), RANK0, 0.003)
+    assert list(later.index) == [2, 3] and (1e3 * later["collective(s)"]).round(3).tolist() == [3.51, 3.0]
+    assert timeline.step_spans([], RANK0).empty
+
+
+def test_horovod_comm_from_the_timeline_on_exact_numbers():
+    from scalelab.analysis import hvdcomm, keys
+
+    out = hvdcomm.horovod_comm(STEPS_TEXT, RANK0, latency_ms=2.0)
+    assert out[keys.COMM_TIME_MS] == pytest.approx((5.51 + 5.0) / 2, abs=1e-3)  # the union + the emulated 2 ms
+    assert out[keys.COMM_CRITICAL_MS] == out[keys.COMM_TIME_MS] == out[keys.COMM_SUM_MS]
+    assert out[keys.COMM_PEERS_WAIT_MS] == pytest.approx(2.25, abs=1e-3)
+    assert out[hvdcomm.HVD_COPIES_MS] == pytest.approx(0.5, abs=1e-3)
+    assert out[keys.COMM_ALGBW] == pytest.approx(2000 / 0.01051 / 1e9, rel=1e-3)
+    assert out[hvdcomm.TIMELINE_STEPS] == 2 and "rank 0" in out[hvdcomm.COMM_NOT_AVAILABLE]
+    low, high = (out[k] for k in keys.ci_keys(keys.COMM_TIME_MS))
+    assert low < out[keys.COMM_TIME_MS] < high
+
+
+def test_horovod_comm_without_a_timeline_is_not_available_not_estimated():
+    import math
+
+    from scalelab.analysis import hvdcomm, keys
+
+    out = hvdcomm.horovod_comm(None, RANK0)
+    assert all(math.isnan(out[k]) for k in (keys.COMM_TIME_MS, keys.COMM_CRITICAL_MS, keys.COMM_PEERS_WAIT_MS,
+                                            keys.COMM_ALGBW, keys.COMM_BUSBW, *keys.ci_keys(keys.COMM_TIME_MS)))
+    assert out[hvdcomm.COMM_NOT_AVAILABLE].endswith("no Horovod timeline")
+    cut = hvdcomm.horovod_comm(STEPS_TEXT, [RANK0[0]])  # only a warm-up step: no timed step covered
+    assert math.isnan(cut[keys.COMM_TIME_MS]) and "covers no timed step" in cut[hvdcomm.COMM_NOT_AVAILABLE]
+
+
+def test_a_horovod_runs_summary_takes_its_collective_times_from_the_timeline(tmp_path):
+    """collect_summary: the meter's enqueue -> synchronize() intervals (here 9 ms a step) give way to the timeline's
+    figures on rank 0 (3.51 and 3.0 ms: the fixture above); a DDP run's summary is left alone."""
+    from scalelab.analysis import hvdcomm, keys
+    from scalelab.run.kinds import collect_summary
+
+    rundir = RunDir(tmp_path)
+    for rank in (0, 1):
+        rundir.write_steps(rank, [{**r, "rank": rank, "samples": 8, "comm(s)": 0.001, "comm_total(s)": 0.009,
+                                   "comm_sum(s)": 0.027, "collectives": 3, "comm_bytes": 1000,
+                                   "comm_bytes_forward": 0, "comm_bytes_backward": 1000, "comm_bytes_optimizer": 0}
+                                  for r in RANK0])
+        rundir.write_result(rank, {"rank": rank, "steps_per_epoch": 8, "evals": [], "memory": {}})
+    rundir.horovod_timeline.write_text(STEPS_TEXT)
+    rundir.write_config({"engine": "horovod", "nnodes": 1})
+    s = collect_summary(tmp_path)
+    assert s[keys.COMM_TIME_MS] == pytest.approx(3.255, abs=1e-3) and s[hvdcomm.COMM_SOURCE] == hvdcomm.SOURCE
+    assert s[keys.COMM_PEERS_WAIT_MS] == pytest.approx(2.25, abs=1e-3)
+    low, high = (s[k] for k in keys.ci_keys(keys.COMM_ALGBW))
+    assert low < s[keys.COMM_ALGBW] < high  # the rate's interval follows the new time's
+    rundir.write_config({"engine": "ddp", "nnodes": 1})
+    assert collect_summary(tmp_path)[keys.COMM_TIME_MS] == pytest.approx(9.0)

@@ -30,13 +30,40 @@ def test_the_registry_lists_ddp_then_horovod():
     ({"engine": "horovod", "hvd_cycle_time_ms": 0.0}, "hvd_cycle_time_ms", "ms > 0"),
     ({"engine": "horovod", "sync": "bucketed"}, "sync", "allowed: auto"),
     ({"engine": "horovod", "lr_rule": "lars"}, "lr_rule", "LARS"),
-    ({"engine": "horovod", "net_latency_ms": 5.0}, "net_latency_ms", "Horovod"),
+    ({"engine": "horovod", "net_bandwidth_gbps": 1.0}, "net_bandwidth_gbps", "Horovod fuses tensors"),
     ({"engine": "horovod", "wrapper": "single"}, "wrapper", "allowed: auto"),
 ])
 def test_engine_fields_are_validated(kwargs, field, fragment):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**kwargs)
     assert err.value.field == field and fragment in str(err.value), str(err.value)
+
+
+def test_horovod_takes_an_emulated_latency():
+    """--net-latency-ms with Horovod: a caller-side sleep after synchronize() (engines/horovod.py)."""
+    assert TrainConfig(engine="horovod", net_latency_ms=5.0).net_latency_ms == 5.0
+
+
+def test_the_baseline_enqueue_compresses_and_hands_back_a_completed_handle():
+    """The baseline's allreduce: Horovod's local work (a missing gradient zeroed, compression) and a callable
+    handle, which synchronize() calls instead of waiting on Horovod; no collective."""
+    import torch
+
+    class Half:  # Horovod's Compression.fp16 shape: compress -> (tensor, ctx), decompress(tensor, ctx)
+        @staticmethod
+        def compress(t):
+            return t.half(), t.dtype
+
+    class Opt:
+        _compression = Half()
+
+    p = torch.nn.Parameter(torch.ones(3))
+    handle, ctx = horovod.noop_enqueue(Opt(), p)
+    assert callable(handle) and ctx == torch.float32
+    assert torch.equal(handle(), torch.zeros(3, dtype=torch.half))  # no gradient yet: zeroed, as Horovod does
+    p.grad = torch.full((3,), 2.0)
+    handle, _ = horovod.noop_enqueue(Opt(), p)
+    assert torch.equal(handle(), torch.full((3,), 2.0, dtype=torch.half))
 
 
 def test_a_horovod_config_is_distributed_and_stores_sync_auto():

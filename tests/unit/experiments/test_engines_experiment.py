@@ -50,3 +50,28 @@ def test_the_default_study_compares_engines_and_the_quick_one_does_not():
     assert "engines" in default_spec().experiments
     assert "engines" not in default_spec(quick=True).experiments
     assert default_spec().options["engines"]["launches"] == 1
+
+
+def test_the_sentences_say_which_figures_compare_and_what_the_baseline_cannot_keep():
+    from scalelab.lab.base import Result
+
+    ddp, ddp_base = _run("d", 30.0), _run("dn", 25.0, noop_collectives=True)
+    hvd, hvd_base = _run("h", 34.0, engine="horovod"), _run("hn", 26.0, engine="horovod", noop_collectives=True)
+    table = comparison_table([(ddp, ddp_base), (hvd, hvd_base)], axis="engine",
+                             label_of=lambda c: c.get("engine", "ddp"), order=("ddp", "horovod"))
+    table["fusion_copies(ms)"] = [None, 0.25]
+    lines, _ = engines_exp.engines_result(Result("compare_engines", {"compare_engines": table}))
+    text = " ".join(lines)
+    assert "they are rank 0's, where DDP's time inside collectives is the mean over ranks" in text
+    assert "not fully comparable" in text and "0.25 ms per step, measured from its timeline" in text
+    assert "background negotiation cycle (not measured)" in text
+    table.loc[1, "quality"] = "implausible: for the test"
+    lines, _ = engines_exp.engines_result(Result("compare_engines", {"compare_engines": table}))
+    assert "no figure: the row is set aside" in " ".join(lines) and "0.25 ms" not in " ".join(lines)
+    table.loc[1, "quality"] = "ok"
+    table["fusion_copies(ms)"] = [None, float("nan")]
+    lines, _ = engines_exp.engines_result(Result("compare_engines", {"compare_engines": table}))
+    assert "not measured: no timeline" in " ".join(lines)
+    alone = comparison_table([(ddp, ddp_base)], axis="engine", label_of=lambda c: c.get("engine", "ddp"),
+                             order=("ddp", "horovod"))
+    assert engines_exp.comparability(alone) == []  # no Horovod row: nothing to qualify
