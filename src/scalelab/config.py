@@ -102,7 +102,8 @@ class TrainConfig:
     accumulate: int = doc(1, "Micro-steps per optimizer step (gradient accumulation); sync once per optimizer step.")
     ddp_hook: DDPHook = doc("none", "DDP comm hook: none (plain allreduce), fp16 / bf16 compression, powersgd.")
     powersgd_rank: int = doc(1, "PowerSGD matrix approximation rank.")
-    net_latency_ms: float = doc(0.0, "Emulated latency (ms) added to every collective, on the caller's side.",
+    net_latency_ms: float = doc(0.0, "Emulated latency (ms) added to every collective, on the caller's side (with "
+                                     "the horovod engine: once per step, after synchronize()).",
                                 flag=("--net-latency-ms",))
     net_bandwidth_gbps: float | None = doc(None, "Emulated bandwidth cap (Gbit/s) for every collective.")
     noop_collectives: bool = doc(False, "Keep the sync strategy's work but skip its collectives: the baseline for "
