@@ -68,11 +68,7 @@ HOROVOD_PID = 1000  # the timeline's process row, apart from the ranks'
 def horovod_events(text: str, rank0: list[dict]) -> list[dict]:
     """Horovod's timeline on the step clock: aligned on rank 0's gradient enqueues (analysis.timeline)."""
     spans = timeline.intervals(timeline.load_events(text))
-    # each allreduce's enqueue on unix time: the record's end less how long before it the collective started
-    enqueues = [rec["t_end(unix_s)"] - (rec["t_end(perf_s)"] - start)
-                for rec in rank0 if "t_end(perf_s)" in rec
-                for op, phase, start, _, _ in rec.get("comm_events", []) if op == "allreduce"]
-    return timeline.trace_events(spans, timeline.align(spans, enqueues), pid=HOROVOD_PID)
+    return timeline.trace_events(spans, timeline.align(spans, timeline.enqueues_unix(rank0)), pid=HOROVOD_PID)
 
 
 TB_STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")
