@@ -35,6 +35,13 @@ class GatherScatterSync(PlainSync):
             mean = self.average(parts) if root else None
             with self.meter.collective("scatter", wire, phase="backward", alg_bytes=size * world):
                 dist.scatter(grad, [mean] * world if root else None, src=0)
+        if not self.collectives:
+            # The real sync makes the other ranks wait for rank 0's averaging (inside scatter); without that wait
+            # they run on into their next step and compete with it for the cores, which made the baseline's step
+            # (and so its rank 0's averaging) longer than in the real run, and a blocking sync seem to hide
+            # communication. One unmetered barrier per step keeps that dependency (a barrier of a few bytes costs
+            # well under a millisecond on loopback).
+            dist.barrier()
 
 
 def cost(q: CostQuery) -> SyncCost:
