@@ -1,125 +1,202 @@
-"""Does the performance model predict a cluster it was not calibrated on? Namespace nodes, kernel-shaped links.
+"""Does the performance model predict a scale it never saw? A frozen scale-out protocol on namespace nodes.
 
 Nodes are network namespaces on this machine (`--local-nodes`), one rank each, joined by a bridge; each node's link
-is shaped by the kernel (tbf). For each node count k:
-- calibration (in-sample): compute without sync at k nodes, in-situ per-parameter allreduce, overlapped buckets
-  and gather/scatter (its own in-training scale) at k nodes over the calibration link (1 Gbit/s), a `bench comm`
-  allreduce sweep over that link, and one on loopback (what moving bytes costs the hosts themselves;
-  scalelab.perf.links);
-- measured points: every sync strategy over the calibration link (in-sample) and over the held-out links
-  (0.5 and 0.2 Gbit/s, unshaped), each launched --repeats times in interleaved rounds; a point is the median of
-  its launches' median steps, with the launches' interval.
-With more nodes than cores (3 and 4 nodes on 2 cores) the CPU is oversubscribed: compute is calibrated at that
-node count, so those points are held out for communication only.
-Prints every point, then the in-sample and held-out median and max |error|, and how many predictions fall outside
-the measured interval (beyond_ci(%): the distance past its nearer end, in % of the measured step).
-Goal on a quiet machine: held-out median |error| <= 10 %, max <= 25 %.
+is shaped by the kernel (tbf). What is calibrated and what is held out is fixed in a protocol file committed before
+the run (benchmarks/protocols/prediction_nodes.json; scalelab.perf.protocol):
+- calibration over the network at 2 nodes and one link: compute without sync, in-situ allreduce, bucketed and
+  gather/scatter runs, each in several launches, a `bench comm` sweep over that link, one over the same nodes
+  unshaped and one on loopback; the model's prediction intervals come from resampling all of it;
+- compute without sync again at each held-out node count (the nodes share this host's cores, so compute at 3 or 4
+  nodes is not what is predicted): those rows say "compute in-sample";
+- held-out points: 3 and 4 nodes, other links, a per-rank batch the calibration never ran, every sync strategy,
+  each launched several times in interleaved rounds (a point is the median step of its launches, with their
+  interval). The unshaped link's cost was measured by the calibration's unshaped bench: those rows are held out in
+  node count and batch only, and are reported apart.
+- the preset path, checked: a hardware file describing each shaped held-out link (latency: the calibration
+  bench's α; bandwidth: the link's rate), predicting the same points as a user's `--hardware-file` would.
+The run refuses a working tree with changes or model code other than the protocol's (its figures would be
+development figures). It prints every point and, per node count and link, the median and max |error|, the
+interval's coverage (measured median inside the predicted 95 % interval) and its median half-width; the goals;
+and writes OUT/prediction_nodes.csv and OUT/run.json.
 
-    python benchmarks/prediction_nodes.py [--nodes 2,3,4] [--links 0.5,0.2,unshaped] [--calibration-gbps 1]
-        [--strategies gather_scatter,allreduce,bucketed,ddp] [--repeats 3] [--model-options depth=1,width=64]
-        [--steps 30] [--store DIR] [--out DIR]
-Needs root (network namespaces); takes ~40 minutes with the defaults on 2 cores.
+    python benchmarks/prediction_nodes.py [--protocol FILE] [--store DIR] [--out DIR] [--development]
+    python benchmarks/prediction_nodes.py --freeze     # write the protocol for HEAD's model code; commit it, then run
+Goals (held-out points): median |error| <= 10 %, max <= 25 %; the interval holds the measured median in >= 80 % of
+points with a median half-width <= 15 % of the step. Needs root (network namespaces); about 20-25 min on 2 cores.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+PROTOCOL = REPO / "benchmarks" / "protocols" / "prediction_nodes.json"
+DEFAULT = {
+    "train": {"model": "mlp", "model_options": "depth=1,width=64", "dataset": "synthetic", "samples": 4096,
+              "eval_samples": 64, "steps": 30, "warmup_steps": 2, "eval_every": 10_000, "bucket_mb": 0.25,
+              "hang_timeout_s": 120},
+    "calibration": {"nodes": 2, "link_gbps": 1.0, "batches": [16, 32], "repeats": 2,
+                    "strategies": ["allreduce", "bucketed", "gather_scatter"]},
+    "compute_in_sample": {"nodes": [3, 4], "batches": [16, 32], "repeats": 2},
+    "held_out": {"nodes": [3, 4], "links": [0.5, 0.2, None], "batch": 24,
+                 "strategies": ["gather_scatter", "allreduce", "bucketed", "ddp"], "repeats": 2},
+    "preset_check": {"links": [0.5, 0.2]},
+}
 
-def gbps(text: str) -> float | None:
-    return None if text == "unshaped" else float(text)
+
+def freeze(path: Path) -> int:
+    from scalelab.perf.protocol import Protocol, model_code, violations
+
+    protocol = Protocol(frozen=time.strftime("%Y-%m-%d"), model_code=model_code(REPO), **DEFAULT)
+    bad = violations(protocol)
+    if bad:
+        print(f"error: not a held-out design: {bad[0]}", file=sys.stderr)
+        return 2
+    path.write_text(json.dumps(protocol.__dict__, indent=1) + "\n")
+    print(f"wrote {path}: commit it, then run from a clean checkout")
+    return 0
+
+
+def config(train: dict, nodes: int, link: float | None, batch: int, sync: str = "auto"):
+    from scalelab.config import TrainConfig
+
+    return TrainConfig(**train, ranks=1, local_nodes=nodes, link_gbps=link, global_batch=nodes * batch, sync=sync)
+
+
+def pooled_run(cells, res) -> dict | None:
+    launches = cells.runs([res], all_repeats=True)
+    pooled = cells.pooled(launches)
+    return None if pooled is None else {**launches[-1], "summary": pooled, "status": "completed",
+                                        "launches": len(launches)}
+
+
+def preset_step(cal, link: float, run: dict) -> float:
+    """The step the preset path predicts for `run`: a hardware file of the link's latency and rate."""
+    from scalelab.perf.hardware import hardware_from_dict
+    from scalelab.perf.prediction import predict_table
+
+    hw = hardware_from_dict({"name": f"file: {link:g} Gbit/s namespace link", "latency_inter(us)": cal.alpha_s * 1e6,
+                             "bandwidth_inter(GB/s)": link / 8, "gpus_per_node": 1})
+    cfg = run["config"]
+    n = cfg["ranks"] * cfg.get("nnodes", 1)
+    sync = "ddp" if cfg.get("sync", "auto") == "auto" else cfg["sync"]
+    return float(predict_table(cal, hw, [n], mode="weak", batch=cfg["global_batch"] / n, strategy=sync,
+                               bucket_mb=cfg.get("bucket_mb", 25.0))["step(ms)"].iloc[0])
+
+
+def summarize(table, label: str) -> str:
+    err = table["error(%)"].abs()
+    inside = table["inside"].astype(float)
+    return (f"{label}: {len(table)} points, median |error| {err.median():.1f} %, max {err.max():.1f} %; interval "
+            f"holds the measured median in {100 * inside.mean():.0f} % of points, median half-width "
+            f"{table['half_width(%)'].median():.1f} %")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", default="2,3,4")
-    ap.add_argument("--links", default="0.5,0.2,unshaped", help="held-out links (Gbit/s, or unshaped)")
-    ap.add_argument("--calibration-gbps", type=float, default=1.0)
-    ap.add_argument("--strategies", default="gather_scatter,allreduce,bucketed,ddp")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--model-options", default="depth=1,width=64", help="the MLP: 0.8 MB of gradients")
-    ap.add_argument("--batches", default="16,32", help="per-rank batches of the compute calibration")
-    ap.add_argument("--batch", type=int, default=32, help="per-rank batch of the measured points")
-    ap.add_argument("--steps", type=int, default=30,
-                    help="steps per launch (2 untimed): the median of 28 rather than 8 steps")
-    ap.add_argument("--store", type=Path, default=None, help="run store (default: a temporary directory)")
-    ap.add_argument("--out", type=Path, default=None, help="table and figure (default: STORE/out)")
+    ap.add_argument("--protocol", type=Path, default=PROTOCOL)
+    ap.add_argument("--freeze", action="store_true", help="write the protocol for HEAD's model code and stop")
+    ap.add_argument("--development", action="store_true",
+                    help="run on a changed tree; every figure is then a development figure and says so")
+    ap.add_argument("--store", type=Path, default=None, help="run store (default: a new temporary directory)")
+    ap.add_argument("--out", type=Path, default=None, help="table and record (default: STORE/out)")
     args = ap.parse_args()
+    if args.freeze:
+        return freeze(args.protocol)
 
     import pandas as pd
 
-    from scalelab.analysis import keys
-    from scalelab.config import TrainConfig
+    from scalelab.errors import ConfigError
     from scalelab.lab.base import write_table
-    from scalelab.perf.calibration import calibrate
-    from scalelab.lab.cells import Cell, Cells, with_fields
+    from scalelab.lab.cells import Cell, Cells
+    from scalelab.perf.calibration import calibrate, calibrate_compute
     from scalelab.perf.links import network_label
-    from scalelab.perf.prediction import validate_measured
-    from scalelab.perf import perfmodel as pm
-    from scalelab.report import figures
+    from scalelab.perf.prediction import predicted_vs_measured, validate_measured
+    from scalelab.perf.protocol import Protocol, check_frozen, model_code, violations
     from scalelab.store import Store
 
+    protocol = Protocol.load(args.protocol)
+    try:
+        if violations(protocol):
+            raise ConfigError("protocol", str(args.protocol), f"not held out: {violations(protocol)[0]}")
+        if not args.development:
+            check_frozen(protocol, REPO)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    kind = "development" if args.development else "frozen"
+    started = time.time()
     store = Store(args.store or Path(tempfile.mkdtemp(prefix="scalelab-bench-nodes-")))
-    cal_link = args.calibration_gbps
-    links = [cal_link] + [gbps(x) for x in args.links.split(",")]
-    strategies = args.strategies.split(",")
+    train, c, h = protocol.train, protocol.calibration, protocol.held_out
+    base = config(train, c["nodes"], c["link_gbps"], c["batches"][0])
+    cal = calibrate(base, Cells(store, "calibration"), batches=c["batches"], strategies=c["strategies"],
+                    repeats=c["repeats"], say=print)
     rows = []
-    for k in (int(x) for x in args.nodes.split(",")):
-        base = TrainConfig(model=args.model, model_options=args.model_options, dataset="synthetic", samples=4096,
-                           eval_samples=64, ranks=1, local_nodes=k, link_gbps=cal_link, global_batch=k * args.batch,
-                           steps=args.steps, warmup_steps=2, eval_every=10_000, bucket_mb=0.25, hang_timeout_s=120)
-        cells = Cells(store, f"bench-nodes-{k}")
-        cal = calibrate(base, cells, batches=[int(b) for b in args.batches.split(",")], say=print,
-                        strategies=strategies)
-        grid = [Cell(f"{k} nodes, {s}, {network_label(with_fields(base, sync=s, link_gbps=g).to_dict())}",
-                     with_fields(base, sync=s, link_gbps=g), repeats=args.repeats)
-                for g in links for s in strategies]
-        results = cells.run(grid, group="points", interleave=True)
-        for res in results:
-            launches = cells.runs([res], all_repeats=True)
-            pooled = cells.pooled(launches)
-            if pooled is None:
+    for k in h["nodes"]:
+        cal_k = calibrate_compute(cal, config(train, k, c["link_gbps"], c["batches"][0]), Cells(store, f"compute-{k}"),
+                                  batches=protocol.compute_in_sample["batches"],
+                                  repeats=protocol.compute_in_sample["repeats"])
+        cells = Cells(store, f"held-out-{k}")
+        grid = [Cell(f"{k} nodes, {s}, {network_label(config(train, k, g, h['batch'], s).to_dict())}",
+                     config(train, k, g, h["batch"], s), repeats=h["repeats"])
+                for g in h["links"] for s in h["strategies"]]
+        for res in cells.run(grid, group="points", interleave=True):
+            run = pooled_run(cells, res)
+            if run is None:
                 print(f"{res.cell.label}: no launch completed ({res.reason})")
                 continue
-            run = {**launches[-1], "summary": pooled, "status": "completed"}
-            check = validate_measured(cal, [run], say=print)
+            check = validate_measured(cal_k, [run], say=print)
             if check.empty:
                 continue
-            lo, hi = (pooled.get(c) for c in keys.ci_keys(keys.STEP_MEDIAN_MS))
             link = res.cell.config.link_gbps
-            rows.append({**check.iloc[0].to_dict(), "nodes": k, "link": "unshaped" if link is None else f"{link:g}",
-                         "held_out": link != cal_link, "launches": len(launches), "ci_low": lo, "ci_high": hi})
+            row = {**check.iloc[0].to_dict(), "nodes": k, "link": "unshaped" if link is None else f"{link:g}",
+                   "launches": run["launches"], "ci_low": run["summary"].get("time/step_median_ci_low(ms)"),
+                   "ci_high": run["summary"].get("time/step_median_ci_high(ms)")}
+            if link in protocol.preset_check.get("links", []):
+                row["preset_predicted"] = preset_step(cal_k, link, run)
+                row["preset_error(%)"] = 100 * (row["preset_predicted"] - row["measured"]) / row["measured"]
+            rows.append(row)
     table = pd.DataFrame(rows)
-    # how far a prediction lies outside the launches' interval, in % of the measured step (0: inside): a miss
-    # within the measurement's own spread says less about the model than one beyond it
-    pred = table["predicted"]
-    beyond = (pred - table["ci_high"]).clip(lower=0) + (table["ci_low"] - pred).clip(lower=0)
-    table["beyond_ci(%)"] = 100 * beyond / table["measured"]
-    pd.set_option("display.width", 220)
-    cols = ["nodes", "link", "sync", "held_out", "launches", "compute(ms)", "comm(ms)", "exposed_comm(ms)",
-            "predicted", "measured", "ci_low", "ci_high", "error(%)", "beyond_ci(%)"]
-    print("\nevery point (ms; measured = median over launches of each launch's median step, its 95 % interval):")
-    print(table[cols].to_string(index=False, float_format="{:,.1f}".format))
-    for name, part in (("in-sample", table[~table["held_out"]]), ("held-out", table[table["held_out"]])):
-        err = part["error(%)"].abs()
-        outside = part["beyond_ci(%)"] > 0
-        print(f"{name}: {len(part)} points, median |error| {err.median():.1f} %, max {err.max():.1f} %; "
-              f"{int(outside.sum())} predicted outside the measured interval, by at most "
-              f"{part['beyond_ci(%)'].max():.1f} %")
-        for nodes, g in part.groupby("nodes"):
-            print(f"  {nodes} nodes: median {g['error(%)'].abs().median():.1f} %, max {g['error(%)'].abs().max():.1f} %")
-    held = table[table["held_out"]]["error(%)"].abs()
-    met = held.median() <= 10 and held.max() <= 25
-    print(f"goal (held-out median <= 10 %, max <= 25 %): {'met' if met else 'NOT met'}; "
-          f"held-out = links {args.links} (calibrated at {cal_link:g} Gbit/s); points at 3+ nodes on 2 cores are "
-          "held out for communication only (compute calibrated at that node count)")
+    pd.set_option("display.width", 250)
+    cols = ["nodes", "link", "sync", "sample", "launches", "compute(ms)", "exposed_comm(ms)", "predicted",
+            "predicted_ci_low", "predicted_ci_high", "measured", "ci_low", "ci_high", "error(%)", "inside",
+            "half_width(%)", "preset_predicted", "preset_error(%)"]
+    print(f"\n{kind} run, protocol frozen {protocol.frozen}; every point (ms; measured = median step over its "
+          "launches, with their interval; predicted with its 95 % interval from the calibration's bootstrap):")
+    print(table[[c for c in cols if c in table]].to_string(index=False, float_format="{:,.1f}".format))
+    shaped = table[table["link"] != "unshaped"]
+    unshaped = table[table["link"] == "unshaped"]
+    lines = [summarize(shaped, "held out (nodes, link, batch)")]
+    for (nodes, link), g in shaped.groupby(["nodes", "link"]):
+        lines.append("  " + summarize(g, f"{nodes} nodes, {link} Gbit/s"))
+    if len(unshaped):
+        lines.append(summarize(unshaped, "unshaped link (held out in nodes and batch; its link measured by the "
+                                         "calibration's unshaped bench)"))
+        for nodes, g in unshaped.groupby("nodes"):
+            lines.append("  " + summarize(g, f"{nodes} nodes, unshaped"))
+    err = shaped["error(%)"].abs()
+    goals = {"median_error": err.median() <= 10, "max_error": err.max() <= 25,
+             "coverage": shaped["inside"].astype(float).mean() >= 0.8,
+             "half_width": shaped["half_width(%)"].median() <= 15}
+    lines.append("goals on held-out points: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
+    if "preset_error(%)" in table:
+        preset = table["preset_error(%)"].dropna().abs()
+        lines.append(f"preset path (a hardware file of each shaped link's latency and rate; compute scale 1, overlap "
+                     f"1): {len(preset)} points, median |error| {preset.median():.1f} %, max {preset.max():.1f} % "
+                     f"({'passes' if preset.median() <= 10 and preset.max() <= 25 else 'does not pass'} the goal)")
+    print("\n" + "\n".join(lines))
     out = args.out or store.root / "out"
     write_table(table, out, "prediction_nodes")
-    print(f"figure: {figures.predicted_vs_measured(table, out / 'prediction_nodes.png')}")
-    print(f"overall median |error| {pm.median_abs_error(table):.1f} % over {len(table)} points")
+    record = {"kind": kind, "date": time.strftime("%Y-%m-%d %H:%M"), "protocol_frozen": protocol.frozen,
+              "model_code": model_code(REPO), "minutes": round((time.time() - started) / 60, 1),
+              "summary": lines, "goals": {k: bool(v) for k, v in goals.items()}}
+    (out / "run.json").write_text(json.dumps(record, indent=1))
+    print(f"figure: {predicted_vs_measured(table, out / 'prediction_nodes.png')}")
+    print(f"{kind} run done in {record['minutes']} min; wrote {out}")
     return 0
 
 

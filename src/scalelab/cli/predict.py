@@ -44,7 +44,7 @@ DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
 DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
 DEFAULTS = {"ranks": 2, "steps": 20}  # per calibration run, below the YAML file, --set and flags
 SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "exposed_comm(ms)", "step(ms)",
-         "speedup", "efficiency"]
+         "step_ci_low(ms)", "step_ci_high(ms)", "speedup", "efficiency", "extrapolation", "checked"]
 
 
 def predictable_syncs() -> tuple[str, ...]:
@@ -211,13 +211,15 @@ def show(result) -> None:
     pred = result.tables["prediction"]
     console.rule(f"prediction ({pred['mode'].iloc[0]} scaling, {pred['strategy'].iloc[0]}, "
                  f"compression {pred['compression'].iloc[0]}; every row in prediction.csv)")
-    print(shown_rows(pred)[SHOWN].to_string(index=False, float_format=fmt))
+    rows = shown_rows(pred)
+    print(rows[[c for c in SHOWN if c in rows]].to_string(index=False, float_format=fmt))
     if "validation" in result.tables:
         where = result.meta.get("compute_of", "this machine")
         console.rule(f"validation: predicted vs measured median step (ms) on {where}")
-        cols = ["sync", "per_rank_batch", "network", "compute(ms)",
-                "exposed_comm(ms)", "predicted", "measured", "error(%)"]
-        print(result.tables["validation"][cols].to_string(index=False, float_format=fmt))
+        cols = ["sync", "per_rank_batch", "network", "sample", "compute(ms)", "exposed_comm(ms)", "predicted",
+                "predicted_ci_low", "predicted_ci_high", "measured", "error(%)", "inside"]
+        table = result.tables["validation"]
+        print(table[[c for c in cols if c in table]].to_string(index=False, float_format=fmt))
     for key, value in result.notes.items():
         if isinstance(value, dict):
             console.print(f"{key}:", highlight=False)

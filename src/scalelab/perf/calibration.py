@@ -98,6 +98,15 @@ class Calibration:
     # hosts themselves, the floor under every link (`hardware` for another link)
     host_alpha_s: float | None = None
     host_beta_s_per_byte: float | None = None
+    # α, β of a bench over the same nodes with the link unshaped (the veth path and bridge): what an unshaped
+    # namespace link costs the hosts, where the loopback bench misses that path
+    veth_alpha_s: float | None = None
+    veth_beta_s_per_byte: float | None = None
+    repeats: int = 1  # launches per calibration cell
+    batches: list[float] = field(default_factory=list)  # per-rank batches of the runs the calibration measured
+    compute_nodes: int | None = None  # compute measured again at this node count (`calibrate_compute`)
+    # the fitted figures refitted on resampled calibration data (`uncertainty`): the prediction intervals
+    replicates: list[dict] = field(default_factory=list)
     device: str = ""  # what compute ran on: "<n>-core CPU" or the CUDA device's name ("": a file of an older version)
     host: str | None = None  # the host of runs measured elsewhere (`predict --from`); None: calibrated here
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -132,6 +141,11 @@ class Calibration:
     def calibrated_link(self) -> NodeLink:
         return NodeLink(self.nodes > 1, self.link_gbps)
 
+    def replicas(self) -> list["Calibration"]:
+        """The calibration refitted on each resample of its data (`replicates`, `perf/uncertainty.py`): what the
+        prediction intervals are drawn from; [] for a calibration without them."""
+        return [dataclasses.replace(self, **rep, replicates=[]) for rep in self.replicates]
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -139,7 +153,8 @@ class Calibration:
     def from_dict(cls, data: dict) -> "Calibration":
         known = {f.name for f in dataclasses.fields(cls)}
         optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
-                    "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales"}
+                    "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales", "veth_alpha_s",
+                    "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")
@@ -210,21 +225,30 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
           for s in own))]
 
 
-def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
-    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows (`files`: the run's
-    RunDir): per iteration the slowest rank's time, as in its results table, but averaged instead of the median."""
+def bench_times(files: RunDir) -> BenchTimes:
+    """A bench run's allreduce rows (`files`: the run's RunDir): per size the timed iterations (each the slowest
+    rank's time, as in its results table) and their mean, from the back-to-back loop where it was timed."""
 
     data = files.read_timings()
     groups: dict[int, list[dict]] = {}
     for rec in data["records"]:
         if rec["op"] == "allreduce" and not rec.get("skipped"):
             groups.setdefault(rec["size(B)"], []).append(rec)
-    sizes, means = [], []
+    out = BenchTimes([], [], [], int(data["ranks"]))
     for size, recs in sorted(groups.items()):
         times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
-        sizes.append(float(size))
-        means.append(max(r["loop(s)"] for r in recs) / len(times) if "loop(s)" in recs[0] else sum(times) / len(times))
-    return sizes, means, int(data["ranks"])
+        out.sizes.append(float(size))
+        out.iterations.append(times)
+        out.means.append(max(r["loop(s)"] for r in recs) / len(times) if "loop(s)" in recs[0]
+                         else sum(times) / len(times))
+    return out
+
+
+def bench_means(files: RunDir) -> tuple[list[float], list[float], int]:
+    """(sizes in bytes, mean time per iteration in s, ranks) of a bench run's allreduce rows: per iteration the
+    slowest rank's time, as in its results table, but averaged instead of the median."""
+    times = bench_times(files)
+    return times.sizes, times.means, times.ranks
 
 
 def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
@@ -381,59 +405,57 @@ def fit_of(model: pm.ComputeModel, stage: str) -> pm.Linear:
     return model.overhead if stage == "other" else getattr(model, stage)
 
 
-def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: Callable[[str], None] = print,
-              bench=None, strategies: Sequence[str] = ()) -> Calibration:
-    """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
-    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`). `strategies`: the sync strategies
-    the caller will predict; those in OWN_SCALE get in-situ runs of their own (module docstring)."""
+@dataclass
+class BenchTimes:
+    """A bench's allreduce sweep as the fit reads it: per size the mean time per iteration and the timed
+    iterations (each the slowest rank's seconds) that `uncertainty` resamples."""
 
-    param_bytes, parameters = gradient_sizes(base)
-    compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)
-    bench = bench or bench_config(base, param_bytes)
-    bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
-    study = cells.study
-    # over a shaped link, a loopback bench too: the hosts' own cost per byte, under any link (perf/links.py)
-    host_bench = (dataclasses.replace(bench, local_nodes=0, link_gbps=None, link_delay_ms=None, ranks=2)
-                  if bench.link_gbps is not None else None)
-    benches = [Cell("bench allreduce", bench, kind="bench")] + (
-        [Cell("bench allreduce, loopback (the hosts)", host_bench, kind="bench")] if host_bench else [])
-    identity = [c.key for c in compute + insitu] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
-    key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
-    path = calibration_path(cells.store, study)
-    if path.exists():
-        try:
-            old = Calibration.load(path)
-        except StoreError:
-            old = None
-        if old is not None and old.key == key:
-            say(f"[{study}] calibration {path} reused")
-            return old
-    # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
-    paired = [c for cell in compute for c in [cell, *(i for i in insitu
-                                                      if i.config.per_rank_batch == cell.config.per_rank_batch)]]
-    results = cells.run([*paired, *benches], group="calibration")
-    failed = [r for r in results if r.status != "completed"]
-    if failed:
-        raise RunFailed(failed[0].run_id or "-", f"calibration cell {failed[0].label}: {failed[0].reason}")
-    runs = cells.runs(results)
-    by_key = {res.cell.key: run for res, run in zip(results, runs)}
-    points = compute_points([by_key[c.key] for c in compute])
-    fit = pm.fit_compute_model(points)
-    bench_runs = runs[len(paired):]
-    bench_run = bench_runs[0]["run_id"]
-    alpha, beta = fit_alpha_beta(*bench_means(bench_runs[0]["files"]), op="allreduce")
-    host = fit_alpha_beta(*bench_means(bench_runs[1]["files"]), op="allreduce") if host_bench else (None, None)
-    cal = Calibration(
-        model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
-        backend=bench.resolved_backend,
-        accumulate=base.accumulate,
-        compute={s: [fit_of(fit, s).c0, fit_of(fit, s).c1] for s in STAGES},
+    sizes: list[float]
+    means: list[float]
+    iterations: list[list[float]]
+    ranks: int
+
+    def fit(self) -> tuple[float, float]:
+        return fit_alpha_beta(self.sizes, self.means, self.ranks, op="allreduce")
+
+
+@dataclass
+class Measured:
+    """What a calibration is fitted on: per cell its launches (stored runs; `cell_run` pools them), per sync of the
+    in-situ runs its cells' launches, and the benches' timings. `uncertainty.resample` draws another from it."""
+
+    compute: list[list[dict]]
+    insitu: dict[str, list[list[dict]]]
+    bench: BenchTimes
+    host_bench: BenchTimes | None = None  # loopback, when the bench ran over a shaped link
+    veth_bench: BenchTimes | None = None  # an unshaped namespace link, when the bench ran over a shaped one
+
+
+def cell_run(launches: list[dict]) -> dict:
+    """One cell's launches as one run: the last launch with their pooled summary (`analysis.repeats.pool`)."""
+    if len(launches) == 1:
+        return launches[0]
+    from scalelab.analysis.repeats import pool
+    from scalelab.analysis.summary import timed_step_ms
+
+    steps = [timed_step_ms(r["files"].read_steps()) for r in launches]
+    return {**launches[-1], "summary": pool([r["summary"] for r in launches], steps)}
+
+
+def fit(template: Calibration, measured: Measured) -> Calibration:
+    """The calibration's fitted figures from `measured` (compute model, α and β, in-situ scales, overlap), on a
+    copy of `template` (which gives the model, the gradient sizes, the link and the identity)."""
+    points = compute_points([cell_run(c) for c in measured.compute])
+    model = pm.fit_compute_model(points)
+    alpha, beta = measured.bench.fit()
+    host = measured.host_bench.fit() if measured.host_bench else (None, None)
+    veth = measured.veth_bench.fit() if measured.veth_bench else (None, None)
+    cal = dataclasses.replace(
+        template, compute={s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
-        param_bytes=param_bytes, parameters=parameters, compute_runs=list(points["run_id"]), bench_run=bench_run,
-        nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, host_alpha_s=host[0], host_beta_s_per_byte=host[1],
-        key=key, device=device_name(by_key[compute[0].key]["config"], by_key[compute[0].key]["files"]))
-    runs = {sync: [by_key[c.key] for c in insitu if c.config.sync == sync]
-            for sync in ("allreduce", "bucketed", *OWN_SCALE)}
+        compute_runs=list(points["run_id"]), host_alpha_s=host[0], host_beta_s_per_byte=host[1],
+        veth_alpha_s=veth[0], veth_beta_s_per_byte=veth[1], sync_scales={}, insitu=[], replicates=[])
+    runs = {sync: [cell_run(c) for c in measured.insitu.get(sync, [])] for sync in ("allreduce", "bucketed", *OWN_SCALE)}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     for sync in OWN_SCALE:
         scale, rows = own_scale(points, runs[sync], cal, sync)
@@ -442,13 +464,103 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         cal.insitu += rows
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
     cal.insitu += overlap_rows
-    cal.save(path)
-    say(f"[{study}] calibration: {base.ranks} rank(s) without sync at per-rank batches "
-        f"{', '.join(str(int(b)) for b in points['per_rank_batch'])}; α = {alpha * 1e6:.1f} µs, "
-        f"1/β = {1 / beta / 1e9 if beta else float('inf'):.3g} GB/s ({bench_run}); with communication: collectives "
-        f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, overlap "
-        f"{cal.overlap:.2f}; wrote {path}")
     return cal
+
+
+def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: Callable[[str], None] = print,
+              bench=None, strategies: Sequence[str] = (), repeats: int = 1) -> Calibration:
+    """Measure (or reuse) the compute fit, α and β, and the gradient sizes for `base` on this machine.
+    `bench` (a CommBenchConfig) replaces the default sweep (`bench_config`). `strategies`: the sync strategies
+    the caller will predict; those in OWN_SCALE get in-situ runs of their own (module docstring). `repeats`:
+    launches per training cell (interleaved by batch). The calibration carries `uncertainty.REPLICATES` refits
+    on resampled launches, steps and bench iterations: the prediction intervals."""
+    from scalelab.perf import uncertainty
+
+    param_bytes, parameters = gradient_sizes(base)
+    compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)
+    if repeats > 1:
+        compute, insitu = ([dataclasses.replace(c, repeats=repeats) for c in group] for group in (compute, insitu))
+    bench = bench or bench_config(base, param_bytes)
+    bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
+    study = cells.study
+    # over a shaped link, a loopback bench (the hosts' own cost per byte, under any link) and one over the same
+    # nodes unshaped (the veth path's own cost: perf/links.py)
+    host_bench = (dataclasses.replace(bench, local_nodes=0, link_gbps=None, link_delay_ms=None, ranks=2)
+                  if bench.link_gbps is not None else None)
+    veth_bench = dataclasses.replace(bench, link_gbps=None) if bench.link_gbps is not None else None
+    benches = [Cell("bench allreduce", bench, kind="bench")] + (
+        [Cell("bench allreduce, loopback (the hosts)", host_bench, kind="bench"),
+         Cell("bench allreduce, unshaped namespace link", veth_bench, kind="bench")] if host_bench else [])
+    identity = ([c.key for c in compute + insitu] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
+                + ([repeats] if repeats > 1 else []))
+    key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
+    path = calibration_path(cells.store, study)
+    if path.exists():
+        try:
+            old = Calibration.load(path)
+        except StoreError:
+            old = None
+        if old is not None and old.key == key and old.replicates:
+            say(f"[{study}] calibration {path} reused")
+            return old
+    # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
+    paired = [c for cell in compute for c in [cell, *(i for i in insitu
+                                                      if i.config.per_rank_batch == cell.config.per_rank_batch)]]
+    results = cells.run([*paired, *benches], group="calibration", interleave=repeats > 1)
+    failed = [r for r in results if r.status != "completed"]
+    if failed:
+        raise RunFailed(failed[0].run_id or "-", f"calibration cell {failed[0].label}: {failed[0].reason}")
+    launches = {res.cell.key: cells.runs([res], all_repeats=True) for res in results}
+    bench_runs = [launches[c.key][-1] for c in benches]
+    times = [bench_times(r["files"]) for r in bench_runs]
+    measured = Measured(compute=[launches[c.key] for c in compute],
+                        insitu={sync: [launches[c.key] for c in insitu if c.config.sync == sync]
+                                for sync in ("allreduce", "bucketed", *OWN_SCALE)},
+                        bench=times[0], host_bench=times[1] if host_bench else None,
+                        veth_bench=times[2] if host_bench else None)
+    first = launches[compute[0].key][-1]
+    template = Calibration(
+        model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
+        backend=bench.resolved_backend, accumulate=base.accumulate, compute={}, points=[], alpha_s=0.0,
+        beta_s_per_byte=0.0, param_bytes=param_bytes, parameters=parameters, bench_run=bench_runs[0]["run_id"],
+        nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, key=key, repeats=repeats,
+        batches=sorted({float(c.config.per_rank_batch) for c in compute}), device=device_name(first["config"], first["files"]))
+    cal = fit(template, measured)
+    cal.replicates = uncertainty.replicates(template, measured)
+    cal.save(path)
+    where = f" on {bench.local_nodes} nodes over {link_text(bench.link_gbps)}" if bench.local_nodes > 1 else ""
+    say(f"[{study}] calibration: {base.world_size} rank(s){where} without sync at per-rank batches "
+        f"{', '.join(str(int(p['per_rank_batch'])) for p in cal.points)}"
+        f"{f' ({repeats} launches each)' if repeats > 1 else ''}; α = {cal.alpha_s * 1e6:.1f} µs, 1/β = "
+        f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s ({cal.bench_run}); "
+        f"with communication: collectives ×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute "
+        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {len(cal.replicates)} bootstrap refits; wrote {path}")
+    return cal
+
+
+def calibrate_compute(cal: Calibration, base: TrainConfig, cells: Cells, *, batches: Sequence[int],
+                      repeats: int = 1) -> Calibration:
+    """`cal` with its compute measured again on `base` (runs without sync, `calibration_cells`), e.g. at the
+    node count to be predicted: on a host whose nodes share cores, compute at that count is in-sample while
+    everything that involves the network stays as calibrated (`compute_nodes` says so). The replicates' compute is
+    refitted on resampled launches and steps of these runs."""
+    from scalelab.perf import uncertainty
+
+    group = calibration_cells(base, batches)
+    group = [dataclasses.replace(c, repeats=repeats) for c in group] if repeats > 1 else group
+    results = cells.run(group, group=f"compute at {max(1, base.local_nodes)} nodes", interleave=repeats > 1)
+    failed = [r for r in results if r.status != "completed"]
+    if failed:
+        raise RunFailed(failed[0].run_id or "-", f"compute cell {failed[0].label}: {failed[0].reason}")
+    launches = [cells.runs([res], all_repeats=True) for res in results]
+    points = compute_points([cell_run(c) for c in launches])
+    model = pm.fit_compute_model(points)
+    computes = uncertainty.compute_replicates(launches, len(cal.replicates))
+    return dataclasses.replace(
+        cal, compute={s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES},
+        points=json.loads(points.to_json(orient="records")), compute_runs=list(points["run_id"]),
+        compute_nodes=max(1, base.local_nodes),
+        replicates=[{**rep, "compute": c} for rep, c in zip(cal.replicates, computes)])
 
 
 def own_scales_text(cal: Calibration) -> str:
@@ -461,6 +573,10 @@ def own_scales_text(cal: Calibration) -> str:
 def link_costs(cal: Calibration, link: NodeLink, scale: float) -> tuple[float, float, float, float]:
     """(α, β of the hosts; α, β across nodes) of the calibrated hosts joined by `link` (the module docstring), with
     the in-training `scale` on what the hosts do (α, the hosts' β), not on a shaped wire's rate."""
+    if link.namespaced and link.gbps is None and cal.veth_alpha_s is not None and cal.veth_beta_s_per_byte:
+        # an unshaped namespace link: the bench over that very path (veth and bridge), not loopback's
+        host = (cal.veth_alpha_s, cal.veth_beta_s_per_byte)
+        return scale * host[0], scale * host[1], scale * host[0], scale * host[1]
     if cal.link_gbps is None:
         host = (cal.alpha_s, cal.beta_s_per_byte)
     elif cal.host_alpha_s is not None and cal.host_beta_s_per_byte is not None:

@@ -9,10 +9,12 @@ Calibration (what the model needs, measured on this machine, and how) is in `cal
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from scalelab.analysis import keys
@@ -108,13 +110,40 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
     frames = []
     for hw in [hardware] if isinstance(hardware, Hardware) else hardware:
         batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
-        frame = pm.predict(cal.compute_model(), for_strategy(cal, hw, strategy), workers, param_bytes=cal.param_bytes,
-                           mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
-                           accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(cal, hw),
-                           **batches)
-        frames.append(frame.assign(hardware=row_label(cal, hw), strategy=strategy, mode=mode,
+
+        def steps(c: Calibration, hw: Hardware = hw, batches: dict = batches) -> pd.DataFrame:
+            return pm.predict(c.compute_model(), for_strategy(c, hw, strategy), workers, param_bytes=c.param_bytes,
+                              mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
+                              accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(c, hw),
+                              **batches)
+
+        frame = steps(cal)
+        low, high = step_interval(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame))
+        frames.append(frame.assign(**{"step_ci_low(ms)": low, "step_ci_high(ms)": high}, hardware=row_label(cal, hw),
+                                   checked=hardware_checked(cal, hw), strategy=strategy, mode=mode,
                                    compression=compression))
     return pd.concat(frames, ignore_index=True)
+
+
+def step_interval(cal: Calibration, steps: Callable[[Calibration], Sequence[float]],
+                  rows: int) -> tuple[list[float], list[float]]:
+    """Per row, the 95 % interval of `steps(replica)` over the calibration's replicas (`perf/uncertainty.py`);
+    NaN for a calibration without them."""
+    values = np.array([steps(r) for r in cal.replicas()], float).reshape(-1, rows)
+    if len(values) < 2:
+        return [math.nan] * rows, [math.nan] * rows
+    low, high = np.nanpercentile(values, [2.5, 97.5], axis=0)
+    return low.tolist(), high.tolist()
+
+
+# Only the calibrated machine's own hardware was ever checked against runs; a preset or a hardware file was not
+# (docs/model.md: a file describing a shaped namespace link, checked by benchmarks/prediction_nodes.py).
+UNVALIDATED = "unvalidated (preset or file: compute scale 1, no in-situ scales)"
+
+
+def hardware_checked(cal: Calibration, hw: Hardware) -> str:
+    """The `checked` column: "calibrated here" for the calibration's own hardware, else UNVALIDATED."""
+    return "calibrated here" if hw.name == cal.hardware().name else UNVALIDATED
 
 
 def efficiency_threshold(table: pd.DataFrame, threshold: float = 0.5) -> dict[str, int | None]:
@@ -141,9 +170,31 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
 # ---------------------------------------------------------------- validation
 
 VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
-                      "net_latency_ms",
-                      "net_bandwidth_gbps", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "predicted", "measured",
-                      "measured_comm(ms)", "error(%)", "measured_speedup", "measured_efficiency"]
+                      "net_latency_ms", "net_bandwidth_gbps", "sample", "compute(ms)", "comm(ms)",
+                      "exposed_comm(ms)", "predicted", "predicted_ci_low", "predicted_ci_high", "measured",
+                      "measured_comm(ms)", "error(%)", "inside", "half_width(%)", "measured_speedup",
+                      "measured_efficiency"]
+
+
+def link_measured(cal: Calibration, link: NodeLink) -> bool:
+    """Whether the calibration measured `link`: its own, or an unshaped namespace link its unshaped bench ran over."""
+    return link == cal.calibrated_link or (link.namespaced and link.gbps is None and cal.veth_alpha_s is not None)
+
+
+def sample_of(cal: Calibration, config: dict) -> str:
+    """Whether a run is in the calibration's sample: "in-sample" when the calibration measured its node count, link
+    and per-rank batch, else "held out: " and what differs (nodes, link, batch), with "; compute in-sample" when
+    its compute was measured at its node count (`calibrate_compute`)."""
+    n = config["ranks"] * config.get("nnodes", 1)
+    nodes = max(1, int(config.get("local_nodes") or 0))
+    batches = cal.batches or [p["per_rank_batch"] for p in cal.points]
+    differs = [what for what, same in (("nodes", (nodes, n) == (cal.nodes, cal.ranks)),
+                                       ("link", link_measured(cal, NodeLink.of(config))),
+                                       ("batch", any(abs(config["global_batch"] / n - b) < 1e-9 for b in batches)))
+               if not same]
+    if not differs:
+        return "in-sample"
+    return "held out: " + ", ".join(differs) + ("; compute in-sample" if cal.compute_nodes == nodes > 1 else "")
 
 
 def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
@@ -187,8 +238,12 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         n = cfg["ranks"] * cfg.get("nnodes", 1)
         one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
         step = summary[keys.STEP_MEDIAN_MS]
+        [low], [high] = step_interval(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
         pred.append({"run_id": run["run_id"], "predicted": p["step(ms)"], "compute(ms)": p["compute(ms)"],
-                     "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"]})
+                     "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"], "predicted_ci_low": low,
+                     "predicted_ci_high": high, "sample": sample_of(cal, cfg),
+                     "inside": bool(low <= step <= high) if math.isfinite(low) else None,
+                     "half_width(%)": 50 * (high - low) / p["step(ms)"]})
         meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
                      "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
                      "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),
@@ -215,8 +270,10 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
 
 def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, bucket_mb: float,
                      compression: str) -> tuple[list[Cell], str | None]:
-    """The measured points of `run_prediction`: `strategy` at base.ranks for each calibration batch, with the
-    base's network emulation. ([], why) when nothing can be measured here."""
+    """The measured points of `run_prediction`: `strategy` at base.ranks for each calibration batch (in-sample)
+    and at the base's own per-rank batch (held out when the calibration did not measure it: the study's scale
+    cell, reused), with the base's network emulation. ([], why) when nothing can be measured here."""
+    batches = [*batches, int(base.per_rank_batch)]
     if base.ranks < 2:
         return [], "validation needs ranks >= 2 (one rank does not communicate)"
     if compression != "none" and strategy != "ddp":
