@@ -47,15 +47,20 @@ def main() -> int:
 
     import pandas as pd
 
-    from scalelab.perf import perfmodel as pm
     from scalelab.config import TrainConfig
+    from scalelab.experiments.predict import predicted_vs_measured
     from scalelab.lab.base import write_table
     from scalelab.lab.cells import Cell, Cells, with_fields
-    from scalelab.perf.calibration import calibrate, calibration_cells, gradient_sizes, insitu_cells
+    from scalelab.perf import perfmodel as pm
+    from scalelab.perf.calibration import (
+        calibrate,
+        calibration_cells,
+        gradient_sizes,
+        insitu_cells,
+    )
     from scalelab.perf.links import network_label
     from scalelab.perf.prediction import validate_measured
     from scalelab.run import netns
-    from scalelab.report import figures
     from scalelab.store import Store
 
     store = Store(args.store or Path(tempfile.mkdtemp(prefix="scalelab-bench-pred-")))
@@ -120,7 +125,7 @@ def main() -> int:
         index="sync", columns="net", values="abs_err", aggfunc="median").to_string(float_format=fmt))
     out = args.out or store.root / "out"
     write_table(check, out, "prediction_accuracy")
-    figure = figures.predicted_vs_measured(points, out / "prediction_accuracy.png")
+    figure = predicted_vs_measured(points, out / "prediction_accuracy.png")
     error = pm.median_abs_error(points)
     # the in-situ calibration ran allreduce, bucketed (other bucket size) and gather/scatter without emulation
     calibrated = points["sync"].isin(["allreduce", "bucketed", "gather_scatter"])

@@ -60,8 +60,9 @@ def check_choice(field: str, value: str, allowed) -> str:
 
 
 def default_calibration_batches(per_rank: int, accumulate: int) -> list[int]:
-    """b/4, b/2, b, 2b (rounded to multiples of accumulate, at least two different values)."""
-    out = sorted({max(accumulate, int(per_rank * f) // accumulate * accumulate) for f in (0.25, 0.5, 1, 2)})
+    """b/4, b/2, 2b (rounded to multiples of accumulate, at least two different values): not b itself, so that
+    the validation's run at the base's batch b is held out (the fit never saw that batch)."""
+    out = sorted({max(accumulate, int(per_rank * f) // accumulate * accumulate) for f in (0.25, 0.5, 2)} - {per_rank})
     return out if len(out) > 1 else [accumulate, 2 * accumulate, 4 * accumulate]
 
 

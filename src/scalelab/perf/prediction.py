@@ -12,7 +12,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,11 +23,22 @@ from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibration import MEASURED, Calibration, calibrate, calibration_path, own_scales_text
+from scalelab.perf.calibration import (
+    MEASURED,
+    Calibration,
+    calibrate,
+    calibration_path,
+    own_scales_text,
+)
 from scalelab.perf.hardware import hardware_from_dict, presets
-from scalelab.perf.horizon import HORIZON, extrapolated, host_cores, measured_scale, reach
+from scalelab.perf.horizon import (
+    HORIZON,
+    extrapolated,
+    host_cores,
+    measured_scale,
+    reach,
+)
 from scalelab.perf.links import NodeLink, network_label
-from scalelab.report.figures import plt, save
 
 # ---------------------------------------------------------------- prediction
 
@@ -380,8 +390,7 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
                  hw: recommendation(group, int(group["workers"].iloc[0]), target)
                  for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
     if len(validation):
-        notes["validation"] = (f"median |error| {validation.attrs['median_abs_error(%)']:.1f} % over "
-                               f"{len(validation)} measured runs")
+        notes["validation"] = validation_text(validation, compute_origin(cal))
     elif skipped:
         notes["validation"] = f"skipped: {skipped}"
     result = Result("predict", {"prediction": table, "options": options}, notes=notes,
@@ -392,79 +401,20 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     return result
 
 
-def prediction_figures(result: Result, out_dir: Path) -> list[Path]:
-    """Predicted scaling per hardware with the measured points of the same sync and batch; predicted vs measured."""
-
-    mode, validation = result.meta["mode"], result.tables.get("validation")
-    # measured points drawn over the curves: same strategy and batch (none when nothing was validated)
-    on_curve = validation if validation is not None else pd.DataFrame(columns=VALIDATION_COLUMNS + ["workers"])
-    if validation is not None and len(validation):
-        size = validation["per_rank_batch"] * (validation["workers"] if mode == "strong" else 1)
-        on_curve = validation[(validation["sync"] == result.meta["sync"]) & (size == result.meta["batch"])]
-    files = [predicted_scaling(result.tables["prediction"], on_curve, out_dir / "prediction.png", mode=mode,
-                                       compute_of=result.meta.get("compute_of", "this machine"))]
-    if validation is not None and len(validation):
-        files.append(predicted_vs_measured(validation, out_dir / "validation.png"))
-    return files
-
-
-def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *, mode: str,
-                      compute_of: str = "this machine") -> Path:
-    """Predicted speedup and efficiency vs workers (log x), one line per hardware, with measured points overlaid
-    (columns workers, measured_speedup, measured_efficiency; medians of the timed steps). `compute_of` says where
-    the compute was measured ("this machine", or a device and host); the title and the measured points say it."""
-    lines = table["hardware"].nunique() + 1 + (len(measured) > 0)
-    # the legend in a row of its own below both plots: hardware labels say whose compute they use, so are long
-    fig, axes = plt.subplots(2, 2, figsize=(11, 4.4 + 0.2 * lines),
-                             gridspec_kw={"height_ratios": [4.2, 0.2 * lines + 0.2]})
-    (ax1, ax2), legend_row = axes[0], axes[1]
-    for ax in legend_row:
-        ax.remove()
-    top = int(table["workers"].max())
-    ax1.plot([1, top], [1, top], "k:", label="ideal")
-    for hw, g in table.groupby("hardware", sort=False):
-        ax1.plot(g["workers"], g["speedup"], "o-", ms=3, label=hw)
-        ax2.plot(g["workers"], 100 * g["efficiency"], "o-", ms=3, label=hw)
-    if len(measured):
-        ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label=f"measured on {compute_of}")
-        ax2.plot(measured["workers"], 100 * measured["measured_efficiency"], "k*", ms=11,
-                 label=f"measured on {compute_of}")
-    ax2.axhline(50, color="gray", lw=0.8, ls="--")
-    what = "global batch" if mode == "strong" else "per-rank batch"
-    batch = table["per_rank_batch"].iloc[0] * (table["workers"].iloc[0] if mode == "strong" else 1)
-    ax1.set(xscale="log", yscale="log", xlabel="workers (ranks)", ylabel="speedup (x, predicted step times)",
-            title=f"{mode.title()} scaling, {what} {batch:g}, {table['strategy'].iloc[0]}\ncompute of {compute_of}")
-    ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
-            title="Efficiency (dashed: 50 %)")
-    fig.legend(*ax1.get_legend_handles_labels(), fontsize="small", loc="lower center", frameon=False)
-    return save(fig, path)
-
-
-def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:
-    """Predicted vs measured median step time per run (log-log) with the y = x line; colour = sync strategy,
-    marker = what the collectives went over (circle: loopback, triangle: namespace nodes' link, real or shaped by
-    the kernel); open markers = caller-side padding, labelled approximate."""
-    fig, ax = plt.subplots(figsize=(6, 5))
-    network = validation["network"] if "network" in validation else pd.Series("loopback", index=validation.index)
-    padded = network.str.contains("approximate")
-    nodes = network.str.contains("nodes over")
-    kind = pd.Series(list(zip(nodes, padded)), index=validation.index)
-    for i, (sync, g) in enumerate(validation.groupby("sync", sort=False)):
-        color = f"C{i}"
-        for (on_nodes, pad), h in g.groupby(kind[g.index]):
-            where = "nodes' link" if on_nodes else "loopback"
-            ax.plot(h["measured"], h["predicted"], "^" if on_nodes else "o", color=color,
-                    mfc="none" if pad else color, label=f"{sync}, {where}{', padded (approximate)' if pad else ''}")
-    lo = float(min(validation["measured"].min(), validation["predicted"].min())) * 0.8
-    hi = float(max(validation["measured"].max(), validation["predicted"].max())) * 1.25
-    ax.plot([lo, hi], [lo, hi], "k:", label="y = x")
-    err = validation["error(%)"].abs().median()  # of the points drawn (attrs may describe a larger frame)
-    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (ms, median of timed steps)",
-           ylabel="predicted step (ms)", title=f"Predicted vs measured: median |error| {err:.1f} %")
-    from matplotlib.ticker import FuncFormatter
-
-    for axis in (ax.xaxis, ax.yaxis):  # plain milliseconds, not powers of ten
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(round(v))[0] in "1235" else ""))
-    ax.legend(fontsize="small")
-    return save(fig, path)
+def validation_text(val: pd.DataFrame, where: str) -> str:
+    """The validation in words: held-out runs apart from those the fit used, with the interval's coverage."""
+    sample = val["sample"] if "sample" in val else pd.Series("in-sample", index=val.index)
+    held, used = val[sample != "in-sample"], val[sample == "in-sample"]
+    parts = []
+    for name, part in (("held out", held), ("in-sample (runs at batches the fit used)", used)):
+        if not len(part):
+            continue
+        err = part["error(%)"].abs()
+        inside = part["inside"].dropna() if "inside" in part else pd.Series(dtype=bool)
+        parts.append(f"{name}: {len(part)} run(s), median |error| {err.median():.1f} % (worst {err.max():.1f} %)"
+                     + (f", measured step inside the predicted 95 % interval in {int(inside.sum())} of {len(inside)}"
+                        if len(inside) else ""))
+    if not len(held):
+        parts.append("no held-out run: every validation run was at a batch the calibration measured, so this is "
+                     "not a test of the model")
+    return f"Validation on measured runs of {where}: " + "; ".join(parts) + "."
