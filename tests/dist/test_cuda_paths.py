@@ -135,7 +135,8 @@ def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
     table = result.tables["max_batch"]
     best = int(table["max_batch"].iloc[0])
     # batch `best` fitted beside a trial's own context, `best + 1` did not (a context is smaller than a sample)
-    assert 1 <= best and best * per <= free < (best + 2) * per, (best, free / 2**30)
+    assert 1 <= best and best * per <= free < (best + 2) * per, (best, free / 2**30, table["tried"].iloc[0],
+                                                                 table["failure"].iloc[0])
 
 
 def test_a_memory_limit_on_cuda_caps_the_caching_allocator(store, tmp_path):

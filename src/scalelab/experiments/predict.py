@@ -205,7 +205,9 @@ EXPERIMENT = Experiment(
     captions={"prediction": "Predicted step, speedup and efficiency per hardware and worker count (the model: "
                             "compute + exposed communication; docs/model.md) with its 95 % interval from the "
                             "calibration's bootstrap (step_ci_low/high); `extrapolation`: beyond 8x the largest "
-                            "measured scale; `checked`: presets and hardware files are unvalidated.",
+                            "measured scale; `checked`: presets and hardware files are unvalidated. An unshaped "
+                            "namespace link is predicted from its own bench, run at calibration (in-sample for the "
+                            "link).",
               "validation": "The model against measured runs (`sample`: in-sample where the calibration ran that batch, "
                             "held out where it did not): predicted with its 95 % interval and measured median "
                             "step, the measurement's 95 % interval, the error.",
