@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from scalelab.config import TrainConfig, default_threads
 from scalelab.distenv import DistContext, dist_context
 from scalelab.engines import registry as engines
+from scalelab.measure.clocks import estimate_in_run
 from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import added_since, cap_address_space, cap_cuda_memory, training_baseline
 from scalelab.measure.system import SystemSampler
@@ -50,6 +51,9 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     cuda_capped = False
     try:
         engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
+        clocks = estimate_in_run(ctx.rank, ctx.world)  # before training: the ranks' clock offsets to rank 0
+        if clocks is not None:
+            rundir.write_clocks(clocks)
         bundle, model = build_inputs(cfg)
         if cfg.memory_limit and ctx.device.type == "cuda":
             cuda_capped = cap_cuda_memory(ctx.device, cfg.memory_limit) < 1.0

@@ -8,6 +8,7 @@
     aggregates.rank<r>.json           a probed run's whole-run sums and quantile sketches per stage (run/probe.py)
     heartbeat.rank<r>.json            where rank r is, about once a second (train/heartbeat.py)
     failure.node<k>.json              why node k of a --local-nodes run failed (run/nodeagent.py)
+    clocks.json                       each rank's clock offset to rank 0 at start-up, rank 0 (measure/clocks.py)
     error.txt                         the traceback of a failed run
     (a multi-node run without a shared filesystem: node 0's directory gets every rank's steps, system and result
     files through the process group at the end, run/worker.py; each other node keeps its own)
@@ -70,6 +71,10 @@ class RunDir:
     @property
     def trace_file(self) -> Path:
         return self.path / "trace.json"
+
+    @property
+    def clocks_file(self) -> Path:
+        return self.path / "clocks.json"
 
     @property
     def error_file(self) -> Path:
@@ -224,6 +229,13 @@ class RunDir:
 
     def write_node_failure(self, node: int, failure: dict) -> None:
         write_json_atomic(self.node_failure_file(node), failure)
+
+    def read_clocks(self) -> dict | None:
+        """The ranks' clock offsets (measure/clocks.py); None for a run that has none (one rank, an older run)."""
+        return read_json(self.clocks_file) if self.clocks_file.is_file() else None
+
+    def write_clocks(self, clocks: dict) -> None:
+        write_json_atomic(self.clocks_file, clocks)
 
     def read_horovod_timeline(self) -> str | None:
         """The text of Horovod's timeline (None without one); analysis.timeline parses it."""
