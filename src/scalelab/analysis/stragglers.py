@@ -1,0 +1,217 @@
+"""Which rank is the straggler: arrival times at the collectives across ranks, and where it loses its time (pure).
+
+The lost-speedup breakdown's "waiting for peers" (scalelab.analysis.peers) says how long the ranks stood inside
+collectives waiting; this module says for whom. Every rank stamps each collective's enter time and length on its
+meter clock (`comm_events` of a step record: [op, phase, start, seconds, bytes]). Across machines the clocks
+differ: a time t on rank r is t - offset_r on rank 0's clock, offset_r estimated at start-up
+(scalelab.measure.clocks, the run's clocks.json); on one host every offset is 0.
+
+Per timed step, with the ranks' collectives matched by position (every rank issues the same collectives in the
+same order; a step where they differ is skipped, as in peers.step_split):
+- a_k = the last arrival (aligned enter time) at collective k, and last_k the rank that arrived then;
+- per rank r: last(count) = the collectives where r was last_k; the wait r caused in the step = the most any other
+  rank q stood inside collectives waiting for r: max over q != r of the union of q's [start_qk, min(end_qk, a_k)]
+  over the collectives k with last_k = r. Overlapping asynchronous collectives are counted once (a union, never a
+  sum), so with one straggler this equals the step's waiting for peers.
+The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
+
+Named straggler, only beyond noise (`straggler`): the rank whose wait caused has an interval that lies above every
+other rank's (intervals separated) and whose lower end is at least MATERIAL (2 %) of the median step: a rank that
+is last by a few microseconds on every step is last, but not what makes the step slow. A slower link is not a
+straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives late, and its cost is
+wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
+
+Where it loses its time (`stage_excess`): per step and stage (data, h2d, forward, backward, optimizer), the
+straggler's span minus the median over the other ranks' spans; the stage named is the one with the largest mean
+excess whose interval is above 0. A node is named as its straggler rank's node (torchrun's numbering: node =
+rank // ranks per node).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from scalelab.analysis.intervals import mean_interval
+from scalelab.analysis.peers import union_seconds
+
+STAGES = ("data", "h2d", "forward", "backward", "optimizer")
+MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
+COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
+           "caused_low(ms)", "caused_high(ms)")
+
+
+def _offset(offsets: Sequence[float] | None, rank: int) -> float:
+    return float(offsets[rank]) if offsets is not None and rank < len(offsets) else 0.0
+
+
+def _timed_steps(records: list[dict]) -> dict[int, dict[int, dict]]:
+    """{step: {rank: record}} of the timed (not warm-up) steps."""
+    out: dict[int, dict[int, dict]] = {}
+    for rec in records:
+        if not rec.get("warmup", False):
+            out.setdefault(rec["step"], {})[rec["rank"]] = rec
+    return out
+
+
+def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[float] | None = None) -> dict | None:
+    """One step's arrivals from each rank's comm_events (one list per rank, in the order of `ranks`):
+    {"last": the last rank at each collective, "caused": {rank: seconds the others waited for it}, "arrival": the
+    aligned last arrival a_k per collective}; None when fewer than two ranks metered collectives or their ops
+    differ."""
+    if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
+        return None
+    shift = np.array([_offset(offsets, r) for r in ranks], dtype=float)[:, None]
+    starts = np.array([[e[2] for e in ev] for ev in events], dtype=float) - shift  # ranks x collectives
+    ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
+    last = np.argmax(starts, axis=0)
+    arrival = starts.max(axis=0)
+    caused = {}
+    for i, rank in enumerate(ranks):
+        mine = np.flatnonzero(last == i)
+        caused[rank] = max((union_seconds(zip(starts[q, mine], np.minimum(ends[q, mine], arrival[mine])))
+                            for q in range(len(ranks)) if q != i), default=0.0)
+    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": arrival.tolist()}
+
+
+def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *,
+                  ranks_per_node: int | None = None) -> pd.DataFrame:
+    """One row per rank (COLUMNS): timed steps compared, collectives, how often it was last to arrive (count and
+    share), at how many steps it was last at the final collective (the rank the step waited for), and the mean
+    wait it caused per step in ms with its 95 % interval. Empty when no step could be compared."""
+    caused: dict[int, list[float]] = {}
+    last: dict[int, int] = {}
+    set_step: dict[int, int] = {}
+    total = 0
+    for step in sorted(steps := _timed_steps(records)):
+        ranks = sorted(steps[step])
+        found = step_arrivals([list(steps[step][r].get("comm_events") or []) for r in ranks], ranks, offsets)
+        if found is None:
+            continue
+        total += len(found["last"])
+        for r in ranks:
+            caused.setdefault(r, []).append(found["caused"][r])
+            last[r] = last.get(r, 0) + found["last"].count(r)
+        set_step[found["last"][-1]] = set_step.get(found["last"][-1], 0) + 1
+    rows = []
+    for r in sorted(caused):
+        low, high = mean_interval(caused[r])
+        rows.append({"rank": r, "node": r // ranks_per_node if ranks_per_node else None, "steps": len(caused[r]),
+                     "collectives": total, "last": last.get(r, 0),
+                     "last(share)": last.get(r, 0) / total if total else math.nan,
+                     "set_step": set_step.get(r, 0), "caused(ms)": 1e3 * float(np.mean(caused[r])),
+                     "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def stage_excess(records: list[dict], rank: int) -> pd.DataFrame:
+    """Per stage (STAGES): `rank`'s mean span minus the other ranks' median span, per timed step, in ms: columns
+    stage, excess(ms), low(ms), high(ms), steps. Empty without another rank to compare with."""
+    steps = _timed_steps(records)
+    rows = []
+    for stage in STAGES:
+        key = f"{stage}(s)"
+        diffs = [by[rank].get(key, 0.0) - float(np.median([by[q].get(key, 0.0) for q in by if q != rank]))
+                 for by in steps.values() if rank in by and len(by) > 1]
+        if not diffs:
+            continue
+        low, high = mean_interval(diffs)
+        rows.append({"stage": stage, "excess(ms)": 1e3 * float(np.mean(diffs)), "low(ms)": 1e3 * low,
+                     "high(ms)": 1e3 * high, "steps": len(diffs)})
+    return pd.DataFrame(rows, columns=["stage", "excess(ms)", "low(ms)", "high(ms)", "steps"])
+
+
+def losing_stage(excess: pd.DataFrame) -> str | None:
+    """The stage with the largest mean excess whose interval lies above 0; None when no stage's does."""
+    beyond = excess[excess["low(ms)"] > 0] if len(excess) else excess
+    return None if beyond.empty else str(beyond.sort_values("excess(ms)").iloc[-1]["stage"])
+
+
+def median_step_ms(records: list[dict]) -> float:
+    """Median over timed steps of the slowest rank's wall time, in ms (NaN without timed steps)."""
+    walls = [max(r.get("wall(s)", 0.0) for r in by.values()) for by in _timed_steps(records).values()]
+    return 1e3 * float(np.median(walls)) if walls else math.nan
+
+
+def straggler(table: pd.DataFrame, step_ms: float, *, material: float = MATERIAL) -> int | None:
+    """The rank named as the straggler (module docstring), or None: no rank's wait caused stands above every
+    other's beyond noise and by at least `material` of the step."""
+    if len(table) < 2:
+        return None
+    top = table.sort_values("caused(ms)").iloc[-1]
+    others = table[table["rank"] != top["rank"]]
+    low = top["caused_low(ms)"]
+    if not (math.isfinite(low) and low >= material * step_ms):
+        return None
+    if not all(math.isfinite(h) and h < low for h in others["caused_high(ms)"]):
+        return None
+    return int(top["rank"])
+
+
+def find_straggler(records: list[dict], offsets: Sequence[float] | None = None, *,
+                   ranks_per_node: int | None = None) -> dict:
+    """The whole verdict of one run: {"table": arrival_table, "step(ms)", "rank": the named straggler or None,
+    "node", "stage": where it loses its time (None: not beyond noise), "excess": its stage_excess table,
+    "caused(ms)" with "caused_low(ms)" / "caused_high(ms)", "last(share)", "steps"}."""
+    table = arrival_table(records, offsets, ranks_per_node=ranks_per_node)
+    step_ms = median_step_ms(records)
+    rank = straggler(table, step_ms)
+    out = {"table": table, "step(ms)": step_ms, "rank": rank, "node": None, "stage": None, "excess": None}
+    if rank is not None:
+        row = table[table["rank"] == rank].iloc[0]
+        excess = stage_excess(records, rank)
+        out.update(node=row["node"], stage=losing_stage(excess), excess=excess, steps=int(row["steps"]),
+                   **{k: float(row[k]) for k in ("caused(ms)", "caused_low(ms)", "caused_high(ms)", "last(share)")})
+    return out
+
+
+def last_arrivals(records: list[dict], offsets: Sequence[float] | None = None) -> set[tuple[int, int, int]]:
+    """(rank, step, index in its comm_events) of every collective's last arrival, warm-up steps included: what the
+    trace marks."""
+    by_step: dict[int, dict[int, dict]] = {}
+    for rec in records:
+        by_step.setdefault(rec["step"], {})[rec["rank"]] = rec
+    out = set()
+    for step, by in by_step.items():
+        ranks = sorted(by)
+        found = step_arrivals([list(by[r].get("comm_events") or []) for r in ranks], ranks, offsets)
+        for k, rank in enumerate(found["last"] if found else []):
+            out.add((rank, step, k))
+    return out
+
+
+def straggler_lines(verdict: dict) -> list[str]:
+    """The verdict in words: who is the straggler (or that none is beyond noise), how often it arrived last, how
+    long the others waited for it, and where it loses its time; one line each."""
+    table = verdict["table"]
+    if table.empty:
+        return ["Stragglers: no step with collectives on two or more ranks to compare."]
+    rank = verdict["rank"]
+    if rank is None:
+        worst = table.sort_values("caused(ms)").iloc[-1]
+        return [f"No straggler beyond noise: the most any rank made the others wait was rank {int(worst['rank'])}'s "
+                f"{_ms(worst)} per step (n = {int(worst['steps'])} steps; a straggler's must stand above every "
+                f"other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms step). Slow "
+                "communication that every rank shares is wire time, not a straggler."]
+    where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
+    lines = [f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; the "
+             f"others waited {verdict['caused(ms)']:.2f} ms per step for it (95 % interval "
+             f"{verdict['caused_low(ms)']:.2f}-{verdict['caused_high(ms)']:.2f}, n = {verdict['steps']} steps, "
+             f"step {verdict['step(ms)']:.1f} ms)."]
+    excess = verdict["excess"]
+    if verdict["stage"] is not None:
+        row = excess[excess["stage"] == verdict["stage"]].iloc[0]
+        lines.append(f"It loses its time in {verdict['stage']}: {row['excess(ms)']:.2f} ms per step more than the "
+                     f"other ranks' median (95 % interval {row['low(ms)']:.2f}-{row['high(ms)']:.2f}).")
+    else:
+        lines.append("No stage of its own is slower than the other ranks' beyond noise: it loses its time "
+                     "outside the timed stages (or between them).")
+    return lines
+
+
+def _ms(row) -> str:
+    low, high = row["caused_low(ms)"], row["caused_high(ms)"]
+    iv = f" (95 % interval {low:.2f}-{high:.2f})" if math.isfinite(low) else ""
+    return f"{row['caused(ms)']:.2f} ms{iv}"

@@ -1,0 +1,171 @@
+"""Known truths for the straggler attribution (scalelab.analysis.stragglers), on real runs:
+- a sleep injected into one rank's forward names that rank and forward (2 ranks on one host);
+- on 2 --local-nodes nodes, node 1's rank given less CPU (a cgroup cpu quota) names node 1;
+- a slower link (tbf at 0.2 Gbit/s on both nodes) names no straggler: its cost is wire time and per-node MB/s.
+Each prints n, the named rank / node and the waiting time with its 95 % interval."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import cli_env, run_cli
+from scalelab.analysis import keys
+from scalelab.analysis.nodes import node_rows
+from scalelab.analysis.stragglers import find_straggler, straggler_lines
+from scalelab.run import netns
+from scalelab.store import RunDir, Store
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = """
+import os, time
+from torch import nn
+
+class Model(nn.Module):
+    '''An MLP of ~1.2 MB of gradients; rank {rank}'s training forward sleeps {delay} s (the injected straggler).'''
+    def __init__(self, spec):
+        super().__init__()
+        n_in = 1
+        for d in spec.shape:
+            n_in *= d
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(n_in, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                 nn.Linear(512, spec.num_classes))
+
+    def forward(self, x):
+        if self.training and {delay} and os.environ.get("RANK") == "{rank}":
+            time.sleep({delay})
+        return self.net(x)
+
+def make(spec):
+    return Model(spec)
+"""
+
+
+def _model(tmp_path: Path, *, rank: int = 1, delay: float = 0.0) -> str:
+    path = tmp_path / f"model_{rank}_{int(delay * 1e3)}.py"
+    path.write_text(MODEL.format(rank=rank, delay=delay))
+    return f"{path}:make"
+
+
+def _train_args(model: str, root: Path, *more: str) -> list[str]:
+    return ["train", "--model", model, "--samples", "2048", "--global-batch", "32", "--steps", "24",
+            "--store", str(root), *more]
+
+
+def _verdict(root: Path) -> tuple[dict, dict]:
+    runs = Store(root).list_runs()
+    assert list(runs["status"]) == ["completed"], runs
+    run = Store(root).get(runs["run_id"][0])
+    parsed = RunDir(run["dir"]).load()
+    clocks = parsed.rundir.read_clocks()
+    assert clocks is not None  # every run of 2+ ranks estimates its clock offsets at start-up
+    nodes = run["config"].get("nnodes", 1) > 1
+    verdict = find_straggler(parsed.all_steps, clocks["offsets(s)"],
+                             ranks_per_node=run["config"]["ranks"] if nodes else None)
+    print("\n" + "\n".join(straggler_lines(verdict)))
+    print(verdict["table"].to_string())
+    return verdict, run
+
+
+def test_a_sleep_in_one_ranks_forward_names_that_rank_and_forward(tmp_path):
+    root = tmp_path / "store"
+    res = run_cli(_train_args(_model(tmp_path, rank=1, delay=0.02), root, "--ranks", "2"), timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    verdict, _ = _verdict(root)
+    assert verdict["rank"] == 1 and verdict["stage"] == "forward", verdict
+    # the known truth: rank 0 waits about the 20 ms rank 1 sleeps (less whatever rank 0 spends beyond rank 1)
+    assert 10 < verdict["caused(ms)"] < 30, verdict
+
+
+def _unusable() -> str | None:
+    try:
+        netns.check_usable()
+    except netns.NamespacesUnavailable as err:
+        return str(err)
+    return None
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (v2: cpu.max in the unified tree)
+
+
+def _rank_process(root: Path, rank: int, timeout: float = 120) -> psutil.Process:
+    """The worker process of `rank` of the run stored under `root`, as soon as it exists."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "scalelab.run.worker" in cmd and str(root) in cmd:
+                try:
+                    if proc.environ().get("RANK") == str(rank):
+                        return proc
+                except psutil.Error:
+                    continue
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank}'s worker did not start within {timeout:g} s")
+
+
+def _release(group: Path) -> None:
+    """Move whatever is left in the test's cgroup back to the root cgroup and remove it."""
+    if not group.exists():
+        return
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            (CPU_CGROUP / "cgroup.procs").write_text(pid)
+        except OSError:
+            pass  # it ended meanwhile
+    group.rmdir()
+
+
+@pytest.mark.skipif(_unusable() is not None, reason=str(_unusable()))
+@pytest.mark.skipif(not (CPU_CGROUP / "cpu.cfs_quota_us").exists() or os.geteuid() != 0,
+                    reason="needs root and cgroup v1's cpu controller at /sys/fs/cgroup/cpu")
+def test_a_node_with_less_cpu_is_named(tmp_path):
+    root = tmp_path / "store"
+    group = CPU_CGROUP / f"scalelab-test-{os.getpid()}"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab", *_train_args(
+        _model(tmp_path), root, "--ranks", "1", "--local-nodes", "2")], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("25000")  # node 1's rank: a quarter of one core
+        worker = _rank_process(root, 1)
+        (group / "cgroup.procs").write_text(str(worker.pid))  # v1: moves every thread of the process
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _release(group)
+    verdict, _ = _verdict(root)
+    assert verdict["rank"] == 1 and verdict["node"] == 1, verdict
+
+
+@pytest.mark.skipif(_unusable() is not None, reason=str(_unusable()))
+def test_a_slower_link_is_wire_time_not_a_straggler(tmp_path):
+    root = tmp_path / "store"
+    res = run_cli(_train_args(_model(tmp_path), root, "--ranks", "1", "--local-nodes", "2", "--link-gbps", "0.2"),
+                  timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    verdict, run = _verdict(root)
+    assert verdict["rank"] is None, verdict
+    summary = run["summary"]
+    parsed = RunDir(run["dir"]).load()
+    steps = [r for r in parsed.all_steps if not r["warmup"]]
+    # the known truth: a 2-rank ring allreduce sends each rank's S bytes once over the 0.2 Gbit/s link
+    wire_floor_ms = 1e3 * min(r["comm_bytes"] for r in steps) / (0.2e9 / 8)
+    print(f"wire {summary[keys.COMM_CRITICAL_MS]:.1f} ms/step (floor {wire_floor_ms:.1f}), waiting for peers "
+          f"{summary[keys.COMM_PEERS_WAIT_MS]:.2f} ms/step")
+    assert summary[keys.COMM_CRITICAL_MS] > 0.8 * wire_floor_ms
+    assert summary[keys.COMM_PEERS_WAIT_MS] < 0.5 * summary[keys.COMM_CRITICAL_MS]
+    nodes = node_rows(parsed.all_steps, [s for r in sorted(parsed.system) for s in parsed.system[r]],
+                      ranks_per_node=1, nodes=2, steps_per_epoch=parsed.results[0]["steps_per_epoch"])
+    print([(n["node"], n["net_sent(MB/s)"]) for n in nodes])
+    assert all(n["net_sent(MB/s)"] and n["net_sent(MB/s)"] > 1.0 for n in nodes), nodes
