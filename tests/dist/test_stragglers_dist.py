@@ -70,6 +70,8 @@ def _verdict(root: Path) -> tuple[dict, dict]:
                              ranks_per_node=run["config"]["ranks"] if nodes else None)
     print("\n" + "\n".join(straggler_lines(verdict)))
     print(verdict["table"].to_string())
+    if verdict["excess"] is not None:
+        print(verdict["excess"].to_string())
     return verdict, run
 
 
@@ -133,8 +135,8 @@ def test_a_node_with_less_cpu_is_named(tmp_path):
         stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
         group.mkdir()
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("25000")  # node 1's rank: a quarter of one core
+        (group / "cpu.cfs_period_us").write_text("10000")  # a short period: many small stalls, not a few long ones
+        (group / "cpu.cfs_quota_us").write_text("2500")  # node 1's rank: a quarter of one core
         worker = _rank_process(root, 1)
         (group / "cgroup.procs").write_text(str(worker.pid))  # v1: moves every thread of the process
         _, err = proc.communicate(timeout=240)
@@ -169,3 +171,35 @@ def test_a_slower_link_is_wire_time_not_a_straggler(tmp_path):
                       ranks_per_node=1, nodes=2, steps_per_epoch=parsed.results[0]["steps_per_epoch"])
     print([(n["node"], n["net_sent(MB/s)"]) for n in nodes])
     assert all(n["net_sent(MB/s)"] and n["net_sent(MB/s)"] > 1.0 for n in nodes), nodes
+
+
+SCRIPT = """
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+x = torch.ones(1000)
+for i in range(30):
+    time.sleep(0.005)
+    if dist.get_rank() == 1:
+        time.sleep(0.02)  # the injected straggler: rank 1 comes 20 ms late to every allreduce
+    dist.all_reduce(x)
+dist.destroy_process_group()
+"""
+
+
+def test_a_users_script_without_steps_names_its_straggler_from_the_metered_collectives(tmp_path):
+    from scalelab.analysis.stragglers import run_straggler
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    root = tmp_path / "store"
+    res = run_cli(["run", "--store", str(root), "--ranks", "2", "--", "python", str(script)], timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = Store(root).get(Store(root).list_runs()["run_id"][0])
+    verdict = run_straggler(RunDir(run["dir"]).load())
+    print("\n" + "\n".join(straggler_lines(verdict)))
+    print(verdict["table"].to_string())
+    assert verdict["rank"] == 1 and verdict["stages"] is False, verdict
+    assert 15 < verdict["caused(ms)"] < 30, verdict

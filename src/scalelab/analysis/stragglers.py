@@ -158,13 +158,49 @@ def find_straggler(records: list[dict], offsets: Sequence[float] | None = None, 
     table = arrival_table(records, offsets, ranks_per_node=ranks_per_node)
     step_ms = median_step_ms(records)
     rank = straggler(table, step_ms)
-    out = {"table": table, "step(ms)": step_ms, "rank": rank, "node": None, "stage": None, "excess": None}
+    out = {"table": table, "step(ms)": step_ms, "rank": rank, "node": None, "stage": None, "excess": None,
+           "per": "step"}
     if rank is not None:
         row = table[table["rank"] == rank].iloc[0]
         excess = stage_excess(records, rank)
         out.update(node=row["node"], stage=losing_stage(excess), excess=excess, steps=int(row["steps"]),
                    **{k: float(row[k]) for k in ("caused(ms)", "caused_low(ms)", "caused_high(ms)", "last(share)")})
     return out
+
+
+def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dict]:
+    """Pseudo step records of a user's script that marks no steps (`scalelab run` without the probe API): the
+    collectives it made, metered into each rank's result (`comm_outside`), one record per collective, the first
+    `warmup` of them warm-up. A record's wall(s) is that rank's time from this collective's enter to the next's
+    (the last: its own length), so the step the material share refers to is the period between collectives."""
+    out = []
+    for rank, result in results.items():
+        events = (result.get("comm_outside") or {}).get("comm_events") or []
+        for k, ev in enumerate(events):
+            period = (events[k + 1][2] - ev[2]) if k + 1 < len(events) else ev[3]
+            out.append({"step": k + 1, "rank": rank, "warmup": k < warmup, "comm_events": [list(ev)],
+                        "wall(s)": period})
+    return out
+
+
+def run_straggler(run) -> dict:
+    """`find_straggler` of a stored run (a ParsedRun: scalelab.store.rundir), with its clock offsets
+    (clocks.json; 0 on one host, a --local-nodes cluster included) and its nodes (node = rank // ranks per node).
+    A script's run that marked no steps is read from its metered collectives (`collective_records`); its verdict
+    has "stages": False (no stage spans to say where the straggler loses its time). Across machines without
+    clock offsets nothing is compared: "unaligned": True and an empty table."""
+    config = run.config or {}
+    nnodes = int(config.get("nnodes") or 1)
+    offsets = (run.clocks or {}).get("offsets(s)")
+    records = run.all_steps
+    stages = any(r.get("comm_events") for r in records)
+    if not stages:
+        records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
+    if offsets is None and nnodes > 1 and not config.get("local_nodes"):
+        return {"table": pd.DataFrame(columns=list(COLUMNS)), "step(ms)": math.nan, "rank": None, "node": None,
+                "stage": None, "excess": None, "stages": stages, "unaligned": True}
+    verdict = find_straggler(records, offsets, ranks_per_node=int(config.get("ranks") or 1) if nnodes > 1 else None)
+    return {**verdict, "stages": stages, "unaligned": False, "per": "step" if stages else "collective"}
 
 
 def last_arrivals(records: list[dict], offsets: Sequence[float] | None = None) -> set[tuple[int, int, int]]:
@@ -183,25 +219,30 @@ def last_arrivals(records: list[dict], offsets: Sequence[float] | None = None) -
 
 
 def straggler_lines(verdict: dict) -> list[str]:
-    """The verdict in words: who is the straggler (or that none is beyond noise), how often it arrived last, how
+    """The verdict (`find_straggler` / `run_straggler`) in words: who is the straggler (or that none is beyond noise), how often it arrived last, how
     long the others waited for it, and where it loses its time; one line each."""
     table = verdict["table"]
+    if verdict.get("unaligned"):
+        return ["Stragglers: not compared: the run spans machines and has no clock offsets (clocks.json), so its "
+                "ranks' arrival times do not compare."]
     if table.empty:
         return ["Stragglers: no step with collectives on two or more ranks to compare."]
-    rank = verdict["rank"]
+    rank, per = verdict["rank"], verdict.get("per", "step")
     if rank is None:
         worst = table.sort_values("caused(ms)").iloc[-1]
         return [f"No straggler beyond noise: the most any rank made the others wait was rank {int(worst['rank'])}'s "
-                f"{_ms(worst)} per step (n = {int(worst['steps'])} steps; a straggler's must stand above every "
-                f"other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms step). Slow "
+                f"{_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's must stand above every "
+                f"other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms {per}). Slow "
                 "communication that every rank shares is wire time, not a straggler."]
     where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
     lines = [f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; the "
-             f"others waited {verdict['caused(ms)']:.2f} ms per step for it (95 % interval "
-             f"{verdict['caused_low(ms)']:.2f}-{verdict['caused_high(ms)']:.2f}, n = {verdict['steps']} steps, "
-             f"step {verdict['step(ms)']:.1f} ms)."]
+             f"others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "
+             f"{verdict['caused_low(ms)']:.2f}-{verdict['caused_high(ms)']:.2f}, n = {verdict['steps']} {per}s, "
+             f"{per} {verdict['step(ms)']:.1f} ms)."]
     excess = verdict["excess"]
-    if verdict["stage"] is not None:
+    if verdict.get("stages") is False:
+        lines.append("The script marks no steps (scalelab.probe): no stage spans say where it loses its time.")
+    elif verdict["stage"] is not None:
         row = excess[excess["stage"] == verdict["stage"]].iloc[0]
         lines.append(f"It loses its time in {verdict['stage']}: {row['excess(ms)']:.2f} ms per step more than the "
                      f"other ranks' median (95 % interval {row['low(ms)']:.2f}-{row['high(ms)']:.2f}).")

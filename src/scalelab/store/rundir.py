@@ -277,7 +277,8 @@ class RunDir:
             summary=self.read_summary(),
             steps={_rank_of(p): read_jsonl(p) for p in self.step_files()},
             results={_rank_of(p): read_json(p) for p in self.result_files()},
-            system={_rank_of(p): read_jsonl(p) for p in self.system_files()})
+            system={_rank_of(p): read_jsonl(p) for p in self.system_files()},
+            clocks=self.read_clocks())
 
 
 @dataclass
@@ -292,6 +293,7 @@ class ParsedRun:
     steps: dict[int, list[dict]] = field(default_factory=dict)
     results: dict[int, dict] = field(default_factory=dict)
     system: dict[int, list[dict]] = field(default_factory=dict)
+    clocks: dict | None = None  # the ranks' clock offsets to rank 0 (clocks.json), None where not estimated
 
     @property
     def all_steps(self) -> list[dict]:
