@@ -183,6 +183,14 @@ def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dic
     return out
 
 
+def offsets_of(config: dict, clocks: dict | None) -> tuple[bool, list[float] | None]:
+    """(comparable, offsets) of a run: its clocks.json offsets; None (all 0) on one host, a --local-nodes cluster
+    included; not comparable across machines without them."""
+    offsets = (clocks or {}).get("offsets(s)")
+    across = int(config.get("nnodes") or 1) > 1 and not config.get("local_nodes")
+    return offsets is not None or not across, offsets
+
+
 def run_straggler(run) -> dict:
     """`find_straggler` of a stored run (a ParsedRun: scalelab.store.rundir), with its clock offsets
     (clocks.json; 0 on one host, a --local-nodes cluster included) and its nodes (node = rank // ranks per node).
@@ -191,12 +199,12 @@ def run_straggler(run) -> dict:
     clock offsets nothing is compared: "unaligned": True and an empty table."""
     config = run.config or {}
     nnodes = int(config.get("nnodes") or 1)
-    offsets = (run.clocks or {}).get("offsets(s)")
+    comparable, offsets = offsets_of(config, run.clocks)
     records = run.all_steps
     stages = any(r.get("comm_events") for r in records)
     if not stages:
         records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
-    if offsets is None and nnodes > 1 and not config.get("local_nodes"):
+    if not comparable:
         return {"table": pd.DataFrame(columns=list(COLUMNS)), "step(ms)": math.nan, "rank": None, "node": None,
                 "stage": None, "excess": None, "stages": stages, "unaligned": True}
     verdict = find_straggler(records, offsets, ranks_per_node=int(config.get("ranks") or 1) if nnodes > 1 else None)

@@ -5,7 +5,9 @@ The trace puts every rank's stage spans and collectives on one timeline. Open `t
 "stages" (data, h2d, forward, backward, comm, optimizer, eval, laid end to end from the step's start in the
 order the loop runs them; micro-steps of accumulation are merged into one forward and one backward span) and
 "collectives" (each collective from launch to completion as its caller saw it; they may overlap backward).
-Times come from each rank's wall clock (unix time), so ranks on one host line up. A run of the Horovod engine
+Times come from each rank's wall clock (unix time), so ranks on one host line up. Each collective's last arrival
+(the rank the others waited for: scalelab.analysis.stragglers, on clocks aligned by the run's clock offsets) carries
+`"last_arrival": true` in its args and an instant event "last arrival" at its start. A run of the Horovod engine
 adds a row for Horovod's timeline (rank 0): each tensor's negotiation and fused allreduce, aligned to the steps.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scalelab.analysis import timeline
+from scalelab.analysis.stragglers import last_arrivals, offsets_of
 from scalelab.errors import MissingExtra
 from scalelab.store.rundir import RunDir
 
@@ -24,9 +27,11 @@ if TYPE_CHECKING:
 TRACE_ORDER = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
 
 
-def trace_events(records: list[dict]) -> list[dict]:
-    """Chrome trace events (complete events, microseconds) for the step records of any ranks."""
+def trace_events(records: list[dict], last: set[tuple[int, int, int]] | None = None) -> list[dict]:
+    """Chrome trace events (complete events, microseconds) for the step records of any ranks; `last` holds the
+    (rank, step, index) of the collectives that were their last arrival (stragglers.last_arrivals): marked."""
     events: list[dict] = []
+    last = last or set()
     for rec in records:
         rank, end = rec["rank"], rec["t_end(unix_s)"]
         t = end - rec["wall(s)"]
@@ -42,10 +47,16 @@ def trace_events(records: list[dict]) -> list[dict]:
             events.append({"name": "eval", "ph": "X", "pid": rank, "tid": "stages", "ts": end * 1e6,
                            "dur": rec["evaluation(s)"] * 1e6})
         perf_end = rec.get("t_end(perf_s)")
-        for op, phase, start, seconds, nbytes in rec.get("comm_events", []) if perf_end is not None else []:
-            events.append({"name": op, "ph": "X", "pid": rank, "tid": "collectives",
-                           "ts": (end - (perf_end - start)) * 1e6, "dur": seconds * 1e6,
-                           "args": {"phase": phase, "bytes": nbytes}})
+        for k, (op, phase, start, seconds, nbytes) in enumerate(
+                rec.get("comm_events", []) if perf_end is not None else []):
+            ts = (end - (perf_end - start)) * 1e6
+            args = {"phase": phase, "bytes": nbytes}
+            if (rank, rec["step"], k) in last:
+                args["last_arrival"] = True
+                events.append({"name": "last arrival", "ph": "i", "s": "t", "pid": rank, "tid": "collectives",
+                               "ts": ts})
+            events.append({"name": op, "ph": "X", "pid": rank, "tid": "collectives", "ts": ts,
+                           "dur": seconds * 1e6, "args": args})
     for rank in sorted({r["rank"] for r in records}):
         events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
     return events
@@ -55,7 +66,8 @@ def write_trace(run_dir: Path) -> Path:
     """Write `trace.json` for a stored run from its step records (and Horovod's timeline, when it has one)."""
     rundir = RunDir(run_dir)
     records = rundir.read_steps()
-    events = trace_events(records)
+    comparable, offsets = offsets_of(rundir.read_config(), rundir.read_clocks())
+    events = trace_events(records, last_arrivals(records, offsets) if comparable else None)
     text = rundir.read_horovod_timeline()
     if text:
         events += horovod_events(text, [r for r in records if r["rank"] == 0])

@@ -1,0 +1,156 @@
+"""Straggler attribution on synthetic step records with exact numbers (scalelab.analysis.stragglers)."""
+import math
+
+import pytest
+
+from scalelab.analysis import stragglers as st
+
+
+def rec(rank, step, starts, ends, *, warmup=False, wall=0.1, **stages):
+    events = [["allreduce", "backward", s, e - s, 4096] for s, e in zip(starts, ends)]
+    return {"rank": rank, "step": step, "warmup": warmup, "wall(s)": wall, "comm_events": events,
+            **{f"{k}(s)": v for k, v in stages.items()}}
+
+
+def late_rank_records(steps=8, late=0.010, jitter=1e-4):
+    """Rank 1 enters each of 3 collectives `late` s (+ a little jitter) after rank 0; both leave 1 ms after it."""
+    out = []
+    for t in range(1, steps + 1):
+        base = 10.0 * t
+        d = late + jitter * (t % 3)
+        r0 = [base, base + 0.020, base + 0.040]
+        r1 = [s + d for s in r0]
+        ends = [s + 0.001 for s in r1]
+        out += [rec(0, t, r0, ends, forward=0.030, backward=0.040),
+                rec(1, t, r1, ends, forward=0.030 + d, backward=0.040)]
+    return out
+
+
+def test_the_wait_a_late_rank_causes_is_the_others_time_inside_collectives_before_it_arrives():
+    records = late_rank_records()
+    table = st.arrival_table(records).set_index("rank")
+    expected = [3 * (0.010 + 1e-4 * (t % 3)) for t in range(1, 9)]  # three disjoint waits per step
+    assert table.loc[1, "caused(ms)"] == pytest.approx(1e3 * sum(expected) / 8)
+    assert table.loc[0, "caused(ms)"] == 0.0
+    assert (table.loc[1, "last"], table.loc[1, "collectives"], table.loc[1, "set_step"]) == (24, 24, 8)
+    assert table.loc[1, "last(share)"] == 1.0
+    assert table.loc[1, "caused_low(ms)"] < table.loc[1, "caused(ms)"] < table.loc[1, "caused_high(ms)"]
+
+
+def test_overlapping_collectives_count_the_wait_once_not_per_collective():
+    # rank 0 launches buckets at 0, 2, 4 ms; rank 1 at 10, 12, 14 ms: rank 0 waits from 0 to 14 ms, not 30
+    found = st.step_arrivals([[["allreduce", "backward", s, 0.02 - s, 1] for s in (0.0, 0.002, 0.004)],
+                              [["allreduce", "backward", s, 0.02 - s, 1] for s in (0.010, 0.012, 0.014)]], [0, 1])
+    assert found["caused"][1] == pytest.approx(0.014)
+    assert found["last"] == [1, 1, 1]
+
+
+def test_steps_whose_collectives_differ_are_not_compared():
+    assert st.step_arrivals([[["allreduce", "backward", 0.0, 1.0, 1]], [["broadcast", "forward", 0.0, 1.0, 1]]],
+                            [0, 1]) is None
+    assert st.step_arrivals([[["allreduce", "backward", 0.0, 1.0, 1]]], [0]) is None
+
+
+def test_a_late_rank_is_named_with_the_stage_it_loses_its_time_in():
+    verdict = st.find_straggler(late_rank_records(), ranks_per_node=1)
+    assert (verdict["rank"], verdict["node"], verdict["stage"]) == (1, 1, "forward")
+    excess = verdict["excess"].set_index("stage")
+    assert excess.loc["forward", "excess(ms)"] == pytest.approx(1e3 * sum(0.010 + 1e-4 * (t % 3)
+                                                                          for t in range(1, 9)) / 8)
+    assert excess.loc["backward", "excess(ms)"] == 0.0
+    lines = st.straggler_lines(verdict)
+    assert lines[0].startswith("Straggler: rank 1 (node 1), last to arrive at 100% of the collectives")
+    assert "loses its time in forward" in lines[1]
+
+
+def test_warmup_steps_are_left_out():
+    records = late_rank_records(steps=4)
+    for r in records:
+        r["warmup"] = True
+    assert st.arrival_table(records).empty
+    assert st.straggler_lines(st.find_straggler(records))[0].startswith("Stragglers: no step")
+
+
+def symmetric_slow_link(steps=10):
+    """A slow link: every collective takes 300 ms on both ranks, arrivals alternate by 0.1 ms (noise)."""
+    out = []
+    for t in range(1, steps + 1):
+        base = 10.0 * t
+        first, second = (base, base + 1e-4) if t % 2 else (base + 1e-4, base)
+        end = base + 0.3
+        out += [rec(0, t, [first], [end], wall=0.35), rec(1, t, [second], [end], wall=0.35)]
+    return out
+
+
+def test_a_slow_link_that_every_rank_shares_names_no_straggler():
+    verdict = st.find_straggler(symmetric_slow_link())
+    assert verdict["rank"] is None
+    table = verdict["table"].set_index("rank")
+    assert table.loc[0, "last"] == table.loc[1, "last"] == 5
+    assert st.straggler_lines(verdict)[0].startswith("No straggler beyond noise")
+
+
+def test_a_rank_late_by_less_than_the_material_share_is_not_named():
+    # rank 1 is last every time, by 0.5 ms on a 100 ms step: beyond noise, but 0.5 % of the step
+    records = late_rank_records(late=0.0005 / 3, jitter=1e-6)
+    table = st.arrival_table(records)
+    assert table.set_index("rank").loc[1, "last"] == 24
+    assert st.straggler(table, st.median_step_ms(records)) is None
+    assert st.straggler(table, st.median_step_ms(records), material=0.001) == 1
+
+
+def test_clock_offsets_are_taken_off_before_arrivals_are_compared():
+    records = symmetric_slow_link()
+    for r in records:
+        if r["rank"] == 1:
+            r["comm_events"] = [[*e[:2], e[2] + 50.0, *e[3:]] for e in r["comm_events"]]  # its clock 50 s ahead
+    assert st.find_straggler(records)["table"].set_index("rank").loc[1, "last"] == 10
+    assert st.find_straggler(records, [0.0, 50.0])["rank"] is None
+
+
+def test_offsets_are_needed_only_across_machines():
+    assert st.offsets_of({"nnodes": 1}, None) == (True, None)
+    assert st.offsets_of({"nnodes": 2, "local_nodes": 2}, None) == (True, None)
+    assert st.offsets_of({"nnodes": 2}, None) == (False, None)
+    assert st.offsets_of({"nnodes": 2}, {"offsets(s)": [0.0, 1.0]}) == (True, [0.0, 1.0])
+
+
+def test_a_script_without_steps_is_read_from_its_metered_collectives():
+    def result(starts, length):
+        return {"comm_outside": {"comm_events": [["allreduce", "backward", s, length, 8] for s in starts]}}
+
+    starts = [0.1 * k for k in range(10)]
+    results = {0: result(starts, 0.021), 1: result([s + 0.02 for s in starts], 0.001)}
+    records = st.collective_records(results, warmup=2)
+    assert len(records) == 20 and sum(r["warmup"] for r in records) == 4
+    assert records[0]["wall(s)"] == pytest.approx(0.1) and records[9]["wall(s)"] == pytest.approx(0.021)
+
+    class Run:
+        config = {"ranks": 2, "warmup_steps": 2}
+        clocks = None
+        all_steps: list = []
+
+    Run.results = results
+    verdict = st.run_straggler(Run)
+    assert verdict["rank"] == 1 and verdict["stages"] is False and verdict["per"] == "collective"
+    assert verdict["caused(ms)"] == pytest.approx(20.0)
+    assert math.isnan(verdict["caused_low(ms)"]) is False
+    assert "marks no steps" in st.straggler_lines(verdict)[1]
+
+
+def test_a_run_across_machines_without_offsets_is_not_compared():
+    class Run:
+        config = {"ranks": 1, "nnodes": 2}
+        clocks = None
+        all_steps = late_rank_records()
+        results: dict = {}
+
+    verdict = st.run_straggler(Run)
+    assert verdict["unaligned"] and verdict["rank"] is None
+    assert "no clock offsets" in st.straggler_lines(verdict)[0]
+
+
+def test_last_arrivals_are_each_collectives_latest_enter():
+    records = late_rank_records(steps=2)
+    records[0]["comm_events"][2][2] += 0.5  # rank 0 comes last to the third collective of step 1
+    assert st.last_arrivals(records) == {(1, 1, 0), (1, 1, 1), (0, 1, 2), (1, 2, 0), (1, 2, 1), (1, 2, 2)}
