@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import leave_group, spawn_ranks
+
 from scalelab.measure import clocks
 
 pytestmark = pytest.mark.timeout(180)

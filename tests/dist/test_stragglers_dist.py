@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import cli_env, run_cli
+
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, straggler_lines

@@ -231,22 +231,22 @@ def straggler_lines(verdict: dict) -> list[str]:
     long the others waited for it, and where it loses its time; one line each."""
     table = verdict["table"]
     if verdict.get("unaligned"):
-        return ["Stragglers: not compared: the run spans machines and has no clock offsets (clocks.json), so its "
-                "ranks' arrival times do not compare."]
+        return [("Stragglers: not compared: the run spans machines and has no clock offsets (clocks.json), so "
+                 "its ranks' arrival times do not compare.")]
     if table.empty:
         return ["Stragglers: no step with collectives on two or more ranks to compare."]
     rank, per = verdict["rank"], verdict.get("per", "step")
     if rank is None:
         worst = table.sort_values("caused(ms)").iloc[-1]
-        return [f"No straggler beyond noise: the most any rank made the others wait was rank {int(worst['rank'])}'s "
-                f"{_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's must stand above every "
-                f"other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms {per}). Slow "
-                "communication that every rank shares is wire time, not a straggler."]
+        return [(f"No straggler beyond noise: the most any rank made the others wait was rank "
+                 f"{int(worst['rank'])}'s {_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's "
+                 f"must stand above every other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms "
+                 f"{per}). Slow communication that every rank shares is wire time, not a straggler.")]
     where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
-    lines = [f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; the "
-             f"others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "
-             f"{verdict['caused_low(ms)']:.2f}-{verdict['caused_high(ms)']:.2f}, n = {verdict['steps']} {per}s, "
-             f"{per} {verdict['step(ms)']:.1f} ms)."]
+    lines = [(f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; "
+              f"the others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "
+              f"{verdict['caused_low(ms)']:.2f}-{verdict['caused_high(ms)']:.2f}, n = {verdict['steps']} {per}s, "
+              f"{per} {verdict['step(ms)']:.1f} ms).")]
     excess = verdict["excess"]
     if verdict.get("stages") is False:
         lines.append("The script marks no steps (scalelab.probe): no stage spans say where it loses its time.")

@@ -13,7 +13,6 @@ adds a row for Horovod's timeline (rank 0): each tensor's negotiation and fused 
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from scalelab.analysis import timeline

@@ -1,5 +1,6 @@
 """Straggler attribution on synthetic step records with exact numbers (scalelab.analysis.stragglers)."""
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -125,13 +126,8 @@ def test_a_script_without_steps_is_read_from_its_metered_collectives():
     assert len(records) == 20 and sum(r["warmup"] for r in records) == 4
     assert records[0]["wall(s)"] == pytest.approx(0.1) and records[9]["wall(s)"] == pytest.approx(0.021)
 
-    class Run:
-        config = {"ranks": 2, "warmup_steps": 2}
-        clocks = None
-        all_steps: list = []
-
-    Run.results = results
-    verdict = st.run_straggler(Run)
+    run = SimpleNamespace(config={"ranks": 2, "warmup_steps": 2}, clocks=None, all_steps=[], results=results)
+    verdict = st.run_straggler(run)
     assert verdict["rank"] == 1 and verdict["stages"] is False and verdict["per"] == "collective"
     assert verdict["caused(ms)"] == pytest.approx(20.0)
     assert math.isnan(verdict["caused_low(ms)"]) is False
@@ -139,13 +135,8 @@ def test_a_script_without_steps_is_read_from_its_metered_collectives():
 
 
 def test_a_run_across_machines_without_offsets_is_not_compared():
-    class Run:
-        config = {"ranks": 1, "nnodes": 2}
-        clocks = None
-        all_steps = late_rank_records()
-        results: dict = {}
-
-    verdict = st.run_straggler(Run)
+    run = SimpleNamespace(config={"ranks": 1, "nnodes": 2}, clocks=None, all_steps=late_rank_records(), results={})
+    verdict = st.run_straggler(run)
     assert verdict["unaligned"] and verdict["rank"] is None
     assert "no clock offsets" in st.straggler_lines(verdict)[0]
 
