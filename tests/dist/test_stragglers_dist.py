@@ -5,6 +5,7 @@
 Each prints n, the named rank / node and the waiting time with its 95 % interval."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from conftest import cli_env, run_cli
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, straggler_lines
+from scalelab.lab.stragglers import explain_lines, straggler_sentences, straggler_table
 from scalelab.run import netns
 from scalelab.store import RunDir, Store
 
@@ -79,10 +81,20 @@ def test_a_sleep_in_one_ranks_forward_names_that_rank_and_forward(tmp_path):
     root = tmp_path / "store"
     res = run_cli(_train_args(_model(tmp_path, rank=1, delay=0.02), root, "--ranks", "2"), timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
-    verdict, _ = _verdict(root)
+    verdict, run = _verdict(root)
     assert verdict["rank"] == 1 and verdict["stage"] == "forward", verdict
     # the known truth: rank 0 waits about the 20 ms rank 1 sleeps (less whatever rank 0 spends beyond rank 1)
     assert 10 < verdict["caused(ms)"] < 30, verdict
+    # where people look: explain's lines, the scaling section's sentence, the trace's marks
+    assert explain_lines(run)[0].startswith("Straggler: rank 1,")
+    files = RunDir(run["dir"])
+    table = straggler_table([{**run, "files": files}])
+    assert straggler_sentences(table)[0].startswith("2 workers at global batch 32: rank 1 is the straggler, losing "
+                                                   "its time in forward")
+    trace = json.loads(files.trace_file.read_text())["traceEvents"]
+    marked = [e for e in trace if e.get("args", {}).get("last_arrival")]
+    by_rank = {pid: sum(e["pid"] == pid for e in marked) for pid in (0, 1)}
+    assert by_rank[1] >= verdict["steps"] and by_rank[0] <= 2, by_rank  # rank 0 only in the 2 warm-up steps
 
 
 def _unusable() -> str | None:

@@ -22,8 +22,10 @@ straggler: in a ring allreduce it slows every rank inside the collective, no ran
 wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
 Where it loses its time (`stage_excess`): per step and stage (data, h2d, forward, backward, optimizer), the
-straggler's span minus the median over the other ranks' spans; the stage named is the one with the largest mean
-excess whose interval is above 0. A node is named as its straggler rank's node (torchrun's numbering: node =
+straggler's own time there minus the median over the other ranks' own time, a rank's own time in a stage being its
+span less the time it stood inside collectives waiting for a later peer within that span (DDP on gloo waits for
+its buckets at the end of backward: a waiting rank's backward is as long as the straggler's); the stage named is
+the one with the largest mean excess whose interval is above 0. A node is named as its straggler rank's node (torchrun's numbering: node =
 rank // ranks per node).
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ from scalelab.analysis.intervals import mean_interval
 from scalelab.analysis.peers import union_seconds
 
 STAGES = ("data", "h2d", "forward", "backward", "optimizer")
+SPAN_ORDER = ("data", "h2d", "forward", "backward", "comm", "optimizer")  # the loop's order (train/loop.py)
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
            "caused_low(ms)", "caused_high(ms)")
@@ -59,7 +62,7 @@ def _timed_steps(records: list[dict]) -> dict[int, dict[int, dict]]:
 def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[float] | None = None) -> dict | None:
     """One step's arrivals from each rank's comm_events (one list per rank, in the order of `ranks`):
     {"last": the last rank at each collective, "caused": {rank: seconds the others waited for it}, "arrival": the
-    aligned last arrival a_k per collective}; None when fewer than two ranks metered collectives or their ops
+    aligned last arrival a_k per collective, "waits": {rank: its waiting stretches on its own clock}}; None when fewer than two ranks metered collectives or their ops
     differ."""
     if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
         return None
@@ -68,12 +71,14 @@ def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[fl
     ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
     last = np.argmax(starts, axis=0)
     arrival = starts.max(axis=0)
-    caused = {}
-    for i, rank in enumerate(ranks):
+    caused, waits = {}, {}
+    for i, rank in enumerate(ranks):  # rank's waiting stretches on its own clock: [start_k, min(end_k, a_k)]
+        upto = np.minimum(ends[i], arrival)
+        waits[rank] = [(lo + shift[i, 0], hi + shift[i, 0]) for lo, hi in zip(starts[i], upto) if hi > lo]
         mine = np.flatnonzero(last == i)
         caused[rank] = max((union_seconds(zip(starts[q, mine], np.minimum(ends[q, mine], arrival[mine])))
                             for q in range(len(ranks)) if q != i), default=0.0)
-    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": arrival.tolist()}
+    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": arrival.tolist(), "waits": waits}
 
 
 def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *,
@@ -106,15 +111,48 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def stage_excess(records: list[dict], rank: int) -> pd.DataFrame:
-    """Per stage (STAGES): `rank`'s mean span minus the other ranks' median span, per timed step, in ms: columns
-    stage, excess(ms), low(ms), high(ms), steps. Empty without another rank to compare with."""
-    steps = _timed_steps(records)
+def stage_spans(rec: dict) -> dict[str, tuple[float, float]]:
+    """A step record's stage windows on its rank's meter clock: laid end to end from the step's start
+    (t_end(perf_s) - wall(s)) in the order the loop runs them (SPAN_ORDER), as the trace draws them; {} for a record
+    without t_end(perf_s)."""
+    if rec.get("t_end(perf_s)") is None:
+        return {}
+    t = rec["t_end(perf_s)"] - rec.get("wall(s)", 0.0)
+    out = {}
+    for stage in SPAN_ORDER:
+        dur = rec.get(f"{stage}(s)", 0.0)
+        out[stage] = (t, t + dur)
+        t += dur
+    return out
+
+
+def _overlap(intervals: list[tuple[float, float]], window: tuple[float, float]) -> float:
+    return union_seconds((max(lo, window[0]), min(hi, window[1])) for lo, hi in intervals)
+
+
+def own_stage_seconds(by_rank: dict[int, dict], offsets: Sequence[float] | None = None) -> dict[int, dict]:
+    """Per rank of one step, each stage's span less the time the rank stood inside collectives waiting for a later
+    peer within it: what the rank itself spent there. A rank waiting for a straggler inside a stage (DDP's gloo
+    buckets are waited for at the end of backward) would otherwise look as slow there as the straggler."""
+    ranks = sorted(by_rank)
+    found = step_arrivals([list(by_rank[r].get("comm_events") or []) for r in ranks], ranks, offsets)
+    out = {}
+    for r in ranks:
+        rec = by_rank[r]
+        spans = stage_spans(rec) if found else {}
+        waits = found["waits"][r] if found else []
+        out[r] = {stage: rec.get(f"{stage}(s)", 0.0) - (_overlap(waits, spans[stage]) if stage in spans else 0.0)
+                  for stage in STAGES}
+    return out
+
+
+def stage_excess(records: list[dict], rank: int, offsets: Sequence[float] | None = None) -> pd.DataFrame:
+    """Per stage (STAGES): `rank`'s own time there (own_stage_seconds) minus the other ranks' median, per timed
+    step, in ms: columns stage, excess(ms), low(ms), high(ms), steps. Empty without another rank to compare with."""
+    own = [own_stage_seconds(by, offsets) for by in _timed_steps(records).values() if rank in by and len(by) > 1]
     rows = []
     for stage in STAGES:
-        key = f"{stage}(s)"
-        diffs = [by[rank].get(key, 0.0) - float(np.median([by[q].get(key, 0.0) for q in by if q != rank]))
-                 for by in steps.values() if rank in by and len(by) > 1]
+        diffs = [o[rank][stage] - float(np.median([o[q][stage] for q in o if q != rank])) for o in own]
         if not diffs:
             continue
         low, high = mean_interval(diffs)
@@ -162,7 +200,7 @@ def find_straggler(records: list[dict], offsets: Sequence[float] | None = None, 
            "per": "step"}
     if rank is not None:
         row = table[table["rank"] == rank].iloc[0]
-        excess = stage_excess(records, rank)
+        excess = stage_excess(records, rank, offsets)
         out.update(node=row["node"], stage=losing_stage(excess), excess=excess, steps=int(row["steps"]),
                    **{k: float(row[k]) for k in ("caused(ms)", "caused_low(ms)", "caused_high(ms)", "last(share)")})
     return out

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalelab.analysis import stragglers as st
+from scalelab.store.rundir import RunDir
 
 
 def rec(rank, step, starts, ends, *, warmup=False, wall=0.1, **stages):
@@ -145,3 +146,63 @@ def test_last_arrivals_are_each_collectives_latest_enter():
     records = late_rank_records(steps=2)
     records[0]["comm_events"][2][2] += 0.5  # rank 0 comes last to the third collective of step 1
     assert st.last_arrivals(records) == {(1, 1, 0), (1, 1, 1), (0, 1, 2), (1, 2, 0), (1, 2, 1), (1, 2, 2)}
+
+
+# ---------------------------------------------------------------- stored runs (scalelab.lab.stragglers)
+
+def stored(tmp_path, name, records, config):
+    rundir = RunDir(tmp_path / name)
+    rundir.path.mkdir()
+    rundir.write_config(config)
+    for rank in sorted({r["rank"] for r in records}):
+        rundir.write_steps(rank, [r for r in records if r["rank"] == rank])
+    rundir.write_clocks({"offsets(s)": [0.0, 0.0], "bounds(s)": [0.0, 1e-5]})
+    return rundir
+
+
+def test_explain_and_the_scaling_section_name_the_stored_runs_straggler(tmp_path):
+    from scalelab.lab import stragglers as lab
+
+    config = {"ranks": 1, "nnodes": 2, "local_nodes": 2, "global_batch": 32}
+    late = stored(tmp_path, "late", late_rank_records(), config)
+    lines = lab.explain_lines({"dir": str(late.path), "config": config})
+    assert lines[0].startswith("Straggler: rank 1 (node 1)") and "forward" in lines[1]
+    assert lab.explain_lines({"dir": str(late.path), "config": {"ranks": 1}}) == []  # one rank: nobody waits
+
+    link = stored(tmp_path, "link", symmetric_slow_link(), config)
+    rows = [{"run_id": "late", "config": config, "status": "completed", "files": late},
+            {"run_id": "link", "config": config, "status": "completed", "files": link},
+            {"run_id": "one", "config": {"ranks": 1}, "status": "completed", "files": link}]
+    table = lab.straggler_table(rows).set_index("run_id")
+    assert list(table.index) == ["late", "link"]
+    assert (table.loc["late", "straggler_rank"], table.loc["late", "straggler_node"], table.loc["late", "stage"]) == (
+        1, 1, "forward")
+    assert table.loc["link", "straggler_rank"] is None or math.isnan(table.loc["link", "straggler_rank"])
+    sentences = lab.straggler_sentences(table.reset_index())
+    assert len(sentences) == 1 and sentences[0].startswith("2 workers at global batch 32: rank 1 on node 1 is the "
+                                                           "straggler, losing its time in forward")
+    none = lab.straggler_sentences(lab.straggler_table(rows[1:2]))
+    assert none[0].startswith("No rank is a straggler beyond noise in any of the 1 multi-worker cells")
+
+
+def test_a_rank_slow_in_backward_is_named_there_although_the_others_wait_inside_their_backward():
+    """DDP on gloo: the waiting rank's backward lasts until the straggler's bucket arrives; its own time there is
+    the span less that wait, so the straggler's extra backward stands out."""
+    records = []
+    for t in range(1, 9):
+        x = 0.015 + 1e-4 * (t % 3)  # rank 1's extra backward
+        start = 10.0 * t
+        arrive = {0: start + 0.068, 1: start + 0.068 + x}
+        end = start + 0.069 + x
+        for rank in (0, 1):
+            records.append({"rank": rank, "step": t, "warmup": False, "wall(s)": 0.08 + x,
+                            "t_end(perf_s)": start + 0.08 + x, "data(s)": 0.0, "h2d(s)": 0.0, "forward(s)": 0.03,
+                            "backward(s)": 0.04 + x, "comm(s)": 0.0, "optimizer(s)": 0.01,
+                            "comm_events": [["allreduce", "backward", arrive[rank], end - arrive[rank], 8]]})
+    verdict = st.find_straggler(records)
+    assert (verdict["rank"], verdict["stage"]) == (1, "backward")
+    excess = verdict["excess"].set_index("stage")
+    assert excess.loc["backward", "excess(ms)"] == pytest.approx(1e3 * sum(0.015 + 1e-4 * (t % 3)
+                                                                           for t in range(1, 9)) / 8)
+    # spans alone would show no excess: rank 0's backward is as long as rank 1's
+    assert records[0]["backward(s)"] == records[1]["backward(s)"]

@@ -1,0 +1,76 @@
+"""The straggler of stored runs, where people look: `scalelab explain RUN` and the report's scaling section.
+
+The attribution itself is scalelab.analysis.stragglers (pure, over a parsed run); this module reads the runs:
+- `explain_lines(run)`: a stored run (a catalog row, `Store.get`) -> the lines `scalelab explain` prints;
+- `straggler_table(runs)`: the multi-rank runs of a study's cells (`Cells.runs` / `Cells.rows`: rows with
+  "files", their RunDir) -> one row per run: who is the straggler, where it loses its time, how long the others
+  waited for it with its interval;
+- `straggler_sentences(table)`: that table in words, for the scaling section.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from scalelab.analysis.stragglers import run_straggler, straggler_lines
+from scalelab.store.rundir import RunDir
+
+COLUMNS = ("run_id", "workers", "nodes", "global_batch", "straggler_rank", "straggler_node", "stage", "caused(ms)",
+           "caused_low(ms)", "caused_high(ms)", "last(share)", "steps", "step(ms)")
+
+
+def explain_lines(run: dict) -> list[str]:
+    """`scalelab explain`'s straggler lines for a stored run (its catalog row: "dir"); nothing for one rank."""
+    config = run.get("config") or {}
+    if int(config.get("ranks") or 1) * int(config.get("nnodes") or 1) < 2:
+        return []
+    return straggler_lines(run_straggler(RunDir(run["dir"]).load()))
+
+
+def straggler_row(row: dict) -> dict:
+    """One run row (with "files": its RunDir) -> its COLUMNS; straggler_rank None when none is named."""
+    config = row.get("config") or {}
+    nodes = int(config.get("nnodes") or 1)
+    verdict = run_straggler(row["files"].load())
+    out = dict.fromkeys(COLUMNS)
+    out.update({"run_id": row.get("run_id"), "workers": int(config.get("ranks") or 1) * nodes, "nodes": nodes,
+                "global_batch": config.get("global_batch"), "step(ms)": verdict["step(ms)"]})
+    if verdict["rank"] is not None:
+        out.update(straggler_rank=verdict["rank"], straggler_node=verdict["node"], stage=verdict["stage"],
+                   steps=verdict["steps"],
+                   **{k: verdict[k] for k in ("caused(ms)", "caused_low(ms)", "caused_high(ms)", "last(share)")})
+    else:
+        table = verdict["table"]
+        out["steps"] = int(table["steps"].max()) if len(table) else 0
+    return out
+
+
+def straggler_table(runs: list[dict]) -> pd.DataFrame:
+    """One row per completed run of two or more ranks (COLUMNS), in the order given."""
+    rows = [straggler_row(r) for r in runs if r.get("status", "completed") == "completed" and r.get("files")
+            and int((r.get("config") or {}).get("ranks") or 1) * int((r.get("config") or {}).get("nnodes") or 1) > 1]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def straggler_sentences(table: pd.DataFrame | None) -> list[str]:
+    """The scaling section's sentences: each run with a named straggler (rank, node, stage, the others' wait with
+    its interval), or one sentence that no cell has a straggler beyond noise."""
+    if table is None or not len(table):
+        return []
+    named = table[table["straggler_rank"].notna()]
+    if named.empty:
+        return [f"No rank is a straggler beyond noise in any of the {len(table)} multi-worker cells: where ranks "
+                "waited inside collectives, they waited for each other alike (imbalance or a shared link, not one "
+                "slow rank)."]
+    out = []
+    for d in named.to_dict("records"):
+        where = f" on node {int(d['straggler_node'])}" if d["straggler_node"] is not None and not (
+            isinstance(d["straggler_node"], float) and math.isnan(d["straggler_node"])) else ""
+        stage = f", losing its time in {d['stage']}" if d["stage"] else ""
+        out.append(f"{int(d['workers'])} workers at global batch {d['global_batch']}: rank "
+                   f"{int(d['straggler_rank'])}{where} is the straggler{stage}; it arrived last at "
+                   f"{100 * d['last(share)']:.0f} % of the collectives and the others waited {d['caused(ms)']:.2f} ms "
+                   f"per step for it (95 % interval {d['caused_low(ms)']:.2f}-{d['caused_high(ms)']:.2f}, n = "
+                   f"{int(d['steps'])} steps, of a {d['step(ms)']:.1f} ms step).")
+    return out
