@@ -62,8 +62,8 @@ def _timed_steps(records: list[dict]) -> dict[int, dict[int, dict]]:
 def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[float] | None = None) -> dict | None:
     """One step's arrivals from each rank's comm_events (one list per rank, in the order of `ranks`):
     {"last": the last rank at each collective, "caused": {rank: seconds the others waited for it}, "arrival": the
-    aligned last arrival a_k per collective, "waits": {rank: its waiting stretches on its own clock}}; None when fewer than two ranks metered collectives or their ops
-    differ."""
+    aligned last arrival a_k per collective, "waits": {rank: its waiting stretches on its own clock}}; None when
+    fewer than two ranks metered collectives or their ops differ."""
     if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
         return None
     shift = np.array([_offset(offsets, r) for r in ranks], dtype=float)[:, None]
@@ -204,6 +204,16 @@ def find_straggler(records: list[dict], offsets: Sequence[float] | None = None, 
         out.update(node=row["node"], stage=losing_stage(excess), excess=excess, steps=int(row["steps"]),
                    **{k: float(row[k]) for k in ("caused(ms)", "caused_low(ms)", "caused_high(ms)", "last(share)")})
     return out
+
+
+def aligned_records(records: list[dict], offsets: Sequence[float] | None) -> list[dict]:
+    """The step records with every collective's enter time moved onto rank 0's clock (start - offset_rank): what
+    peers.step_split needs across machines (on one host, offsets None, the records themselves)."""
+    if offsets is None or not any(offsets):
+        return records
+    return [{**r, "comm_events": [[e[0], e[1], e[2] - _offset(offsets, r["rank"]), *e[3:]]
+                                  for e in r.get("comm_events") or []]} if r.get("comm_events") else r
+            for r in records]
 
 
 def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dict]:

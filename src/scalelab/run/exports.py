@@ -65,7 +65,8 @@ def write_trace(run_dir: Path) -> Path:
     """Write `trace.json` for a stored run from its step records (and Horovod's timeline, when it has one)."""
     rundir = RunDir(run_dir)
     records = rundir.read_steps()
-    comparable, offsets = offsets_of(rundir.read_config(), rundir.read_clocks())
+    config = rundir.read_config() if rundir.config_file.is_file() else {}
+    comparable, offsets = offsets_of(config, rundir.read_clocks())
     events = trace_events(records, last_arrivals(records, offsets) if comparable else None)
     text = rundir.read_horovod_timeline()
     if text:

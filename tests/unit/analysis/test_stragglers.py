@@ -110,6 +110,14 @@ def test_clock_offsets_are_taken_off_before_arrivals_are_compared():
     assert st.find_straggler(records, [0.0, 50.0])["rank"] is None
 
 
+def test_aligned_records_put_every_enter_time_on_rank_0s_clock():
+    records = late_rank_records(steps=2)
+    assert st.aligned_records(records, None) is records
+    moved = st.aligned_records(records, [0.0, 2.0])
+    assert [e[2] for e in moved[1]["comm_events"]] == pytest.approx([e[2] - 2.0 for e in records[1]["comm_events"]])
+    assert moved[0]["comm_events"] == records[0]["comm_events"] and records[1]["comm_events"][0][2] == pytest.approx(10.0101)
+
+
 def test_offsets_are_needed_only_across_machines():
     assert st.offsets_of({"nnodes": 1}, None) == (True, None)
     assert st.offsets_of({"nnodes": 2, "local_nodes": 2}, None) == (True, None)
