@@ -31,7 +31,7 @@ False) with the run it needs, never 0; then `rest` holds the unmeasured parts to
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pandas as pd
 
@@ -231,3 +231,30 @@ def rest_too_large(table: pd.DataFrame) -> bool:
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def scaling_breakdown(table: pd.DataFrame, runs: list[dict], noops: list[dict], nosyncs: list[dict], *,
+                      needs: Callable[[int, int], Mapping[str, str]] | None = None) -> pd.DataFrame:
+    """The breakdown of every multi-rank cell of a scaling table (scalelab.analysis.scaling: `run_id`,
+    `reference_run_id` = its 1-worker run, `workers`, `global_batch`, `per_worker_batch`), one row per cell and
+    part. `runs` are the table's runs, `noops` / `nosyncs` the completed variants of its cells (matched by workers
+    and global batch); `needs(workers, global_batch)`: the command that runs each missing variant."""
+    by_id = {r["run_id"]: r for r in runs}
+    noop, nosync = (_by_cell(v) for v in (noops, nosyncs))
+    blocks = []
+    for row in table.itertuples(index=False):
+        if row.workers < 2 or row.run_id not in by_id:
+            continue
+        cell = (int(row.workers), int(row.global_batch))
+        part = breakdown_of_runs(by_id[row.run_id], one=by_id.get(row.reference_run_id), noop=noop.get(cell),
+                                 nosync=nosync.get(cell), commands=needs(*cell) if needs else None)
+        part.insert(0, "per_worker_batch", row.per_worker_batch)
+        part.insert(0, "global_batch", row.global_batch)
+        part.insert(0, "workers", row.workers)
+        part["gap(ms)"] = part.attrs["gap(ms)"]
+        blocks.append(part.drop(columns="what"))
+    return pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
+
+
+def _by_cell(runs: list[dict]) -> dict[tuple[int, int], dict]:
+    return {(r["config"]["ranks"] * r["config"].get("nnodes", 1), r["config"]["global_batch"]): r for r in runs}

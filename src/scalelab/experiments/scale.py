@@ -16,6 +16,13 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.breakdown import (
+    LEAVES,
+    PARTS,
+    REST_LIMIT,
+    largest_cause,
+    scaling_breakdown,
+)
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, launches, not_ranked
 from scalelab.analysis.nodes import node_table
@@ -66,6 +73,21 @@ def mode_cells(base, mode: str, workers: list[int], batches: list[int],
     return cells, ablation
 
 
+def nosync_cells(cells: list[Cell], launches: int = 1) -> list[Cell]:
+    """The no-sync variant (`sync: noop`: ranks train apart) of every multi-rank cell of scalelab's own loop whose
+    sync is not already none: the lost-speedup breakdown's compute-slowdown run (a user's script has none:
+    scalelab cannot remove the sync from code it did not write)."""
+    return [Cell(f"{c.label}, no sync", with_fields(c.config, sync="noop"), repeats=launches) for c in cells
+            if c.kind == "train" and c.config.ranks * c.config.nnodes > 1 and c.config.sync != "noop"]
+
+
+def variant_command(mode: str, workers: int, global_batch: int) -> dict[str, str]:
+    """The command whose run measures a missing variant of a cell: the scale experiment of that cell runs all."""
+    batch = global_batch if mode == "strong" else global_batch // workers
+    line = f"scalelab scale --workers 1,{workers} --batches {batch} --mode {mode}"
+    return {"one": line, "nosync": line, "noop": line}
+
+
 def node_counts(base, nodes: list[int] | None) -> list[int] | None:
     """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none
     (scalelab's loop or a user's script alike)."""
@@ -89,17 +111,25 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     for mode in opts["mode"]:
         name = f"scale_{mode}"
         cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"], nodes)
+        apart = nosync_cells(cells, opts["launches"])
 
         measured = {}
 
-        def analyse(results, cells=cells, mode=mode, measured=measured):
-            measured["cells"] = results[:len(cells)]
-            runs, nosync = (_completed(ctx.cells.rows(part)) for part in (results[:len(cells)], results[len(cells):]))
-            return add_exposed_comm(scaling_table(runs, mode), runs, nosync)
+        def analyse(results, cells=cells, ablation=ablation, mode=mode, measured=measured):
+            n, m = len(cells), len(ablation)
+            measured["cells"] = results[:n]
+            runs, noops, nosyncs = (_completed(ctx.cells.rows(part))
+                                    for part in (results[:n], results[n:n + m], results[n + m:]))
+            table = add_exposed_comm(scaling_table(runs, mode), runs, noops)
+            measured["lost"] = scaling_breakdown(table, runs, noops, nosyncs,
+                                                 needs=lambda w, b, mode=mode: variant_command(mode, w, b))
+            return table
 
-        # worker counts and their baselines in interleaved rounds (drift between launches hits every cell alike);
-        # a cell behind an implausible or noisy row is measured once more
-        result.tables[name] = run_checked(ctx, [*cells, *ablation], group=name, analyse=analyse)
+        # worker counts, their no-op and no-sync variants in interleaved rounds (drift between launches hits every
+        # cell alike); a cell behind an implausible or noisy row is measured once more
+        result.tables[name] = run_checked(ctx, [*cells, *ablation, *apart], group=name, analyse=analyse)
+        if len(measured["lost"]):
+            result.tables[f"{name}_lost_speedup"] = measured["lost"]
         if nodes:
             result.tables[f"{name}_nodes"] = node_table(ctx.cells.runs(measured["cells"], all_repeats=True))
     return result
@@ -112,6 +142,10 @@ def _completed(rows: list[dict]) -> list[dict]:
 def _figures(result: Result, out) -> list:
     files = []
     for name, table in result.tables.items():
+        if name.endswith("_lost_speedup"):
+            if len(table):
+                files.append(waterfall(table, out / f"{name}.png"))
+            continue
         if name.endswith("_nodes"):
             if len(table):
                 files.append(per_node(table, out / f"{name}.png"))
@@ -165,6 +199,42 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
+def waterfall(table: pd.DataFrame, path: Path) -> Path:
+    """Per multi-rank cell (a lost-speedup table: scalelab.analysis.breakdown), a waterfall from the ideal step to
+    the measured one: each part a floating bar from where the previous ended, with its 95 % interval; a part not
+    measured is a hatched gap at 0 labelled so; the rest last, then the measured step."""
+    cells = list(table.groupby(["workers", "global_batch"], sort=True))
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(6, 5.5 * len(cells)), 4.2), squeeze=False)
+    order = ["ideal", *LEAVES, "rest", "measured"]
+    for ax, ((workers, batch), group) in zip(axes[0], cells):
+        part = group.set_index("part")
+        level, names = 0.0, []
+        for i, name in enumerate(order):
+            row = part.loc[name]
+            value = float(row["value(ms)"])
+            names.append(name.replace("_", " ") + ("" if row["measured"] else "\n(not measured)"))
+            if name in ("ideal", "measured"):
+                ax.bar(i, value, color="tab:gray" if name == "ideal" else "black", alpha=0.8)
+                level = value if name == "ideal" else level
+            elif pd.isna(value):
+                ax.bar(i, 0.0, bottom=level, color="none", edgecolor="tab:gray", hatch="//")
+                continue
+            else:
+                ax.bar(i, value, bottom=level, color="tab:red" if value > 0 else "tab:green",
+                       edgecolor="black" if row["measured"] else "tab:gray", hatch="" if row["measured"] else "//")
+                level += value
+            low, high = row["ci_low(ms)"], row["ci_high(ms)"]
+            if pd.notna(low) and pd.notna(high):
+                top = level if name not in ("ideal", "measured") else value
+                ax.errorbar(i, top, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
+                            ecolor="black", capsize=2)
+        ax.set_xticks(range(len(order)), names, rotation=60, ha="right", fontsize=8)
+        ax.set(ylabel="ms per step", title=f"{int(workers)} workers, global batch {int(batch)}")
+    fig.suptitle("Where the speedup went: ideal step -> measured step (red: lost, green: gained; bars: 95 %)")
+    fig.tight_layout()
+    return save(fig, path)
+
+
 def per_node(table: pd.DataFrame, path: Path) -> Path:
     """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
     and system (% of one core, system stacked on user) and network MB/s sent off the node."""
@@ -194,7 +264,7 @@ def per_node(table: pd.DataFrame, path: Path) -> Path:
 
 
 def scale_result(result) -> tuple[list[str], str | None]:
-    out, rec = [], None
+    out, rec = lost_speedup_sentences(result), None
     for mode in ("strong", "weak"):
         t = result.tables.get(f"scale_{mode}")
         if t is None or not len(t) or t["workers"].max() < 2:
@@ -244,6 +314,37 @@ def scale_result(result) -> tuple[list[str], str | None]:
     return out, rec
 
 
+def lost_speedup_sentences(result) -> list[str]:
+    """Per multi-rank cell of the largest worker count: the gap, its largest measured cause, the rest."""
+    out = []
+    for mode in MODES:
+        t = result.tables.get(f"scale_{mode}_lost_speedup")
+        if t is None or not len(t):
+            continue
+        top = t[t["workers"] == t["workers"].max()]
+        for (workers, batch), group in top.groupby(["workers", "global_batch"], sort=True):
+            part = group.set_index("part")
+            ideal, measured = part.loc["ideal"], part.loc["measured"]
+            if not ideal["measured"]:
+                continue
+            line = (f"{mode} scaling, {int(workers)} workers at global batch {int(batch)}: ideal step "
+                    f"{fmt(ideal['value(ms)'], ' ms')}, measured {fmt(measured['value(ms)'], ' ms')}")
+            cause = largest_cause(group)
+            if cause is not None:
+                line += (f"; the largest cause is {PARTS[cause['part']]}, {fmt(cause['value(ms)'], ' ms')} "
+                         f"(95 % interval {fmt(cause['ci_low(ms)'])}–{fmt(cause['ci_high(ms)'], ' ms')})")
+            rest = part.loc["rest"]
+            if rest["measured"] and pd.notna(rest["share_of_gap"]):
+                line += (f"; the rest {fmt(rest['value(ms)'], ' ms')} ({100 * rest['share_of_gap']:.0f} % of the gap"
+                         + (f", above {100 * REST_LIMIT:.0f} %: a cause is not accounted for" if
+                            abs(rest["share_of_gap"]) > REST_LIMIT else "") + ")")
+            missing = [p for p in LEAVES if not part.loc[p, "measured"]]
+            if missing:
+                line += f"; not measured: {', '.join(missing)} (needs {part.loc[missing[0], 'needs']})"
+            out.append(line + ".")
+    return out
+
+
 def efficiency_interval(low: float, high: float) -> str:
     return "" if pd.isna(low) or pd.isna(high) else f" (95 % interval {100 * low:.0f}–{100 * high:.0f} %)"
 
@@ -286,6 +387,13 @@ EXPERIMENT = Experiment(
               "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "
                                             "diamonds: time inside collectives.",
               "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
+              "scale_strong_lost_speedup.png": "Where the speedup went, per cell: from the ideal step (the "
+                                               "1-worker step scaled to the same work) to the measured one.",
+              "scale_weak_lost_speedup.png": "Where the speedup went, weak scaling: ideal step -> measured step.",
+              "scale_strong_lost_speedup": "The lost-speedup breakdown of each multi-worker cell: one row per "
+                                           "part, its 95 % interval, whether it was measured and what would "
+                                           "measure it (docs/definitions.md).",
+              "scale_weak_lost_speedup": "The lost-speedup breakdown of each multi-worker cell, weak scaling.",
               "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
@@ -296,6 +404,8 @@ EXPERIMENT = Experiment(
                             "interval, throughput speedup with its interval, efficiency, exposed communication."},
     columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
-                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")},
+                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
+    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
+                                "share_of_gap", "measured", "needs"] for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
 )
