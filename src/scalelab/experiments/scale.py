@@ -230,7 +230,7 @@ def waterfall(table: pd.DataFrame, path: Path) -> Path:
                             ecolor="black", capsize=2)
         ax.set_xticks(range(len(order)), names, rotation=60, ha="right", fontsize=8)
         ax.set(ylabel="ms per step", title=f"{int(workers)} workers, global batch {int(batch)}")
-    fig.suptitle("Where the speedup went: ideal step -> measured step (red: lost, green: gained; bars: 95 %)")
+    fig.suptitle("Ideal step -> measured step (red: lost, green: gained; bars: 95 % intervals)", fontsize=10)
     fig.tight_layout()
     return save(fig, path)
 
