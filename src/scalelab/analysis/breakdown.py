@@ -18,11 +18,12 @@ nobody waits in it, so it is taken at its slowest rank, the step it reports.
     sync_work    = noop's step - nosync's step (the sync's own work outside its collectives)
     exposed      = real's step - noop's step, split into
       waiting    = waiting for peers (real), wire = communication on the critical path (real),
-      interference = exposed - waiting - wire when the exposed interval lies above that sum's (collectives
-                     slowing the compute around them), or hidden = the same difference when it lies below (wire
-                     time overlapped with compute, a negative part); else both 0 and the difference stays in rest
-    rest         = gap - every part above: the data wait of the no-sync variant against the real run's, and what
-                   the exposed split leaves within noise. Reported as it comes out.
+      interference = exposed - waiting - wire when that is above 0 (collectives slowing the compute around
+                     them), else hidden = the same difference (waiting or wire time overlapped with compute, a
+                     negative part); its interval says whether it is beyond noise (`within_noise`)
+    rest         = gap - every part above: the data wait of the no-sync variant against the real run's (the
+                   compute part excludes the no-sync run's data wait, the data part counts the real run's).
+                   Reported as it comes out.
 
 Every part has a conservative 95 % interval (the intervals of the figures it is made of, combined: scalelab.analysis.
 intervals.difference_interval). A part whose run or figure is missing is not measured (value NaN, `measured`
@@ -54,7 +55,8 @@ PARTS = {
 LEAVES = ("data", "compute", "sync_work", "waiting", "wire", "interference", "hidden")
 SUBPARTS = ("waiting", "wire", "interference", "hidden")
 REST_LIMIT = 0.20  # |rest| beyond this share of the gap is said in words (issue 31: it must stay small)
-COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured", "needs", "share_of_gap"]
+COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "within_noise", "measured", "needs",
+           "share_of_gap"]
 # the variant a part needs -> its config fields (what `needs` names)
 VARIANTS = {"one": "ranks=1", "nosync": "sync=noop", "noop": "noop_collectives=true"}
 
@@ -150,7 +152,7 @@ def breakdown(real: Mapping | None, *, one: Mapping | None = None, nosync: Mappi
     known = [parts[p] for p in LEAVES if parts[p].known()]
     all_known = len(known) == len(LEAVES) and gap.known()
     rest_value = gap.value - sum(f.value for f in known) if gap.known() else math.nan
-    if all_known:  # rest = left (the exposed split's remainder) + the no-sync's data wait against real's
+    if all_known:  # rest = left (a run without collectives: its exposed) + the no-sync's data wait against real's
         rest = left + (data_wait(nosync) - data_wait(real))
         parts["rest"] = Figure(rest_value, rest.low + rest_value - rest.value, rest.high + rest_value - rest.value)
     else:
@@ -161,7 +163,7 @@ def breakdown(real: Mapping | None, *, one: Mapping | None = None, nosync: Mappi
         f = parts[name]
         needs = _needs(name, need, real is not None)
         rows.append({"part": name, "level": 1 if name in SUBPARTS else 0, "value(ms)": f.value,
-                     "ci_low(ms)": f.low, "ci_high(ms)": f.high,
+                     "ci_low(ms)": f.low, "ci_high(ms)": f.high, "within_noise": _within_noise(f),
                      "measured": f.known() and (name != "rest" or all_known), "needs": needs,
                      "share_of_gap": f.value / gap.value if gap.known() and gap.value and name not in
                      ("ideal", "measured") else math.nan, "what": what})
@@ -186,15 +188,22 @@ def breakdown_of_runs(real: Mapping, *, one: Mapping | None = None, nosync: Mapp
 
 
 def _beyond_comm(exposed: Figure, comm: Figure, *, communicates: bool) -> tuple[Figure, Figure, Figure]:
-    """(interference, hidden, what is left in rest) from the exposed communication and waiting + wire."""
+    """(interference, hidden, what is left in rest) from the exposed communication and waiting + wire: their
+    difference is interference when above 0, hidden wire time when below (its interval says whether it is beyond
+    noise); a run without collectives has neither, and any difference stays in rest."""
     if not exposed.known() or not comm.known():
         return Figure(), Figure(), Figure()
     diff = exposed - comm
-    if communicates and diff.low > 0:
-        return diff, ZERO, ZERO
-    if communicates and diff.high < 0:
-        return ZERO, diff, ZERO
-    return ZERO, ZERO, diff
+    if not communicates:
+        return ZERO, ZERO, diff
+    return (diff, ZERO, ZERO) if diff.value >= 0 else (ZERO, diff, ZERO)
+
+
+def _within_noise(f: Figure) -> bool | None:
+    """Whether the interval reaches 0 (the part is not a finding); None without an interval of positive width."""
+    if any(math.isnan(v) for v in f) or not f.high > f.low:
+        return None
+    return f.low <= 0 <= f.high
 
 
 def _needs(part: str, need: Mapping[str, str | None], have_real: bool) -> str | None:
@@ -215,10 +224,10 @@ def sum_of_parts(table: pd.DataFrame) -> float:
 
 
 def largest_cause(table: pd.DataFrame) -> dict | None:
-    """The measured leaf part (rest excluded) that cost the most time, as its row; None when nothing was measured
-    or nothing cost time."""
-    leaves = table[table["part"].isin(LEAVES) & table["measured"]]
-    if not len(leaves) or leaves["value(ms)"].max() <= 0:
+    """The measured leaf part (rest excluded) that cost the most time beyond noise (its interval above 0), as its
+    row; None when no part did."""
+    leaves = table[table["part"].isin(LEAVES) & table["measured"] & (table["ci_low(ms)"] > 0)]
+    if not len(leaves):
         return None
     return leaves.loc[leaves["value(ms)"].idxmax()].to_dict()
 

@@ -333,6 +333,8 @@ def lost_speedup_sentences(result) -> list[str]:
             if cause is not None:
                 line += (f"; the largest cause is {PARTS[cause['part']]}, {fmt(cause['value(ms)'], ' ms')} "
                          f"(95 % interval {fmt(cause['ci_low(ms)'])}–{fmt(cause['ci_high(ms)'], ' ms')})")
+            else:
+                line += "; no part of the gap is beyond noise"
             rest = part.loc["rest"]
             if rest["measured"] and pd.notna(rest["share_of_gap"]):
                 line += (f"; the rest {fmt(rest['value(ms)'], ' ms')} ({100 * rest['share_of_gap']:.0f} % of the gap"
@@ -406,6 +408,7 @@ EXPERIMENT = Experiment(
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
                     "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
     | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
-                                "share_of_gap", "measured", "needs"] for name in ("scale_strong", "scale_weak")},
+                                "share_of_gap", "within_noise", "measured", "needs"]
+       for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
 )

@@ -144,7 +144,7 @@ def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
     """What to try, from the largest measured cause, each with the measured number behind it."""
     cause = largest_cause(table)
     if cause is None:
-        return []
+        return ["no part is beyond noise: nothing to suggest from these runs (longer runs narrow the intervals)."]
     s, c = run.get("summary") or {}, run.get("config") or {}
     ms = f"{cause['value(ms)']:.3g} ms a step (95 % interval {cause['ci_low(ms)']:.3g}–{cause['ci_high(ms)']:.3g})"
     part = cause["part"]
@@ -223,7 +223,8 @@ def lines(ex: Explanation) -> list[str]:
         value = row["value(ms)"]
         interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
         share = f"{100 * row['share_of_gap']:.0f} %" if pd.notna(row["share_of_gap"]) else ""
-        note = "" if row["measured"] or row["part"] != "rest" else "  (holds the parts not measured)"
+        note = ("  (holds the parts not measured)" if not row["measured"] else
+                "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
         out.append(f"{label:<58}{value:>9.3g}  {interval:>17}  {share:>7}{note}")
     if rest_too_large(ex.table):
         out.append("the rest is above 20 % of the gap: a cause is not accounted for (or the runs drifted apart).")

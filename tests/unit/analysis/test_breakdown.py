@@ -122,3 +122,15 @@ def test_largest_cause_and_a_large_rest():
     assert not rest_too_large(table)  # 1 ms of a 30 ms gap
     big_rest = breakdown(real, one=ONE, nosync=summary(64.0, fastest=60.0, data=-5.0), noop=NOOP, k=0.5)
     assert rest_too_large(big_rest)
+
+
+def test_a_difference_within_noise_is_still_named_and_said_to_be_within_noise():
+    """exposed 18 (16.5-19.5) against waiting + wire 20 (19-21): 2 ms hidden, its interval (-4.5, 0.5) reaching 0;
+    the rest stays the data mismatch alone."""
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=8.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
+    assert table.loc["hidden", "value(ms)"] == -2.0 and table.loc["interference", "value(ms)"] == 0.0
+    assert (table.loc["hidden", "ci_low(ms)"], table.loc["hidden", "ci_high(ms)"]) == (-4.5, 0.5)
+    assert table.loc["hidden", "within_noise"] and not table.loc["waiting", "within_noise"]
+    assert table.loc["rest", "value(ms)"] == pytest.approx(-1.0)
+    assert largest_cause(table.reset_index())["part"] == "waiting"  # the largest beyond noise
