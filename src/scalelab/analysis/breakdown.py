@@ -48,7 +48,7 @@ PARTS = {
     "waiting": "waiting for peers",
     "wire": "communication on the critical path (wire time)",
     "interference": "interference: collectives slowing the compute around them",
-    "hidden": "wire time hidden behind compute",
+    "hidden": "waiting or wire time hidden behind compute",
     "rest": "the rest",
     "measured": "the measured step",
 }
