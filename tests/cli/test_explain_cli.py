@@ -124,3 +124,34 @@ def test_a_failed_or_unsummarised_run_cannot_be_explained(tmp_path, capsys):
         code = cli(["explain", rid, "--store", str(store.root)])
         err = capsys.readouterr().err.strip()
         assert code == 2 and words in err and len(err.splitlines()) == 1, err
+
+
+def test_a_scripts_run_gets_the_parts_its_probe_saw(tmp_path, capsys):
+    """A user's script (kind "script": `scalelab run`, the probe, the Lightning callback) given its global batch:
+    the ideal step from the same script on 1 worker, data wait, waiting for peers and wire from its own steps; the
+    parts that need a variant without its sync are not measured and say why."""
+    from scalelab.run.script import ScriptConfig
+
+    (tmp_path / "train.py").write_text("")
+    store = Store(tmp_path / "store")
+    cmd = ("python", "train.py", "--batch", "{per_worker_batch}")
+    ids = {}
+    for name, ranks, summ in (("one", 1, summary(40.0)),
+                              ("real", 2, summary(50.0, fastest=45.0, data=1.5, waiting=10.0, wire=12.0,
+                                                  collectives=2))):
+        cfg = ScriptConfig(command=cmd, ranks=ranks, global_batch=64, cwd=str(tmp_path))
+        ids[name] = store.create_run(cfg.to_dict(), {}, kind="script")
+        store.finish_run(ids[name], "completed", summary=summ)
+    code = cli(["explain", ids["real"], "--store", str(store.root)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"1-worker run: {ids['one']}" in out
+    assert "not measurable for a script of yours" in out
+    for label, value in (("the 1-worker step scaled to the same work", "20"),
+                         ("+ data wait beyond the 1-worker run's", "1"), ("· waiting for peers", "10")):
+        line = next(x.strip() for x in out.splitlines() if x.strip().startswith(label))
+        assert line[len(label):].split()[0] == value, line
+    assert "not measured: compute, sync_work, interference, hidden" in out
+    # the rest is what the measured parts leave of the gap: 30 - 1 - 10 - 12, holding the parts not measured
+    rest = next(x for x in out.splitlines() if x.strip().startswith("+ the rest"))
+    assert rest.split()[3] == "7" and "holds the parts not measured" in rest, rest

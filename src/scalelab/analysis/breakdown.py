@@ -57,6 +57,9 @@ SUBPARTS = ("waiting", "wire", "interference", "hidden")
 REST_LIMIT = 0.20  # |rest| beyond this share of the gap is said in words (issue 31: it must stay small)
 COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "within_noise", "measured", "needs",
            "share_of_gap"]
+# what a part that needs a variant without sync says for a user's script (`scalelab run`, the probe, Lightning)
+SCRIPT_VARIANT = ("not measurable for a script of yours: scalelab cannot remove the sync of code it did not write "
+                  "(`scalelab scale` with the model in scalelab's loop runs every variant)")
 # the variant a part needs -> its config fields (what `needs` names)
 VARIANTS = {"one": "ranks=1", "nosync": "sync=noop", "noop": "noop_collectives=true"}
 

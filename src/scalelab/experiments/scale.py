@@ -20,6 +20,7 @@ from scalelab.analysis.breakdown import (
     LEAVES,
     PARTS,
     REST_LIMIT,
+    SCRIPT_VARIANT,
     largest_cause,
     scaling_breakdown,
 )
@@ -81,11 +82,12 @@ def nosync_cells(cells: list[Cell], launches: int = 1) -> list[Cell]:
             if c.kind == "train" and c.config.ranks * c.config.nnodes > 1 and c.config.sync != "noop"]
 
 
-def variant_command(mode: str, workers: int, global_batch: int) -> dict[str, str]:
-    """The command whose run measures a missing variant of a cell: the scale experiment of that cell runs all."""
+def variant_command(mode: str, workers: int, global_batch: int, *, script: bool = False) -> dict[str, str]:
+    """The command whose run measures a missing variant of a cell: the scale experiment of that cell runs all (a
+    user's script has no variant without its sync)."""
     batch = global_batch if mode == "strong" else global_batch // workers
     line = f"scalelab scale --workers 1,{workers} --batches {batch} --mode {mode}"
-    return {"one": line, "nosync": line, "noop": line}
+    return {"one": line, "nosync": SCRIPT_VARIANT if script else line, "noop": SCRIPT_VARIANT if script else line}
 
 
 def node_counts(base, nodes: list[int] | None) -> list[int] | None:
@@ -121,8 +123,9 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
             runs, noops, nosyncs = (_completed(ctx.cells.rows(part))
                                     for part in (results[:n], results[n:n + m], results[n + m:]))
             table = add_exposed_comm(scaling_table(runs, mode), runs, noops)
-            measured["lost"] = scaling_breakdown(table, runs, noops, nosyncs,
-                                                 needs=lambda w, b, mode=mode: variant_command(mode, w, b))
+            script = not isinstance(base, TrainConfig)
+            measured["lost"] = scaling_breakdown(
+                table, runs, noops, nosyncs, needs=lambda w, b, mode=mode: variant_command(mode, w, b, script=script))
             return table
 
         # worker counts, their no-op and no-sync variants in interleaved rounds (drift between launches hits every

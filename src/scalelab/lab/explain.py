@@ -21,6 +21,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.breakdown import (
     LEAVES,
     PARTS,
+    SCRIPT_VARIANT,
     breakdown_of_runs,
     largest_cause,
     rest_too_large,
@@ -39,9 +40,6 @@ SHORT = {"ideal": "ideal step", "data": "data wait", "compute": "compute slowdow
 ONE_WORKER = {"ranks": 1, "nnodes": 1, "local_nodes": 0, "link_gbps": None, "link_delay_ms": None, "wrapper": "auto",
               "sync": "auto", "noop_collectives": False, "ddp_hook": "none", "net_latency_ms": 0.0,
               "net_bandwidth_gbps": None}
-SCRIPT_VARIANT = ("not measurable for a script of yours: scalelab cannot remove the sync of code it did not write "
-                  "(`scalelab scale` with the model in scalelab's loop runs every variant)")
-
 
 @dataclass
 class Explanation:
