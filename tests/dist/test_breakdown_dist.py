@@ -8,10 +8,12 @@ import textwrap
 
 import pytest
 import sense_scenarios as sense
+from conftest import run_cli
 
 from scalelab.analysis.breakdown import LEAVES, breakdown_of_runs, sum_of_parts
 from scalelab.config import TrainConfig
 from scalelab.lab.cells import with_fields
+from scalelab.lab.explain import explain
 from scalelab.run.execute import execute
 from scalelab.store import Store
 
@@ -118,3 +120,65 @@ def test_a_smaller_batch_without_sync_is_compute_slowdown_only(tmp_path):
     assert set(LEAVES) <= set(table["part"])
     assert sum_of_parts(table) == pytest.approx(runs["real"]["summary"]["time/step_median(ms)"])
 
+
+
+STRAGGLING_SCRIPT = '''
+import argparse, time
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from scalelab import probe
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int)
+a = p.parse_args()
+distributed = int(__import__("os").environ.get("WORLD_SIZE", "1")) > 1
+if distributed:
+    dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4))
+model = DDP(model) if distributed else model
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = torch.randn(a.batch, 32), torch.randint(0, 4, (a.batch,))
+run = probe.open()
+for i in range(14):
+    with run.step(samples=a.batch):
+        with run.stage("forward"):
+            if distributed and dist.get_rank() == 1:
+                time.sleep({delay})
+            loss = F.cross_entropy(model(x), y)
+        with run.stage("backward"):
+            loss.backward()
+        with run.stage("optimizer"):
+            opt.step()
+            opt.zero_grad()
+if distributed:
+    dist.destroy_process_group()
+'''
+
+
+def test_a_scripts_straggler_is_waiting_for_peers_in_explain(tmp_path):
+    """The user's own script under `scalelab run` (the probe's view): rank 1 sleeps 40 ms in forward. `scalelab
+    explain` on its 2-rank run, beside the same script on 1 worker, puts it in waiting for peers; the parts that
+    need a variant without sync are not measured."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(STRAGGLING_SCRIPT.replace("{delay}", str(sense.STRAGGLER_S))))
+    store = tmp_path / "store"
+    ids = {}
+    for ranks in (1, 2):
+        done = run_cli(["run", "--store", str(store), "--ranks", str(ranks), "--global-batch", "16", "--",
+                        "python", str(script), "--batch", "{per_worker_batch}"], timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ids[ranks] = Store(store).list_runs()["run_id"].iloc[0]
+    ex = explain(Store(store), ids[2])
+    table = ex.table
+    assert ex.named["one"]["run_id"] == ids[1]
+    waiting = _part(table, "waiting")
+    injected = 1e3 * sense.STRAGGLER_S
+    _say("straggler in a user's script (probe)", ex.run["summary"]["steps/timed"], waiting, injected)
+    print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    assert 0.8 * injected <= waiting["value(ms)"] <= 1.3 * injected + 5, table
+    for part in ("compute", "sync_work", "exposed", "interference", "hidden"):
+        assert not _part(table, part)["measured"], (part, table)
+    assert _part(table, "ideal")["measured"] and _part(table, "wire")["measured"]
+    shown = run_cli(["explain", ids[2], "--store", str(store)], timeout=60)
+    assert shown.returncode == 0 and "waiting for peers" in shown.stdout, shown.stderr
