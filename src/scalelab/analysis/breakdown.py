@@ -164,10 +164,10 @@ def breakdown(real: Mapping | None, *, one: Mapping | None = None, nosync: Mappi
     rows = []
     for name, what in PARTS.items():
         f = parts[name]
-        needs = _needs(name, need, real is not None)
+        measured = f.known() and (name != "rest" or all_known)
         rows.append({"part": name, "level": 1 if name in SUBPARTS else 0, "value(ms)": f.value,
                      "ci_low(ms)": f.low, "ci_high(ms)": f.high, "within_noise": _within_noise(f),
-                     "measured": f.known() and (name != "rest" or all_known), "needs": needs,
+                     "measured": measured, "needs": None if measured else _needs(name, need, real is not None),
                      "share_of_gap": f.value / gap.value if gap.known() and gap.value and name not in
                      ("ideal", "measured") else math.nan, "what": what})
     frame = pd.DataFrame(rows, columns=[*COLUMNS, "what"])
@@ -217,6 +217,8 @@ def _needs(part: str, need: Mapping[str, str | None], have_real: bool) -> str | 
     missing = [need[v] for v in wanted if need.get(v)]
     if not have_real:
         return "the run itself"
+    if part in ("waiting", "wire"):  # the run's own figures: absent only where its ranks' clocks do not compare
+        return "a run whose ranks share one host's clock (a run across hosts has no critical-path figures)"
     return "; ".join(dict.fromkeys(missing)) or None
 
 

@@ -134,3 +134,13 @@ def test_a_difference_within_noise_is_still_named_and_said_to_be_within_noise():
     assert table.loc["hidden", "within_noise"] and not table.loc["waiting", "within_noise"]
     assert table.loc["rest", "value(ms)"] == pytest.approx(-1.0)
     assert largest_cause(table.reset_index())["part"] == "waiting"  # the largest beyond noise
+
+
+def test_a_measured_part_needs_nothing_and_a_run_across_hosts_says_why_it_has_no_waiting():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5)
+    assert table["needs"].isna().all()
+    across_hosts = summary(80.0, fastest=70.0, data=8.0, collectives=3)  # no critical-path figures
+    t = breakdown(across_hosts, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
+    assert not t.loc["waiting", "measured"] and "one host" in t.loc["waiting", "needs"]
+    assert t.loc["exposed", "measured"] and not t.loc["interference", "measured"]
