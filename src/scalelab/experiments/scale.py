@@ -16,19 +16,13 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.breakdown import (
-    LEAVES,
-    PARTS,
-    REST_LIMIT,
-    SCRIPT_VARIANT,
-    largest_cause,
-    scaling_breakdown,
-)
+from scalelab.analysis.breakdown import SCRIPT_VARIANT, scaling_breakdown
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, launches, not_ranked
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
+from scalelab.experiments.scale_lost import lost_speedup_sentences, waterfall
 from scalelab.lab.base import (
     Context,
     Experiment,
@@ -202,42 +196,6 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
-def waterfall(table: pd.DataFrame, path: Path) -> Path:
-    """Per multi-rank cell (a lost-speedup table: scalelab.analysis.breakdown), a waterfall from the ideal step to
-    the measured one: each part a floating bar from where the previous ended, with its 95 % interval; a part not
-    measured is a hatched gap at 0 labelled so; the rest last, then the measured step."""
-    cells = list(table.groupby(["workers", "global_batch"], sort=True))
-    fig, axes = plt.subplots(1, len(cells), figsize=(max(6, 5.5 * len(cells)), 4.2), squeeze=False)
-    order = ["ideal", *LEAVES, "rest", "measured"]
-    for ax, ((workers, batch), group) in zip(axes[0], cells):
-        part = group.set_index("part")
-        level, names = 0.0, []
-        for i, name in enumerate(order):
-            row = part.loc[name]
-            value = float(row["value(ms)"])
-            names.append(name.replace("_", " ") + ("" if row["measured"] else "\n(not measured)"))
-            if name in ("ideal", "measured"):
-                ax.bar(i, value, color="tab:gray" if name == "ideal" else "black", alpha=0.8)
-                level = value if name == "ideal" else level
-            elif pd.isna(value):
-                ax.bar(i, 0.0, bottom=level, color="none", edgecolor="tab:gray", hatch="//")
-                continue
-            else:
-                ax.bar(i, value, bottom=level, color="tab:red" if value > 0 else "tab:green",
-                       edgecolor="black" if row["measured"] else "tab:gray", hatch="" if row["measured"] else "//")
-                level += value
-            low, high = row["ci_low(ms)"], row["ci_high(ms)"]
-            if pd.notna(low) and pd.notna(high):
-                top = level if name not in ("ideal", "measured") else value
-                ax.errorbar(i, top, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
-                            ecolor="black", capsize=2)
-        ax.set_xticks(range(len(order)), names, rotation=60, ha="right", fontsize=8)
-        ax.set(ylabel="ms per step", title=f"{int(workers)} workers, global batch {int(batch)}")
-    fig.suptitle("Ideal step -> measured step (red: lost, green: gained; bars: 95 % intervals)", fontsize=10)
-    fig.tight_layout()
-    return save(fig, path)
-
-
 def per_node(table: pd.DataFrame, path: Path) -> Path:
     """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
     and system (% of one core, system stacked on user) and network MB/s sent off the node."""
@@ -315,39 +273,6 @@ def scale_result(result) -> tuple[list[str], str | None]:
                    f"{int(best.global_batch)}), exposed communication "
                    f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
     return out, rec
-
-
-def lost_speedup_sentences(result) -> list[str]:
-    """Per multi-rank cell of the largest worker count: the gap, its largest measured cause, the rest."""
-    out = []
-    for mode in MODES:
-        t = result.tables.get(f"scale_{mode}_lost_speedup")
-        if t is None or not len(t):
-            continue
-        top = t[t["workers"] == t["workers"].max()]
-        for (workers, batch), group in top.groupby(["workers", "global_batch"], sort=True):
-            part = group.set_index("part")
-            ideal, measured = part.loc["ideal"], part.loc["measured"]
-            if not ideal["measured"]:
-                continue
-            line = (f"{mode} scaling, {int(workers)} workers at global batch {int(batch)}: ideal step "
-                    f"{fmt(ideal['value(ms)'], ' ms')}, measured {fmt(measured['value(ms)'], ' ms')}")
-            cause = largest_cause(group)
-            if cause is not None:
-                line += (f"; the largest cause is {PARTS[cause['part']]}, {fmt(cause['value(ms)'], ' ms')} "
-                         f"(95 % interval {fmt(cause['ci_low(ms)'])}–{fmt(cause['ci_high(ms)'], ' ms')})")
-            else:
-                line += "; no part of the gap is beyond noise"
-            rest = part.loc["rest"]
-            if rest["measured"] and pd.notna(rest["share_of_gap"]):
-                line += (f"; the rest {fmt(rest['value(ms)'], ' ms')} ({100 * rest['share_of_gap']:.0f} % of the gap"
-                         + (f", above {100 * REST_LIMIT:.0f} %: a cause is not accounted for" if
-                            abs(rest["share_of_gap"]) > REST_LIMIT else "") + ")")
-            missing = [p for p in LEAVES if not part.loc[p, "measured"]]
-            if missing:
-                line += f"; not measured: {', '.join(missing)} (needs {part.loc[missing[0], 'needs']})"
-            out.append(line + ".")
-    return out
 
 
 def efficiency_interval(low: float, high: float) -> str:
