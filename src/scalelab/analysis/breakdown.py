@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.intervals import difference_interval
 
 # (part, what it is); "exposed" is the sum of the four parts under it (level 1), shown as a subtotal
 PARTS = {
@@ -81,7 +82,7 @@ class Figure(tuple):
         return Figure(self[0] + other[0], self[1] + other[1], self[2] + other[2])
 
     def __sub__(self, other: Figure) -> Figure:
-        return Figure(self[0] - other[0], self[1] - other[2], self[2] - other[1])
+        return Figure(self[0] - other[0], *difference_interval((self[1], self[2]), (other[1], other[2])))
 
     def scaled(self, k: float) -> Figure:
         return Figure(k * self[0], k * self[1], k * self[2])
