@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The checks gpu_checks.sh ran out of time for in its first sitting: the CUDA tests, max batch, NCCL on one GPU.
+# The checks gpu_checks.sh ran out of time for in its first sitting: the CUDA tests, max batch, NCCL on one GPU;
+# and check 10, the lost-speedup breakdown (about 60 s on a GPU).
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 SCALELAB_STORE=/tmp/gpu-store
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"; exec > >(tee "$OUT/gpu2.log") 2>&1
@@ -22,4 +23,28 @@ best=$(python3 -c "import pandas as p,glob; print(int(p.read_csv(glob.glob('$W/m
 done
 echo "=== 1 pytest -m cuda ($(date +%T))"
 timeout 190 python3 -m pytest -q -m cuda -p no:cacheprovider -rA --durations=0 tests 2>&1 | grep -v "^$" | tail -45
+echo "=== 10 lost-speedup breakdown: 1 GPU vs 2 ranks, gloo on CUDA tensors ($(date +%T))"
+# scalelab puts one rank per GPU on a node, so the 2 ranks are 2 namespace nodes of 1 rank each, both on GPU 0
+# (needs root and iproute2 there: the log says so if not). Cells: 1 worker, 2 workers, its no-op and no-sync variants.
+timeout 150 $SL scale --device cuda --backend gloo --model cnn --dataset synthetic --samples 8192 --local-nodes 2 \
+  --ranks 1 --batches 128 --mode strong --launches 1 --steps 40 --study lost --out $W/lost 2>&1 | tail -6
+python3 - "$W/lost" <<'PY'
+import glob, subprocess, sys
+import pandas as pd
+found = glob.glob(f"{sys.argv[1]}/**/scale_strong_lost_speedup.csv", recursive=True)
+if not found:
+    sys.exit("no lost-speedup table was written")
+t = pd.read_csv(found[0])
+for (w, b), g in t.groupby(["workers", "global_batch"]):
+    v = g.set_index("part")["value(ms)"]
+    parts = v["ideal"] + sum(v[p] for p in ("data", "compute", "sync_work", "waiting", "wire", "interference",
+                                            "hidden", "rest"))
+    print(g[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured", "share_of_gap"]].to_string(index=False))
+    print(f"{w} workers, batch {b}: ideal + parts + rest = {parts:.3f} ms, measured {v['measured']:.3f} ms:",
+          "ADD UP" if abs(parts - v["measured"]) < 1e-6 else "DO NOT ADD UP", "| every part measured:",
+          bool(g["measured"].all()), f"| rest {100 * g.set_index('part').loc['rest', 'share_of_gap']:.0f} % of the gap")
+runs = pd.read_csv(glob.glob(f"{sys.argv[1]}/**/scale_strong.csv", recursive=True)[0])
+rid = runs[runs["workers"] == 2]["run_id"].iloc[0]
+subprocess.run(["timeout", "30", sys.executable, "-m", "scalelab", "explain", rid], check=False)
+PY
 echo "=== done ($(date +%T))"

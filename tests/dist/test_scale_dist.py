@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_experiment
+from scalelab.analysis.breakdown import sum_of_parts
 from scalelab.config import TrainConfig
 from scalelab.store import RunDir
 
@@ -27,13 +28,19 @@ def test_scale_strong_and_weak_with_a_no_op_collectives_baseline(store, tmp_path
     assert two["exposed_comm(ms)"] == pytest.approx(two["step(ms)"] - two["compute(ms)"])
     assert two["comm/wait(ms)"] > 0
     assert two["quality"] == "ok" or two["quality"].startswith(("implausible", "noisy", "baseline noisy", "re-measured"))
-    assert len(store.list_runs(study="sc/scale_strong")) == 3  # 1 and 2 workers, and the baseline of 2
+    # 1 and 2 workers, the baseline of 2 and its no-sync variant
+    assert len(store.list_runs(study="sc/scale_strong")) == 4
     assert any(p.name == "scale_strong.png" for p in res.files)
+    # the lost-speedup breakdown of the 2-worker cell, every part measured, adding up to its measured step
+    lost = res.tables["scale_strong_lost_speedup"]
+    assert set(lost["workers"]) == {2} and lost["measured"].all(), lost
+    assert sum_of_parts(lost) == pytest.approx(two["step(ms)"])
+    assert any(p.name == "scale_strong_lost_speedup.png" for p in res.files)
 
 
 def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(store, tmp_path):
-    """launches=3: every cell (1 worker, 2 workers, the baseline of 2) runs three times, in rounds (A B C, A B C,
-    A B C), and each table row is all three: its median step is the median of every launch's steps and its interval
+    """launches=3: every cell (1 worker, 2 workers, the baseline of 2, its no-sync variant) runs three times, in
+    rounds (A B C D, A B C D, A B C D), and each table row is all three: its median step is the median of every launch's steps and its interval
     reaches each launch's own median."""
     import statistics
 
@@ -43,11 +50,11 @@ def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(stor
     res = run_experiment("scale", base, store, "sc3", tmp_path, workers=[1, 2], batches=[32], mode=["strong"],
                          launches=3)
     runs = store.list_runs(study="sc3/scale_strong")
-    assert len(runs) == 9
-    # interleaved in rounds: the first three runs (list_runs is newest first) are the three different cells
+    assert len(runs) == 12
+    # interleaved in rounds: the first four runs (list_runs is newest first) are the four different cells
     oldest_first = [store.get(r)["config"] for r in reversed(list(runs["run_id"]))]
-    first_round = {(c["ranks"], c.get("noop_collectives", False)) for c in oldest_first[:3]}
-    assert first_round == {(1, False), (2, False), (2, True)}
+    first_round = {(c["ranks"], c.get("noop_collectives", False), c["sync"]) for c in oldest_first[:4]}
+    assert first_round == {(1, False, "auto"), (2, False, "ddp"), (2, True, "ddp"), (2, False, "noop")}
     table = res.tables["scale_strong"].set_index("workers")
     for workers in (1, 2):
         row = table.loc[workers]

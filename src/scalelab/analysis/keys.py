@@ -19,6 +19,10 @@ STEP_MAX_MS = "time/step_max(ms)"
 # distribution-free 95 % interval of the median timed step (order statistics; `median_interval`)
 STEP_MEDIAN_CI_LOW_MS = "time/step_median_ci_low(ms)"
 STEP_MEDIAN_CI_HIGH_MS = "time/step_median_ci_high(ms)"
+# the median over timed steps of the fastest rank's time of each step, with its interval (the same as the step for
+# one rank): in a synchronised run the fastest rank waits inside the collectives for the others, so the lost-speedup
+# breakdown (scalelab.analysis.breakdown) takes its variants without a sync at their fastest rank
+STEP_FASTEST_MEDIAN_MS = "time/step_fastest_median(ms)"
 # how precisely the median step is known: the wider side of its interval, in % of the median (every run); runs of
 # auto length (`steps: auto`) also store their target (%) and whether they reached it (scalelab.analysis.precision)
 PRECISION_HALF_WIDTH_PCT = "precision/half_width(%)"

@@ -3,7 +3,8 @@
 Definitions (stated in every report):
 - Warm-up steps are excluded from every timing.
 - A step's time for the run is the slowest rank's wall time for that step (synchronous data parallelism waits
-  for the slowest rank); stage times are averaged over ranks.
+  for the slowest rank); stage times are averaged over ranks. The fastest rank's time of each step is kept too
+  (its median and interval): the lost-speedup breakdown reads it (scalelab.analysis.breakdown).
 - Training time of a step = its wall time; evaluation runs after a step ends and is reported on its own (time per
   evaluation). Records of scalelab 0.1 timed evaluation inside the step: their evaluation is subtracted.
 - The median step carries a 95 % interval (scalelab.analysis.intervals.median_interval: order statistics widened
@@ -57,7 +58,9 @@ def per_step(frame: pd.DataFrame) -> pd.DataFrame:
     grouped = timed.groupby("step")
     out = grouped[STAGE_COLUMNS].mean()
     out["wall(s)"] = grouped["wall(s)"].max()
-    out["train(s)"] = (timed["wall(s)"] - timed["eval(s)"]).groupby(timed["step"]).max()
+    train = (timed["wall(s)"] - timed["eval(s)"]).groupby(timed["step"])
+    out["train(s)"] = train.max()
+    out["fastest(s)"] = train.min()
     out["data_wait(s)"] = grouped["data(s)"].max()
     out["samples"] = grouped["samples"].sum()
     out["ranks"] = grouped["rank"].nunique()
@@ -107,6 +110,9 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
             out[keys.stage_ms(col[:-3])] = 1e3 * float(steps[col].mean())
             add_mean_interval(out, keys.stage_ms(col[:-3]), steps[col], 1e3)
         add_mean_interval(out, keys.EPOCH_S, wall, steps_per_epoch)
+        fastest = steps["fastest(s)"]
+        out[keys.STEP_FASTEST_MEDIAN_MS] = 1e3 * float(fastest.median())
+        out.update(zip(keys.ci_keys(keys.STEP_FASTEST_MEDIAN_MS), (1e3 * v for v in median_interval(fastest))))
     if "evaluation(s)" in frame:  # evaluations after steps (every rank evaluates its shard: the slowest counts)
         per_eval = frame.groupby("step")["evaluation(s)"].max().dropna()
         if len(per_eval):

@@ -3,6 +3,7 @@
     scalelab train --model cnn --dataset synthetic --ranks 2 --global-batch 128 --epochs 1   (train.py)
     scalelab run --ranks 2 -- python train.py ARGS                                          (script.py)
     scalelab runs list | show RUN | compare RUN RUN... | tensorboard RUN                     (runs.py)
+    scalelab explain RUN                                                                    (explain.py)
     scalelab study [--quick] | report DIR                                                    (study.py)
     scalelab batch-sweep | profile | max-batch | scale | loader-sweep | amp | checkpointing | lr-scaling | threads
     scalelab compare strategies|backends                       (experiments.py, generated from the registry)
@@ -18,7 +19,7 @@ import sys
 
 import typer
 
-from scalelab.cli import bench, experiments, predict, runs, script, setup, slurm, study, train
+from scalelab.cli import bench, experiments, explain, predict, runs, script, setup, slurm, study, train
 from scalelab.errors import ScalelabError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -26,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 app.command("train")(train.train)
 app.command("run")(script.run_script)  # a user's own script
 app.add_typer(runs.app, name="runs")
+app.command("explain")(explain.explain_cmd)  # why N workers are not N times faster, from stored runs
 app.add_typer(experiments.app)  # batch-sweep, profile, amp, checkpointing, loader-sweep, scale, max-batch, ...
 app.add_typer(study.app)  # study, report
 app.add_typer(bench.app, name="bench")

@@ -10,6 +10,8 @@ from rich.table import Table
 
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
+from scalelab.errors import ScalelabError
+from scalelab.lab.explain import explain, side_by_side
 from scalelab.run.exports import write_scalars
 from scalelab.store import open_store
 
@@ -55,11 +57,20 @@ def runs_show(run: str = typer.Argument(..., help="Run id or a unique prefix."),
 def runs_compare(
     runs: list[str] = typer.Argument(..., help="Run ids or unique prefixes."),
     metric: Optional[list[str]] = typer.Option(None, "--metric", "-m", help="Summary metrics to show (default: all)."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Two runs' lost-speedup breakdowns side by side "
+                                   "instead (see `scalelab explain`)."),
     store: Optional[Path] = store_option(),
 ) -> None:
     """Compare runs side by side: one row per run, one column per metric."""
 
-    console.print(open_store(store).compare(runs, metric or None).T.to_string())
+    st = open_store(store)
+    if breakdown:
+        if len(runs) != 2:
+            raise ScalelabError(f"runs: {len(runs)} given; --breakdown compares exactly 2")
+        a, b = (explain(st, r) for r in runs)
+        print(side_by_side(a.table, b.table, a.run["run_id"], b.run["run_id"]).to_string(index=False))
+        return
+    console.print(st.compare(runs, metric or None).T.to_string())
 
 
 @app.command("tensorboard")

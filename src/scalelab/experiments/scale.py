@@ -16,11 +16,13 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.breakdown import SCRIPT_VARIANT, scaling_breakdown
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, launches, not_ranked
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
+from scalelab.experiments.scale_lost import lost_speedup_sentences, waterfall
 from scalelab.lab.base import (
     Context,
     Experiment,
@@ -66,6 +68,22 @@ def mode_cells(base, mode: str, workers: list[int], batches: list[int],
     return cells, ablation
 
 
+def nosync_cells(cells: list[Cell], launches: int = 1) -> list[Cell]:
+    """The no-sync variant (`sync: noop`: ranks train apart) of every multi-rank cell of scalelab's own loop whose
+    sync is not already none: the lost-speedup breakdown's compute-slowdown run (a user's script has none:
+    scalelab cannot remove the sync from code it did not write)."""
+    return [Cell(f"{c.label}, no sync", with_fields(c.config, sync="noop"), repeats=launches) for c in cells
+            if c.kind == "train" and c.config.ranks * c.config.nnodes > 1 and c.config.sync != "noop"]
+
+
+def variant_command(mode: str, workers: int, global_batch: int, *, script: bool = False) -> dict[str, str]:
+    """The command whose run measures a missing variant of a cell: the scale experiment of that cell runs all (a
+    user's script has no variant without its sync)."""
+    batch = global_batch if mode == "strong" else global_batch // workers
+    line = f"scalelab scale --workers 1,{workers} --batches {batch} --mode {mode}"
+    return {"one": line, "nosync": SCRIPT_VARIANT if script else line, "noop": SCRIPT_VARIANT if script else line}
+
+
 def node_counts(base, nodes: list[int] | None) -> list[int] | None:
     """The node counts to sweep: the option's, else 1 .. local_nodes of a base cluster of 2 or more, else none
     (scalelab's loop or a user's script alike)."""
@@ -89,17 +107,26 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     for mode in opts["mode"]:
         name = f"scale_{mode}"
         cells, ablation = mode_cells(base, mode, opts["workers"], opts["batches"], ctx.say, opts["launches"], nodes)
+        apart = nosync_cells(cells, opts["launches"])
 
         measured = {}
 
-        def analyse(results, cells=cells, mode=mode, measured=measured):
-            measured["cells"] = results[:len(cells)]
-            runs, nosync = (_completed(ctx.cells.rows(part)) for part in (results[:len(cells)], results[len(cells):]))
-            return add_exposed_comm(scaling_table(runs, mode), runs, nosync)
+        def analyse(results, cells=cells, ablation=ablation, mode=mode, measured=measured):
+            n, m = len(cells), len(ablation)
+            measured["cells"] = results[:n]
+            runs, noops, nosyncs = (_completed(ctx.cells.rows(part))
+                                    for part in (results[:n], results[n:n + m], results[n + m:]))
+            table = add_exposed_comm(scaling_table(runs, mode), runs, noops)
+            script = not isinstance(base, TrainConfig)
+            measured["lost"] = scaling_breakdown(
+                table, runs, noops, nosyncs, needs=lambda w, b, mode=mode: variant_command(mode, w, b, script=script))
+            return table
 
-        # worker counts and their baselines in interleaved rounds (drift between launches hits every cell alike);
-        # a cell behind an implausible or noisy row is measured once more
-        result.tables[name] = run_checked(ctx, [*cells, *ablation], group=name, analyse=analyse)
+        # worker counts, their no-op and no-sync variants in interleaved rounds (drift between launches hits every
+        # cell alike); a cell behind an implausible or noisy row is measured once more
+        result.tables[name] = run_checked(ctx, [*cells, *ablation, *apart], group=name, analyse=analyse)
+        if len(measured["lost"]):
+            result.tables[f"{name}_lost_speedup"] = measured["lost"]
         if nodes:
             result.tables[f"{name}_nodes"] = node_table(ctx.cells.runs(measured["cells"], all_repeats=True))
     return result
@@ -112,6 +139,10 @@ def _completed(rows: list[dict]) -> list[dict]:
 def _figures(result: Result, out) -> list:
     files = []
     for name, table in result.tables.items():
+        if name.endswith("_lost_speedup"):
+            if len(table):
+                files.append(waterfall(table, out / f"{name}.png"))
+            continue
         if name.endswith("_nodes"):
             if len(table):
                 files.append(per_node(table, out / f"{name}.png"))
@@ -194,7 +225,7 @@ def per_node(table: pd.DataFrame, path: Path) -> Path:
 
 
 def scale_result(result) -> tuple[list[str], str | None]:
-    out, rec = [], None
+    out, rec = lost_speedup_sentences(result), None
     for mode in ("strong", "weak"):
         t = result.tables.get(f"scale_{mode}")
         if t is None or not len(t) or t["workers"].max() < 2:
@@ -286,6 +317,13 @@ EXPERIMENT = Experiment(
               "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "
                                             "diamonds: time inside collectives.",
               "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
+              "scale_strong_lost_speedup.png": "Where the speedup went, per cell: from the ideal step (the "
+                                               "1-worker step scaled to the same work) to the measured one.",
+              "scale_weak_lost_speedup.png": "Where the speedup went, weak scaling: ideal step -> measured step.",
+              "scale_strong_lost_speedup": "The lost-speedup breakdown of each multi-worker cell: one row per "
+                                           "part, its 95 % interval, whether it was measured and what would "
+                                           "measure it (docs/definitions.md).",
+              "scale_weak_lost_speedup": "The lost-speedup breakdown of each multi-worker cell, weak scaling.",
               "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
@@ -296,6 +334,9 @@ EXPERIMENT = Experiment(
                             "interval, throughput speedup with its interval, efficiency, exposed communication."},
     columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
-                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")},
+                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
+    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
+                                "share_of_gap", "within_noise", "measured", "needs"]
+       for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
 )

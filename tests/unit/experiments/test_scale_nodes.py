@@ -44,3 +44,18 @@ def test_a_users_script_sweeps_nodes_too(tmp_path):
     assert [(c.kind, c.config.local_nodes, c.config.nnodes, c.config.argv()[-1]) for c in cells] == \
         [("script", 1, 1, "32"), ("script", 2, 2, "16")]
     assert all(c.config.link_gbps == 0.5 for c in cells) and not ablation  # no no-op baseline for a script
+
+
+def test_every_multi_rank_cell_of_the_loop_gets_a_no_sync_variant(tmp_path):
+    from scalelab.experiments.scale import nosync_cells, variant_command
+    from scalelab.run.script import ScriptConfig
+
+    cells, _ = mode_cells(base(), "strong", [1, 2, 4], [64])
+    apart = nosync_cells(cells, launches=3)
+    assert [(a.config.ranks, a.config.sync, a.repeats) for a in apart] == [(2, "noop", 3), (4, "noop", 3)]
+    assert [a.label for a in apart] == ["strong: 2 workers, batch 64, no sync", "strong: 4 workers, batch 64, no sync"]
+    assert nosync_cells(mode_cells(base(sync="noop"), "strong", [2], [64])[0]) == []  # already without sync
+    (tmp_path / "train.py").write_text("")
+    script = ScriptConfig(command=("python", "train.py"), cwd=str(tmp_path))
+    assert nosync_cells(mode_cells(script, "strong", [2], [32])[0]) == []  # scalelab cannot remove a script's sync
+    assert variant_command("weak", 2, 128)["nosync"] == "scalelab scale --workers 1,2 --batches 64 --mode weak"

@@ -1,0 +1,22 @@
+"""`scalelab explain RUN`: why a run is not N times faster, from stored runs only (scalelab.lab.explain)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from scalelab.cli.common import say
+from scalelab.cli.options import store_option
+from scalelab.lab.explain import explain, lines
+from scalelab.store import open_store
+
+
+def explain_cmd(run: str = typer.Argument(..., help="Run id or a unique prefix."),
+                store: Optional[Path] = store_option()) -> None:
+    """The lost-speedup breakdown of a stored run: ideal step -> measured step in parts, each with its 95 %
+    interval, the largest cause and what to try. Runs nothing: the 1-worker run and the no-sync and no-op
+    variants are the stored runs of those configs (`scalelab scale` stores them all)."""
+
+    for line in lines(explain(open_store(store), run)):
+        say(line)

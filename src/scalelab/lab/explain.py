@@ -1,0 +1,249 @@
+"""`scalelab explain RUN`: the lost-speedup breakdown of one stored run, from stored runs only (nothing is run).
+
+The named runs the breakdown needs (scalelab.analysis.breakdown) are looked up in the store by their configs: the
+run's config with ranks=1 (the same global batch, else the same per-rank batch), with sync=noop, and with
+noop_collectives=true, each the newest completed run of exactly that config (its cell key: scalelab.lab.cells),
+preferring the run's own study. A user's script (kind "script": `scalelab run`, the probe, the Lightning callback)
+has only its 1-worker run to find: scalelab cannot remove the sync of code it did not write, so the parts that need
+the no-sync or no-op variant are not measured there.
+
+Suggestions follow the largest measured cause, each with the number it rests on; another bucket size only where a
+bucket sweep of the same config is stored (runs that differ from this one in bucket_mb alone).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from scalelab.analysis import keys
+from scalelab.analysis.breakdown import (
+    LEAVES,
+    PARTS,
+    SCRIPT_VARIANT,
+    breakdown_of_runs,
+    largest_cause,
+    rest_too_large,
+)
+from scalelab.config import TrainConfig
+from scalelab.errors import ScalelabError
+from scalelab.lab.cells import cell_key, config_identity, with_fields
+from scalelab.run.script import ScriptConfig
+from scalelab.store.catalog import Store
+
+# the parts' names in a side-by-side table (scalelab.analysis.breakdown.PARTS says what each is)
+SHORT = {"ideal": "ideal step", "data": "data wait", "compute": "compute slowdown", "sync_work": "sync's own work",
+         "exposed": "exposed communication", "waiting": "  waiting for peers", "wire": "  wire",
+         "interference": "  interference", "hidden": "  hidden", "rest": "rest", "measured": "measured step"}
+# the fields of the 1-worker run of a config: one process, no nodes, no sync (what a 1-worker cell of `scale` stores)
+ONE_WORKER = {"ranks": 1, "nnodes": 1, "local_nodes": 0, "link_gbps": None, "link_delay_ms": None, "wrapper": "auto",
+              "sync": "auto", "noop_collectives": False, "ddp_hook": "none", "net_latency_ms": 0.0,
+              "net_bandwidth_gbps": None}
+
+@dataclass
+class Explanation:
+    run: dict
+    named: dict[str, dict | None]  # one, nosync, noop -> the stored run used, or None
+    table: pd.DataFrame
+    suggestions: list[str] = field(default_factory=list)
+
+
+def _config_of(run: dict):
+    config = run.get("config") or {}
+    return ScriptConfig.from_dict(config) if run.get("kind") == "script" else TrainConfig.from_dict(config)
+
+
+def load_run(store: Store, run_id: str) -> dict:
+    """The stored run, completed and summarised, else one line saying why it cannot be explained."""
+    run = store.get(run_id)  # an unknown id: StoreError, one line
+    if run.get("kind") not in ("train", "script"):
+        raise ScalelabError(f"run {run['run_id']}: a {run.get('kind')} run has no training steps to explain")
+    if run["status"] != "completed":
+        raise ScalelabError(f"run {run['run_id']}: {run['status']}"
+                            f"{' (' + run['reason'] + ')' if run.get('reason') else ''}; only a completed run "
+                            "can be explained")
+    if not (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS):
+        raise ScalelabError(f"run {run['run_id']}: its summary has no timed steps "
+                            f"({keys.STEP_MEDIAN_MS} missing); a script must mark its steps (scalelab.probe)")
+    return run
+
+
+def _completed_by_key(store: Store, kind: str) -> dict[str, list[dict]]:
+    """Every completed stored run of `kind`, by cell key (newest first)."""
+    out: dict[str, list[dict]] = {}
+    for run_id in store.list_runs(status="completed", kind=kind)["run_id"]:
+        run = store.get(run_id)
+        try:
+            key = cell_key(_config_of(run), kind)
+        except (KeyError, TypeError, ValueError, ScalelabError):
+            continue  # a config this scalelab cannot read
+        out.setdefault(key, []).append(run)
+    return out
+
+
+def _newest(candidates: list[dict], study: str | None) -> dict | None:
+    own = [r for r in candidates if study and r.get("study") == study]
+    return (own or candidates or [None])[0]
+
+
+def named_runs(store: Store, run: dict) -> dict[str, dict | None]:
+    """The 1-worker run, the no-sync and the no-op-collectives variant of `run` stored in `store` (None: none)."""
+    kind, cfg = run["kind"], _config_of(run)
+    index = _completed_by_key(store, kind)
+    find = lambda c: _newest(index.get(cell_key(c, kind), []), run.get("study"))
+    workers = cfg.ranks * cfg.nnodes
+    batches = [cfg.global_batch] + ([cfg.global_batch // workers] if cfg.global_batch else [])
+    names = {f.name for f in dataclasses.fields(cfg)}
+    alone = {k: v for k, v in ONE_WORKER.items() if k in names}
+    one = None
+    for batch in dict.fromkeys(batches):
+        try:
+            one = find(with_fields(cfg, **alone, global_batch=batch))
+        except (ValueError, ScalelabError):
+            continue
+        if one is not None:
+            break
+    if workers == 1:
+        one = run
+    out = {"one": one, "nosync": None, "noop": None}
+    if kind == "train" and cfg.sync != "noop" and workers > 1:
+        out["nosync"] = find(with_fields(cfg, sync="noop"))
+        out["noop"] = find(with_fields(cfg, noop_collectives=True))
+    return out
+
+
+def commands(run: dict) -> dict[str, str]:
+    """The command that would measure each missing variant of `run`."""
+    if run["kind"] == "script":
+        batch = (run["config"] or {}).get("global_batch")
+        one = ("the same script with --ranks 1" + ("" if batch else " and --global-batch (so the work per step is "
+                                                                     "known)"))
+        return {"one": f"scalelab run {one}", "nosync": SCRIPT_VARIANT, "noop": SCRIPT_VARIANT}
+    c = run["config"]
+    workers = c["ranks"] * c.get("nnodes", 1)
+    return {"one": f"scalelab scale --workers 1,{workers} --batches {c['global_batch']} --mode strong "
+                   f"(with this run's config)",
+            "nosync": "scalelab train (this run's config) --sync noop",
+            "noop": "scalelab train (this run's config) --noop-collectives"}
+
+
+def explain(store: Store, run_id: str) -> Explanation:
+    """The breakdown of a stored run against its stored variants, with what to try."""
+    run = load_run(store, run_id)
+    named = named_runs(store, run)
+    if not all((r["config"] or {}).get("global_batch") for r in (run, named["one"]) if r is not None):
+        named["one"] = None  # a script given no batch: the work per step, hence the ideal step, is not known
+    table = breakdown_of_runs(run, **named, commands=commands(run))
+    return Explanation(run, named, table, suggestions(store, run, table))
+
+
+def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
+    """What to try, from the largest measured cause, each with the measured number behind it."""
+    cause = largest_cause(table)
+    if cause is None:
+        return ["no part is beyond noise: nothing to suggest from these runs (longer runs narrow the intervals)."]
+    s, c = run.get("summary") or {}, run.get("config") or {}
+    ms = f"{cause['value(ms)']:.3g} ms a step (95 % interval {cause['ci_low(ms)']:.3g}–{cause['ci_high(ms)']:.3g})"
+    part = cause["part"]
+    out = [f"largest cause: {PARTS[part]}, {ms}."]
+    if part == "data":
+        out.append(f"try more loader workers (num_workers is {c.get('num_workers', 'not recorded')}) or "
+                   "pin_memory: `scalelab loader-sweep` measures them.")
+    elif part == "compute":
+        per_rank = c.get("global_batch", 0) // max(1, c.get("ranks", 1) * c.get("nnodes", 1))
+        out.append(f"each rank trains on {per_rank} samples a step: a larger per-rank batch spends the fixed "
+                   f"cost of a step on more samples (weak scaling, `scalelab scale --mode weak`); threads per rank: "
+                   f"{s.get(keys.THREADS_USED, 'not recorded')}.")
+    elif part == "sync_work":
+        out.append("another gradient-sync strategy does less of its own work: `scalelab compare strategies`.")
+    elif part == "waiting":
+        out.append(f"a rank arrives late at the collectives (slowest / median rank's time: "
+                   f"{s.get(keys.SKEW, float('nan')):.3g}): look for a straggler or uneven work per rank before "
+                   "the network.")
+    elif part in ("wire", "interference"):
+        bytes_ = s.get(keys.COMM_BYTES_PER_STEP)
+        out.append(f"communicate less: {bytes_ / 2**20:.3g} MiB a step at busbw {s.get(keys.COMM_BUSBW, 0):.3g} GB/s; "
+                   "gradient compression (ddp_hook fp16 / bf16 / powersgd) or accumulation (accumulate k) "
+                   "cuts it." if bytes_ else "communicate less: gradient compression or accumulation.")
+        out.extend(bucket_suggestion(store, run))
+    return out
+
+
+def bucket_suggestion(store: Store, run: dict) -> list[str]:
+    """"another bucket size" only where runs of the same config with other bucket sizes are stored: the fastest
+    one, with its median step beside this run's."""
+    if run["kind"] != "train":
+        return []
+    mine = config_identity(TrainConfig.from_dict(run["config"]))
+    mine.pop("bucket_mb", None)
+    steps = {}
+    for run_id in store.list_runs(status="completed", kind="train")["run_id"]:
+        other = store.get(run_id)
+        try:
+            ident = config_identity(TrainConfig.from_dict(other["config"]))
+        except (KeyError, TypeError, ValueError, ScalelabError):
+            continue
+        bucket = ident.pop("bucket_mb", None)
+        step = (other.get("summary") or {}).get(keys.STEP_MEDIAN_MS)
+        if ident == mine and step is not None:
+            steps.setdefault(bucket, step)
+    here = run["config"].get("bucket_mb")
+    if len(steps) < 2 or here not in steps:
+        return []
+    best = min(steps, key=steps.get)
+    if best == here:
+        return [(f"of the {len(steps)} bucket sizes stored for this config, this one ({here:g} MiB) has the shortest "
+                f"step ({steps[here]:.3g} ms).")]
+    return [(f"another bucket size: bucket_mb {best:g} measured a {steps[best]:.3g} ms step against this run's "
+            f"{steps[here]:.3g} ms ({here:g} MiB; one launch each unless `scalelab bucket-sweep` pooled more).")]
+
+
+def lines(ex: Explanation) -> list[str]:
+    """The breakdown as terminal lines: the named runs, one line per part, the largest cause and what to try."""
+    c, s = ex.run["config"] or {}, ex.run["summary"] or {}
+    workers = c.get("ranks", 1) * c.get("nnodes", 1)
+    out = [f"run {ex.run['run_id']} ({ex.run['kind']}): {workers} rank(s)"
+           + (f", sync {c['sync']}" if c.get("sync") else "")
+           + (f", global batch {c['global_batch']}" if c.get("global_batch") else "")
+           + f"; {s.get(keys.STEPS_TIMED, '?')} timed steps"]
+    for name, label in (("one", "1-worker run"), ("nosync", "no-sync variant"), ("noop", "no-op collectives")):
+        got = ex.named.get(name)
+        out.append(f"  {label}: {got['run_id'] if got else 'not stored'}")
+    out.append(f"{'part':<58}{'ms':>9}  {'95 % interval':>17}  {'of gap':>7}")
+    for row in ex.table.to_dict("records"):
+        indent = "    " if row["level"] else ""
+        sign = "" if row["part"] in ("ideal", "measured") else "+ " if not row["level"] else "· "
+        label = (indent + sign + PARTS[row["part"]])[:56]
+        if not row["measured"] and row["part"] != "rest":
+            out.append(f"{label:<58}{'not measured':>12}  needs: {row['needs']}")
+            continue
+        value = row["value(ms)"]
+        interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
+        share = f"{100 * row['share_of_gap']:.0f} %" if pd.notna(row["share_of_gap"]) else ""
+        note = ("  (holds the parts not measured)" if not row["measured"] else
+                "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
+        out.append(f"{label:<58}{value:>9.3g}  {interval:>17}  {share:>7}{note}")
+    if rest_too_large(ex.table):
+        out.append("the rest is above 20 % of the gap: a cause is not accounted for (or the runs drifted apart).")
+    missing = [p for p in LEAVES if not ex.table.set_index("part").loc[p, "measured"]]
+    if missing:
+        out.append(f"not measured: {', '.join(missing)}")
+    return out + ex.suggestions
+
+
+def side_by_side(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
+    """Two breakdowns as one table: per part each run's value with its interval ("not measured" where it was not)
+    and b - a where both were measured."""
+    def cell(row) -> str:
+        if not row["measured"] and row["part"] != "rest":
+            return "not measured"
+        interval = f" ({row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})" if pd.notna(row["ci_low(ms)"]) else ""
+        return f"{row['value(ms)']:.3g}{interval}"
+
+    rows = []
+    for ra, rb in zip(a.to_dict("records"), b.to_dict("records")):
+        both = ra["measured"] and rb["measured"]
+        rows.append({"part": SHORT[ra["part"]], f"{name_a} (ms)": cell(ra), f"{name_b} (ms)": cell(rb),
+                     "b - a (ms)": f"{rb['value(ms)'] - ra['value(ms)']:.3g}" if both else ""})
+    return pd.DataFrame(rows)

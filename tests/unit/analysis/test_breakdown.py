@@ -1,0 +1,146 @@
+"""The lost-speedup breakdown on exact synthetic numbers: its parts add up to the gap, each with its interval, and a
+part whose run is missing is not measured, never 0."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scalelab.analysis import keys
+from scalelab.analysis.breakdown import (
+    LEAVES,
+    breakdown,
+    breakdown_of_runs,
+    largest_cause,
+    rest_too_large,
+    sum_of_parts,
+)
+
+
+def summary(step, *, fastest=None, data=None, waiting=None, wire=None, collectives=None, half=1.0):
+    """A run summary: its median step (and fastest rank's) and data wait with intervals of +- half ms."""
+    s = {keys.STEP_MEDIAN_MS: step, keys.STEP_MEDIAN_CI_LOW_MS: step - half, keys.STEP_MEDIAN_CI_HIGH_MS: step + half}
+    for key, value in ((keys.STEP_FASTEST_MEDIAN_MS, fastest), (keys.stage_ms("data"), data),
+                       (keys.COMM_PEERS_WAIT_MS, waiting), (keys.COMM_CRITICAL_MS, wire)):
+        if value is not None:
+            s[key] = value
+            s.update(zip(keys.ci_keys(key), (value - half / 2, value + half / 2)))
+    if collectives is not None:
+        s[keys.COMM_COLLECTIVES_PER_STEP] = collectives
+    return s
+
+
+ONE = summary(100.0, data=10.0)
+NOSYNC = summary(64.0, fastest=60.0, data=7.0)
+NOOP = summary(65.0, fastest=62.0, data=7.0)
+
+
+def parts(table) -> dict:
+    return table.set_index("part")["value(ms)"].to_dict()
+
+
+def test_parts_add_up_to_the_gap_with_exact_numbers():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5)
+    p = parts(table)
+    assert p["ideal"] == 50.0                       # 100 ms at 1 worker, half the work per rank
+    assert p["data"] == 8.0 - 5.0                   # beyond the 1-worker data wait scaled alike
+    assert p["compute"] == (60.0 - 7.0) - (50.0 - 5.0)  # the no-sync fastest rank, data excluded, vs the ideal
+    assert p["sync_work"] == 62.0 - 60.0
+    assert p["exposed"] == 80.0 - 62.0
+    assert (p["waiting"], p["wire"]) == (12.0, 6.0)
+    assert p["interference"] == p["hidden"] == 0.0  # exposed - waiting - wire = 0: within noise
+    assert p["rest"] == pytest.approx(7.0 - 8.0)    # the no-sync's data wait against the real run's
+    assert sum_of_parts(table) == pytest.approx(80.0)
+    assert sum(p[x] for x in LEAVES) + p["rest"] == pytest.approx(80.0 - 50.0)
+    assert table["measured"].all()
+    assert table.attrs["gap(ms)"] == 30.0
+
+
+def test_every_part_has_its_interval():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
+    assert (table["ci_low(ms)"] <= table["value(ms)"]).all() and (table["value(ms)"] <= table["ci_high(ms)"]).all()
+    # exposed = real's step [79, 81] - noop's fastest rank [61.5, 62.5]
+    assert (table.loc["exposed", "ci_low(ms)"], table.loc["exposed", "ci_high(ms)"]) == (16.5, 19.5)
+    # ideal = 0.5 x [99, 101]
+    assert (table.loc["ideal", "ci_low(ms)"], table.loc["ideal", "ci_high(ms)"]) == (49.5, 50.5)
+
+
+def test_exposed_beyond_waiting_and_wire_is_interference_and_below_is_hidden():
+    slow = summary(100.0, data=8.0, waiting=12.0, wire=6.0, collectives=3, half=0.5)
+    noop = summary(63.0, fastest=62.0, data=7.0, half=0.5)
+    p = parts(breakdown(slow, one=ONE, nosync=NOSYNC, noop=noop, k=0.5))
+    assert p["interference"] == pytest.approx(38.0 - 18.0) and p["hidden"] == 0.0
+    fast = summary(70.0, data=8.0, waiting=2.0, wire=16.0, collectives=3, half=0.5)
+    p = parts(breakdown(fast, one=ONE, nosync=NOSYNC, noop=noop, k=0.5))
+    assert p["hidden"] == pytest.approx(8.0 - 18.0) and p["interference"] == 0.0
+    assert p["rest"] == pytest.approx(7.0 - 8.0)
+
+
+def test_a_missing_run_is_not_measured_never_zero():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, k=0.5, commands={"nosync": "scalelab train --sync noop",
+                                                      "noop": "scalelab train --noop-collectives"}).set_index("part")
+    for part in ("compute", "sync_work", "exposed", "interference", "hidden"):
+        assert not table.loc[part, "measured"] and math.isnan(table.loc[part, "value(ms)"]), part
+    assert "scalelab train --sync noop" in table.loc["compute", "needs"]
+    assert table.loc["exposed", "needs"] == "scalelab train --noop-collectives"
+    # what the run itself shows is measured: data (with the 1-worker run), waiting, wire
+    assert table.loc[["data", "waiting", "wire"], "measured"].all()
+    # the rest is what is left of the gap, and it holds the parts not measured: not a measured part itself
+    assert table.loc["rest", "value(ms)"] == pytest.approx(30.0 - 3.0 - 12.0 - 6.0)
+    assert not table.loc["rest", "measured"]
+    without_one = breakdown(real, k=None).set_index("part")
+    assert not without_one.loc["ideal", "measured"] and without_one.loc["ideal", "needs"] == "ranks=1"
+    assert math.isnan(without_one.loc["rest", "value(ms)"])
+
+
+def test_a_run_without_sync_is_compute_only():
+    real = summary(80.0, fastest=70.0, data=8.0, collectives=0)
+    table = breakdown(real, one=ONE, k=0.5, no_sync_run=True)
+    p = parts(table)
+    assert p["compute"] == (80.0 - 8.0) - (50.0 - 5.0)  # nobody waits: its slowest rank's step
+    for part in ("sync_work", "exposed", "waiting", "wire", "interference", "hidden", "rest"):
+        assert p[part] == 0.0, part
+    assert table["measured"].all()
+
+
+def test_stored_runs_give_k_from_their_configs():
+    one = {"config": {"global_batch": 64, "ranks": 1}, "summary": ONE}
+    real = {"config": {"global_batch": 64, "ranks": 2, "sync": "ddp"},
+            "summary": summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)}
+    assert parts(breakdown_of_runs(real, one=one))["ideal"] == 50.0  # strong: the same global batch
+    weak = {"config": {"global_batch": 128, "ranks": 2, "sync": "ddp"}, "summary": real["summary"]}
+    assert parts(breakdown_of_runs(weak, one=one))["ideal"] == 100.0  # weak: the same per-rank batch
+
+
+def test_largest_cause_and_a_large_rest():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5)
+    assert largest_cause(table)["part"] == "waiting"
+    assert not rest_too_large(table)  # 1 ms of a 30 ms gap
+    big_rest = breakdown(real, one=ONE, nosync=summary(64.0, fastest=60.0, data=-5.0), noop=NOOP, k=0.5)
+    assert rest_too_large(big_rest)
+
+
+def test_a_difference_within_noise_is_still_named_and_said_to_be_within_noise():
+    """exposed 18 (16.5-19.5) against waiting + wire 20 (19-21): 2 ms hidden, its interval (-4.5, 0.5) reaching 0;
+    the rest stays the data mismatch alone."""
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=8.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
+    assert table.loc["hidden", "value(ms)"] == -2.0 and table.loc["interference", "value(ms)"] == 0.0
+    assert (table.loc["hidden", "ci_low(ms)"], table.loc["hidden", "ci_high(ms)"]) == (-4.5, 0.5)
+    assert table.loc["hidden", "within_noise"] and not table.loc["waiting", "within_noise"]
+    assert table.loc["rest", "value(ms)"] == pytest.approx(-1.0)
+    assert largest_cause(table.reset_index())["part"] == "waiting"  # the largest beyond noise
+
+
+def test_a_measured_part_needs_nothing_and_a_run_across_hosts_says_why_it_has_no_waiting():
+    real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
+    table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5)
+    assert table["needs"].isna().all()
+    across_hosts = summary(80.0, fastest=70.0, data=8.0, collectives=3)  # no critical-path figures
+    t = breakdown(across_hosts, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
+    assert not t.loc["waiting", "measured"] and "one host" in t.loc["waiting", "needs"]
+    assert t.loc["exposed", "measured"] and not t.loc["interference", "measured"]

@@ -1,0 +1,43 @@
+"""The scale experiment's lost-speedup waterfall and sentences, from a breakdown table of exact synthetic numbers."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from scalelab.analysis import keys
+from scalelab.analysis.breakdown import breakdown
+from scalelab.experiments.scale_lost import lost_speedup_sentences, waterfall
+
+
+def summary(step, **figures):
+    s = {keys.STEP_MEDIAN_MS: step, keys.STEP_MEDIAN_CI_LOW_MS: step - 1, keys.STEP_MEDIAN_CI_HIGH_MS: step + 1}
+    for key, value in figures.items():
+        k = {"fastest": keys.STEP_FASTEST_MEDIAN_MS, "data": keys.stage_ms("data"), "waiting": keys.COMM_PEERS_WAIT_MS,
+             "wire": keys.COMM_CRITICAL_MS}[key]
+        s[k] = value
+        s.update(zip(keys.ci_keys(k), (value - 0.5, value + 0.5)))
+    return s
+
+
+def table(nosync=True):
+    t = breakdown(summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0), one=summary(100.0, data=10.0),
+                  nosync=summary(64.0, fastest=60.0, data=7.0) if nosync else None,
+                  noop=summary(65.0, fastest=62.0, data=7.0), k=0.5, commands={"nosync": "scalelab scale ..."})
+    t.insert(0, "global_batch", 64)
+    t.insert(0, "workers", 2)
+    return t
+
+
+def test_the_sentence_names_the_largest_cause_with_its_interval_and_the_rest():
+    result = SimpleNamespace(tables={"scale_strong_lost_speedup": table()})
+    (line,) = lost_speedup_sentences(result)
+    assert line.startswith("strong scaling, 2 workers at global batch 64: ideal step 50 ms, measured 80 ms")
+    assert "the largest cause is waiting for peers, 12 ms (95 % interval 11.5–12.5 ms)" in line
+    assert "the rest -1 ms (-3 % of the gap)" in line and "not measured" not in line
+
+
+def test_a_missing_variant_is_named_in_the_sentence_and_hatched_in_the_waterfall(tmp_path):
+    t = table(nosync=False)
+    (line,) = lost_speedup_sentences(SimpleNamespace(tables={"scale_weak_lost_speedup": t}))
+    assert "not measured: compute, sync_work (needs scalelab scale ...)" in line
+    path = waterfall(t, tmp_path / "lost.png")
+    assert path.exists() and path.stat().st_size > 0
