@@ -9,14 +9,17 @@ import typer
 from scalelab.cli.common import say
 from scalelab.cli.options import store_option
 from scalelab.lab.explain import explain, lines
+from scalelab.lab.stragglers import explain_lines
 from scalelab.store import open_store
 
 
 def explain_cmd(run: str = typer.Argument(..., help="Run id or a unique prefix."),
                 store: Optional[Path] = store_option()) -> None:
     """The lost-speedup breakdown of a stored run: ideal step -> measured step in parts, each with its 95 %
-    interval, the largest cause and what to try. Runs nothing: the 1-worker run and the no-sync and no-op
+    interval, the largest cause and what to try; then the straggler, if one rank arrived last beyond noise, and
+    the stage where it lost its time. Runs nothing: the 1-worker run and the no-sync and no-op
     variants are the stored runs of those configs (`scalelab scale` stores them all)."""
 
-    for line in lines(explain(open_store(store), run)):
+    ex = explain(open_store(store), run)
+    for line in lines(ex) + explain_lines(ex.run):  # why not N x, then who the others waited for
         say(line)

@@ -36,6 +36,7 @@ from scalelab.lab.base import (
 )
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
+from scalelab.lab.stragglers import straggler_sentences, straggler_table
 from scalelab.report.figures import ci, plt, save
 from scalelab.sync import registry as syncs
 
@@ -120,6 +121,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
             script = not isinstance(base, TrainConfig)
             measured["lost"] = scaling_breakdown(
                 table, runs, noops, nosyncs, needs=lambda w, b, mode=mode: variant_command(mode, w, b, script=script))
+            measured["stragglers"] = straggler_table(runs)
             return table
 
         # worker counts, their no-op and no-sync variants in interleaved rounds (drift between launches hits every
@@ -127,6 +129,8 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         result.tables[name] = run_checked(ctx, [*cells, *ablation, *apart], group=name, analyse=analyse)
         if len(measured["lost"]):
             result.tables[f"{name}_lost_speedup"] = measured["lost"]
+        if len(measured["stragglers"]):
+            result.tables[f"{name}_stragglers"] = measured["stragglers"]
         if nodes:
             result.tables[f"{name}_nodes"] = node_table(ctx.cells.runs(measured["cells"], all_repeats=True))
     return result
@@ -227,6 +231,7 @@ def per_node(table: pd.DataFrame, path: Path) -> Path:
 def scale_result(result) -> tuple[list[str], str | None]:
     out, rec = lost_speedup_sentences(result), None
     for mode in ("strong", "weak"):
+        out += straggler_sentences(result.tables.get(f"scale_{mode}_stragglers"))
         t = result.tables.get(f"scale_{mode}")
         if t is None or not len(t) or t["workers"].max() < 2:
             continue
@@ -312,7 +317,11 @@ EXPERIMENT = Experiment(
     takes_command=True,
     figures=_figures,
     interpret=scale_result,
-    captions={"scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
+    captions={"scale_strong_stragglers": "Per multi-worker cell: the rank the others waited for at the collectives "
+                                         "(none when no rank stands out beyond noise), where it loses its time, and "
+                                         "the others' wait for it per step with its 95 % interval.",
+              "scale_weak_stragglers": "As for strong scaling: the straggler of each multi-worker cell, if any.",
+              "scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
               "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
               "scale_strong_breakdown.png": "Per cell: compute (step with no sync) + exposed communication; "
                                             "diamonds: time inside collectives.",
