@@ -124,7 +124,9 @@ class Hungry(nn.Module):
             {kill}
             if RANK_ONLY is None or os.environ.get("RANK") == str(RANK_ONLY):
                 buf = torch.ones(x.shape[0], {per} // 4, device=x.device)
-                out = out + buf.mean(1, keepdim=True) * 0
+                # a view of one column, not a reduction: on CUDA `buf.mean(1)` held a second buffer of buf's size
+                # (an H100 search stopped at 19 samples of 2 GiB with 78.7 GiB free: batch 20 did not fit)
+                out = out + buf[:, :1] * 0
         return out
 
 def make(spec):

@@ -41,14 +41,14 @@ def cli(args: list[str]) -> int:
     return 0
 
 
-BASE = TrainConfig(model="mlp", dataset="synthetic", global_batch=64, steps=20, ranks=2, bucket_mb=4.0)
+BASE = TrainConfig(model="mlp", dataset="synthetic", global_batch=64, steps=20, ranks=2, bucket_mb=4.0, device="cpu")  # stored runs only: a GPU machine too
 
 
 @pytest.fixture
 def runs(tmp_path):
     store = Store(tmp_path / "store")
     ids = {
-        "one": stored(store, TrainConfig(model="mlp", dataset="synthetic", global_batch=64, steps=20, bucket_mb=4.0),
+        "one": stored(store, TrainConfig(model="mlp", dataset="synthetic", global_batch=64, steps=20, bucket_mb=4.0, device="cpu"),
                       summary(40.0)),
         "real": stored(store, BASE, summary(50.0, fastest=45.0, data=1.5, waiting=10.0, wire=12.0, collectives=2)),
         "nosync": stored(store, BASE.__class__(**{**BASE.to_dict(), "sync": "noop"}), summary(27.0, fastest=25.0)),
