@@ -88,6 +88,17 @@ def sleepy_model(tmp_path):
     return write
 
 
+def namespaces_unusable() -> str | None:
+    """Why network namespaces cannot be made here (a skip reason), or None when they can."""
+    from scalelab.run import netns
+
+    try:
+        netns.check_usable()
+    except netns.NamespacesUnavailable as err:
+        return str(err)
+    return None
+
+
 def cli_env(extra: dict | None = None) -> dict:
     """Environment for running `python -m scalelab` in a subprocess from a source checkout."""
     env = dict(os.environ)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+from conftest import TINY_MLP, cli_env, namespaces_unusable, run_cli, wait_for_steps
 
-from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.noise import timed_window
@@ -28,13 +28,7 @@ from scalelab.analysis.summary import timed_step_ms
 from scalelab.run import netns
 from scalelab.store import RunDir, Store, read_jsonl
 
-
-def _unusable() -> str | None:
-    try:
-        netns.check_usable()
-    except netns.NamespacesUnavailable as err:
-        return str(err)
-    return None
+_unusable = namespaces_unusable
 
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(_unusable() is not None, reason=str(_unusable()))]
@@ -403,8 +397,8 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     link (each byte 40 ns on the wire; tbf delivers ~0.19 Gbit/s here) and β_hosts from a loopback bench, which is
     far faster; another link is then predicted from the same hosts (perf/links.py)."""
     from scalelab.config import TrainConfig
-    from scalelab.perf.calibration import calibrate
     from scalelab.lab.cells import Cells
+    from scalelab.perf.calibration import calibrate
     from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import cli_env, run_cli
+from conftest import cli_env, namespaces_unusable, run_cli
 
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, straggler_lines
 from scalelab.lab.stragglers import explain_lines, straggler_sentences, straggler_table
-from scalelab.run import netns
 from scalelab.store import RunDir, Store
 
 pytestmark = pytest.mark.timeout(300)
@@ -97,12 +96,7 @@ def test_a_sleep_in_one_ranks_forward_names_that_rank_and_forward(tmp_path):
     assert by_rank[1] >= verdict["steps"] and by_rank[0] <= 2, by_rank  # rank 0 only in the 2 warm-up steps
 
 
-def _unusable() -> str | None:
-    try:
-        netns.check_usable()
-    except netns.NamespacesUnavailable as err:
-        return str(err)
-    return None
+_unusable = namespaces_unusable
 
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (v2: cpu.max in the unified tree)
