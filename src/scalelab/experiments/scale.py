@@ -151,6 +151,8 @@ def _figures(result: Result, out) -> list:
             if len(table):
                 files.append(per_node(table, out / f"{name}.png"))
             continue
+        if name.endswith("_stragglers"):  # a table in words (straggler_sentences), no figure
+            continue
         if len(table):
             files.append(speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
             files.append(compute_comm_bars(table, out / f"{name}_breakdown.png"))

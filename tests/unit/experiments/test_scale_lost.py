@@ -41,3 +41,22 @@ def test_a_missing_variant_is_named_in_the_sentence_and_hatched_in_the_waterfall
     assert "not measured: compute, sync_work (needs scalelab scale ...)" in line
     path = waterfall(t, tmp_path / "lost.png")
     assert path.exists() and path.stat().st_size > 0
+
+
+def test_the_straggler_table_is_said_in_words_and_drawn_by_no_speedup_plot(tmp_path):
+    """The scaling section's straggler table (lab/stragglers.py) reaches the sentences; `_figures` draws the lost
+    speedup's waterfall for it and no speedup plot (a straggler table has no speedup column)."""
+    import pandas as pd
+
+    from scalelab.experiments.scale import _figures, scale_result
+    from scalelab.lab.stragglers import COLUMNS
+
+    stragglers = pd.DataFrame([dict(dict.fromkeys(COLUMNS), run_id="r", workers=2, nodes=1, global_batch=64,
+                                    straggler_rank=1, straggler_node=None, stage="forward", **{
+                                        "caused(ms)": 20.0, "caused_low(ms)": 19.0, "caused_high(ms)": 21.0,
+                                        "last(share)": 0.9, "steps": 12, "step(ms)": 60.0})], columns=list(COLUMNS))
+    result = SimpleNamespace(tables={"scale_strong_lost_speedup": table(), "scale_strong_stragglers": stragglers})
+    files = _figures(result, tmp_path)
+    assert [f.name for f in files] == ["scale_strong_lost_speedup.png"]
+    lines, _ = scale_result(result)
+    assert any("rank 1 is the straggler, losing its time in forward" in line and "20.00 ms" in line for line in lines)
