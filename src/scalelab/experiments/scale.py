@@ -233,7 +233,7 @@ def per_node(table: pd.DataFrame, path: Path) -> Path:
 def scale_result(result) -> tuple[list[str], str | None]:
     out, rec = lost_speedup_sentences(result), None
     for mode in ("strong", "weak"):
-        out += straggler_sentences(result.tables.get(f"scale_{mode}_stragglers"))
+        out += straggler_sentences(result.tables.get(f"scale_{mode}_stragglers"), f"{mode.title()} scaling")
         t = result.tables.get(f"scale_{mode}")
         if t is None or not len(t) or t["workers"].max() < 2:
             continue

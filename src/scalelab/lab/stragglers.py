@@ -53,14 +53,17 @@ def straggler_table(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def straggler_sentences(table: pd.DataFrame | None) -> list[str]:
+def straggler_sentences(table: pd.DataFrame | None, where: str = "") -> list[str]:
     """The scaling section's sentences: each run with a named straggler (rank, node, stage, the others' wait with
-    its interval), or one sentence that no cell has a straggler beyond noise."""
+    its interval), or one sentence that no cell has a straggler beyond noise. `where` opens each sentence (a
+    scaling mode: "strong scaling")."""
     if table is None or not len(table):
         return []
     named = table[table["straggler_rank"].notna()]
+    lead = f"{where}, " if where else ""
     if named.empty:
-        return [f"No rank is a straggler beyond noise in any of the {len(table)} multi-worker cells: where ranks "
+        cells = "the multi-worker cell" if len(table) == 1 else f"any of the {len(table)} multi-worker cells"
+        return [f"{where + ': no' if where else 'No'} rank is a straggler beyond noise in {cells}: where ranks "
                 "waited inside collectives, they waited for each other alike (imbalance or a shared link, not one "
                 "slow rank)."]
     out = []
@@ -68,7 +71,7 @@ def straggler_sentences(table: pd.DataFrame | None) -> list[str]:
         where = f" on node {int(d['straggler_node'])}" if d["straggler_node"] is not None and not (
             isinstance(d["straggler_node"], float) and math.isnan(d["straggler_node"])) else ""
         stage = f", losing its time in {d['stage']}" if d["stage"] else ""
-        out.append(f"{int(d['workers'])} workers at global batch {d['global_batch']}: rank "
+        out.append(f"{lead}{int(d['workers'])} workers at global batch {d['global_batch']}: rank "
                    f"{int(d['straggler_rank'])}{where} is the straggler{stage}; it arrived last at "
                    f"{100 * d['last(share)']:.0f} % of the collectives and the others waited {d['caused(ms)']:.2f} ms "
                    f"per step for it (95 % interval {d['caused_low(ms)']:.2f}-{d['caused_high(ms)']:.2f}, n = "
