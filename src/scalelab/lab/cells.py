@@ -39,6 +39,7 @@ from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.measure.commbench import CommBenchConfig
+from scalelab.run import warm
 from scalelab.run.execute import RunFailed, execute, execute_run, run_commbench
 from scalelab.run.script import SCRIPT, ScriptConfig
 from scalelab.store import RunDir, Store
@@ -248,6 +249,12 @@ class Cells:
         self.progress.group(group, sum(max(0, n) for n in needed.values()))
         failures: dict[str, str] = {}
         rounds = max((c.repeats for c in cells), default=0) if interleave else 1
+        with warm.ranks():  # multi-rank cells in warm ranks (run/warm.py); a study's block spans all its cells
+            self._run_rounds(cells, rounds, goal, failures, study, interleave)
+        return [self._result(c, needed[c.key], failures.get(c.key)) for c in cells]
+
+    def _run_rounds(self, cells: list[Cell], rounds: int, goal: dict[str, int], failures: dict[str, str],
+                    study: str, interleave: bool) -> None:
         for r in range(rounds):
             for cell in cells:
                 start = goal[cell.key] - cell.repeats
@@ -261,7 +268,6 @@ class Cells:
                     elif len(self._finished(cell)) <= done:  # never loop on a run the index cannot see
                         raise ScalelabError(f"cell {cell.label}: its run finished but is not found in study "
                                             f"{self.study} of {self.store.root}")
-        return [self._result(c, needed[c.key], failures.get(c.key)) for c in cells]
 
     def _run_one(self, cell: Cell, study: str, goal: int) -> str | None:
         """Run one repeat of `cell` under its lock (`goal`: launches it must have); the failure reason, or None

@@ -20,6 +20,7 @@ from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.progress import PlainProgress, Progress
+from scalelab.run import warm
 from scalelab.run.execute import RunFailed
 from scalelab.store import Store, read_json, write_json_atomic
 
@@ -186,7 +187,7 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     spec's order. Each result is saved in out_dir/results (lab.results) with the study's noise floor. With
     `reuse_saved` (`scalelab report`) a saved result of the code's analysis version is used as it is, and only the
     others are derived again (under replay_only: from the stored runs)."""
-    from scalelab.lab.base import Context, Result
+    from scalelab.lab.base import Context
     from scalelab.lab.cells import Cells
 
     progress = progress or PlainProgress()
@@ -200,6 +201,17 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
                 cells.run([reference_cell(spec, repeats)], group=REFERENCE_GROUP)
             except (RunFailed, ScalelabError, RuntimeError) as err:  # no noise floor then; the study goes on
                 progress.say(f"reference cell failed: {str(err).strip()[:200]}")
+
+    with warm.ranks():  # one set of warm ranks for every experiment's cells (run/warm.py)
+        answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved)
+    if not reuse_saved or results.load_study(folder) is None:
+        results.save_study(folder, noise_floor(spec, store))
+    return held_to_host_peak(answered)
+
+
+def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference, reuse_saved: bool) -> list[tuple]:
+    """The reference cell, every experiment in the spec's order, the reference cell again."""
+    from scalelab.lab.base import Result
 
     reference(1)
     answered = []
@@ -223,9 +235,7 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             result = Result(name, {}, notes={"failed": reason})
         answered.append((experiment, result))
     reference(2)
-    if not reuse_saved or results.load_study(folder) is None:
-        results.save_study(folder, noise_floor(spec, store))
-    return held_to_host_peak(answered)
+    return answered
 
 
 def held_to_host_peak(answered: list[tuple]) -> list[tuple]:

@@ -80,6 +80,9 @@ def local_rank_pids(run_dir: Path, *, siblings_only: bool = True) -> set[int]:
     `scalelab.run.script_rank` with `--run-dir RUN_DIR`): its siblings (torchrun starts every rank itself), or
     with `siblings_only` False every such process of the host (horovodrun starts each rank under its own shell and
     middleman process)."""
+    listed = os.environ.get("SCALELAB_LOCAL_RANK_PIDS")  # warm ranks (scalelab.run.warm): the launcher names them
+    if listed:
+        return {int(p) for p in listed.split(",")}
     me = psutil.Process()
     pids = {me.pid}
     parent = me.parent()

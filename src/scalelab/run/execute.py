@@ -11,6 +11,7 @@ import contextlib
 import re
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,8 +90,12 @@ def record_run(kind: RunKind, cfg: Any, store: Store, argv: list[str] | None, st
 
 
 def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher: Launcher = torchrun_launch,
-                 isolate: bool = False, resume: bool = False) -> Finished:
-    """Launch a recorded run's ranks, summarise and export what they stored, and mark the run finished."""
+                 isolate: bool = False, resume: bool = False, phases: dict[str, float] | None = None) -> Finished:
+    """Launch a recorded run's ranks, summarise and export what they stored, and mark the run finished.
+
+    `phases`: unix times of the steps before (start, prepared, recorded); the launch, summary, export and catalog
+    are added and the whole is stored with the run (phases.json): where a cell's time outside training goes."""
+    phases = dict(phases or {})
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
     abort, explain = None if spec is not None else _interrupt_main_thread, None
@@ -105,13 +110,19 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     ranks, timeout_s = kind.watched(cfg)
     dog = Watchdog(run_dir, ranks, timeout_s, abort=abort, explain=explain)
     with marking_failures(store, run_id, on_failure=kind.on_failure, verdict=lambda: dog.verdict), dog:
+        phases["launch"] = time.time()
         if spec is None:
             kind.run_here(cfg, run_dir, resume=resume)
         else:
             launcher(spec)
+        phases["ranks_done"] = time.time()
         verdict = kind.summarise(cfg, run_dir)
+        phases["summarised"] = time.time()
         kind.export(cfg, run_dir)
+        phases["exported"] = time.time()
     store.finish_run(run_id, verdict.status, reason=verdict.reason, summary=verdict.summary)
+    phases["finished"] = time.time()
+    RunDir(run_dir).write_phases(phases)
     return Finished(run_id, run_dir, verdict.summary, verdict.status, verdict.reason)
 
 
@@ -119,12 +130,15 @@ def execute_run(kind: RunKind, cfg: Any, store: Store, *, argv: list[str] | None
                 say: Callable[[str], None] = print, launcher: Launcher = torchrun_launch,
                 isolate: bool = False) -> Finished:
     """Every step of one run of `kind`: prepare the config, record, launch, summarise, export, finish."""
+    phases = {"start": time.time()}
     cfg = kind.prepare(cfg)
     if cfg.local_nodes:  # refused before anything is recorded: no privilege, no `ip`, no netem for a delay
         netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
+    phases["prepared"] = time.time()
     run_id = record_run(kind, cfg, store, argv, study)
+    phases["recorded"] = time.time()
     say(kind.describe(run_id, cfg))
-    return run_recorded(kind, cfg, store, run_id, launcher=launcher, isolate=isolate)
+    return run_recorded(kind, cfg, store, run_id, launcher=launcher, isolate=isolate, phases=phases)
 
 
 def execute(cfg: TrainConfig, store: Store, *, argv: list[str] | None = None, study: str | None = None,

@@ -19,6 +19,7 @@ from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
+from scalelab.run import warm
 from scalelab.run.hvdnode import horovod_launch
 from scalelab.run.launch import LOOPBACK_ENV, Launcher, LaunchSpec, torchrun_args, torchrun_launch, train_launch_spec
 
@@ -169,7 +170,8 @@ class TrainKind:
         run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
 
     def launcher(self, cfg: TrainConfig, given: Launcher) -> Launcher:
-        return LAUNCHERS[engines.get(cfg.engine).launcher] if given is torchrun_launch else given
+        chosen = LAUNCHERS[engines.get(cfg.engine).launcher] if given is torchrun_launch else given
+        return warm.launcher_for(cfg, chosen)  # warm ranks inside a `warm.ranks()` block, where the run allows
 
     def watched(self, cfg: TrainConfig) -> tuple[list[int], float]:
         if cfg.local_nodes:  # every node's ranks heartbeat into the one run directory this process watches
@@ -244,7 +246,7 @@ class BenchKind:
         raise NotImplementedError("a benchmark always runs its ranks under a launcher")
 
     def launcher(self, cfg: CommBenchConfig, given: Launcher) -> Launcher:
-        return given
+        return warm.launcher_for(cfg, given)
 
     def watched(self, cfg: CommBenchConfig) -> tuple[list[int], float]:
         return list(range(cfg.world)), 0.0  # the benchmark's ranks publish no heartbeat

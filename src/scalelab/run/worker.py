@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -32,9 +33,16 @@ from scalelab.train.loop import loss_and_correct, train
 from scalelab.train.setup import build_inputs, build_optimizer
 
 
-def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False) -> dict:
+def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool = False,
+             phases: dict[str, float] | None = None) -> dict:
     """Set up this rank, train (from the run's last checkpoint if `resume`), and write its result file. Always
-    closes the sampler and the process group."""
+    closes the sampler and the process group.
+
+    `phases`: unix times the caller marked already (process start, imports done); this rank adds its set-up's
+    (connected, clocks, inputs, trained) and stores them in its result (`phases(unix_s)`): where a short cell's
+    fixed cost goes (benchmarks/cell_cost.py)."""
+    phases = dict(phases or {})
+    phases.setdefault("start", time.time())
     torch.set_num_threads(cfg.threads or default_threads(ctx.local_world, cfg.local_nodes))
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
@@ -51,10 +59,13 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     cuda_capped = False
     try:
         engine.connect(cfg, ctx)  # a process group (ddp), hvd.init() (horovod); nothing for one plain rank
+        phases["connected"] = time.time()
         clocks = estimate_in_run(ctx.rank, ctx.world)  # before training: the ranks' clock offsets to rank 0
         if clocks is not None:
             rundir.write_clocks(clocks)
+        phases["clocks"] = time.time()
         bundle, model = build_inputs(cfg)
+        phases["inputs"] = time.time()
         if cfg.memory_limit and ctx.device.type == "cuda":
             cuda_capped = cap_cuda_memory(ctx.device, cfg.memory_limit) < 1.0
         if cfg.memory_limit and ctx.device.type == "cpu":
@@ -66,7 +77,9 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
         ckpt = checkpoint.load(run_dir, ctx.rank, ctx.device) if resume else None
         result = train(cfg, ctx, bundle, model, run_dir, say=lambda s: print(s, flush=True), heartbeat=heartbeat,
                        resume=ckpt)
+        phases["trained"] = time.time()
         result["memory"]["train_added(bytes)"] = added_since(baseline, ctx.device)
+        result["phases(unix_s)"] = phases
         result["threads"] = torch.get_num_threads()  # what the rank ran with, as torch reports it
         rundir.write_result(ctx.rank, result)
         if cfg.nnodes > 1:
@@ -100,10 +113,7 @@ def warm_up(model: torch.nn.Module, data, device: torch.device, cfg: TrainConfig
     allocates whatever its batch (thread pools, autograd's engine, the optimizer's lazy imports: ~70 MB) is part
     of the baseline a memory cap is measured from."""
 
-    scratch = torch.nn.Linear(1, 1)
-    scratch(torch.ones(1, 1)).sum().backward()
-    build_optimizer(scratch, cfg).step()
-
+    warm_up_runtime(cfg)
     xs, ys = zip(*(data[i] for i in range(min(2, len(data)))))
     model.to(device).train()
     loss, _ = loss_and_correct(model(torch.stack(xs).to(device)), torch.stack(ys).to(device))
@@ -111,15 +121,29 @@ def warm_up(model: torch.nn.Module, data, device: torch.device, cfg: TrainConfig
     model.zero_grad(set_to_none=True)
 
 
+def warm_up_runtime(cfg: TrainConfig) -> None:
+    """One forward/backward and optimizer step on a scratch parameter: torch's one-time allocations (thread pools,
+    autograd's engine, the optimizer's lazy imports) made before a baseline is read."""
+    scratch = torch.nn.Linear(1, 1)
+    scratch(torch.ones(1, 1)).sum().backward()
+    build_optimizer(scratch, cfg).step()
+
+
 def _exit_on_sigterm(signum, _frame):
     # SystemExit unwinds through the finally blocks, so records and samples are flushed before the rank ends.
     sys.exit(128 + signum)
+
+
+_WATCHING: list[int] = []  # the parent a watch thread of this process already follows (a warm rank runs many jobs)
 
 
 def end_with_parent(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
     """If the launching process dies without stopping us (kill -9 of scalelab, which hosts torchrun's agent),
     end this rank instead of training on as an orphan: SIGTERM ourselves (records flushed), then exit hard."""
     parent = os.getppid()
+    if parent in _WATCHING:
+        return
+    _WATCHING.append(parent)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -140,7 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     end_with_parent()
     cfg = TrainConfig.from_dict(RunDir(args.run_dir).read_config())
-    run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume)
+    # the process's start (before Python imported torch and scalelab) and this call: a cold rank's start-up
+    phases = {"process": psutil.Process().create_time(), "start": time.time()}
+    run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume, phases=phases)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,10 @@ class RunDir:
         return self.path / "timings.json"
 
     @property
+    def phases_file(self) -> Path:
+        return self.path / "phases.json"
+
+    @property
     def results_csv(self) -> Path:
         return self.path / "results.csv"
 
@@ -254,6 +258,13 @@ class RunDir:
 
     def write_timings(self, timings: dict) -> None:
         write_json_atomic(self.timings_file, timings)
+
+    def read_phases(self) -> dict:
+        """Unix times of the launching process's steps of the run (run/execute.py); {} for runs stored before."""
+        return read_json(self.phases_file) if self.phases_file.is_file() else {}
+
+    def write_phases(self, phases: dict) -> None:
+        write_json_atomic(self.phases_file, phases)
 
     def read_results_table(self) -> dict:
         """results.json of a benchmark: {"columns": [...], "rows": [...]}."""

@@ -1,0 +1,138 @@
+"""Where a study cell's time goes outside its timed steps: the fixed cost of a cell, cold or warm.
+
+One process runs a short sequence of cells through the cell engine, as `scalelab study` does (1-rank cells in
+this process, 2-rank cells as ranks of their own), and reads back the unix times every run stores: the launching
+process's steps (`phases.json`: start, prepared, recorded, launch, ranks_done, summarised, exported, finished), each
+rank's set-up (`phases(unix_s)` in its result: process, start, connected, clocks, inputs, trained) and the step
+records' end times. The first cell of each world size pays one-time costs (imports, a warm pool's start) and is
+left out; the table gives the median over the later cells of each phase, in ms, and the spread (min-max).
+
+Phases, in order (a rank's are rank 0's):
+  prepare    the config checked and the dataset and model built once in this process (kinds.check_inputs)
+  record     the run directory and catalog row, with the provenance (git, versions)
+  start      launch to the rank's process start (torchrun's agent, spawning the process); 0 for a warm rank
+  imports    process start to the worker's main (Python, torch, scalelab); 0 for a warm rank
+  pg         the process group (rendezvous, gloo's connections)
+  clocks     the ranks' clock offsets (ping-pong rounds)
+  inputs     the dataset and the model built in the rank
+  warm-up    inputs to the first timed step's start: the loader, DDP, warm-up steps
+  timed      the timed steps (what the cell is for)
+  exit       the last step's end to the launcher's return (evaluation, result files, the ranks' exit)
+  summary, export, catalog   the launching process's summary, trace/TensorBoard export and catalog row
+
+    python benchmarks/cell_cost.py --launch cold        # today's path: torchrun for every multi-rank cell
+    python benchmarks/cell_cost.py --launch warm        # warm ranks (scalelab.run.warm)
+    python benchmarks/cell_cost.py --launch both        # cold then warm, one table each and the ratio
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PHASES = ("prepare", "record", "start", "imports", "pg", "clocks", "inputs", "warm-up", "timed", "exit",
+          "summary", "export", "catalog")
+FIXED = tuple(p for p in PHASES if p != "timed")
+
+
+def cells(n: int):
+    """`n` cells alternating 1 and 2 ranks, two models, each with its own seed (so no cell is reused)."""
+    from scalelab.config import TrainConfig
+    from scalelab.lab.cells import Cell
+
+    out = []
+    for i in range(n):
+        ranks = 1 if i % 2 == 0 else 2
+        model = "cnn" if (i // 2) % 2 == 0 else "mlp"
+        cfg = TrainConfig(model=model, dataset="synthetic", samples=1024, eval_samples=256, global_batch=64,
+                          steps=8, warmup_steps=2, ranks=ranks, seed=i)
+        out.append(Cell(f"{model} {ranks} rank(s) seed {i}", cfg))
+    return out
+
+
+def phases_of(run_dir: Path) -> dict[str, float]:
+    """One run's phases in ms (see the module docstring)."""
+    from scalelab.store import RunDir
+
+    rundir = RunDir(run_dir)
+    p = rundir.read_phases()
+    rank = rundir.read_result(0).get("phases(unix_s)", {})
+    steps = [r for r in rundir.read_steps(0)]
+    timed = [r for r in steps if not r["warmup"]]
+    first = timed[0]["t_end(unix_s)"] - timed[0]["wall(s)"]
+    last = timed[-1]["t_end(unix_s)"]
+    # a warm rank's process started before the launch (its start-up was paid once, by the first cell)
+    process = max(rank.get("process", p["launch"]), p["launch"])
+    start = rank.get("start", process)
+
+    def ms(a: float, b: float) -> float:
+        return 1e3 * (b - a)
+
+    return {"prepare": ms(p["start"], p["prepared"]), "record": ms(p["prepared"], p["recorded"]),
+            "start": max(0.0, ms(p["launch"], process)), "imports": max(0.0, ms(process, start)),
+            "pg": ms(start, rank["connected"]), "clocks": ms(rank["connected"], rank["clocks"]),
+            "inputs": ms(rank["clocks"], rank["inputs"]), "warm-up": ms(rank["inputs"], first),
+            "timed": ms(first, last), "exit": ms(last, p["ranks_done"]),
+            "summary": ms(p["ranks_done"], p["summarised"]), "export": ms(p["summarised"], p["exported"]),
+            "catalog": ms(p["exported"], p["finished"]), "total": ms(p["start"], p["finished"])}
+
+
+def run(launch: str, n: int) -> dict[int, list[dict[str, float]]]:
+    """Run `n` cells with `launch` (cold or warm); phases per world size, the first cell of each left out."""
+    from scalelab.lab.cells import Cells
+    from scalelab.lab.progress import PlainProgress
+    from scalelab.run import warm
+    from scalelab.store import Store
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "store")
+        engine = Cells(store, "bench", progress=PlainProgress(lambda _line: None))
+        by_world: dict[int, list[dict[str, float]]] = {1: [], 2: []}
+        pool = warm.ranks() if launch == "warm" else contextlib.nullcontext()
+        with pool:
+            for cell in cells(n):
+                began = time.time()
+                (result,) = engine.run([cell], group="cells")
+                if result.status != "completed":
+                    sys.exit(f"cell {cell.label}: {result.status} ({result.reason})")
+                row = phases_of(store.run_dir(result.run_id))
+                row["cell"] = 1e3 * (time.time() - began)
+                by_world[cell.config.ranks].append(row)
+    return {w: rows[1:] for w, rows in by_world.items()}
+
+
+def table(launch: str, by_world: dict[int, list[dict[str, float]]]) -> dict[int, float]:
+    """Print the medians and spreads; returns each world size's median fixed cost (ms)."""
+    fixed = {}
+    print(f"\n{launch}: median ms (min-max) over the later cells of each world size")
+    print(f"{'phase':<10}" + "".join(f"{f'{w} rank(s), n={len(rows)}':>26}" for w, rows in by_world.items()))
+    for phase in (*PHASES, "fixed", "cell"):
+        line = f"{phase:<10}"
+        for w, rows in by_world.items():
+            values = [sum(r[p] for p in FIXED) if phase == "fixed" else r[phase] for r in rows]
+            med = statistics.median(values)
+            line += f"{med:>12.0f} ({min(values):>5.0f}-{max(values):>5.0f})"
+            if phase == "fixed":
+                fixed[w] = med
+        print(line)
+    return fixed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--launch", choices=("cold", "warm", "both"), default="both")
+    parser.add_argument("--cells", type=int, default=8, help="cells per launch mode (alternating 1 and 2 ranks)")
+    args = parser.parse_args()
+    modes = ("cold", "warm") if args.launch == "both" else (args.launch,)
+    fixed = {mode: table(mode, run(mode, args.cells)) for mode in modes}
+    if len(fixed) == 2:
+        for w in fixed["cold"]:
+            print(f"{w} rank(s): fixed cost cold / warm = {fixed['cold'][w] / fixed['warm'][w]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,362 @@
+"""Warm ranks: consecutive multi-rank cells of one process (a study, a comparison, a test session) run in rank
+processes that stay up between cells, instead of a torchrun launch per cell.
+
+Why: a cold 2-rank cell starts torchrun's agent and a Python process per rank, each importing torch and scalelab
+(seconds on a 2-core machine, most of a short cell; benchmarks/cell_cost.py). Inside `with ranks():` the first
+cell of a layout (ranks per node, the launch environment: threads, interfaces) starts that many rank processes
+(`python -m scalelab.run.warm`); each later cell with the same layout is a job sent to them. A job runs the same
+worker entry point torchrun would (`scalelab.run.worker`, `scalelab.measure.commbench_worker`) with the same
+environment torchrun gives a rank, and a fresh rendezvous store on loopback, hosted here as for a torchrun run
+(launch.loopback_store). The worker builds everything a cell measures from its config: process group, model,
+optimizer, loader, seed, meter, sampler, heartbeat; and destroys its process group at the end. What outlives a
+job is what Python and torch keep per process: imported modules, thread pools, the allocator's cache.
+
+What a warm rank must not carry from one job to the next, and how it does not:
+- environment: each job's variables are set and the previous job's removed (`_Rank.apply_env`);
+- the process group: the worker destroys it; the rank checks and destroys a leftover one;
+- peak memory: the worker resets the kernel's peak-RSS mark at its baseline (measure.memory);
+- CPU counters behind noise detection: the sampler differences them over the run's window; the job names its
+  peers' pids (SCALELAB_LOCAL_RANK_PIDS), which torchrun's ranks find from their command lines;
+- anything after a failure: a rank whose job failed exits, and the pool is started again (its peers may be stuck in
+  a collective).
+
+Cells that keep a fresh process (`cold_reason` says why, and they go through torchrun as before): a memory cap
+(RLIMIT_AS cannot be raised again by a user who is not root, and the cap's baseline is a fresh process's), an
+isolated cell (a max-batch trial, whose out-of-memory must not touch anything else), Horovod (horovodrun starts
+its own ranks), several nodes, namespaced nodes, a resumed run, and a run with a CUDA device (its memory
+fraction and context are per process).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from scalelab.run.launch import LOOPBACK, Launcher, LaunchFailed, LaunchSpec, bound_store, torchrun_launch
+
+START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
+STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
+MAX_POOLS = 3  # layouts kept warm at once (a study alternates 1 and 2 threads per rank, 2 ranks)
+PIDS_ENV = "SCALELAB_LOCAL_RANK_PIDS"  # the job's ranks on this host (measure.machine.local_rank_pids)
+
+
+def cold_reason(cfg: Any, spec: LaunchSpec) -> str | None:
+    """Why this run's ranks must start fresh (None: it can run in warm ranks)."""
+    if spec.module not in WARM_MODULES:
+        return f"{spec.module} is not a worker warm ranks run"
+    if spec.quiet:
+        return "an isolated cell (a max-batch trial: its out-of-memory must not reach other cells)"
+    if spec.args:
+        return "a resumed run"
+    if spec.nnodes > 1 or getattr(cfg, "local_nodes", 0):
+        return "a run across nodes"
+    if getattr(cfg, "memory_limit", None):
+        return "a memory cap (RLIMIT_AS cannot be raised again in the process it capped)"
+    if getattr(cfg, "engine", "ddp") != "ddp":
+        return f"engine {cfg.engine} starts its own ranks"
+    if getattr(cfg, "resolved_device", "cpu") != "cpu":
+        return "a CUDA run (its context and memory fraction are per process)"
+    return None
+
+
+# the worker modules a warm rank runs, as torchrun would (`python -m MODULE --run-dir DIR`)
+WARM_MODULES = ("scalelab.run.worker", "scalelab.measure.commbench_worker")
+
+
+class Pool:
+    """`nproc` rank processes of one launch environment, waiting for jobs; each talks to this process over its own
+    socket pair (a private descriptor: nothing else can send it a job)."""
+
+    def __init__(self, nproc: int, env: dict[str, str]):
+        self.nproc, self.env = nproc, dict(env)
+        self.conns: list[Connection] = []
+        self.procs: list[subprocess.Popen] = []
+        self.busy = False  # a job is running: closing then stops the ranks at once
+        self.closed = False
+        try:
+            for local_rank in range(nproc):
+                mine, theirs = socket.socketpair()
+                self.conns.append(Connection(mine.detach()))
+                fd = theirs.fileno()
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "scalelab.run.warm", str(fd), str(local_rank)],
+                    env={**os.environ, **env}, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+                theirs.close()
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        """Each rank says it is ready once it has imported what its jobs need."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for local_rank, conn in enumerate(self.conns):
+            while not conn.poll(0.2):
+                code = self.procs[local_rank].poll()
+                if code is not None:
+                    raise LaunchFailed(f"warm rank {local_rank} ended while starting: {_died(local_rank, code)}", "")
+                if time.monotonic() > deadline:
+                    raise LaunchFailed(f"warm rank {local_rank} did not start in {START_TIMEOUT_S:g} s", "")
+            conn.recv()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def run(self, spec: LaunchSpec) -> None:
+        """One job on every rank; returns when all finished, raises LaunchFailed (the pool then closed) when one
+        failed."""
+        with bound_store(LOOPBACK, 0, any_port=True) as port, _terminate_as_interrupt():
+            self.busy = True
+            for local_rank, conn in enumerate(self.conns):
+                conn.send({"module": spec.module, "argv": ["--run-dir", str(spec.run_dir), *spec.args],
+                           "env": {**spec.env, **_rank_env(local_rank, self.nproc, port),
+                                   PIDS_ENV: ",".join(map(str, self.pids))}})
+            failures = self._collect()
+            self.busy = False
+        if failures:
+            self.close()
+            _, _, reason, trace = min(failures)  # the root cause: a rank's own error before its peers' consequences
+            raise LaunchFailed(reason, trace)
+
+    def _collect(self) -> list[tuple[bool, int, str, str]]:
+        """Every rank's answer; the failures as (a consequence?, arrival, reason, traceback)."""
+        from scalelab.run.execute import is_consequence
+
+        waiting = {conn: i for i, conn in enumerate(self.conns)}
+        failures: list[tuple[bool, int, str, str]] = []
+        while waiting:
+            for conn in wait(list(waiting)):
+                rank = waiting.pop(conn)
+                try:
+                    answer = conn.recv()
+                except (EOFError, OSError):
+                    answer = {"ok": False, "reason": _died(rank, self.procs[rank].wait()), "trace": ""}
+                if not answer["ok"]:
+                    failures.append((is_consequence(answer["reason"]), len(failures), answer["reason"],
+                                     answer["trace"]))
+                    self._stop_others(rank)
+        return failures
+
+    def _stop_others(self, failed: int) -> None:
+        """After a rank failed its peers may wait in a collective forever: end them (records flushed on SIGTERM)."""
+        for i, proc in enumerate(self.procs):
+            if i != failed and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def close(self) -> None:
+        """End the ranks: an idle rank reads the end of its connection and exits; a busy one (the launching process
+        was interrupted mid-job) gets SIGTERM at once and flushes its records on the way out."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self.conns:
+            conn.close()
+        if self.busy:
+            self._stop_others(-1)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM to the launching process during a job ends the run as interrupted, as torchrun's agent does (it
+    raises its SignalException, which run.execute.marking_failures reads as an interrupt)."""
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_signal(signum, _frame):
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGTERM, raise_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _rank_env(local_rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torchrun puts in a rank's environment on one node; the store is hosted by the launching process."""
+    return {"RANK": str(local_rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "ROLE_RANK": str(local_rank), "ROLE_NAME": "default",
+            "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def _died(rank: int, code: int) -> str:
+    if code < 0:
+        return f"rank {rank} killed by signal {signal.Signals(-code).name}"
+    return f"rank {rank} exited with code {code}"
+
+
+class Pools:
+    """The warm pools of one `ranks()` block, one per launch environment; a launcher for the kinds' runs."""
+
+    def __init__(self) -> None:
+        self.pools: dict[tuple, Pool] = {}
+        self.cold: list[str] = []  # why runs went cold, for the caller's record
+
+    def launcher(self, cfg: Any, fallback: Launcher) -> Launcher:
+        def launch(spec: LaunchSpec) -> None:
+            reason = cold_reason(cfg, spec)
+            if reason is not None:
+                self.cold.append(reason)
+                fallback(spec)
+                return
+            key = (spec.nproc_per_node, tuple(sorted(spec.env.items())))
+            pool = self.pools.get(key)
+            if pool is not None and not pool.alive():
+                pool.close()
+                pool = None
+            if pool is None:
+                while len(self.pools) >= MAX_POOLS:  # idle ranks hold memory (torch, the allocator's cache)
+                    self.pools.pop(next(iter(self.pools))).close()
+                pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env)
+            self.pools[key] = self.pools.pop(key)  # the most recently used last
+            try:
+                pool.run(spec)
+            except BaseException:
+                self.pools.pop(key, None)
+                pool.close()
+                raise
+        return launch
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+
+
+_ACTIVE: Pools | None = None
+
+
+@contextlib.contextmanager
+def ranks() -> Iterator[Pools]:
+    """Run the multi-rank cells of this block in warm ranks (module docstring); nested blocks share the outer's."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        yield _ACTIVE
+        return
+    _ACTIVE = Pools()
+    try:
+        yield _ACTIVE
+    finally:
+        pools, _ACTIVE = _ACTIVE, None
+        pools.close()
+
+
+def launcher_for(cfg: Any, given: Launcher) -> Launcher:
+    """The warm launcher inside a `ranks()` block, for runs that would go through torchrun; `given` otherwise."""
+    if _ACTIVE is None or given is not torchrun_launch:
+        return given
+    return _ACTIVE.launcher(cfg, given)
+
+
+# ---------------------------------------------------------------- the rank process
+
+class _Rank:
+    """One warm rank: says it is ready, then runs jobs until the pool closes the connection."""
+
+    def __init__(self, fd: int):
+        self.conn = Connection(fd)
+        self.base_env = dict(os.environ)
+
+    def apply_env(self, env: dict[str, str]) -> None:
+        """The job's environment, nothing of the previous job's."""
+        for key in set(os.environ) - set(self.base_env):
+            del os.environ[key]
+        os.environ.update(self.base_env)
+        os.environ.update(env)
+
+    def serve(self) -> None:
+        import importlib
+
+        self.conn.send("ready")
+        while True:
+            # Ctrl-C reaches every process of the terminal: between jobs the launching process handles it (it
+            # closes the pool); during a job the worker gets it as torchrun's ranks do
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                job = self.conn.recv()
+            except (EOFError, OSError):
+                return  # the pool closed
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.apply_env(job["env"])
+            try:
+                importlib.import_module(job["module"]).main(job["argv"])
+            except BaseException as err:  # noqa: BLE001 - reported to the pool, then this rank ends
+                self.conn.send({"ok": False, "reason": _reason(int(os.environ["RANK"]), err),
+                                "trace": "".join(traceback.format_exception(err))})
+                raise SystemExit(1) from None
+            _leftover_process_group()
+            _release_memory()
+            self.conn.send({"ok": True})
+
+
+def _reason(rank: int, err: BaseException) -> str:
+    """The one-line reason torchrun gives for a rank that raised (run.execute.failure_reason)."""
+    if isinstance(err, SystemExit):
+        return f"rank {rank} exited with code {err.code}"
+    text = f"{type(err).__name__}: {err}".strip().splitlines()
+    return f"rank {rank} exited with code 1: {text[-1] if text else type(err).__name__}"
+
+
+def _leftover_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _release_memory() -> None:
+    """Hand what the job freed back to the OS, so that the next job's resident set (and its peak, which the worker
+    reads from the kernel's mark) starts where a fresh process's would, not at the last job's high-water mark."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages mapped otherwise
+    except (OSError, AttributeError):  # not glibc: the next job's peak may include this job's freed heap
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m scalelab.run.warm FD LOCAL_RANK`: FD is this rank's end of its socket pair with the pool."""
+    args = sys.argv[1:] if argv is None else argv
+    # imported before the first job: what a warm rank saves each later cell
+    import scalelab.measure.commbench_worker  # noqa: F401
+    from scalelab.config import TrainConfig
+    from scalelab.run.worker import warm_up_runtime
+
+    # torch's one-time allocations before the first job, so that the first job's memory figures (what training
+    # added to its baseline) equal a later job's: the first job of a pool is no different from the others
+    warm_up_runtime(TrainConfig())
+    _Rank(int(args[0])).serve()
+
+
+if __name__ == "__main__":
+    main()

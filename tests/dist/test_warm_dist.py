@@ -1,0 +1,139 @@
+"""Warm ranks (scalelab.run.warm) against torchrun's cold ranks: equal figures, no state carried between cells,
+failures, hangs and interrupts handled as on the cold path."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from conftest import cli_env, faulty_model, step_losses
+from scalelab.config import TrainConfig
+from scalelab.run import warm
+from scalelab.run.execute import RunFailed, execute
+from scalelab.store import Store
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _cfg(**fields) -> TrainConfig:
+    base = dict(model="cnn", dataset="synthetic", samples=512, eval_samples=64, global_batch=32, steps=20,
+                warmup_steps=2, ranks=2, seed=3)
+    return TrainConfig(**{**base, **fields})
+
+
+def _run(store: Store, cfg: TrainConfig):
+    return execute(cfg, store, say=lambda line: None)
+
+
+@pytest.mark.parametrize("model", ["cnn", "mlp"])
+def test_a_warm_cell_after_another_trains_bit_for_bit_as_a_cold_one(store, model):
+    """Losses of every rank, all 20 steps: the same floats cold and warm, also for a warm cell that follows a
+    different one (other model, batch, seed, bucket size, sync strategy) in the same ranks: weights, optimizer
+    state, RNG and DDP's hooks are the cell's own."""
+    cfg = _cfg(model=model)
+    cold = _run(store, cfg)
+    with warm.ranks() as pools:
+        first = _run(store, _cfg(model="mlp" if model == "cnn" else "cnn", global_batch=64, seed=9, bucket_mb=1.0,
+                                 sync="allreduce"))
+        after = _run(store, cfg)
+        assert len(pools.pools) == 1 and not pools.cold, "both cells should have run in the same warm ranks"
+    for rank in (0, 1):
+        assert step_losses(after.run_dir, rank) == step_losses(cold.run_dir, rank)
+        assert len(step_losses(after.run_dir, rank)) == 20
+    assert step_losses(first.run_dir) != step_losses(cold.run_dir)
+    # the collective meter starts afresh: the same bytes per step as the cold run
+    key = "comm/bytes_per_step"
+    assert after.summary[key] == cold.summary[key] > 0
+
+
+def test_a_warm_cell_reads_its_own_peak_memory(store):
+    """A small cell after a large one in the same ranks reads the memory figures it read as the ranks' first job:
+    what the large cell freed is handed back to the OS and the peak mark is reset at the worker's baseline.
+    (A warm rank made torch's one-time allocations before its first job, as a 1-rank cell in the study's process
+    has: its `train_added` leaves them out, where a cold rank's includes them.)"""
+    small = _cfg(model="mlp", global_batch=8, steps=4)
+    with warm.ranks():
+        first = _run(store, small)
+        big = _run(store, _cfg(model="mlp", global_batch=2048, samples=4096, steps=4, seed=5))
+        after = _run(store, small)
+    peak, added = "memory/peak_rss(GiB)", "memory/train_added(bytes)"
+    print({k: (first.summary[k], big.summary[k], after.summary[k]) for k in (peak, added)})
+    assert after.summary[added] < big.summary[added]
+    assert after.summary[added] == pytest.approx(first.summary[added], rel=0.2)
+    assert after.summary[peak] == pytest.approx(first.summary[peak], rel=0.1)
+
+
+def test_a_failed_warm_cell_names_its_rank_and_the_next_cell_starts_fresh_ranks(store, tmp_path):
+    """rank 1 raises in its 3rd forward: the run fails naming rank 1 and the error, as on the cold path; the pool
+    is closed and the next cell runs in new ranks."""
+    model = faulty_model(tmp_path, "crash", call=3, fault="raise ValueError('injected')", rank=1)
+    with warm.ranks() as pools:
+        _run(store, _cfg(model="mlp", steps=3))
+        first_pids = set(next(iter(pools.pools.values())).pids)
+        with pytest.raises(RunFailed) as failed:
+            _run(store, _cfg(model=model, steps=6))
+        assert "rank 1" in failed.value.reason and "ValueError: injected" in failed.value.reason
+        assert not pools.pools
+        assert not [p for p in first_pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        again = _run(store, _cfg(model="mlp", steps=3))
+        assert set(next(iter(pools.pools.values())).pids).isdisjoint(first_pids)
+    assert again.summary["steps/timed"] > 0
+    rows = store.list_runs().set_index("run_id")
+    assert rows.loc[failed.value.run_id, "status"] == "failed"
+
+
+def test_a_hung_warm_rank_is_named_by_the_watchdog(store, tmp_path):
+    """rank 1 sleeps in its 3rd forward: the watchdog names it, ends it, and the run fails with that verdict."""
+    model = faulty_model(tmp_path, "hang", call=3, fault="time.sleep(600)", rank=1)
+    with warm.ranks() as pools:
+        _run(store, _cfg(model="mlp", steps=2))  # the ranks started (the watchdog's timeout is shorter than that)
+        began = time.monotonic()
+        with pytest.raises(RunFailed) as failed:
+            _run(store, _cfg(model=model, steps=6, hang_timeout_s=4.0))
+        assert time.monotonic() - began < 120
+        assert not pools.pools
+    assert "rank 1 hung" in failed.value.reason
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    from scalelab.config import TrainConfig
+    from scalelab.run import warm
+    from scalelab.run.execute import execute
+    from scalelab.store import Store
+
+    store = Store(sys.argv[1])
+    cfg = TrainConfig(model=sys.argv[2], samples=4096, global_batch=8, epochs=5, ranks=2)
+    with warm.ranks():
+        execute(TrainConfig(model="mlp", samples=256, global_batch=32, steps=2, ranks=2), store, say=print)
+        execute(cfg, store, say=print)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_warm_cell_is_marked_and_leaves_no_rank(tmp_path, sleepy_model, sig):
+    root = tmp_path / "store"
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(root), sleepy_model(0.05)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    try:
+        deadline = time.monotonic() + 150
+        while len([f for f in root.glob("runs/*/steps.rank0.jsonl") if f.stat().st_size]) < 2:  # the 2nd cell's
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-1500:]
+            time.sleep(0.2)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the warm ranks should be running"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, f"left behind: {alive}"
+    runs = Store(root).list_runs().sort_values("created")
+    assert list(runs["status"]) == ["completed", "interrupted"], err[-1500:]
