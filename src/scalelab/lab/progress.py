@@ -17,7 +17,7 @@ from scalelab.config import TrainConfig
 
 
 class Progress(Protocol):
-    def experiment(self, name: str, index: int, total: int) -> None: ...
+    def experiment(self, name: str, index: int, total: int, eta_s: float | None = None) -> None: ...
     def experiment_done(self, name: str, seconds: float, failure: str | None = None) -> None: ...
     def group(self, name: str, to_run: int) -> None: ...
     def cell_started(self, label: str) -> None: ...
@@ -43,9 +43,13 @@ class PlainProgress:
         self.budget_s: float | None = None  # time budget of the auto-length run of the current cell
         self.warmup_s = 0.0  # set-up and warm-up of the current cell's run, once seen
         self.started = time.monotonic()
+        self.study_eta_s: float | None = None  # the study's ETA when the current experiment started
+        self.study_eta_at = self.started
 
-    def experiment(self, name: str, index: int, total: int) -> None:
-        self.write(f"== [{index}/{total}] {name}")
+    def experiment(self, name: str, index: int, total: int, eta_s: float | None = None) -> None:
+        """An experiment starts; `eta_s`: the whole study's remaining seconds at its measured pace (lab/budget.py)."""
+        self.study_eta_s, self.study_eta_at = eta_s, time.monotonic()
+        self.write(f"== [{index}/{total}] {name}" + (f" (study ETA {_clock(eta_s)})" if eta_s is not None else ""))
 
     def experiment_done(self, name: str, seconds: float, failure: str | None = None) -> None:
         self.write(f"== {name} failed: {failure}" if failure else f"== {name} done in {seconds:.0f} s")
@@ -125,6 +129,8 @@ class LiveProgress(PlainProgress):
             parts.insert(1, f"now: {self.current}{self._step()} ({_clock(now - self.cell_began)})")
         if eta is not None:
             parts.append(f"ETA {_clock(max(0.0, eta - (now - self.cell_began)))}")
+        if self.study_eta_s is not None:
+            parts.append(f"study ETA {_clock(max(0.0, self.study_eta_s - (now - self.study_eta_at)))}")
         return Text(" · ".join(parts), style="bold")
 
     def _step(self) -> str:

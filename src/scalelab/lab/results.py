@@ -76,9 +76,12 @@ def load(experiment: Experiment, folder: Path) -> Result | None:
     return Result(data["name"], tables, files=files, notes=data.get("notes", {}), meta=data.get("meta", {}))
 
 
-def save_study(folder: Path, noise_floor: str | None) -> None:
+def save_study(folder: Path, noise_floor: str | None, *, budget: list[str] | None = None,
+               budget_s: float | None = None) -> None:
+    """The study-wide figures: the noise floor, and the time budget with what it reduced or left out."""
     write_text_atomic(Path(folder) / STUDY_FILE, dumps({"analysis_version": ANALYSIS_VERSION,
-                                                        "noise_floor": noise_floor}, indent=1) + "\n")
+                                                        "noise_floor": noise_floor, "budget_s": budget_s,
+                                                        "budget": budget or []}, indent=1) + "\n")
 
 
 def load_study(folder: Path) -> dict | None:

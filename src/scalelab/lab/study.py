@@ -19,6 +19,7 @@ from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
+from scalelab.lab.budget import Budget
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.run import warm
 from scalelab.run.execute import RunFailed
@@ -181,12 +182,13 @@ def noise_floor(spec: StudySpec, store: Store) -> str | None:
 
 
 def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Progress | None = None, *,
-                    reuse_saved: bool = False) -> list[tuple]:
+                    reuse_saved: bool = False, budget_s: float | None = None) -> list[tuple]:
     """Run (or, under cells.replay_only, read back) every experiment of the spec through one cell engine, between
     the two measurements of the reference cell (`noise_floor`); (registry entry, Result) per experiment, in the
     spec's order. Each result is saved in out_dir/results (lab.results) with the study's noise floor. With
     `reuse_saved` (`scalelab report`) a saved result of the code's analysis version is used as it is, and only the
-    others are derived again (under replay_only: from the stored runs)."""
+    others are derived again (under replay_only: from the stored runs). `budget_s`: the study sizes what remains to
+    finish within it (lab/budget.py); its decisions are saved with the study's figures."""
     from scalelab.lab.base import Context
     from scalelab.lab.cells import Cells
 
@@ -195,22 +197,29 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
     folder = results.results_dir(out_dir)
     ctx = Context(cells, folder, progress.say, tables=False)
 
+    plan = Budget(None if reuse_saved else budget_s, spec.experiments, spec.options, quick=spec.quick)
+
     def reference(repeats: int) -> None:
         if spec.reference and not reuse_saved:
+            began = time.monotonic()
             try:
                 cells.run([reference_cell(spec, repeats)], group=REFERENCE_GROUP)
             except (RunFailed, ScalelabError, RuntimeError) as err:  # no noise floor then; the study goes on
                 progress.say(f"reference cell failed: {str(err).strip()[:200]}")
+            plan.finished("reference", time.monotonic() - began)
+        plan.finals = 0 if repeats == 2 else plan.finals
 
     with warm.ranks():  # one set of warm ranks for every experiment's cells (run/warm.py)
-        answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved)
+        answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved, plan)
     if not reuse_saved or results.load_study(folder) is None:
-        results.save_study(folder, noise_floor(spec, store))
+        results.save_study(folder, noise_floor(spec, store), budget=plan.notes(), budget_s=budget_s)
     return held_to_host_peak(answered)
 
 
-def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference, reuse_saved: bool) -> list[tuple]:
-    """The reference cell, every experiment in the spec's order, the reference cell again."""
+def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference, reuse_saved: bool,
+              plan: Budget) -> list[tuple]:
+    """The reference cell, every experiment in the spec's order (as the budget's plan has it), the reference cell
+    again."""
     from scalelab.lab.base import Result
 
     reference(1)
@@ -221,11 +230,20 @@ def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference,
         if saved is not None:
             answered.append((experiment, saved))
             continue
-        progress.experiment(name, i, len(spec.experiments))
+        decision = plan.decide(name)
+        progress.experiment(name, i, len(spec.experiments), eta_s=plan.eta_s() if plan.spent else None)
+        if decision.action != "as planned":
+            progress.say(f"== budget: {decision.line()}")
+        if decision.action == "left out":
+            plan.finished(name, 0.0)
+            answered.append((experiment, Result(name, {}, notes={"left out": f"by the study's time budget: "
+                                                                              f"{decision.why}"})))
+            continue
         began = time.monotonic()
         try:
             base = spec.config(name) if experiment.base else None
-            result = experiment.execute(ctx, base, experiment.option_values(spec.options.get(name)))
+            opts = {**(spec.options.get(name) or {}), **decision.options}
+            result = experiment.execute(ctx, base, experiment.option_values(opts))
             progress.experiment_done(name, time.monotonic() - began)
             results.save(experiment, result, folder)
         except (RunFailed, ScalelabError, RuntimeError) as err:
@@ -233,6 +251,9 @@ def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference,
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             progress.experiment_done(name, time.monotonic() - began, failure=reason)
             result = Result(name, {}, notes={"failed": reason})
+        plan.finished(name, time.monotonic() - began)
+        if decision.action == "reduced":
+            result.notes["reduced"] = f"by the study's time budget: {decision.why}"
         answered.append((experiment, result))
     reference(2)
     return answered

@@ -105,9 +105,11 @@ def environment(provenance: dict, command: str) -> dict[str, str]:
 
 
 def build_report(spec, answered: list[tuple], provenance: dict, command: str,
-                 extra_sections: list[Section] | None = None, noise_floor: str | None = None) -> Report:
+                 extra_sections: list[Section] | None = None, noise_floor: str | None = None,
+                 budget: str | None = None) -> Report:
     """`answered`: (registry entry, result) per experiment, in study order; `noise_floor`: the reference cell's
-    drift over the study in one line (experiments.study.noise_floor), shown with the environment."""
+    drift over the study in one line (experiments.study.noise_floor), shown with the environment; `budget`: the
+    study's time budget and what it reduced or left out (lab/budget.py), likewise."""
     sections, recs = [], []
     for experiment, result in answered:
         section, r = section_for(experiment, result)
@@ -120,8 +122,9 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
                 f"{provenance.get('host', 'this machine')}")
     return Report(title="scalelab report", subtitle=subtitle, recommendations=recs, sections=sections,
                   definitions=DEFINITIONS, command=command,
-                  environment={**environment(provenance, command), **({"noise floor": noise_floor} if noise_floor
-                                                                      else {})})
+                  environment={**environment(provenance, command),
+                               **({"noise floor": noise_floor} if noise_floor else {}),
+                               **({"time budget": budget} if budget else {})})
 
 
 def system_frame(files: RunDir) -> pd.DataFrame:
