@@ -42,6 +42,7 @@ REFERENCE_LAUNCHES: dict[str, tuple[int, int]] = {
 LEAVE_OUT_ORDER = ("max_batch", "lr_scaling", "engines", "bucket_sweep", "checkpointing", "amp", "model_grid",
                    "predict", "loader", "threads", "batch_sweep", "backends")
 MIN_LAUNCHES = 2
+PRIOR_S = 5.0  # reference seconds of prior at pace 1.0 (the reference cell alone is 2)
 DEFAULT_S = 20.0  # an experiment the reference machine never ran (a user's own study file)
 
 
@@ -77,7 +78,9 @@ class Budget:
                  clock: Callable[[], float] = time.monotonic):
         self.seconds, self.quick, self.clock = seconds, quick, clock
         self.remaining = list(experiments)  # not started yet, in order
-        self.options = {name: dict(options.get(name) or {}) for name in experiments}
+        self.planned = {name: dict(options.get(name) or {}) for name in experiments}
+        self.options = {name: dict(options) for name, options in self.planned.items()}  # as the plan has it now
+        self.final: set[str] = set()  # experiments decided (run, reduced or left out)
         self.started = clock()
         self.spent_ref = 0.0  # reference seconds of what has finished
         self.spent = 0.0  # seconds it took here
@@ -107,8 +110,9 @@ class Budget:
 
     @property
     def pace(self) -> float:
-        """Seconds here per reference second (1.0 until something has finished)."""
-        return self.spent / self.spent_ref if self.spent_ref > 0 else 1.0
+        """Seconds here per reference second: what has finished, with `PRIOR_S` reference seconds at the reference
+        machine's pace (1.0) added, so that one short noisy part (the reference cell alone) cannot swing it far."""
+        return (self.spent + PRIOR_S) / (self.spent_ref + PRIOR_S)
 
     def predicted_s(self) -> float:
         """Seconds the rest of the study takes at the current pace and plan."""
@@ -123,40 +127,56 @@ class Budget:
 
     # ------------------------------------------------------------ plan
 
-    def plan(self) -> None:
-        """Cut the rest of the plan until its prediction fits the time left (module docstring's order)."""
+    def plan(self, current: str) -> None:
+        """Cut the rest of the plan until its prediction fits the time left (module docstring's order). Only the
+        current experiment's cut is final: the later ones are planned again at their turn, at the pace then known
+        (one slow cell early on must not leave out what a later, better estimate keeps)."""
+        for name in self.remaining:
+            if name not in self.final:
+                self.options[name] = dict(self.planned[name])
+                self.reduced.discard(name)
+                self.left_out.discard(name)
         if self.seconds is None:
             return
         for name in self.remaining:
             if self.predicted_s() <= self.left_s():
                 return
             launches = self.options[name].get("launches")
-            if isinstance(launches, int) and launches > MIN_LAUNCHES and name not in self.reduced:
-                why = self._why()
+            if name not in self.final and isinstance(launches, int) and launches > MIN_LAUNCHES:
                 self.options[name]["launches"] = MIN_LAUNCHES
                 self.reduced.add(name)
-                self.decisions.append(Decision(name, "reduced", f"{launches} -> {MIN_LAUNCHES} launches per cell: {why}",
-                                               dict(self.options[name])))
         for name in LEAVE_OUT_ORDER:
             if self.predicted_s() <= self.left_s():
                 return
-            if name in self.remaining and name not in self.left_out:
+            if name in self.remaining and name not in self.final:
                 self.left_out.add(name)
-                self.decisions.append(Decision(name, "left out", self._why()))
 
-    def _why(self) -> str:
-        return (f"{self.predicted_s():.0f} s predicted for the rest of the study at this machine's pace "
-                f"({self.pace:.2f}x the reference machine) against {max(0.0, self.left_s()):.0f} s of the "
-                f"{self.seconds:.0f} s budget left")
+    def _why(self, name: str) -> str:
+        rest = self.predicted_s()
+        self.left_out.discard(name)
+        self.options[name] = dict(self.planned[name])
+        full = self.predicted_s()
+        return (f"the rest of the study as planned: {full:.0f} s at this machine's pace ({self.pace:.2f}x the "
+                f"reference machine's time), {max(0.0, self.left_s()):.0f} s of the {self.seconds:.0f} s budget left;"
+                f" {rest:.0f} s with the cuts")
 
     def decide(self, name: str) -> Decision:
         """What to do with the next experiment: its options as planned or reduced, or leave it out."""
-        self.plan()
+        self.plan(name)
+        self.final.add(name)
         if name in self.left_out:
-            return next(d for d in self.decisions if d.experiment == name and d.action == "left out")
-        action = "reduced" if name in self.reduced else "as planned"
-        why = next((d.why for d in self.decisions if d.experiment == name and d.action == "reduced"), "")
-        return Decision(name, action, why, dict(self.options[name]))
+            decision = Decision(name, "left out", self._why(name))
+            self.left_out.add(name)
+        elif name in self.reduced:
+            options = dict(self.options[name])
+            why = self._why(name)
+            self.options[name] = options
+            decision = Decision(name, "reduced", f"{self.planned[name]['launches']} -> {MIN_LAUNCHES} launches per "
+                                                 f"cell; {why}", options)
+        else:
+            return Decision(name, "as planned", "", dict(self.options[name]))
+        self.decisions.append(decision)
+        return decision
 
     def notes(self) -> list[str]:
         """The reductions, one line each (empty: the study ran as planned)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.lab.budget import REFERENCE_S, Budget, parse_duration
+from scalelab.lab.budget import PRIOR_S, REFERENCE_S, Budget, parse_duration
 
 
 class Clock:
@@ -32,39 +32,64 @@ def test_a_bad_duration_is_refused_in_one_line(text):
         parse_duration(text)
 
 
-def test_the_pace_is_measured_time_over_reference_time_and_scales_the_rest():
+def test_the_pace_is_measured_time_over_reference_time_with_a_small_prior():
     plan, clock = _budget(None, ["profile", "scale"])
-    plan.finished("reference", 2 * REFERENCE_S["reference"][0])  # this machine at half the reference's speed
-    assert plan.pace == 2.0
-    expected = 2.0 * (REFERENCE_S["profile"][0] + REFERENCE_S["scale"][0] + REFERENCE_S["reference"][0])
+    ref = REFERENCE_S["reference"][0]
+    plan.finished("reference", 3 * ref)  # this machine at a third of the reference's speed
+    assert plan.pace == pytest.approx((3 * ref + PRIOR_S) / (ref + PRIOR_S))
+    expected = plan.pace * (REFERENCE_S["profile"][0] + REFERENCE_S["scale"][0] + ref)
     assert plan.predicted_s() == pytest.approx(expected)
     plan.finished("profile", 3 * REFERENCE_S["profile"][0])
-    spent = 2 * REFERENCE_S["reference"][0] + 3 * REFERENCE_S["profile"][0]
-    assert plan.pace == pytest.approx(spent / (REFERENCE_S["reference"][0] + REFERENCE_S["profile"][0]))
+    spent, spent_ref = 3 * ref + 3 * REFERENCE_S["profile"][0], ref + REFERENCE_S["profile"][0]
+    assert plan.pace == pytest.approx((spent + PRIOR_S) / (spent_ref + PRIOR_S))
 
 
 def test_within_budget_nothing_is_cut():
     plan, clock = _budget(600.0, ["profile", "scale", "strategies"], {"scale": {"launches": 3}})
     plan.finished("reference", REFERENCE_S["reference"][0])
     clock.now = REFERENCE_S["reference"][0]
-    decision = plan.decide("profile")
-    assert decision.action == "as planned" and plan.notes() == []
+    for name in ("profile", "scale", "strategies"):
+        assert plan.decide(name).action == "as planned"
+        plan.finished(name, REFERENCE_S[name][0])
+    assert plan.notes() == []
 
 
-def test_a_slow_machine_first_launches_compared_cells_twice_then_leaves_out_the_least_central():
+def _walk(plan, clock, slowdown: float) -> dict[str, str]:
+    """Every experiment decided in order, each taking `slowdown` times its reference seconds."""
+    ref = REFERENCE_S["reference"][0]
+    plan.finished("reference", slowdown * ref)
+    clock.now = slowdown * ref
+    actions = {}
+    for name in list(plan.remaining):
+        decision = plan.decide(name)
+        actions[name] = decision.action
+        took = 0.0 if decision.action == "left out" else slowdown * plan.reference_s(name)
+        clock.now += took
+        plan.finished(name, took)
+    return actions
+
+
+def test_a_slow_machine_launches_compared_cells_twice_then_leaves_out_the_least_central():
     experiments = ["profile", "scale", "strategies", "max_batch", "lr_scaling"]
-    options = {"scale": {"launches": 3}, "strategies": {"launches": 3}, "max_batch": {}, "lr_scaling": {}}
-    plan, clock = _budget(100.0, experiments, options)
-    plan.finished("reference", 4 * REFERENCE_S["reference"][0])  # 4x slower than the reference machine
-    clock.now = 4 * REFERENCE_S["reference"][0]
-    plan.decide("profile")
-    actions = {d.experiment: d.action for d in plan.decisions}
+    options = {"scale": {"launches": 3}, "strategies": {"launches": 3}}
+    reference_total = sum(REFERENCE_S[n][0] for n in experiments) + 2 * REFERENCE_S["reference"][0]
+    plan, clock = _budget(1.5 * reference_total, experiments, options)
+    actions = _walk(plan, clock, slowdown=3.0)  # three times slower: the plan cannot fit as it is
     assert actions["scale"] == actions["strategies"] == "reduced"
     assert plan.options["scale"]["launches"] == 2  # never below 2
     assert actions["max_batch"] == "left out"  # first in the leave-out order
-    assert "profile" not in actions  # core experiments are never left out
-    assert plan.predicted_s() <= plan.left_s() or actions.get("lr_scaling") == "left out"
-    assert all("budget" in line for line in plan.notes() if "left out" in line)
+    assert actions["profile"] == "as planned"  # core experiments are never left out
+    assert [line.split(":")[0] for line in plan.notes()] == [n for n, a in actions.items() if a != "as planned"]
+    assert all("budget left" in line for line in plan.notes())
+
+
+def test_a_machine_at_the_reference_pace_cuts_nothing_with_the_default_budget():
+    experiments = [n for n in REFERENCE_S if n != "reference"]
+    options = {n: {"launches": 3} for n in ("scale", "strategies", "bucket_sweep", "backends")}
+    plan, clock = _budget(600.0, experiments, options)
+    actions = _walk(plan, clock, slowdown=1.0)
+    assert set(actions.values()) == {"as planned"}
+    assert clock.now + REFERENCE_S["reference"][0] <= 600.0
 
 
 def test_launches_never_go_below_two_and_a_quick_study_keeps_its_single_launch():
@@ -73,6 +98,7 @@ def test_launches_never_go_below_two_and_a_quick_study_keeps_its_single_launch()
     plan.finished("reference", 100.0)
     clock.now = 100.0
     plan.decide("scale")
+    plan.decide("strategies")
     assert plan.options["scale"]["launches"] == 1 and plan.options["strategies"]["launches"] == 2
     assert not [d for d in plan.decisions if d.action == "reduced"]
 
@@ -81,5 +107,4 @@ def test_the_eta_tracks_the_pace():
     plan, clock = _budget(None, ["profile", "scale"])
     plan.finished("reference", REFERENCE_S["reference"][0])
     plan.finished("profile", 2 * REFERENCE_S["profile"][0])
-    pace = plan.pace
-    assert plan.eta_s() == pytest.approx(pace * (REFERENCE_S["scale"][0] + REFERENCE_S["reference"][0]))
+    assert plan.eta_s() == pytest.approx(plan.pace * (REFERENCE_S["scale"][0] + REFERENCE_S["reference"][0]))
