@@ -54,7 +54,7 @@ def horovod_comm(text: str | None, rank0: list[dict], *, latency_ms: float = 0.0
     for key, series in ((keys.COMM_TIME_MS, comm), (keys.COMM_CRITICAL_MS, comm),
                         (keys.COMM_PEERS_WAIT_MS, steps["negotiation(s)"]), (HVD_COPIES_MS, steps["copies(s)"])):
         out[key] = 1e3 * float(series.mean())
-        low, high = mean_interval(series)
+        low, high = mean_interval(series, positive=True)  # times: never below 0
         out.update(zip(keys.ci_keys(key), (1e3 * low, 1e3 * high)))
     out[keys.COMM_SUM_MS] = out[keys.COMM_TIME_MS]
     covered = pd.DataFrame([r for r in rank0 if r["step"] in steps.index])
