@@ -76,12 +76,18 @@ def load_events(text: str) -> list[dict]:
     return []
 
 
-def intervals(events: list[dict]) -> list[Interval]:
-    """Every B/E span of every tensor on unix time, from the timeline's start metadata."""
+def _anchor(events: list[dict]) -> tuple[float, dict]:
+    """The timeline's wall-clock start (µs since the epoch, from its first metadata event) and each row's tensor."""
     start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
                      if e.get("ph") == "M" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    return start_us, names
+
+
+def intervals(events: list[dict]) -> list[Interval]:
+    """Every B/E span of every tensor on unix time, from the timeline's start metadata."""
+    start_us, names = _anchor(events)
     open_spans: dict[int, list[tuple[str, float]]] = {}
     out: list[Interval] = []
     for e in events:
@@ -105,10 +111,7 @@ class Negotiation:
 
 def negotiations(events: list[dict]) -> list[Negotiation]:
     """Every NEGOTIATE_* span with the ranks' ready ticks inside it, on unix time, in start order."""
-    start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
-                     if e.get("ph") == "M" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
-    names = {e["pid"]: e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    start_us, names = _anchor(events)
     stack: dict[int, list[tuple[str, float, dict]]] = {}
     out = []
     for e in events:
