@@ -49,6 +49,7 @@ import numpy as np
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import LINK_SLACK, OVERLAP_SLACK, trusted, worst_quality
+from scalelab.analysis.hvdcomm import COMM_SOURCE
 from scalelab.analysis.peers import rank_split, setter
 from scalelab.analysis.scaling import SUPERLINEAR
 from scalelab.analysis.summary import STAGE_COLUMNS
@@ -259,7 +260,7 @@ def unsummed_steps(records: list[dict]) -> list[str]:
 def unsplit_collectives(records: list[dict], summary: Mapping) -> list[str]:
     """Per rank and timed step, waiting + critical != the rank's time inside collectives; or the summary's
     comm/critical(ms) / comm/waiting_for_peers(ms) not their stated aggregate over ranks and mean over steps."""
-    if summary.get("comm/source") is not None:  # Horovod: figures from rank 0's timeline (analysis.hvdcomm)
+    if summary.get(COMM_SOURCE) is not None:  # Horovod: figures from rank 0's timeline (analysis.hvdcomm)
         return []
     by_step: dict = {}
     for r in records:
