@@ -26,7 +26,8 @@ def timeline_text(tensors: list[tuple[str, dict[int, float]]], allreduces: list[
         events += [{"ph": "X", "name": str(rank), "ts": ms * 1e3, "pid": pid, "dur": 0} for ms, rank in ticks]
         events.append({"ph": "E", "ts": ticks[-1][0] * 1e3, "pid": pid})
     for start, end in allreduces:
-        events += [{"ph": "B", "name": "ALLREDUCE", "ts": start * 1e3, "pid": 1}, {"ph": "E", "ts": end * 1e3, "pid": 1}]
+        events += [{"ph": "B", "name": "ALLREDUCE", "ts": start * 1e3, "pid": 1},
+                   {"ph": "E", "ts": end * 1e3, "pid": 1}]
     return json.dumps(events)
 
 
@@ -95,7 +96,8 @@ def test_waiting_overlapping_an_allreduce_on_the_wire_is_communication():
 
 
 def test_without_every_ranks_ticks_waiting_is_not_estimated():
-    events = [e for e in json.loads(timeline_text(*backward(2, {1: 40.0}))) if not (e["ph"] == "X" and e["name"] == "1")]
+    events = [e for e in json.loads(timeline_text(*backward(2, {1: 40.0})))
+              if not (e["ph"] == "X" and e["name"] == "1")]  # rank 1's ticks missing
     out = hvdcomm.horovod_comm(json.dumps(events), rank0_steps())
     assert math.isnan(out[keys.COMM_PEERS_WAIT_MS]) and out[keys.COMM_TIME_MS] > 0  # the wire is still measured
     assert "no timed step's negotiations carry every rank's ready tick" in out[hvdcomm.COMM_NOT_AVAILABLE]
