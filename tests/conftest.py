@@ -3,7 +3,15 @@
 Layout: tests/unit/<package>/ mirrors src/scalelab (one process; single-process runs are fine), tests/cli/ drives
 the command line, tests/dist/ starts real process groups or several processes (every test there is marked `dist`,
 so `pytest -m "not dist"` is the fast tier). Test files import these helpers with `from conftest import ...`
-(pyproject's `pythonpath = ["tests"]`)."""
+(pyproject's `pythonpath = ["tests"]`).
+
+Every run the distributed tests make obeys its own arithmetic (scalelab.analysis.checks.run_failures: times and
+their intervals >= 0, a step's parts sum to the step, waiting + critical = time inside collectives per rank, bytes
+per step as theory says): a new figure that breaks arithmetic fails the suite here, whichever test made the run.
+The runs are found on disk after the last test: every folder that a tests/dist module created under pytest's base
+temporary directory (its tests' tmp_path and its module fixtures' tmp_path_factory folders: a module-scoped
+autouse fixture sees them appear, so runs that unit tests plant on purpose are not read), searched for run
+directories (a config.json beside a summary.json). The terminal summary says how many runs were read."""
 from __future__ import annotations
 
 import os
@@ -32,6 +40,61 @@ def _no_leftover_process_group():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+CHECKED: dict = {"runs": 0, "failures": []}  # the invariant check's outcome, printed by pytest_terminal_summary
+_DIST_FOLDERS: list[Path] = []  # what the tests/dist modules created under the base temp
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _dist_folders(request, tmp_path_factory):
+    if DIST not in Path(request.module.__file__).resolve().parents:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    before = set(base.iterdir())
+    yield
+    _DIST_FOLDERS.extend(sorted(p for p in set(base.iterdir()) - before if not p.is_symlink()))  # not <name>current
+
+
+def stored_runs(folders) -> list[Path]:
+    """The run directories (config.json beside summary.json) under `folders`."""
+    return sorted({p.parent.resolve() for f in folders if f.is_dir() for p in f.rglob("summary.json")
+                   if (p.parent / "config.json").is_file()})
+
+
+def check_runs(folders) -> tuple[int, list[str]]:
+    """(runs read, "<run dir>: <why>" for every rule one of them breaks)."""
+    from scalelab.analysis.checks import run_failures
+    from scalelab.store import RunDir
+
+    runs = stored_runs(folders)
+    failures = []
+    for path in runs:
+        try:
+            failures += [f"{path}: {why}" for why in run_failures(RunDir(path).load())]
+        except (OSError, ValueError, KeyError, TypeError) as err:  # a run the check cannot read fails it too
+            failures.append(f"{path}: unreadable for the invariant check ({type(err).__name__}: {err})")
+    return len(runs), failures
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_dist_run_obeys_its_arithmetic():
+    yield
+    if not _DIST_FOLDERS:
+        return
+    CHECKED["runs"], CHECKED["failures"] = check_runs(_DIST_FOLDERS)
+    failures = CHECKED["failures"]
+    if failures:
+        shown = "\n  ".join(failures[:20]) + (f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else "")
+        pytest.fail(f"{len(failures)} invariant(s) broken in the {CHECKED['runs']} runs the dist tests stored "
+                    f"(scalelab.analysis.checks.run_failures):\n  {shown}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _DIST_FOLDERS:
+        terminalreporter.write_line(f"invariant check: read {CHECKED['runs']} stored runs of the dist tests, "
+                                    f"{len(CHECKED['failures'])} broken invariant(s)")
 
 
 @pytest.fixture

@@ -21,6 +21,20 @@ scalelab.analysis.scaling); the host's peak spans two experiments, so `mark_host
 tables before their sentences are written. `contradictions` then reads an experiment's tables, sentences and
 recommendation and lists every sentence that relies on a row a check failed: a study must have none
 (tests/dist/test_study_dist.py, tests/unit/analysis/test_checks.py).
+
+A stored run obeys its own arithmetic (`run_failures`, one sentence per broken rule; tests/dist/conftest.py holds
+every run the distributed tests make to it, so a new figure that breaks arithmetic fails the suite):
+- `negative_figures`: a time, a byte count, a rate (a summary key in NONNEGATIVE_UNITS or COUNTS) is >= 0, and so
+  are both ends of its interval, the low end not above the high; DIFFERENCES (which may be negative) are exempt;
+- `unsummed_steps`: the parts of a step (its stages and `other`) sum to its wall time, per rank and step;
+- `unsplit_collectives`: per rank and timed step, waiting for peers + critical communication = the rank's time
+  inside collectives (the meter's comm_total(s); scalelab.analysis.peers.rank_split), and the summary's
+  comm/critical(ms) and comm/waiting_for_peers(ms) are their stated aggregates (the rank that sets the step; the
+  largest over ranks) averaged over the timed steps; Horovod runs take these figures from rank 0's timeline
+  (scalelab.analysis.hvdcomm) and are not held to the meter's records;
+- `bytes_off_theory`: where theory knows a step's payload, the stored bytes per step equal it: a strategy that
+  allreduces the full-precision gradients (FULL_GRADIENT, no compression hook) sends the gradients' bytes in
+  backward (memory/gradients(bytes)); a no-op sync or no-op collectives send nothing.
 """
 from __future__ import annotations
 
@@ -31,8 +45,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+import numpy as np
+
+from scalelab.analysis import keys
 from scalelab.analysis.compare import LINK_SLACK, OVERLAP_SLACK, trusted, worst_quality
+from scalelab.analysis.hvdcomm import COMM_SOURCE
+from scalelab.analysis.peers import rank_split, setter
 from scalelab.analysis.scaling import SUPERLINEAR
+from scalelab.analysis.summary import STAGE_COLUMNS
 
 # words with which a sentence sets a row aside instead of relying on it
 SET_ASIDE = ("not used", "left out", "flagged", "implausible", "is not a finding", "not compared", "within noise",
@@ -192,3 +212,112 @@ def claim_contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str
         if "limit" in table and rec and (table["limit"] == "demonstration").any():
             out.append(f"{name}: a batch is recommended under the study's demonstration cap: {rec}")
     return out
+
+
+# ------------------------------------------------------------------ a stored run's own arithmetic
+NONNEGATIVE_UNITS = ("(ms)", "(s)", "(bytes)", "(GiB)", "(GB/s)", "(samples/s)", "(cores)", "(%)")
+COUNTS = (keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_BYTES_PER_STEP, keys.COMM_BYTES_FORWARD_PER_STEP,
+          keys.COMM_BYTES_BACKWARD_PER_STEP, keys.COMM_BYTES_OPTIMIZER_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP,
+          keys.COMM_BYTES_TOTAL, keys.COMM_COLLECTIVES_TOTAL)
+DIFFERENCES = (keys.MEMORY_TRAIN_ADDED_BYTES,)  # what training adds to the set-up's memory: it may free some
+ROUNDING = 1e-9  # below 0 by less than this (in the figure's unit) is float rounding
+SUM_SLACK_S = 1e-6  # parts of a step, a rank's split: float sums of stamps within a microsecond
+FULL_GRADIENT = ("auto", "ddp", "allreduce", "bucketed")  # strategies that allreduce every gradient once a step
+
+
+def _nonnegative_key(key: str) -> bool:
+    return key not in DIFFERENCES and (key in COUNTS or key.endswith(NONNEGATIVE_UNITS)) and "_ci_" not in key
+
+
+def negative_figures(summary: Mapping) -> list[str]:
+    """Every non-negative figure of a summary that is below 0, or whose interval reaches below 0 or is upside down."""
+    out = []
+    for key in [k for k in summary if _nonnegative_key(k)]:
+        value, (lo_key, hi_key) = _number(summary, key), keys.ci_keys(key)
+        low, high = _number(summary, lo_key), _number(summary, hi_key)
+        if value is not None and value < -ROUNDING:
+            out.append(f"{key} = {value:.6g}: a time, a byte count or a rate is never below 0")
+        if low is not None and low < -ROUNDING:
+            out.append(f"{key}'s interval reaches below 0 ({low:.6g} to {high if high is None else f'{high:.6g}'})")
+        if low is not None and high is not None and low > high + ROUNDING:
+            out.append(f"{key}'s interval is upside down ({low:.6g} > {high:.6g})")
+    return out
+
+
+def unsummed_steps(records: list[dict]) -> list[str]:
+    """Every step record whose parts (STAGE_COLUMNS: the named stages and `other`) do not sum to its wall(s)."""
+    out = []
+    for r in records:
+        if "wall(s)" not in r or "other(s)" not in r:
+            continue  # not a timed step of the loop (a probe's sketch, an old record)
+        parts = sum(float(r.get(col) or 0.0) for col in STAGE_COLUMNS)
+        if abs(parts - float(r["wall(s)"])) > SUM_SLACK_S * (1 + float(r["wall(s)"])):
+            out.append(f"rank {r.get('rank')} step {r.get('step')}: its parts sum to {1e3 * parts:.4f} ms, its "
+                       f"wall time is {1e3 * float(r['wall(s)']):.4f} ms")
+    return out
+
+
+def unsplit_collectives(records: list[dict], summary: Mapping) -> list[str]:
+    """Per rank and timed step, waiting + critical != the rank's time inside collectives; or the summary's
+    comm/critical(ms) / comm/waiting_for_peers(ms) not their stated aggregate over ranks and mean over steps."""
+    if summary.get(COMM_SOURCE) is not None:  # Horovod: figures from rank 0's timeline (analysis.hvdcomm)
+        return []
+    by_step: dict = {}
+    for r in records:
+        if not r.get("warmup") and "comm_events" in r and "comm_total(s)" in r:
+            by_step.setdefault(r["step"], {})[r["rank"]] = r
+    out, setters, largest = [], [], []
+    for step, ranks in sorted(by_step.items()):
+        recs = [ranks[k] for k in sorted(ranks)]
+        events = [list(e) if isinstance(e, list) else [] for e in (r["comm_events"] for r in recs)]
+        split = rank_split(events)
+        if split is None:
+            continue
+        for rec, (critical, waiting, _inside) in zip(recs, split):  # scalelab 0.1: comm_total(s) was their sum
+            if "comm_sum(s)" in rec and abs(critical + waiting - float(rec["comm_total(s)"])) > SUM_SLACK_S:
+                out.append(f"rank {rec['rank']} step {step}: waiting {1e3 * waiting:.4f} + critical "
+                           f"{1e3 * critical:.4f} ms != its time inside collectives "
+                           f"{1e3 * float(rec['comm_total(s)']):.4f} ms")
+        setters.append(split[setter(events)][0])
+        largest.append(max(w for _c, w, _i in split))
+    for key, series, aggregate in ((keys.COMM_CRITICAL_MS, setters, "the critical communication of the rank that "
+                                    "sets the step"), (keys.COMM_PEERS_WAIT_MS, largest, "the largest waiting over "
+                                                       "ranks")):
+        stored = _number(summary, key)
+        if stored is None or not series:
+            continue
+        expected = 1e3 * float(np.mean(series))
+        if abs(stored - expected) > 1e-6 * (1 + abs(expected)):
+            out.append(f"{key} = {stored:.6g}, but the mean over timed steps of {aggregate} is {expected:.6g}")
+    return out
+
+
+def bytes_off_theory(config: Mapping, summary: Mapping) -> str | None:
+    """Why the stored bytes per step differ from theory, where theory knows them; None when they agree or
+    theory does not know (compression hooks, Horovod, a user's script, a run without collectives)."""
+    stored = _number(summary, keys.COMM_BYTES_PER_STEP)
+    if stored is None or config.get("engine", "ddp") != "ddp":
+        return None
+    if config.get("sync") == "noop" or config.get("noop_collectives"):
+        return None if stored == 0 else f"{keys.COMM_BYTES_PER_STEP} = {stored:.0f} of a sync that sends nothing"
+    gradients, backward = _number(summary, keys.MEMORY_GRADIENTS_BYTES), _number(summary,
+                                                                                 keys.COMM_BYTES_BACKWARD_PER_STEP)
+    if (config.get("sync") not in FULL_GRADIENT or config.get("ddp_hook", "none") != "none" or gradients is None
+            or backward is None):
+        return None
+    if backward != gradients:
+        return (f"{keys.COMM_BYTES_BACKWARD_PER_STEP} = {backward:.0f}, but a full-gradient allreduce "
+                f"({config.get('sync')}) sends the gradients' {gradients:.0f} bytes a step")
+    return None
+
+
+def run_failures(run) -> list[str]:
+    """Every rule of a stored run's arithmetic that `run` (a scalelab.store.ParsedRun) breaks, in words; empty
+    for a run without a summary (running or failed: nothing was concluded from it)."""
+    summary = run.summary
+    if not summary:
+        return []
+    records = run.all_steps
+    out = negative_figures(summary) + unsummed_steps(records) + unsplit_collectives(records, summary)
+    off = bytes_off_theory(run.config or {}, summary)
+    return out + ([off] if off else [])

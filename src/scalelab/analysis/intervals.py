@@ -13,6 +13,17 @@
   true mean (tests/unit/analysis/test_intervals.py, 1000 trials): 95.1 % and 94.3 % on independent normal and
   lognormal series of 40 steps, 92.4 % on AR(1) series of 60 steps with correlation 0.5 (89.3 % at 0.8: the mean
   of a drifting series is harder to pin than its median).
+- A quantity that cannot be below 0 (a time, a byte count, a rate over a time) takes `positive=True`: its
+  interval is built on a log scale, so it never reaches below 0. The mean's is the delta method on log(mean):
+  mean * exp(+-h / mean), h the half-width above, which is h itself when h is small against the mean and turns
+  right-skewed (as such a series is) when it is not: 12 steps of 5 ms with two of 80 ms (steps 3 and 8) give
+  6.1-50.5 ms where the normal approximation gave -1.0 to 36.0 ms. The median's order-statistic ends are
+  widened on the log scale too: median * (end / median) ** factor, the same ends as above when the factor is 1.
+  Coverage (tests/unit/analysis/test_intervals.py, 1000 trials): of the true mean 94.5 % on lognormal series of
+  40 steps and 92.4 % on AR(1) series of 60 steps with correlation 0.5, as the linear interval; on 12 steps of a
+  skewed mixture (90 % at 5 ms, 10 % at 80 ms) both cover only 72-74 % (28 % of such samples hold no slow step:
+  no interval sees what was never drawn), but the linear one reached below 0 in 66 % of the trials, this one in
+  none; of the true median: the linear interval's coverage on every series above.
 - `difference_interval` / `ratio_interval`: figures computed from two independently measured ones (exposed =
   step - baseline, speedup = T1 / TN): the conservative combination of their intervals (every value in one with
   every value in the other).
@@ -62,15 +73,25 @@ def lag1_autocorrelation(values: Sequence[float]) -> float:
     return min(MAX_CORRELATION, max(0.0, r + (1 + 4 * r) / n))
 
 
-def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+def _nonnegative(x: np.ndarray, what: str) -> None:
+    if len(x) and float(np.min(x)) < 0:
+        raise ValueError(f"{what}: a value below 0 ({float(np.min(x)):g}) for a quantity that cannot be negative "
+                         "(positive=True is for times, byte counts and rates; a difference takes positive=False)")
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95, *,
+                    positive: bool = False) -> tuple[float, float]:
     """A 95 % interval for the median of a series of timings, robust to correlation between consecutive values.
 
     Order statistics give [x_(k), x_(n-k+1)] (1-based), k the largest rank with P(Binomial(n, 1/2) <= k-1) within
     (1 - confidence) / 2; with too few values for that (n < 6 at 95 %) their whole range, whose real coverage is
     `coverage(n)`; one value or none: NaN (no interval). Each half-width is then widened by sqrt((1 + r) / (1 - r))
-    for the series' lag-1 autocorrelation r (module docstring)."""
+    for the series' lag-1 autocorrelation r (module docstring); with `positive` (a quantity >= 0) on a log
+    scale, so that the interval stays >= 0."""
     x = np.sort(np.asarray(values, dtype=float))
     n = len(x)
+    if positive:
+        _nonnegative(x, "median_interval")
     if n < 2:
         return math.nan, math.nan
     from scipy import stats  # here, not at the top: ranks import this module and scipy.stats costs them ~1 s
@@ -80,14 +101,22 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     median = float(np.median(x))
     r = lag1_autocorrelation(values)  # in the order measured, not sorted
     factor = math.sqrt((1 + r) / (1 - r))
+    if positive and median > 0:
+        return median * (float(low) / median) ** factor, median * (float(high) / median) ** factor
+    if positive:  # a median of 0: nothing below it, the upper side widened as usual
+        return 0.0, factor * float(high)
     return median - factor * (median - float(low)), median + factor * (float(high) - median)
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A 95 % interval for the mean of a series of timings: mean +- t * sd / sqrt(n), the standard error widened
-    by sqrt((1 + r) / (1 - r)) for the lag-1 autocorrelation r; one value or none: NaN (no interval)."""
+def mean_interval(values: Sequence[float], confidence: float = 0.95, *,
+                  positive: bool = False) -> tuple[float, float]:
+    """A 95 % interval for the mean of a series of timings: mean +- h, h = t * sd / sqrt(n) with the standard
+    error widened by sqrt((1 + r) / (1 - r)) for the lag-1 autocorrelation r; with `positive` (a quantity >= 0)
+    on a log scale instead: mean * exp(+-h / mean) ((0, 0) when every value is 0). One value or none: NaN."""
     x = np.asarray(values, dtype=float)
     n = len(x)
+    if positive:
+        _nonnegative(x, "mean_interval")
     if n < 2:
         return math.nan, math.nan
     mean = float(x.mean())
@@ -96,6 +125,8 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
 
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
     half *= math.sqrt((1 + r) / (1 - r))
+    if positive:
+        return (mean * math.exp(-half / mean), mean * math.exp(half / mean)) if mean > 0 else (0.0, 0.0)
     return mean - half, mean + half
 
 

@@ -10,10 +10,17 @@ so the ranks' stamps compare directly. Per timed step, with the ranks' collectiv
 rank issues the same collectives in the same order; a step where they differ is skipped):
 - a_k, the last arrival at collective k = the latest start over ranks;
 - the rank that sets the step = the last to arrive at the step's final collective (the one the others wait for);
-- critical communication = the union of that rank's [max(start_k, a_k), end_k]: its time inside collectives
-  once every peer had arrived;
-- waiting for peers = the most any rank spent inside collectives before the last peer arrived: the union of its
-  [start_k, min(end_k, a_k)], the largest over ranks.
+- a rank's critical communication = the union of its [max(start_k, a_k), end_k]: its time inside collectives
+  once every peer had arrived at one of them;
+- a rank's waiting for peers = the rest of its time inside collectives (the union of its [start_k, end_k] less
+  its critical communication): a stretch where it waits inside one collective while another of its collectives
+  is on the wire (asynchronous buckets) is communication, not waiting. So, per rank and step, exactly:
+  waiting + critical = time inside collectives (the union: the meter's comm_total(s)); the run's invariant
+  check holds every run to it (scalelab.analysis.checks.run_failures).
+The step's figures aggregate them over ranks, each in its own way (named in the definitions):
+- comm/critical = the critical communication of the rank that sets the step (the last to arrive at the step's
+  final collective: the one the others wait for);
+- comm/waiting_for_peers = the largest waiting over ranks (the rank that waited most).
 Both are means over the timed steps, with the mean's interval (scalelab.analysis.intervals).
 """
 from __future__ import annotations
@@ -33,17 +40,32 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def step_split(events: list[list]) -> tuple[float, float] | None:
-    """(critical communication, waiting for peers) in seconds of one step from every rank's comm_events
-    ([op, phase, start, seconds, bytes] per collective; one list per rank); None when fewer than two ranks
-    metered collectives or their sequences of ops differ."""
+def rank_split(events: list[list]) -> list[tuple[float, float, float]] | None:
+    """Per rank, (critical communication, waiting for peers, time inside collectives) in seconds of one step from
+    every rank's comm_events ([op, phase, start, seconds, bytes] per collective; one list per rank); None when
+    fewer than two ranks metered collectives or their sequences of ops differ."""
     if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
         return None
     starts = np.array([[e[2] for e in ev] for ev in events], dtype=float)  # ranks x collectives
     ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
     arrival = starts.max(axis=0)
-    setter = int(np.argmax(starts[:, -1]))
-    critical = union_seconds(zip(np.maximum(starts[setter], arrival), ends[setter]))
-    waiting = max(union_seconds(zip(starts[r], np.minimum(ends[r], arrival))) for r in range(len(events)))
-    return critical, waiting
+    out = []
+    for r in range(len(events)):
+        inside = union_seconds(zip(starts[r], ends[r]))
+        critical = union_seconds(zip(np.maximum(starts[r], arrival), ends[r]))
+        out.append((critical, inside - critical, inside))
+    return out
 
+
+def setter(events: list[list]) -> int:
+    """The rank (position in `events`) that sets the step: the last to arrive at its final collective."""
+    return int(np.argmax([ev[-1][2] for ev in events]))
+
+
+def step_split(events: list[list]) -> tuple[float, float] | None:
+    """(critical communication of the rank that sets the step, the largest waiting for peers over ranks) in
+    seconds of one step (rank_split); None where rank_split is."""
+    split = rank_split(events)
+    if split is None:
+        return None
+    return split[setter(events)][0], max(waiting for _critical, waiting, _inside in split)

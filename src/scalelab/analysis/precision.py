@@ -26,7 +26,7 @@ def relative_half_width(walls: Sequence[float]) -> float:
     median = float(np.median(np.asarray(walls, dtype=float)))
     if not median > 0:
         return math.inf
-    low, high = median_interval(walls)
+    low, high = median_interval(walls, positive=True)  # the summary's interval of the median step
     return max(median - low, high - median) / median
 
 

@@ -4,7 +4,8 @@ Steps of one run cannot see drift between runs (a neighbour that starts between 
 to 446 ms in one quick study). A cell of compared experiments is therefore launched several times, interleaved
 with the cells it is compared with, and its headline figures come from all launches together:
 - the median step is the median of every launch's timed steps;
-- its interval is the robust median interval over the steps in launch order (a shift between launches shows up as
+- its interval is the robust median interval over the steps in launch order (on a log scale: a time, never below
+  0; intervals.median_interval with positive=True; a shift between launches shows up as
   correlation between consecutive steps and widens it), and never narrower than the spread of the launches' own
   medians: with k launches the true median can sit anywhere between them;
 - every other numeric figure of the summary is the median over the launches; a figure with an interval
@@ -54,7 +55,7 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
     series = [float(t) for launch in steps_ms for t in launch]
     medians = [float(np.median(launch)) for launch in steps_ms if len(launch)]
     if series:
-        low, high = median_interval(series)  # NaN from one value: no interval
+        low, high = median_interval(series, positive=True)  # NaN from one value: no interval
         if not math.isnan(low) or len(medians) > 1:
             low, high = float(np.nanmin([low, *medians])), float(np.nanmax([high, *medians]))
         out[keys.STEP_MEDIAN_MS] = float(np.median(series))

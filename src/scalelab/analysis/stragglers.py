@@ -102,7 +102,7 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
         set_step[found["last"][-1]] = set_step.get(found["last"][-1], 0) + 1
     rows = []
     for r in sorted(caused):
-        low, high = mean_interval(caused[r])
+        low, high = mean_interval(caused[r], positive=True)  # a wait: never below 0
         rows.append({"rank": r, "node": r // ranks_per_node if ranks_per_node else None, "steps": len(caused[r]),
                      "collectives": total, "last": last.get(r, 0),
                      "last(share)": last.get(r, 0) / total if total else math.nan,

@@ -11,6 +11,8 @@ Definitions (stated in every report):
   for correlation between consecutive steps). Means over the timed steps (epoch time, each stage, time inside
   collectives) carry the mean's (mean_interval, widened the same way); a rate over such a mean (throughput,
   algbw, busbw: a fixed count of samples or bytes) carries the count over the mean's interval (keys.ci_keys).
+  Every one of them is a time or a rate, never below 0: their intervals are built on a log scale
+  (`positive=True`), so they never reach below 0 either.
 - Precision: the wider side of the median step's interval in % of the median; a run of auto length
   (`steps: auto`) also records its target and whether it reached it (scalelab.analysis.precision).
 - Epoch time = mean timed training step time x steps per epoch; without data loading it also subtracts each
@@ -31,6 +33,7 @@ Definitions (stated in every report):
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from scalelab.analysis import keys
@@ -93,7 +96,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         wall = steps["train(s)"]
         no_data = wall - steps["data_wait(s)"]
         total, samples = float(wall.sum()), float(steps["samples"].sum())
-        low, high = median_interval(wall)
+        low, high = median_interval(wall, positive=True)
         out.update({
             keys.STEP_MEDIAN_MS: 1e3 * float(wall.median()),
             keys.STEP_MEDIAN_CI_LOW_MS: 1e3 * low,
@@ -112,7 +115,8 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         add_mean_interval(out, keys.EPOCH_S, wall, steps_per_epoch)
         fastest = steps["fastest(s)"]
         out[keys.STEP_FASTEST_MEDIAN_MS] = 1e3 * float(fastest.median())
-        out.update(zip(keys.ci_keys(keys.STEP_FASTEST_MEDIAN_MS), (1e3 * v for v in median_interval(fastest))))
+        fastest_iv = median_interval(fastest, positive=True)
+        out.update(zip(keys.ci_keys(keys.STEP_FASTEST_MEDIAN_MS), (1e3 * v for v in fastest_iv)))
     if "evaluation(s)" in frame:  # evaluations after steps (every rank evaluates its shard: the slowest counts)
         per_eval = frame.groupby("step")["evaluation(s)"].max().dropna()
         if len(per_eval):
@@ -198,9 +202,18 @@ def split_per_step(timed: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index", columns=["critical(s)", "waiting(s)"])
 
 
+ROUNDING_S = 1e-9  # a time below 0 by less than this is float rounding (`other` = wall - the stages): taken as 0
+
+
 def add_mean_interval(out: dict, key: str, series, scale: float) -> None:
-    """Store the 95 % interval of `series`' mean, times `scale`, under key's interval keys."""
-    low, high = mean_interval(series)
+    """Store the 95 % interval of `series`' mean (a time: never below 0, intervals.mean_interval's log scale),
+    times `scale`, under key's interval keys. A series truly below 0 keeps the linear interval, so that the
+    run's invariant check (scalelab.analysis.checks.run_failures) shows the negative time instead of a crash."""
+    values = np.asarray(series, dtype=float)
+    if len(values) and values.min() >= -ROUNDING_S:
+        low, high = mean_interval(np.maximum(values, 0.0), positive=True)
+    else:
+        low, high = mean_interval(values)
     lo_key, hi_key = keys.ci_keys(key)
     out[lo_key], out[hi_key] = scale * low, scale * high
 

@@ -14,6 +14,10 @@ with as many negotiations as enqueues, paired in time order, the median of (nego
 (reported; ~ the cycle time). A negative lag (negotiations before their enqueues) is impossible: the timeline's
 clock is off, and it is shifted by that much (`Alignment.offset_s`). Pure functions over the text and records.
 
+Readiness (`negotiations`): under each NEGOTIATE_ALLREDUCE span Horovod's coordinator writes a tick (a complete
+event of no length, named by the rank's number) when a rank reports the tensor ready; the span runs from the first
+report it saw to the last. The ticks give each rank's readiness per tensor, where the file has them.
+
 Steps (`step_spans`): rank 0's step k runs over [t_end(unix_s) - wall(s), t_end(unix_s)]; a span belongs to the
 step whose window holds its end (after the offset). An allreduce of step k ends before that step's synchronize()
 returns on rank 0; a negotiation ends when the last rank, rank 0 included, is ready, which is inside rank 0's
@@ -72,12 +76,18 @@ def load_events(text: str) -> list[dict]:
     return []
 
 
-def intervals(events: list[dict]) -> list[Interval]:
-    """Every B/E span of every tensor on unix time, from the timeline's start metadata."""
+def _anchor(events: list[dict]) -> tuple[float, dict]:
+    """The timeline's wall-clock start (µs since the epoch, from its first metadata event) and each row's tensor."""
     start_us = next((e["args"]["start_time_since_epoch_in_micros"] for e in events
                      if e.get("ph") == "M" and "start_time_since_epoch_in_micros" in e.get("args", {})), 0)
     names = {e["pid"]: e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name" and "name" in e.get("args", {})}
+    return start_us, names
+
+
+def intervals(events: list[dict]) -> list[Interval]:
+    """Every B/E span of every tensor on unix time, from the timeline's start metadata."""
+    start_us, names = _anchor(events)
     open_spans: dict[int, list[tuple[str, float]]] = {}
     out: list[Interval] = []
     for e in events:
@@ -89,6 +99,34 @@ def intervals(events: list[dict]) -> list[Interval]:
             out.append(Interval(names.get(pid, str(pid)), name, (start_us + began) / 1e6, (e["ts"] - began) / 1e6,
                                 len(open_spans[pid])))
     return sorted(out, key=lambda i: i.start_s)
+
+
+@dataclass(frozen=True)
+class Negotiation:
+    tensor: str
+    start_s: float  # unix time: the first rank's report as the coordinator saw it
+    end_s: float  # the last rank's
+    ready_s: dict  # rank -> unix time of its tick (ranks without a tick are missing)
+
+
+def negotiations(events: list[dict]) -> list[Negotiation]:
+    """Every NEGOTIATE_* span with the ranks' ready ticks inside it, on unix time, in start order."""
+    start_us, names = _anchor(events)
+    stack: dict[int, list[tuple[str, float, dict]]] = {}
+    out = []
+    for e in events:
+        ph, pid = e.get("ph"), e.get("pid")
+        if ph == "B":
+            stack.setdefault(pid, []).append((e["name"], e["ts"], {}))
+        elif ph == "X" and str(e.get("name", "")).isdigit() and stack.get(pid) and \
+                stack[pid][-1][0].startswith("NEGOTIATE"):
+            stack[pid][-1][2].setdefault(int(e["name"]), (start_us + e["ts"]) / 1e6)  # a repeated report: the first
+        elif ph == "E" and stack.get(pid):
+            name, began, ready = stack[pid].pop()
+            if name.startswith("NEGOTIATE"):
+                out.append(Negotiation(names.get(pid, str(pid)), (start_us + began) / 1e6, (start_us + e["ts"]) / 1e6,
+                                       ready))
+    return sorted(out, key=lambda n: n.start_s)
 
 
 def align(spans: list[Interval], enqueues_s: list[float]) -> Alignment:
@@ -109,15 +147,25 @@ def enqueues_unix(rank0: list[dict]) -> list[float]:
             for op, _phase, start, _seconds, _nbytes in rec.get("comm_events", []) if op == "allreduce"]
 
 
+def step_windows(rank0: list[dict]) -> list[tuple[float, float, int]]:
+    """(start, end, step) in unix s of rank 0's timed steps, in order."""
+    return sorted((r["t_end(unix_s)"] - r["wall(s)"], r["t_end(unix_s)"], r["step"]) for r in rank0
+                  if not r.get("warmup") and "t_end(unix_s)" in r and "wall(s)" in r)
+
+
+def step_of(end_s: float, windows: list[tuple[float, float, int]]) -> int | None:
+    """The timed step whose window holds `end_s` (a span belongs to the step it ends in), or None."""
+    return next((k for lo, hi, k in windows if lo <= end_s <= hi), None)
+
+
 def step_spans(spans: list[Interval], rank0: list[dict], offset_s: float = 0.0) -> pd.DataFrame:
     """Per timed step of rank 0 (index: step) that holds at least one ALLREDUCE span, STEP_COLUMNS (see the
     module docstring); `offset_s` from `align`. Empty (with those columns) when no step holds one."""
-    windows = sorted((r["t_end(unix_s)"] - r["wall(s)"], r["t_end(unix_s)"], r["step"]) for r in rank0
-                     if not r.get("warmup") and "t_end(unix_s)" in r and "wall(s)" in r)
+    windows = step_windows(rank0)
     found: dict[int, dict[str, set]] = {}
     for s in spans:
         end = s.start_s + offset_s + s.seconds
-        step = next((k for lo, hi, k in windows if lo <= end <= hi), None)
+        step = step_of(end, windows)
         if step is None:
             continue
         kind = ("allreduce" if s.activity == "ALLREDUCE" and s.depth == 0 else

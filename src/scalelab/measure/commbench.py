@@ -174,7 +174,7 @@ def build_table(records: list[dict], ranks: int, dtype: str) -> pd.DataFrame:
             times = iteration_times([r["times(s)"] for r in sorted(recs, key=lambda r: r["rank"])])
             t_loop = max(r["loop(s)"] for r in recs) / len(times)  # the loop ends when its slowest rank's does
             t_min, t_med, t_max = min(times), statistics.median(times), max(times)
-            ci_low, ci_high = median_interval(times)
+            ci_low, ci_high = median_interval(times, positive=True)  # a time: never below 0
             row.update(impl=recs[0]["impl"], iters=len(times), wrong=sum(r["wrong"] for r in recs),
                        **{"time_loop(us)": t_loop * 1e6, "time_min(us)": t_min * 1e6, "time_median(us)": t_med * 1e6,
                           "time_ci_low(us)": ci_low * 1e6, "time_ci_high(us)": ci_high * 1e6,

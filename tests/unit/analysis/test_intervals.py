@@ -104,3 +104,72 @@ def test_one_value_makes_no_interval_and_separates_nothing():
     assert not separated((5.0, 5.0), (6.0, 7.0)) and not separated((6.0, 7.0), (5.0, 5.0))
     assert not separated((math.nan, math.nan), (6.0, 7.0)) and not separated(None, (6.0, 7.0))
     assert separated((4.0, 5.0), (6.0, 7.0))
+
+
+# Issue 43: a time, a byte count or a rate is never below 0, and neither is its interval (positive=True).
+SKEWED_STEPS = [5.0, 5.0, 80.0, 5.0, 5.0, 5.0, 5.0, 80.0, 5.0, 5.0, 5.0, 5.0]  # two slow steps of twelve
+
+
+def test_a_positive_mean_interval_is_the_linear_half_width_on_a_log_scale():
+    from scipy import stats
+
+    x = np.array(SKEWED_STEPS)
+    mean = x.mean()  # 17.5; no lag-1 correlation (r = 0 after the bias correction's clamp)
+    assert lag1_autocorrelation(SKEWED_STEPS) == 0.0
+    half = stats.t.ppf(0.975, 11) * x.std(ddof=1) / math.sqrt(12)
+    assert mean_interval(SKEWED_STEPS) == pytest.approx((mean - half, mean + half))  # the normal approximation ...
+    assert mean_interval(SKEWED_STEPS)[0] < 0  # ... says the time might be negative
+    low, high = mean_interval(SKEWED_STEPS, positive=True)
+    assert (low, high) == pytest.approx((mean * math.exp(-half / mean), mean * math.exp(half / mean)))
+    assert (low, high) == pytest.approx((6.063, 50.51), abs=0.01) and low > 0
+    assert mean_interval([0.0, 0.0, 0.0], positive=True) == (0.0, 0.0)  # a step with no collectives at all
+    assert all(math.isnan(v) for v in mean_interval([4.0], positive=True))
+    # a narrow interval is the linear one (exp(+-d) ~ 1 +- d): nothing changes where nothing was wrong
+    steady = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0, 100.2, 99.8]
+    assert mean_interval(steady, positive=True) == pytest.approx(mean_interval(steady), abs=0.01)
+
+
+def test_a_positive_median_interval_widens_on_a_log_scale():
+    drifting = [1.0] * 10 + [50.0] * 10  # a shift half-way: r at its cap, the factor sqrt(1.95 / 0.05)
+    factor = math.sqrt((1 + 0.95) / (1 - 0.95))
+    assert lag1_autocorrelation(drifting) == pytest.approx(0.95)
+    assert median_interval(drifting)[0] == pytest.approx(25.5 - factor * 24.5)  # -127: linear widening
+    low, high = median_interval(drifting, positive=True)
+    assert (low, high) == pytest.approx((25.5 * (1 / 25.5) ** factor, 25.5 * (50 / 25.5) ** factor))
+    assert 0 < low < 1.0
+    # factor 1 (independent steps): the order-statistic ends themselves, as the linear interval gives
+    assert median_interval([5.0, 6.0, 7.0], positive=True) == median_interval([5.0, 6.0, 7.0]) == (5.0, 7.0)
+    assert median_interval([0.0, 0.0, 3.0], positive=True) == (0.0, 3.0)  # a median of 0: nothing below it
+
+
+def test_a_negative_value_of_a_positive_quantity_is_refused():
+    with pytest.raises(ValueError, match="below 0 .*cannot be negative"):
+        mean_interval([1.0, -0.5, 2.0], positive=True)
+    with pytest.raises(ValueError, match="below 0"):
+        median_interval([1.0, -0.5, 2.0], positive=True)
+
+
+@pytest.mark.parametrize("name, draw, true", [
+    ("lognormal, 40 steps", lambda rng: 100 * np.exp(rng.normal(0, 0.2, 40)), 100 * math.exp(0.02)),
+    ("drifting: AR(1) 0.5, 60 steps", lambda rng: ar1(rng, 60, 0.5), 100.0),
+])
+def test_the_positive_mean_interval_covers_the_true_mean_92_to_98_percent(name, draw, true):
+    rng = np.random.default_rng(SEED)
+    assert 0.92 <= coverage(lambda: draw(rng), true, lambda v: mean_interval(v, positive=True)) <= 0.98, name
+
+
+def test_on_few_skewed_steps_the_positive_interval_never_reaches_below_0():
+    """12 steps, 10 % of them 16 times slower: the normal approximation reached below 0 in most trials."""
+    def draw(rng):
+        return np.where(rng.random(12) < 0.1, 80.0, 5.0) * np.exp(rng.normal(0, 0.05, 12))
+
+    rng = np.random.default_rng(SEED)
+    linear = [mean_interval(draw(rng)) for _ in range(TRIALS)]
+    rng = np.random.default_rng(SEED)
+    positive = [mean_interval(draw(rng), positive=True) for _ in range(TRIALS)]
+    assert sum(lo < 0 for lo, _ in linear) / TRIALS > 0.5  # 66 %
+    assert all(lo >= 0 for lo, _ in positive)
+    true = (0.9 * 5 + 0.1 * 80) * math.exp(0.05 ** 2 / 2)
+    # no worse at covering the true mean than the linear interval (both miss the samples without a slow step)
+    hits = [sum(lo <= true <= hi for lo, hi in ivs) / TRIALS for ivs in (linear, positive)]
+    assert hits[1] >= hits[0] - 0.05

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalelab.analysis.peers import step_split, union_seconds
+from scalelab.analysis.peers import rank_split, step_split, union_seconds
 from scalelab.analysis.summary import summarize
 
 
@@ -33,7 +33,12 @@ def test_overlapping_async_buckets_are_counted_once():
     rank1 = [ev("allreduce", 0.001, 0.003), ev("allreduce", 0.003, 0.003)]
     critical, waiting = step_split([rank0, rank1])
     assert critical == pytest.approx(0.005)  # rank 1 sets the step: [0.001, 0.004] U [0.003, 0.006]
-    assert waiting == pytest.approx(0.002)  # rank 0: [0.000, 0.001] U [0.002, 0.003]
+    # rank 0 waits in bucket 1 over [0.000, 0.001]; in bucket 2 over [0.002, 0.003] too, but then bucket 1 is on the
+    # wire (its peer arrived at 0.001): communication, not waiting. Its 6 ms inside = 5 critical + 1 waiting.
+    assert waiting == pytest.approx(0.001)
+    split = rank_split([rank0, rank1])
+    assert split == [pytest.approx((0.005, 0.001, 0.006)), pytest.approx((0.005, 0.0, 0.005))]
+    assert all(c + w == pytest.approx(inside) for c, w, inside in split)
 
 
 def test_nothing_is_split_without_peers_or_when_the_ranks_collectives_differ():

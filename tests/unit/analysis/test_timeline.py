@@ -69,23 +69,34 @@ def test_the_run_trace_carries_the_timeline(tmp_path):
 # Two timed steps of rank 0 (and a warm-up one): step 2's window is [10, 20] ms after the timeline's start, step
 # 3's [22, 32] ms. Step 2: two tensors fused (their ALLREDUCE spans 10 µs apart), one negotiation starting before
 # the window (a peer was ready first), copies in and out of the fusion buffer; step 3: two allreduces one after
-# the other, no copies. A warm-up span and one past every window belong to no timed step.
+# the other, no copies. A warm-up span and one past every window belong to no timed step. Each negotiation holds
+# the ranks' ready ticks: in step 2 rank 1 is ready with a at 9 and b at 10 ms, rank 0 with both at 12 (rank 1
+# waits 10 -> 12 ms: 2 ms); in step 3 rank 0 is ready with a at 23 and b at 25, rank 1 at 24 and 27 (rank 0 waits
+# 25 -> 27 ms, less a's allreduce on the wire over 24 -> 26: 1 ms).
 STEPS_TEXT = f"""[
 {{"name": "process_name", "ph": "M", "pid": 0, "args": {{"start_time_since_epoch_in_micros":{START_US}}}}},
 {{"name": "process_name", "ph": "M", "pid": 1, "args": {{"name": "allreduce.a"}}}},
 {{"name": "process_name", "ph": "M", "pid": 2, "args": {{"name": "allreduce.b"}}}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 1000, "pid": 1}},{{"ph": "E", "ts": 5000, "pid": 1}},
-{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 9000, "pid": 1}},{{"ph": "E", "ts": 12000, "pid": 1}},
-{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 11000, "pid": 2}},{{"ph": "E", "ts": 12000, "pid": 2}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 9000, "pid": 1}},
+{{"ph": "X", "name": "1", "ts": 9000, "pid": 1, "dur": 0}},{{"ph": "X", "name": "0", "ts": 12000, "pid": 1, "dur": 0}},
+{{"ph": "E", "ts": 12000, "pid": 1}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 10000, "pid": 2}},
+{{"ph": "X", "name": "1", "ts": 10000, "pid": 2, "dur": 0}},{{"ph": "X", "name": "0", "ts": 12000, "pid": 2, "dur": 0}},
+{{"ph": "E", "ts": 12000, "pid": 2}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 12500, "pid": 1}},
 {{"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": 12500, "pid": 1}},{{"ph": "E", "ts": 13000, "pid": 1}},
 {{"ph": "B", "name": "GLOO_ALLREDUCE", "ts": 13000, "pid": 1}},{{"ph": "E", "ts": 15500, "pid": 1}},
 {{"ph": "B", "name": "MEMCPY_OUT_FUSION_BUFFER", "ts": 15500, "pid": 1}},{{"ph": "E", "ts": 16000, "pid": 1}},
 {{"ph": "E", "ts": 16000, "pid": 1}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 12510, "pid": 2}},{{"ph": "E", "ts": 16010, "pid": 2}},
-{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 23000, "pid": 1}},{{"ph": "E", "ts": 24000, "pid": 1}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 23000, "pid": 1}},
+{{"ph": "X", "name": "0", "ts": 23000, "pid": 1, "dur": 0}},{{"ph": "X", "name": "1", "ts": 24000, "pid": 1, "dur": 0}},
+{{"ph": "E", "ts": 24000, "pid": 1}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 24000, "pid": 1}},{{"ph": "E", "ts": 26000, "pid": 1}},
-{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 26500, "pid": 2}},{{"ph": "E", "ts": 27000, "pid": 2}},
+{{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 25000, "pid": 2}},
+{{"ph": "X", "name": "0", "ts": 25000, "pid": 2, "dur": 0}},{{"ph": "X", "name": "1", "ts": 27000, "pid": 2, "dur": 0}},
+{{"ph": "E", "ts": 27000, "pid": 2}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 27000, "pid": 2}},{{"ph": "E", "ts": 28000, "pid": 2}},
 {{"ph": "B", "name": "ALLREDUCE", "ts": 40000, "pid": 1}},{{"ph": "E", "ts": 41000, "pid": 1}}]"""
 RANK0 = [{"step": 1, "rank": 0, "warmup": True, "wall(s)": 0.008, "t_end(unix_s)": T0 + 0.008,
@@ -101,7 +112,7 @@ def test_spans_map_to_rank_0s_timed_steps_by_their_end():
     assert list(steps.index) == [2, 3]
     ms = (1e3 * steps[["collective(s)", "negotiation(s)", "copies(s)"]]).round(3)
     assert ms.loc[2].tolist() == [3.51, 3.0, 1.0]  # fused: [12.5, 16.01]; negotiations [9, 12]; copies 0.5 + 0.5
-    assert ms.loc[3].tolist() == [3.0, 1.5, 0.0]
+    assert ms.loc[3].tolist() == [3.0, 3.0, 0.0]
     assert steps["ops"].tolist() == [1, 2]
     # an offset moves every span: 3 ms later, step 3's allreduces end at 29 and 31 ms, still inside its window,
     # and step 2's at 19.01 ms, inside its own
@@ -116,7 +127,7 @@ def test_horovod_comm_from_the_timeline_on_exact_numbers():
     out = hvdcomm.horovod_comm(STEPS_TEXT, RANK0, latency_ms=2.0)
     assert out[keys.COMM_TIME_MS] == pytest.approx((5.51 + 5.0) / 2, abs=1e-3)  # the union + the emulated 2 ms
     assert out[keys.COMM_CRITICAL_MS] == out[keys.COMM_TIME_MS] == out[keys.COMM_SUM_MS]
-    assert out[keys.COMM_PEERS_WAIT_MS] == pytest.approx(2.25, abs=1e-3)
+    assert out[keys.COMM_PEERS_WAIT_MS] == pytest.approx(1.5, abs=1e-3)  # (2 + 1) / 2, not the spans' (3 + 3) / 2
     assert out[hvdcomm.HVD_COPIES_MS] == pytest.approx(0.5, abs=1e-3)
     assert out[keys.COMM_ALGBW] == pytest.approx(2000 / 0.01051 / 1e9, rel=1e-3)
     assert out[hvdcomm.TIMELINE_STEPS] == 2 and "rank 0" in out[hvdcomm.COMM_NOT_AVAILABLE]
@@ -154,7 +165,7 @@ def test_a_horovod_runs_summary_takes_its_collective_times_from_the_timeline(tmp
     rundir.write_config({"engine": "horovod", "nnodes": 1})
     s = collect_summary(tmp_path)
     assert s[keys.COMM_TIME_MS] == pytest.approx(3.255, abs=1e-3) and s[hvdcomm.COMM_SOURCE] == hvdcomm.SOURCE
-    assert s[keys.COMM_PEERS_WAIT_MS] == pytest.approx(2.25, abs=1e-3)
+    assert s[keys.COMM_PEERS_WAIT_MS] == pytest.approx(1.5, abs=1e-3)
     low, high = (s[k] for k in keys.ci_keys(keys.COMM_ALGBW))
     assert low < s[keys.COMM_ALGBW] < high  # the rate's interval follows the new time's
     rundir.write_config({"engine": "ddp", "nnodes": 1})
