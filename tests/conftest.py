@@ -97,6 +97,28 @@ def pytest_terminal_summary(terminalreporter):
                                     f"{len(CHECKED['failures'])} broken invariant(s)")
 
 
+# Dist test modules whose runs start cold, one torchrun launch each: they test that path itself (torchrun, faults,
+# interrupts, hangs, namespaced nodes, resuming, Horovod, the memory cap, CUDA), run scripts, or manage warm ranks
+# themselves. Every other dist module's in-process multi-rank runs share one set of warm ranks (run/warm.py),
+# started once per module: the start-up a cold launch pays per run, hundreds of times a suite.
+COLD_MODULES = {"test_faults", "test_interrupt", "test_reliability_launch", "test_local_nodes", "test_maxbatch_real",
+                "test_train_dist", "test_warm_dist", "test_watchdog_dist", "test_horovod_dist",
+                "test_horovod_exposed_dist", "test_checkpoint_dist", "test_cuda_paths", "test_cuda_collective_timing",
+                "test_slurm_real", "test_lightning_dist", "test_probe_dist", "test_clocks_dist"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_ranks(request):
+    path = Path(request.node.path).resolve()
+    if DIST not in path.parents or path.stem in COLD_MODULES:
+        yield
+        return
+    from scalelab.run import warm
+
+    with warm.ranks():
+        yield
+
+
 @pytest.fixture
 def store(tmp_path):
     from scalelab.store import Store

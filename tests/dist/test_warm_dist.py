@@ -36,7 +36,8 @@ def test_a_warm_cell_after_another_trains_bit_for_bit_as_a_cold_one(store, model
     different one (other model, batch, seed, bucket size, sync strategy) in the same ranks: weights, optimizer
     state, RNG and DDP's hooks are the cell's own."""
     cfg = _cfg(model=model)
-    cold = _run(store, cfg)
+    with warm.paused():
+        cold = _run(store, cfg)
     with warm.ranks() as pools:
         first = _run(store, _cfg(model="mlp" if model == "cnn" else "cnn", global_batch=64, seed=9, bucket_mb=1.0,
                                  sync="allreduce"))

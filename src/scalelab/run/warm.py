@@ -268,9 +268,23 @@ def ranks() -> Iterator[Pools]:
         pools.close()
 
 
+_PAUSED: list[bool] = []  # inside `paused()` blocks
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Runs of this block start cold, also inside a `ranks()` block (the warm ranks stay up for later runs): what
+    compares the two paths side by side (benchmarks/warm_cold.py, tests/dist/test_warm_dist.py)."""
+    _PAUSED.append(True)
+    try:
+        yield
+    finally:
+        _PAUSED.pop()
+
+
 def launcher_for(cfg: Any, given: Launcher) -> Launcher:
     """The warm launcher inside a `ranks()` block, for runs that would go through torchrun; `given` otherwise."""
-    if _ACTIVE is None or given is not torchrun_launch:
+    if _ACTIVE is None or _PAUSED or given is not torchrun_launch:
         return given
     return _ACTIVE.launcher(cfg, given)
 
