@@ -82,9 +82,29 @@ class RunKind(Protocol):
 
 # ---------------------------------------------------------------- train
 
-def check_inputs(cfg: TrainConfig) -> None:
-    """Build the data and the model once here, so a bad dataset or model fails before any run is recorded."""
+_CHECKED: set[tuple] = set()  # inputs of built-in models and datasets this process built once already
 
+
+def _inputs_key(cfg: TrainConfig) -> tuple | None:
+    """What `check_inputs` builds from; None for a user's model or dataset (its file may change between runs)."""
+    if ":" in cfg.model or ":" in cfg.dataset:
+        return None
+    return (cfg.model, cfg.model_options, cfg.dataset, cfg.data_path, cfg.samples, cfg.eval_samples, cfg.seed,
+            cfg.augment, cfg.checkpoint_segments, cfg.global_batch, cfg.drop_last)
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Build the data and the model once here, so a bad dataset or model fails before any run is recorded. A study
+    checks the same built-in inputs for many cells: each is built once per process."""
+    key = _inputs_key(cfg)
+    if key is not None and key in _CHECKED:
+        return
+    _check_inputs(cfg)
+    if key is not None:
+        _CHECKED.add(key)
+
+
+def _check_inputs(cfg: TrainConfig) -> None:
     try:
         bundle, _ = build_inputs(cfg)
     except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as RuntimeError
