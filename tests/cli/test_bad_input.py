@@ -123,6 +123,8 @@ CASES = [
     ("endpoint-port", ["train", "--nnodes", "2", "--rdzv-endpoint", "node0:99999"],
      ["rdzv_endpoint: 'node0:99999'", "port 1..65535"]),
     ("study-only-unknown", ["study", "--only", "profile,warp_drive"], ["only: 'warp_drive'", "allowed: profile"]),
+    ("study-budget-word", ["study", "--budget", "ten"], ["budget: 'ten'", "allowed: a duration > 0"]),
+    ("study-budget-zero", ["study", "--quick", "--budget", "0m"], ["budget: '0m'", "allowed: a duration > 0"]),
     ("comm-size-suffix", ["bench", "comm", "--begin", "12Q"], ["begin: '12Q'", "optional K, M or G suffix"]),
     ("comm-end-below-begin", ["bench", "comm", "--begin", "4K", "--end", "1K"], ["end: '1K'", ">= begin (4K)"]),
     ("comm-unknown-op", ["bench", "comm", "--ops", "allreduce,alltoall"], ["ops: 'alltoall'", "allgather"]),
