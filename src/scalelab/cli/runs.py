@@ -68,6 +68,9 @@ def runs_compare(
         if len(runs) != 2:
             raise ScalelabError(f"runs: {len(runs)} given; --breakdown compares exactly 2")
         a, b = (explain(st, r) for r in runs)
+        for ex in (a, b):
+            if ex.table is None:
+                raise ScalelabError(ex.notes[0])
         print(side_by_side(a.table, b.table, a.run["run_id"], b.run["run_id"]).to_string(index=False))
         return
     console.print(st.compare(runs, metric or None).T.to_string())
