@@ -85,7 +85,8 @@ def runs_list(
     out = console if not wide else Console(width=max(console.width, 1 + sum(column_width(frame, c) for c in shown)))
     out.print(table, markup=False, highlight=False)
     if dropped:
-        print(f"not shown, to fit {console.width} columns: {', '.join(dropped)} (--wide shows every column)")
+        console.print(f"not shown, to fit {console.width} columns: {', '.join(dropped)} (--wide shows every column)",
+                      markup=False, highlight=False)
 
 
 @app.command("show")
