@@ -4,7 +4,9 @@ run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's f
   waiting <= 1.2 x the sleep (not counted twice); |rest| <= 20 % of the gap; no --global-batch was given, so the
   ideal step is the 1-rank run's scaled by the batch read at the forward;
 - a sleep in every rank's data loading: data wait, not waiting for peers;
-- no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none).
+- no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none);
+- a script with neither a DDP model nor an optimizer has no steps: `explain` says so and names the straggler from
+  its collectives alone.
 Each prints n, the figure with its interval and the injected value."""
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ p.add_argument("--sleep-before-forward", type=float, default=0.0)
 p.add_argument("--sleep-rank", type=int, default=1)
 p.add_argument("--sleep-data", type=float, default=0.0, help="seconds per batch in every rank's loading")
 p.add_argument("--eval-every", type=int, default=0)
+p.add_argument("--raw", action="store_true", help="no model: all_reduce a tensor each step")
 a = p.parse_args()
 
 
@@ -62,6 +65,13 @@ def collate(items):
 
 dist.init_process_group("gloo")
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if a.raw:
+    for step in range(a.steps):
+        if rank == a.sleep_rank:
+            time.sleep(a.sleep_before_forward)
+        dist.all_reduce(torch.ones(1000))
+    dist.destroy_process_group()
+    raise SystemExit(0)
 torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -92,7 +102,7 @@ dist.destroy_process_group()
 SLEEP_S = 0.1
 
 
-def plain_run(tmp_path: Path, store: Path, *args: str, ranks: int = 2) -> dict:
+def plain_run(tmp_path: Path, store: Path, *args: str, ranks: int = 2, boundary: str = "ddp_forward") -> dict:
     """`scalelab run --ranks N -- python train.py ARGS` (one thread per rank); the stored run."""
     script = tmp_path / "train.py"
     script.write_text(PLAIN)
@@ -103,7 +113,7 @@ def plain_run(tmp_path: Path, store: Path, *args: str, ranks: int = 2) -> dict:
     new = [r for r in Store(store).list_runs()["run_id"] if r not in before]
     assert len(new) == 1, new
     run = Store(store).get(new[0])
-    assert run["status"] == "completed" and run["summary"][keys.STEPS_BOUNDARY] == "ddp_forward", run["summary"]
+    assert run["status"] == "completed" and run["summary"][keys.STEPS_BOUNDARY] == boundary, run["summary"]
     return run
 
 
@@ -154,3 +164,14 @@ def test_no_sync_accumulation_is_one_step_per_optimizer_step(tmp_path):
     assert all(len(v) == 6 for v in by_rank.values())
     assert all(x["samples"] == 4 * 16 and x["collectives"] == 1 for x in records)  # one gradient sync a step
     assert run["summary"][keys.STEPS_TOTAL] == 6 and run["summary"][keys.SAMPLES_PER_STEP] == 4 * 32
+
+
+def test_without_steps_explain_names_the_straggler_from_the_collectives_alone(tmp_path):
+    store = tmp_path / "store"
+    run = plain_run(tmp_path, store, "--raw", "--steps", "20", "--sleep-before-forward", "0.05", boundary="none")
+    shown = run_cli(["explain", run["run_id"], "--store", str(store)])
+    assert shown.returncode == 0, shown.stderr
+    print("\n" + shown.stdout)
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"run {run['run_id']}: no timed steps (steps/boundary: none)")
+    assert any(line.startswith("Straggler: rank 1,") for line in lines), shown.stdout
