@@ -290,12 +290,13 @@ def lines(ex: Explanation) -> list[str]:
         got = ex.named.get(name)
         out.append(f"  {label}: {got['run_id'] if got else 'not stored'}")
     out.append(f"{'part':<58}{'ms':>9}  {'95 % interval':>17}  {'of gap':>7}")
+    said: set[str] = set()  # a long "needs" (a script's variants) is said once, then "as above"
     for row in ex.table.to_dict("records"):
         indent = "    " if row["level"] else ""
         sign = "" if row["part"] in ("ideal", "measured") else "+ " if not row["level"] else "· "
         label = (indent + sign + PARTS[row["part"]])[:56]
         if not row["measured"] and row["part"] != "rest":
-            out.append(f"{label:<58}{'not measured':>12}  needs: {row['needs']}")
+            out.append(f"{label:<58}{'not measured':>12}  needs: {said_once(row['needs'], said)}")
             continue
         value = row["value(ms)"]
         interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
@@ -309,6 +310,13 @@ def lines(ex: Explanation) -> list[str]:
     if missing:
         out.append(f"not measured: {', '.join(missing)}")
     return out + ex.suggestions
+
+
+def said_once(needs: str, said: set[str]) -> str:
+    """A part's needs ("a; b"), each one already said by a part above written "as above"."""
+    parts = ["as above" if n in said else n for n in needs.split("; ")]
+    said.update(needs.split("; "))
+    return "; ".join(dict.fromkeys(parts))
 
 
 def side_by_side(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:
