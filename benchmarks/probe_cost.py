@@ -7,7 +7,10 @@ ranks, the same model, batch and steps. Variants, in alternating order, `--repea
 - probe vs bare, for ResNet-18 and the small MLP: the probe's whole cost (timers, records, sampler thread, the
   metered collectives and its Python comm hook);
 - python-hook vs builtin (no probe): what routing DDP's buckets through a Python comm hook (torch's
-  allreduce_hook, as the probe does) costs against DDP's built-in C++ allreduce.
+  allreduce_hook, as the probe does) costs against DDP's built-in C++ allreduce;
+- found vs bare: the plain script (no probe lines) under the probe `scalelab run` opens, which finds its steps at
+  the DDP model's forward and the optimizer's step (scalelab.run.found_steps): what `scalelab run` costs a script
+  that marks nothing.
 Prints each measurement, then per comparison the mean of the paired throughput ratios with its 95 % interval
 (scalelab.analysis.intervals.mean_interval). Goal: probe / bare within 1 % (1.00 inside the interval, or the
 interval above 0.99).
@@ -42,7 +45,13 @@ def worker(args) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
-    run = None
+    run = found = None
+    if args.found:  # what scalelab.run.script_rank opens before a user's script
+        from scalelab.distenv import dist_context
+        from scalelab.run.probe import Probe
+
+        found = Probe(Path(args.out).with_suffix(".run"), dist_context("cpu"), warmup_steps=args.warmup,
+                      heartbeat_s=None, rank_pids=lambda: [os.getpid()], find_steps=True).start()
     if args.probe:
         from scalelab import probe
 
@@ -75,6 +84,8 @@ def worker(args) -> None:
             opt.zero_grad(set_to_none=True)
     dist.barrier()
     elapsed = time.perf_counter() - t0
+    if found is not None:
+        found.close()
     if rank == 0:
         samples = (args.steps - args.warmup) * args.global_batch
         Path(args.out).write_text(json.dumps({"throughput": samples / elapsed}))
@@ -97,7 +108,8 @@ def launch(args, model: str, variant: str, scratch: Path) -> float:
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
             "--model", model, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples), "--out", str(out),
-            *(["--probe"] if variant == "probe" else []), *(["--python-hook"] if variant == "python-hook" else [])]
+            *(["--probe"] if variant == "probe" else []), *(["--python-hook"] if variant == "python-hook" else []),
+            *(["--found"] if variant == "found" else [])]
     with environ({"SCALELAB_STORE": str(scratch / "store"), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}):
         run_torchrun(argv)
     return json.loads(out.read_text())["throughput"]
@@ -123,6 +135,7 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--python-hook", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--found", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     p.add_argument("--models", default="resnet18,mlp")
@@ -140,6 +153,7 @@ def main() -> None:
         for model in args.models.split(","):
             rows.append((model, "probe / bare", *compare(args, model, "probe", "bare", Path(tmp))))
             rows.append((model, "python-hook / builtin", *compare(args, model, "python-hook", "bare", Path(tmp))))
+            rows.append((model, "found / bare", *compare(args, model, "found", "bare", Path(tmp))))
     print(f"\nthroughput ratios, mean of {args.repeats} interleaved pairs, 95 % interval "
           "(goal for the probe: 1.00 inside, or above 0.99):")
     for model, what, mean, low, high in rows:
