@@ -189,3 +189,20 @@ def test_a_script_that_marks_its_steps_is_not_found_again(group, tmp_path):
     probe.close()
     assert len(RunDir(tmp_path).read_steps(0)) == 2
     assert RunDir(tmp_path).read_aggregates()[0]["boundary"] == "probe"
+
+
+def test_a_scripts_summary_has_the_samples_of_a_step_and_the_data_wait_every_rank_had():
+    """Per step the least data wait over ranks (one rank's wait alone is the others' waiting for peers); steps
+    that not every rank kept, and warm-up steps, are left out."""
+    from scalelab.analysis import keys
+    from scalelab.run.script import step_batch_figures
+
+    rec = lambda step, rank, data, warmup=False: {"step": step, "rank": rank, "warmup": warmup, "samples": 16,
+                                                  "data(s)": data}
+    records = [rec(1, 0, 9.0, True), rec(1, 1, 9.0, True), rec(2, 0, 0.1), rec(2, 1, 0.0), rec(3, 0, 0.05),
+               rec(3, 1, 0.2), rec(4, 0, 0.3)]
+    got = step_batch_figures(records)
+    assert got[keys.SAMPLES_PER_STEP] == 32
+    assert got[keys.DATA_WAIT_ALL_RANKS_MS] == pytest.approx(25.0)  # mean of 0 and 50 ms
+    low, high = (got[k] for k in keys.ci_keys(keys.DATA_WAIT_ALL_RANKS_MS))
+    assert low < 25.0 < high
