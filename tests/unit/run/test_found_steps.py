@@ -206,3 +206,29 @@ def test_a_scripts_summary_has_the_samples_of_a_step_and_the_data_wait_every_ran
     assert got[keys.DATA_WAIT_ALL_RANKS_MS] == pytest.approx(25.0)  # mean of 0 and 50 ms
     low, high = (got[k] for k in keys.ci_keys(keys.DATA_WAIT_ALL_RANKS_MS))
     assert low < 25.0 < high
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_found_steps_span_is_charged_for_the_device_work_it_queued():
+    """Known truth: `torch.cuda._sleep` queues device work of a known length that the host does not wait for; the
+    forward+backward span, bounded by CUDA events, holds it."""
+    from conftest import cuda_sleep_cycles
+
+    torch.cuda.init()
+    loop = Loop()
+    cycles = cuda_sleep_cycles(0.05)
+    slept = []
+    for _ in range(3):
+        loop.found.forward(loop.net, (torch.zeros(8, 3),), {})
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(cycles)
+        b.record()
+        loop.optimizer(0.0)
+        slept.append((a, b))
+    loop.found.close()
+    slept = [a.elapsed_time(b) / 1e3 for a, b in slept]
+    assert loop.found.clock == "cuda_events" and len(loop.got) == 3
+    for (times, _), sleep in zip(loop.got, slept):  # the host ran ahead; the events still charge the span
+        assert times[SPAN] >= sleep > 0.02, (times, sleep)
