@@ -147,8 +147,9 @@ def explain(store: Store, run_id: str) -> Explanation:
     which runs get none)."""
     run = load_run(store, run_id)
     none = dict.fromkeys(("one", "nosync", "noop"))
-    if workers_of(run) < 2 and (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS):
-        table = breakdown_of_runs(with_work(run), one=with_work(run), commands=commands(run))
+    if workers_of(run) < 2:
+        timed = (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS)
+        table = breakdown_of_runs(with_work(run), one=with_work(run), commands=commands(run)) if timed else None
         return Explanation(run, {**none, "one": run}, table, brief=True, notes=[
             f"run {run['run_id']} ({run['kind']}) has 1 rank: it has no lost speedup (it is the ideal a run of N "
             "ranks is measured against; `scalelab explain` a run of 2 or more ranks)."])
