@@ -232,3 +232,27 @@ def test_on_cuda_a_found_steps_span_is_charged_for_the_device_work_it_queued():
     assert loop.found.clock == "cuda_events" and len(loop.got) == 3
     for (times, _), sleep in zip(loop.got, slept):  # the host ran ahead; the events still charge the span
         assert times[SPAN] >= sleep > 0.02, (times, sleep)
+
+
+def test_without_ddp_a_wrapping_optimizers_step_bounds_the_steps(group, tmp_path):
+    """Horovod's DistributedOptimizer is a subclass of the user's optimizer whose step() all-reduces the gradients
+    and calls its base's step(): one step per update, with its collective, however deep the calls nest."""
+
+    class Averaging(torch.optim.SGD):
+        def step(self, closure=None):
+            for p in self.param_groups[0]["params"]:
+                dist.all_reduce(p.grad)
+            return super().step(closure)
+
+    probe = Probe(tmp_path, DistContext(0, 1, 0, 1, torch.device("cpu")), heartbeat_s=None, warmup_steps=0,
+                  find_steps=True).start()
+    model = nn.Linear(6, 2)
+    opt = Averaging(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(5, 6)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    probe.close()
+    steps = RunDir(tmp_path).read_steps(0)
+    assert [r["collectives"] for r in steps] == [2, 2, 2]  # weight and bias, in the step they belong to
+    assert RunDir(tmp_path).read_aggregates()[0]["boundary"] == "optimizer_step"
