@@ -3,6 +3,8 @@ run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's f
 - a sleep in rank 1 before its forward: `explain` names rank 1; waiting for peers >= 80 % of the sleep; data wait +
   waiting <= 1.2 x the sleep (not counted twice); |rest| <= 20 % of the gap; no --global-batch was given, so the
   ideal step is the 1-rank run's scaled by the batch read at the forward;
+- a sleep in rank 1 between its forward and backward: the straggler loses its time in forward_backward (the trace
+  draws that span);
 - a sleep in every rank's data loading: data wait, not waiting for peers;
 - no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none);
 - a script with neither a DDP model nor an optimizer has no steps: `explain` says so and names the straggler from
@@ -10,12 +12,14 @@ run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's f
 Each prints n, the figure with its interval and the injected value."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
 
 from scalelab.analysis import keys
+from scalelab.analysis.stragglers import run_straggler, straggler_lines
 from scalelab.lab.explain import explain
 from scalelab.store import Store
 from scalelab.store.rundir import RunDir
@@ -24,6 +28,7 @@ pytestmark = pytest.mark.timeout(300)
 
 PLAIN = '''"""A plain train.py: argparse, torchrun's environment, DDP; no scalelab."""
 import argparse
+import contextlib
 import os
 import time
 
@@ -39,6 +44,7 @@ p.add_argument("--steps", type=int, default=20, help="optimizer updates")
 p.add_argument("--batch", type=int, default=32, help="global batch of a micro-batch, split over the ranks")
 p.add_argument("--accumulate", type=int, default=1, help="micro-batches per update (no_sync)")
 p.add_argument("--sleep-before-forward", type=float, default=0.0)
+p.add_argument("--sleep-after-forward", type=float, default=0.0, help="between forward and backward")
 p.add_argument("--sleep-rank", type=int, default=1)
 p.add_argument("--sleep-data", type=float, default=0.0, help="seconds per batch in every rank's loading")
 p.add_argument("--eval-every", type=int, default=0)
@@ -84,11 +90,11 @@ for step in range(a.steps):
         x, y = next(it)
         if rank == a.sleep_rank and a.sleep_before_forward:
             time.sleep(a.sleep_before_forward)
-        if micro < a.accumulate - 1:
-            with model.no_sync():
-                F.cross_entropy(model(x), y).backward()
-        else:
-            F.cross_entropy(model(x), y).backward()
+        with model.no_sync() if micro < a.accumulate - 1 else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+            if rank == a.sleep_rank and a.sleep_after_forward:
+                time.sleep(a.sleep_after_forward)
+            loss.backward()
     opt.step()
     opt.zero_grad()
     if a.eval_every and (step + 1) % a.eval_every == 0:
@@ -145,6 +151,16 @@ def test_a_sleep_before_one_ranks_forward_is_waiting_for_peers_named_by_explain(
     assert real["config"]["global_batch"] is None and s[keys.SAMPLES_PER_STEP] == 32
     assert table.loc["ideal", "measured"]
     assert table.loc["ideal", "value(ms)"] == pytest.approx(0.5 * one["summary"][keys.STEP_MEDIAN_MS])
+
+
+def test_a_sleep_between_forward_and_backward_is_lost_in_forward_backward(tmp_path):
+    run = plain_run(tmp_path, tmp_path / "store", "--steps", "20", "--sleep-after-forward", str(SLEEP_S))
+    verdict = run_straggler(RunDir(run["dir"]).load())
+    print("\n".join(straggler_lines(verdict)))
+    assert verdict["rank"] == 1 and verdict["stage"] == "forward_backward", verdict
+    assert verdict["caused(ms)"] >= 0.8 * 1e3 * SLEEP_S
+    trace = json.loads(RunDir(run["dir"]).trace_file.read_text())["traceEvents"]
+    assert sum(e["name"] == "forward_backward" for e in trace) == 2 * 20
 
 
 def test_a_sleep_in_every_ranks_data_loading_is_data_wait_not_waiting(tmp_path):
