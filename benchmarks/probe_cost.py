@@ -17,6 +17,7 @@ interval above 0.99).
 
     python benchmarks/probe_cost.py [--repeats 10] [--steps 30] [--warmup 5] [--models resnet18,mlp]
     python benchmarks/probe_cost.py --repeats 2 --steps 4 --warmup 1 --models mlp    # a quick check that it runs
+    python benchmarks/probe_cost.py --models mlp --comparisons found                 # scalelab run on a plain script
 """
 from __future__ import annotations
 
@@ -142,6 +143,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10, help="pairs per comparison (n)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--comparisons", default="probe,python-hook,found",
+                   help="which of: probe (probe / bare), python-hook (python-hook / builtin), found (found / bare)")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=4096)
     args = p.parse_args()
@@ -151,9 +154,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            rows.append((model, "probe / bare", *compare(args, model, "probe", "bare", Path(tmp))))
-            rows.append((model, "python-hook / builtin", *compare(args, model, "python-hook", "bare", Path(tmp))))
-            rows.append((model, "found / bare", *compare(args, model, "found", "bare", Path(tmp))))
+            for variant in args.comparisons.split(","):
+                what = "python-hook / builtin" if variant == "python-hook" else f"{variant} / bare"
+                rows.append((model, what, *compare(args, model, variant, "bare", Path(tmp))))
     print(f"\nthroughput ratios, mean of {args.repeats} interleaved pairs, 95 % interval "
           "(goal for the probe: 1.00 inside, or above 0.99):")
     for model, what, mean, low, high in rows:
