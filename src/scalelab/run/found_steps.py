@@ -44,10 +44,28 @@ BOUNDARIES = ("probe", "ddp_forward", "optimizer_step", "none")
 SPAN = "forward_backward"  # forward and backward as one stage
 
 
+def first_tensor(value) -> torch.Tensor | None:
+    """The first tensor of a batch (a tensor, or a tuple / list / dict holding one); None without one."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def batch_samples(batch) -> int | None:
+    """A batch's samples: its first tensor's length (None without a tensor of one dimension or more)."""
+    found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
+    return int(found.shape[0]) if found is not None and found.dim() else None
+
+
 def batch_of(args: tuple, kwargs: dict) -> int:
     """Samples of one forward: the leading dimension of its first tensor input (0 without one)."""
-    from scalelab.run.probe import batch_samples  # the probe's rule for a batch's samples
-
     return batch_samples(args) or batch_samples(list(kwargs.values())) or 0
 
 

@@ -36,7 +36,7 @@ from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import peak_memory
 from scalelab.measure.system import SystemSampler
 from scalelab.measure.timer import CudaMarks, StepTimer
-from scalelab.run.found_steps import FoundSteps
+from scalelab.run.found_steps import FoundSteps, batch_samples, first_tensor  # noqa: F401 (imported from here)
 from scalelab.store.files import write_jsonl_atomic
 from scalelab.store.rundir import RunDir
 from scalelab.sync import intercept
@@ -71,26 +71,6 @@ class Detail:
             return True
         window, position = divmod(step - self.first - 1, self.every)
         return position < self.length and (not self.windows or window < self.windows)
-
-
-def first_tensor(value) -> torch.Tensor | None:
-    """The first tensor of a batch (a tensor, or a tuple / list / dict holding one); None without one."""
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-def batch_samples(batch) -> int | None:
-    """A batch's samples: its first tensor's length (None without a tensor of one dimension or more)."""
-    found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
-    return int(found.shape[0]) if found is not None and found.dim() else None
 
 
 def add_totals(acc: dict, totals: dict) -> dict:
