@@ -7,13 +7,17 @@ ranks, the same model, batch and steps. Variants, in alternating order, `--repea
 - probe vs bare, for ResNet-18 and the small MLP: the probe's whole cost (timers, records, sampler thread, the
   metered collectives and its Python comm hook);
 - python-hook vs builtin (no probe): what routing DDP's buckets through a Python comm hook (torch's
-  allreduce_hook, as the probe does) costs against DDP's built-in C++ allreduce.
+  allreduce_hook, as the probe does) costs against DDP's built-in C++ allreduce;
+- found vs bare: the plain script (no probe lines) under the probe `scalelab run` opens, which finds its steps at
+  the DDP model's forward and the optimizer's step (scalelab.run.found_steps): what `scalelab run` costs a script
+  that marks nothing.
 Prints each measurement, then per comparison the mean of the paired throughput ratios with its 95 % interval
 (scalelab.analysis.intervals.mean_interval). Goal: probe / bare within 1 % (1.00 inside the interval, or the
 interval above 0.99).
 
     python benchmarks/probe_cost.py [--repeats 10] [--steps 30] [--warmup 5] [--models resnet18,mlp]
     python benchmarks/probe_cost.py --repeats 2 --steps 4 --warmup 1 --models mlp    # a quick check that it runs
+    python benchmarks/probe_cost.py --models mlp --comparisons found                 # scalelab run on a plain script
 """
 from __future__ import annotations
 
@@ -42,7 +46,13 @@ def worker(args) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
-    run = None
+    run = found = None
+    if args.found:  # what scalelab.run.script_rank opens before a user's script
+        from scalelab.distenv import dist_context
+        from scalelab.run.probe import Probe
+
+        found = Probe(Path(args.out).with_suffix(".run"), dist_context("cpu"), warmup_steps=args.warmup,
+                      heartbeat_s=None, rank_pids=lambda: [os.getpid()], find_steps=True).start()
     if args.probe:
         from scalelab import probe
 
@@ -75,6 +85,8 @@ def worker(args) -> None:
             opt.zero_grad(set_to_none=True)
     dist.barrier()
     elapsed = time.perf_counter() - t0
+    if found is not None:
+        found.close()
     if rank == 0:
         samples = (args.steps - args.warmup) * args.global_batch
         Path(args.out).write_text(json.dumps({"throughput": samples / elapsed}))
@@ -97,7 +109,8 @@ def launch(args, model: str, variant: str, scratch: Path) -> float:
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
             "--model", model, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples), "--out", str(out),
-            *(["--probe"] if variant == "probe" else []), *(["--python-hook"] if variant == "python-hook" else [])]
+            *(["--probe"] if variant == "probe" else []), *(["--python-hook"] if variant == "python-hook" else []),
+            *(["--found"] if variant == "found" else [])]
     with environ({"SCALELAB_STORE": str(scratch / "store"), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}):
         run_torchrun(argv)
     return json.loads(out.read_text())["throughput"]
@@ -123,12 +136,15 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--python-hook", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--found", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--model", default="mlp", help=argparse.SUPPRESS)
     p.add_argument("--models", default="resnet18,mlp")
     p.add_argument("--repeats", type=int, default=10, help="pairs per comparison (n)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--comparisons", default="probe,python-hook,found",
+                   help="which of: probe (probe / bare), python-hook (python-hook / builtin), found (found / bare)")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=4096)
     args = p.parse_args()
@@ -138,8 +154,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
-            rows.append((model, "probe / bare", *compare(args, model, "probe", "bare", Path(tmp))))
-            rows.append((model, "python-hook / builtin", *compare(args, model, "python-hook", "bare", Path(tmp))))
+            for variant in args.comparisons.split(","):
+                what = "python-hook / builtin" if variant == "python-hook" else f"{variant} / bare"
+                rows.append((model, what, *compare(args, model, variant, "bare", Path(tmp))))
     print(f"\nthroughput ratios, mean of {args.repeats} interleaved pairs, 95 % interval "
           "(goal for the probe: 1.00 inside, or above 0.99):")
     for model, what, mean, low, high in rows:

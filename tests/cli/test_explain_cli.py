@@ -116,14 +116,39 @@ def test_bad_input_is_one_line_and_exit_2(runs, capsys, args, words):
     assert code == 2 and words in err and len(err.splitlines()) == 1, err
 
 
-def test_a_failed_or_unsummarised_run_cannot_be_explained(tmp_path, capsys):
+def test_a_failed_run_cannot_be_explained_and_one_without_steps_says_what_is_missing(tmp_path, capsys):
     store = Store(tmp_path / "store")
     failed = stored(store, BASE, {}, status="failed")
+    code = cli(["explain", failed, "--store", str(store.root)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "only a completed run" in err and len(err.splitlines()) == 1, err
     empty = stored(store, BASE, {keys.STEPS_TIMED: 0})
-    for rid, words in ((failed, "only a completed run"), (empty, "no timed steps")):
-        code = cli(["explain", rid, "--store", str(store.root)])
-        err = capsys.readouterr().err.strip()
-        assert code == 2 and words in err and len(err.splitlines()) == 1, err
+    code = cli(["explain", empty, "--store", str(store.root)])
+    out = capsys.readouterr().out
+    assert code == 0 and f"run {empty}: no timed steps (steps/boundary: none)" in out, out
+    assert "part" not in out.split()  # no breakdown table
+
+
+def test_a_one_rank_run_says_it_has_no_lost_speedup_in_one_line(runs, capsys):
+    store, ids = runs
+    code = cli(["explain", ids["one"], "--store", str(store.root)])
+    out = capsys.readouterr().out.strip()
+    assert code == 0 and len(out.splitlines()) == 1 and "has 1 rank: it has no lost speedup" in out, out
+
+
+def test_the_variants_point_to_the_real_run_they_serve(runs, capsys):
+    store, ids = runs
+    code = cli(["explain", ids["noop"], "--store", str(store.root)])
+    out = capsys.readouterr().out.strip()
+    assert code == 0 and out == (f"run {ids['noop']} is the no-op-collectives variant of {ids['real']}: it serves "
+                                 f"their breakdown (`scalelab explain {ids['real']}`)."), out
+    code = cli(["explain", ids["nosync"], "--store", str(store.root)])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith(f"run {ids['nosync']} is the no-sync variant of {ids['real']}"), out
+    # then broken down as a run without sync: its own no-sync and no-op variant, its sync's parts 0
+    assert f"no-sync variant: {ids['nosync']}" in out and f"no-op collectives: {ids['nosync']}" in out, out
+    line = next(x.strip() for x in out.splitlines() if x.strip().startswith("+ the sync's own work"))
+    assert line.split()[-4] == "0", line
 
 
 def test_a_scripts_run_gets_the_parts_its_probe_saw(tmp_path, capsys):

@@ -66,14 +66,19 @@ def test_stages_recover_injected_sleeps_and_counts_equal_scalelab_train(tmp_path
         (r["rank"], r["step"], r["samples"]) for r in train_steps)
 
 
-def test_without_the_probe_the_run_has_wall_time_system_samples_and_the_same_collectives(tmp_path):
+def test_without_the_probe_the_run_has_the_same_steps_found_at_ddp_and_the_same_collectives(tmp_path):
     plain = scalelab_run(tmp_path / "plain", seed_script(tmp_path, probe=False), "--hook", "after")
     assert plain.returncode == 0, plain.stderr[-3000:]
     probed = scalelab_run(tmp_path / "probed", seed_script(tmp_path, probe=True), "--hook", "after")
     assert probed.returncode == 0, probed.stderr[-3000:]
     without, with_probe = only_run(tmp_path / "plain"), only_run(tmp_path / "probed")
     s = without["summary"]
-    assert s[keys.SCRIPT_WALL_S] > 0 and keys.STEP_MEDIAN_MS not in s
+    assert s[keys.SCRIPT_WALL_S] > 0
+    assert s[keys.STEPS_BOUNDARY] == "ddp_forward" and with_probe["summary"][keys.STEPS_BOUNDARY] == "probe"
+    # the steps scalelab found are the steps the probe marked: as many, the same samples and gradient bytes each
+    found, marked = (sorted((r["rank"], r["step"], r["samples"], r["comm_bytes_backward"])
+                            for r in RunDir(run["dir"]).read_steps()) for run in (without, with_probe))
+    assert found == marked and s[keys.STEPS_TOTAL] == 8
     assert all(RunDir(without["dir"]).read_system(r) for r in (0, 1))
     assert collectives(without["dir"]) == collectives(with_probe["dir"])
     assert s[keys.COMM_BYTES_TOTAL] == with_probe["summary"][keys.COMM_BYTES_TOTAL] > 0

@@ -10,6 +10,11 @@ STEPS_TOTAL = "steps/total"
 STEPS_HOST_CLOCK = "steps/clock_host"  # a probed run: steps timed by the host clock (before CUDA was initialised)
 STEPS_CUDA_EVENTS = "steps/clock_cuda_events"  # a probed run: steps timed by CUDA events
 STEPS_DETAILED = "steps/detailed"  # steps kept in full (records, trace) of a long probed run; the rest: sketches
+STEPS_BOUNDARY = "steps/boundary"  # a script's run: what bounded its steps (probe, ddp_forward, optimizer_step, none)
+SAMPLES_PER_STEP = "steps/samples_per_step"  # a script's run: samples of a step over all ranks (median, timed steps)
+# a script's run: the data wait every rank had in a step (its least over ranks; mean over timed steps): a wait of
+# one rank alone is the others' waiting for peers, not data wait of the run
+DATA_WAIT_ALL_RANKS_MS = "time/data_wait_all_ranks(ms)"
 STEP_P95_MS = "time/step_p95(ms)"  # a long probed run: from the merged quantile sketch of its steps
 STEPS_PER_EPOCH = "steps/per_epoch"
 

@@ -39,8 +39,10 @@ import pandas as pd
 from scalelab.analysis.intervals import mean_interval
 from scalelab.analysis.peers import union_seconds
 
-STAGES = ("data", "h2d", "forward", "backward", "optimizer")
-SPAN_ORDER = ("data", "h2d", "forward", "backward", "comm", "optimizer")  # the loop's order (train/loop.py)
+# forward_backward: a step scalelab found in a script that marks none (scalelab.run.found_steps) has forward and
+# backward as one span, between its data wait and its optimizer
+STAGES = ("data", "h2d", "forward", "backward", "forward_backward", "optimizer")
+SPAN_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", "optimizer")  # as the loop runs
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
            "caused_low(ms)", "caused_high(ms)")

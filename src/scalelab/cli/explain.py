@@ -17,9 +17,12 @@ def explain_cmd(run: str = typer.Argument(..., help="Run id or a unique prefix."
                 store: Optional[Path] = store_option()) -> None:
     """The lost-speedup breakdown of a stored run: ideal step -> measured step in parts, each with its 95 %
     interval, the largest cause and what to try; then the straggler, if one rank arrived last beyond noise, and
-    the stage where it lost its time. Runs nothing: the 1-worker run and the no-sync and no-op
+    the stage where it lost its time (a run without timed steps: from its collectives alone). A 1-rank run and a
+    no-op-collectives variant get one line on what they are. Runs nothing: the 1-worker run and the no-sync and no-op
     variants are the stored runs of those configs (`scalelab scale` stores them all)."""
 
     ex = explain(open_store(store), run)
-    for line in lines(ex) + explain_lines(ex.run):  # why not N x, then who the others waited for
+    # why not N x, then who the others waited for (not in a no-op-collectives variant: its collectives do nothing)
+    waited = [] if (ex.run.get("config") or {}).get("noop_collectives") else explain_lines(ex.run)
+    for line in lines(ex) + waited:
         say(line)

@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from scalelab.cli.common import console
@@ -18,6 +20,42 @@ from scalelab.store import open_store
 app = typer.Typer(no_args_is_help=True, help="List, show and compare stored runs.")
 
 
+# `runs list`'s columns in the order printed (and in --json), and the same most wanted first: where the terminal is
+# too narrow, the last of those are dropped (and named)
+LIST_COLUMNS = ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch", "wrapper", "sync",
+                "precision", "reason")
+WANTED = ("run_id", "status", "kind", "ranks", "global_batch", "model", "created", "sync", "wrapper", "precision",
+          "dataset", "reason")
+BORDER = 3  # what a column of rich's boxed table adds to its text: a rule and a space either side
+
+
+def cell_text(col: str, value) -> str:
+    """A catalog value as `runs list` prints it: nothing for a missing one, the creation time to the second (UTC)."""
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    return str(value)[:19].replace("T", " ") if col == "created" else str(value)
+
+
+def column_width(frame, col: str) -> int:
+    """Characters a column takes in the table: its widest text and its borders."""
+    return max([len(col), *(len(cell_text(col, v)) for v in frame[col])]) + BORDER
+
+
+def fitting_columns(frame, width: int) -> tuple[list[str], list[str]]:
+    """(the columns shown in LIST_COLUMNS' order, the columns dropped): the run id always, whole; then each column
+    in WANTED's order while the table still fits in `width` characters."""
+    need = lambda col: column_width(frame, col)
+
+    shown, dropped, used = set(), [], 1  # the table's closing rule
+    for col in (c for c in WANTED if c in frame):
+        if col == "run_id" or used + need(col) <= width:
+            shown.add(col)
+            used += need(col)
+        else:
+            dropped.append(col)
+    return [c for c in LIST_COLUMNS if c in shown], dropped
+
+
 @app.command("list")
 def runs_list(
     status: Optional[str] = typer.Option(None, help="running, completed, failed or interrupted."),
@@ -25,24 +63,30 @@ def runs_list(
     model: Optional[str] = typer.Option(None, help="Only runs of this model."),
     limit: int = typer.Option(50, help="At most this many runs, newest first."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however wide the table gets."),
     store: Optional[Path] = store_option(),
 ) -> None:
-    """List stored runs, newest first."""
+    """List stored runs, newest first. Each run id is printed whole (every other command takes one); columns that
+    do not fit the terminal are dropped, and named below the table (`--wide` shows them all)."""
 
     st = open_store(store)
     st.mark_stale()
     frame = st.list_runs(status=status, kind=kind, where={"model": model} if model else None, limit=limit)
-    cols = [c for c in ("run_id", "created", "kind", "status", "model", "dataset", "ranks", "global_batch",
-                        "wrapper", "sync", "precision", "reason") if c in frame]
+    cols = [c for c in LIST_COLUMNS if c in frame]
     if as_json:
         print(frame[cols].to_json(orient="records"))
         return
+    shown, dropped = fitting_columns(frame, 10**6 if wide else console.width)
     table = Table(show_header=True)
-    for c in cols:
-        table.add_column(c)
-    for row in frame[cols].itertuples(index=False):
-        table.add_row(*["" if v is None else str(v) for v in row])
-    console.print(table)
+    for c in shown:
+        table.add_column(c, no_wrap=True, overflow="ignore")
+    for row in frame[shown].itertuples(index=False):
+        table.add_row(*[cell_text(c, v) for c, v in zip(shown, row)])
+    out = console if not wide else Console(width=max(console.width, 1 + sum(column_width(frame, c) for c in shown)))
+    out.print(table, markup=False, highlight=False)
+    if dropped:
+        console.print(f"not shown, to fit {console.width} columns: {', '.join(dropped)} (--wide shows every column)",
+                      markup=False, highlight=False)
 
 
 @app.command("show")
@@ -68,6 +112,9 @@ def runs_compare(
         if len(runs) != 2:
             raise ScalelabError(f"runs: {len(runs)} given; --breakdown compares exactly 2")
         a, b = (explain(st, r) for r in runs)
+        for ex in (a, b):
+            if ex.table is None:
+                raise ScalelabError(ex.notes[0])
         print(side_by_side(a.table, b.table, a.run["run_id"], b.run["run_id"]).to_string(index=False))
         return
     console.print(st.compare(runs, metric or None).T.to_string())

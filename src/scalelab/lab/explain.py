@@ -4,8 +4,15 @@ The named runs the breakdown needs (scalelab.analysis.breakdown) are looked up i
 run's config with ranks=1 (the same global batch, else the same per-rank batch), with sync=noop, and with
 noop_collectives=true, each the newest completed run of exactly that config (its cell key: scalelab.lab.cells),
 preferring the run's own study. A user's script (kind "script": `scalelab run`, the probe, the Lightning callback)
-has only its 1-worker run to find: scalelab cannot remove the sync of code it did not write, so the parts that need
-the no-sync or no-op variant are not measured there.
+has only its 1-worker run to find (the same command with one rank; the work per step is the samples a step read
+at its forward where no --global-batch was given): scalelab cannot remove the sync of code it did not write, so the
+parts that need the no-sync or no-op variant are not measured there, and the data wait is the one every rank had
+(keys.DATA_WAIT_ALL_RANKS_MS: one rank's wait alone is the others' waiting for peers, counted there).
+
+What a run is decides what is said: a 1-rank run has no lost speedup (one line); a no-op-collectives variant
+points to the real run(s) it serves and is not broken down (its collectives do nothing); a no-sync variant points
+to them and is broken down as a run without sync; a run of two or more ranks without timed steps gets one line on
+what is missing, and the straggler read from its collectives (scalelab.lab.stragglers).
 
 Suggestions follow the largest measured cause, each with the number it rests on; another bucket size only where a
 bucket sweep of the same config is stored (runs that differ from this one in bucket_mb alone).
@@ -13,6 +20,7 @@ bucket sweep of the same config is stored (runs that differ from this one in buc
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -45,8 +53,10 @@ ONE_WORKER = {"ranks": 1, "nnodes": 1, "local_nodes": 0, "link_gbps": None, "lin
 class Explanation:
     run: dict
     named: dict[str, dict | None]  # one, nosync, noop -> the stored run used, or None
-    table: pd.DataFrame
+    table: pd.DataFrame | None  # None: no breakdown (one rank, a no-op variant, no timed steps): `notes` say why
     suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the run is, before the breakdown
+    brief: bool = False  # the notes say it all (a 1-rank run: its table, all zero, only serves `runs compare`)
 
 
 def _config_of(run: dict):
@@ -63,10 +73,12 @@ def load_run(store: Store, run_id: str) -> dict:
         raise ScalelabError(f"run {run['run_id']}: {run['status']}"
                             f"{' (' + run['reason'] + ')' if run.get('reason') else ''}; only a completed run "
                             "can be explained")
-    if not (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS):
-        raise ScalelabError(f"run {run['run_id']}: its summary has no timed steps "
-                            f"({keys.STEP_MEDIAN_MS} missing); a script must mark its steps (scalelab.probe)")
     return run
+
+
+def workers_of(run: dict) -> int:
+    c = run.get("config") or {}
+    return int(c.get("ranks") or 1) * int(c.get("nnodes") or 1)
 
 
 def _completed_by_key(store: Store, kind: str) -> dict[str, list[dict]]:
@@ -107,7 +119,9 @@ def named_runs(store: Store, run: dict) -> dict[str, dict | None]:
     if workers == 1:
         one = run
     out = {"one": one, "nosync": None, "noop": None}
-    if kind == "train" and cfg.sync != "noop" and workers > 1:
+    if kind == "train" and cfg.sync == "noop":  # a run without sync is its own no-sync and no-op variant
+        out["nosync"] = out["noop"] = run
+    elif kind == "train" and workers > 1:
         out["nosync"] = find(with_fields(cfg, sync="noop"))
         out["noop"] = find(with_fields(cfg, noop_collectives=True))
     return out
@@ -116,10 +130,10 @@ def named_runs(store: Store, run: dict) -> dict[str, dict | None]:
 def commands(run: dict) -> dict[str, str]:
     """The command that would measure each missing variant of `run`."""
     if run["kind"] == "script":
-        batch = (run["config"] or {}).get("global_batch")
-        one = ("the same script with --ranks 1" + ("" if batch else " and --global-batch (so the work per step is "
-                                                                     "known)"))
-        return {"one": f"scalelab run {one}", "nosync": SCRIPT_VARIANT, "noop": SCRIPT_VARIANT}
+        c = run["config"] or {}
+        batch = f" --global-batch {c['global_batch']}" if c.get("global_batch") else ""
+        return {"one": f"scalelab run --ranks 1{batch} -- {shlex.join(c.get('command') or ['python', '...'])}",
+                "nosync": SCRIPT_VARIANT, "noop": SCRIPT_VARIANT}
     c = run["config"]
     workers = c["ranks"] * c.get("nnodes", 1)
     return {"one": f"scalelab scale --workers 1,{workers} --batches {c['global_batch']} --mode strong "
@@ -129,13 +143,75 @@ def commands(run: dict) -> dict[str, str]:
 
 
 def explain(store: Store, run_id: str) -> Explanation:
-    """The breakdown of a stored run against its stored variants, with what to try."""
+    """The breakdown of a stored run against its stored variants, with what to try (the module docstring says
+    which runs get none)."""
     run = load_run(store, run_id)
+    none = dict.fromkeys(("one", "nosync", "noop"))
+    if workers_of(run) < 2:
+        timed = (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS)
+        table = breakdown_of_runs(with_work(run), one=with_work(run), commands=commands(run)) if timed else None
+        return Explanation(run, {**none, "one": run}, table, brief=True, notes=[
+            f"run {run['run_id']} ({run['kind']}) has 1 rank: it has no lost speedup (it is the ideal a run of N "
+            "ranks is measured against; `scalelab explain` a run of 2 or more ranks)."])
+    notes = variant_notes(store, run)
+    if (run.get("config") or {}).get("noop_collectives"):
+        return Explanation(run, none, None, notes=notes)
+    if not (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS):
+        boundary = (run.get("summary") or {}).get(keys.STEPS_BOUNDARY, "none")
+        return Explanation(run, none, None, notes=notes + [
+            f"run {run['run_id']}: no timed steps (steps/boundary: {boundary}): the lost-speedup breakdown needs "
+            "steps, which scalelab finds at a DDP model's training forward or an optimizer's step, or the script "
+            "marks (scalelab.probe); below, the straggler read from the collectives alone."])
     named = named_runs(store, run)
-    if not all((r["config"] or {}).get("global_batch") for r in (run, named["one"]) if r is not None):
-        named["one"] = None  # a script given no batch: the work per step, hence the ideal step, is not known
-    table = breakdown_of_runs(run, **named, commands=commands(run))
-    return Explanation(run, named, table, suggestions(store, run, table))
+    real, one = (with_work(r) for r in (run, named["one"]))
+    if one is not None and not (real["config"].get("global_batch") and one["config"].get("global_batch")):
+        named["one"] = one = None  # no batch given and none read at a forward: the ideal step is not known
+    table = breakdown_of_runs(real, **{**named, "one": one}, commands=commands(run))
+    return Explanation(run, named, table, suggestions(store, run, table), notes)
+
+
+def with_work(run: dict | None) -> dict | None:
+    """A script's run as the breakdown reads it: its global batch, when not given, the samples its steps read at
+    the forward; its data wait the one every rank had. Other runs as they are."""
+    if run is None or run.get("kind") != "script":
+        return run
+    config, summary = dict(run.get("config") or {}), dict(run.get("summary") or {})
+    if not config.get("global_batch") and summary.get(keys.SAMPLES_PER_STEP):
+        config["global_batch"] = int(summary[keys.SAMPLES_PER_STEP])
+    if keys.DATA_WAIT_ALL_RANKS_MS in summary:
+        data = keys.stage_ms("data")
+        for mine, theirs in zip((keys.DATA_WAIT_ALL_RANKS_MS, *keys.ci_keys(keys.DATA_WAIT_ALL_RANKS_MS)),
+                                (data, *keys.ci_keys(data))):
+            summary[theirs] = summary.get(mine, summary[keys.DATA_WAIT_ALL_RANKS_MS])
+    return {**run, "config": config, "summary": summary}
+
+
+def variant_notes(store: Store, run: dict) -> list[str]:
+    """A no-op-collectives or no-sync variant (of scalelab's own loop): the real run(s) it serves, in one line."""
+    c = run.get("config") or {}
+    if run["kind"] != "train" or not (c.get("noop_collectives") or c.get("sync") == "noop"):
+        return []
+    what, variant = (("no-op-collectives variant", {"noop_collectives": True}) if c.get("noop_collectives")
+                     else ("no-sync variant", {"sync": "noop"}))
+    mine = cell_key(_config_of(run), "train")
+    served = []
+    for runs in _completed_by_key(store, "train").values():
+        for other in runs:
+            oc = other["config"] or {}
+            if oc.get("noop_collectives") or oc.get("sync") == "noop":
+                continue  # a variant serves a real run, not another variant
+            try:
+                if cell_key(with_fields(_config_of(other), **variant), "train") == mine:
+                    served.append(other)
+            except (ValueError, ScalelabError):
+                continue
+    served.sort(key=lambda r: (r.get("study") != run.get("study"), r["run_id"]))
+    if not served:
+        return [f"run {run['run_id']} is a {what}: no real run of its config is stored (this run only serves "
+                "the breakdown of one)."]
+    ids = ", ".join(r["run_id"] for r in served[:3]) + (f" and {len(served) - 3} more" if len(served) > 3 else "")
+    return [f"run {run['run_id']} is the {what} of {ids}: it serves their breakdown (`scalelab explain "
+            f"{served[0]['run_id']}`)."]
 
 
 def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
@@ -201,22 +277,27 @@ def bucket_suggestion(store: Store, run: dict) -> list[str]:
 
 def lines(ex: Explanation) -> list[str]:
     """The breakdown as terminal lines: the named runs, one line per part, the largest cause and what to try."""
+    if ex.table is None or ex.brief:
+        return list(ex.notes)
     c, s = ex.run["config"] or {}, ex.run["summary"] or {}
     workers = c.get("ranks", 1) * c.get("nnodes", 1)
     out = [f"run {ex.run['run_id']} ({ex.run['kind']}): {workers} rank(s)"
            + (f", sync {c['sync']}" if c.get("sync") else "")
            + (f", global batch {c['global_batch']}" if c.get("global_batch") else "")
-           + f"; {s.get(keys.STEPS_TIMED, '?')} timed steps"]
+           + f"; {s.get(keys.STEPS_TIMED, '?')} timed steps"
+           + (f" (found at {s[keys.STEPS_BOUNDARY]})" if s.get(keys.STEPS_BOUNDARY) not in (None, "probe") else "")]
+    out = ex.notes + out
     for name, label in (("one", "1-worker run"), ("nosync", "no-sync variant"), ("noop", "no-op collectives")):
         got = ex.named.get(name)
         out.append(f"  {label}: {got['run_id'] if got else 'not stored'}")
     out.append(f"{'part':<58}{'ms':>9}  {'95 % interval':>17}  {'of gap':>7}")
+    said: set[str] = set()  # a long "needs" (a script's variants) is said once, then "as above"
     for row in ex.table.to_dict("records"):
         indent = "    " if row["level"] else ""
         sign = "" if row["part"] in ("ideal", "measured") else "+ " if not row["level"] else "· "
         label = (indent + sign + PARTS[row["part"]])[:56]
         if not row["measured"] and row["part"] != "rest":
-            out.append(f"{label:<58}{'not measured':>12}  needs: {row['needs']}")
+            out.append(f"{label:<58}{'not measured':>12}  needs: {said_once(row['needs'], said)}")
             continue
         value = row["value(ms)"]
         interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
@@ -230,6 +311,13 @@ def lines(ex: Explanation) -> list[str]:
     if missing:
         out.append(f"not measured: {', '.join(missing)}")
     return out + ex.suggestions
+
+
+def said_once(needs: str, said: set[str]) -> str:
+    """A part's needs ("a; b"), each one already said by a part above written "as above"."""
+    parts = ["as above" if n in said else n for n in needs.split("; ")]
+    said.update(needs.split("; "))
+    return "; ".join(dict.fromkeys(parts))
 
 
 def side_by_side(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> pd.DataFrame:

@@ -43,16 +43,29 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
     tables = result.tables
     if experiment.interpret is not None and tables and any(len(frame) for frame in tables.values()):
         sentences, rec = experiment.interpret(result)  # failed or missing experiments: the notes say why
-    shown = {key: frame.drop(columns=["run_id"], errors="ignore") for key, frame in tables.items()
+    ids = experiment.section in RUN_IDS_SHOWN
+    shown = {key: frame if ids else frame.drop(columns=["run_id"], errors="ignore") for key, frame in tables.items()
              if not key.endswith("_curves")}
     blocks = [TableBlock(key.replace("/", "_"), frame, experiment.captions.get(key, ""),
-                         answer_columns(frame, experiment.columns.get(key))) for key, frame in shown.items()]
+                         with_run_id(answer_columns(frame, experiment.columns.get(key)), frame))
+              for key, frame in shown.items()]
     figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
     notes += [line for key, frame in tables.items() for line in flagged_rows(key, frame)]
     return Section(id=experiment.section, title=experiment.title, question=experiment.question,
                    sentences=sentences, tables=blocks, figures=figures, notes=notes), [rec] if rec else []
+
+
+# sections whose tables show each row's run id: a reader finds the run a sentence speaks of (`scalelab explain RUN`)
+RUN_IDS_SHOWN = ("scaling",)
+
+
+def with_run_id(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | None:
+    """The answer columns with the run id last, where the table has one (None: every column, the id among them)."""
+    if columns is None or "run_id" not in frame.columns or "run_id" in columns:
+        return columns
+    return [*columns, "run_id"]
 
 
 # what a table's answer is usually made of, in the order shown after its first (describing) column

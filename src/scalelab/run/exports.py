@@ -3,7 +3,7 @@ and a benchmark's busbw plot.
 
 The trace puts every rank's stage spans and collectives on one timeline. Open `trace.json` in https://ui.perfetto.dev or chrome://tracing. Each rank is a process row with two threads:
 "stages" (data, h2d, forward, backward, comm, optimizer, eval, laid end to end from the step's start in the
-order the loop runs them; micro-steps of accumulation are merged into one forward and one backward span) and
+order the loop runs them; a step scalelab found in a script's loop has data, forward_backward and optimizer; micro-steps of accumulation are merged into one forward and one backward span) and
 "collectives" (each collective from launch to completion as its caller saw it; they may overlap backward).
 Times come from each rank's wall clock (unix time), so ranks on one host line up. Each collective's last arrival
 (the rank the others waited for: scalelab.analysis.stragglers, on clocks aligned by the run's clock offsets) carries
@@ -23,7 +23,8 @@ from scalelab.store.rundir import RunDir
 if TYPE_CHECKING:
     import pandas as pd
 
-TRACE_ORDER = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval")
+# forward_backward: a found step's forward and backward as one span (scalelab.run.found_steps)
+TRACE_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", "optimizer", "eval")
 
 
 def trace_events(records: list[dict], last: set[tuple[int, int, int]] | None = None) -> list[dict]:

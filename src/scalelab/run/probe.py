@@ -8,6 +8,9 @@ One `Probe` per rank process. While it is open it
   collectives inside a step go into that step's record, the others (before the first step, between steps, a
   script without any step) into the rank's result, as totals of the same fields;
 - runs the system sampler and the heartbeat the hang watchdog reads (a stage or a collective is progress);
+- with `find_steps` (a script under `scalelab run`), finds the steps of a script that marks none at its DDP
+  model's forward or its optimizer's step (scalelab.run.found_steps); the script's own `scalelab.probe.open()`
+  turns that off, and its marks are the steps (`boundary`: "probe");
 - writes what `scalelab train`'s ranks write: steps.rank<r>.jsonl (the same fields) and, when closed without an
   error, result.rank<r>.json; so the run's summary, trace and report are built by the same code.
 
@@ -33,6 +36,7 @@ from scalelab.measure.machine import RunCpu, local_rank_pids
 from scalelab.measure.memory import peak_memory
 from scalelab.measure.system import SystemSampler
 from scalelab.measure.timer import CudaMarks, StepTimer
+from scalelab.run.found_steps import FoundSteps, batch_samples, first_tensor  # noqa: F401 (imported from here)
 from scalelab.store.files import write_jsonl_atomic
 from scalelab.store.rundir import RunDir
 from scalelab.sync import intercept
@@ -69,26 +73,6 @@ class Detail:
         return position < self.length and (not self.windows or window < self.windows)
 
 
-def first_tensor(value) -> torch.Tensor | None:
-    """The first tensor of a batch (a tensor, or a tuple / list / dict holding one); None without one."""
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            found = first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-def batch_samples(batch) -> int | None:
-    """A batch's samples: its first tensor's length (None without a tensor of one dimension or more)."""
-    found = batch if isinstance(batch, torch.Tensor) else first_tensor(batch)
-    return int(found.shape[0]) if found is not None and found.dim() else None
-
-
 def add_totals(acc: dict, totals: dict) -> dict:
     """CommMeter.take_step totals accumulated over several takes: numbers summed, events concatenated."""
     for key, value in totals.items():
@@ -105,7 +89,7 @@ class Probe:
     def __init__(self, run_dir: Path | str, ctx: DistContext, *, warmup_steps: int = 2,
                  sample_interval_s: float = 0.5, heartbeat_s: float | None = 1.0,
                  rank_pids: Callable[[], Iterable[int]] | None = None, detail: Detail = Detail(),
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, find_steps: bool = False):
         self.rundir, self.ctx = RunDir(run_dir), ctx
         self.warmup_steps, self.detail = warmup_steps, detail
         self.figures: dict[str, Running] = {}  # every timed step's stage seconds, kept or not
@@ -128,7 +112,9 @@ class Probe:
         self.steps = 0
         self.records: list[dict] = []
         self.outside: dict = {}  # collectives outside every step
-        self.instrumented = False  # the script itself opened the probe (scalelab.probe.open)
+        self._instrumented = False  # the script itself opened the probe (scalelab.probe.open)
+        self.found = (FoundSteps(self.record, clock=clock, on_enter=self.heartbeat.enter if self.heartbeat else None,
+                                 beginning=self._between_steps) if find_steps else None)
         self._in_step = False
         self._implicit_first: str | None = None  # first stage of an implicit step
         self._stage: str | None = None
@@ -143,8 +129,27 @@ class Probe:
         self.sampler.start()
         if self.heartbeat:
             self.heartbeat.start()
-        intercept.install(self.meter, phase=self._phase, progress=self._progress)
+        intercept.install(self.meter, phase=self._phase, progress=self._progress, steps=self.found)
         return self
+
+    @property
+    def instrumented(self) -> bool:
+        """The script opened the probe itself (scalelab.probe.open): its marks are the steps, none are found."""
+        return self._instrumented
+
+    @instrumented.setter
+    def instrumented(self, value: bool) -> None:
+        self._instrumented = bool(value)
+        if value and self.found is not None:
+            intercept.stop_finding_steps()
+            self.found = None
+
+    @property
+    def boundary(self) -> str:
+        """What bounded the steps (found_steps.BOUNDARIES): the script's marks, a found signal, or none."""
+        if self.found is not None:
+            return self.found.boundary
+        return "probe" if self.steps or self._instrumented else "none"
 
     def close(self, *, failed: bool = False) -> None:
         """End an open step, write the step records and (unless `failed`) the rank's result; stop metering and
@@ -153,6 +158,8 @@ class Probe:
             return
         self._closed = True
         try:
+            if self.found is not None:
+                self.found.close()
             self.leave_step()
             add_totals(self.outside, self.meter.take_step())
             self.flush()
@@ -175,7 +182,7 @@ class Probe:
     def aggregates(self) -> dict:
         """The whole run's figures (aggregates.rank<r>.json): analysis.sketch.whole_run_figures reads them."""
         return {"rank": self.ctx.rank, "steps": self.steps, "timed": self.timed, "samples": self.samples_timed,
-                "detailed": len(self.records), "clock_steps": dict(self.clock_steps),
+                "detailed": len(self.records), "clock_steps": dict(self.clock_steps), "boundary": self.boundary,
                 "figures": {f"{k}(s)": v.to_dict() for k, v in self.figures.items()},
                 "comm_dropped": self.dropped_comm}
 
@@ -200,11 +207,14 @@ class Probe:
                 self.clock = "host"
         return self.timer
 
+    def _between_steps(self) -> None:
+        if not self.meter.idle():
+            add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
+
     def start_step(self) -> None:
         if self._in_step:
             self.end_step()
-        if not self.meter.idle():
-            add_totals(self.outside, self.meter.take_step())  # what came before belongs to no step
+        self._between_steps()
         self._timer().start_step()
         self._in_step, self._samples, self._extra, self._entered = True, None, {}, set()
 
@@ -223,10 +233,13 @@ class Probe:
         self._in_step, self._implicit_first = False, None
         self.record(self.timer.end_step(), self._samples or 0)
 
-    def record(self, times: dict[str, float], samples: int) -> None:
+    def record(self, times: dict[str, float], samples: int, ended: float | None = None) -> None:
         """The recorder: one finished step's stage seconds (the timer's `end_step`: every stage, `wall`, `other`)
-        and samples into the whole-run figures, its full record when the step is kept, and its collectives."""
+        and samples into the whole-run figures, its full record when the step is kept, and its collectives.
+        `ended`: when the step ended (perf_counter seconds) where that was before now (a found step)."""
         self.steps += 1
+        if self.found is not None:
+            self.clock = self.found.clock
         self.clock_steps[self.clock] = self.clock_steps.get(self.clock, 0) + 1
         if self.heartbeat:
             self.heartbeat.step = self.steps
@@ -238,8 +251,8 @@ class Probe:
             comm = dict(comm)
             self.records.append({
                 "step": self.steps, "epoch": 0, "rank": self.ctx.rank, "warmup": warmup, "samples": samples,
-                "targets": samples, **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
-                "t_end(perf_s)": time.perf_counter(), "clock": self.clock, **comm, **self._extra})
+                "targets": samples, **{f"{k}(s)": v for k, v in times.items()},
+                **_ends(ended), "clock": self.clock, **comm, **self._extra})
         elif comm["collectives"]:
             comm.pop("comm_events")
             add_totals(self.dropped_comm, comm)
@@ -334,6 +347,14 @@ class Probe:
     def _progress(self) -> None:
         if self.heartbeat:
             self.heartbeat.progress += 1
+
+
+def _ends(ended: float | None) -> dict[str, float]:
+    """A step record's end on the wall clock and on perf_counter (the clock of the collectives' stamps)."""
+    unix, perf = time.time(), time.perf_counter()
+    if ended is None:
+        return {"t_end(unix_s)": unix, "t_end(perf_s)": perf}
+    return {"t_end(unix_s)": unix - (perf - ended), "t_end(perf_s)": ended}
 
 
 class _Stage:

@@ -21,7 +21,10 @@ import string
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scalelab.analysis import keys
+from scalelab.analysis.intervals import mean_interval
 from scalelab.analysis.sketch import whole_run_figures
 from scalelab.config import check_local_nodes, default_threads, local_nnodes
 from scalelab.errors import ConfigError, StoreError
@@ -170,7 +173,30 @@ def summarise_script(run_dir: Path) -> dict:
         summary[keys.STEPS_CUDA_EVENTS] = clocks.get("cuda_events", 0)
     summary[keys.SCRIPT_WALL_S] = max(r["wall(s)"] for r in results)
     summary.update(comm_totals(records, results, aggregates))
+    summary[keys.STEPS_BOUNDARY] = (aggregates[0].get("boundary") if aggregates and "boundary" in aggregates[0]
+                                    else "probe" if records else "none")
+    summary.update(step_batch_figures(records))
     return summary
+
+
+def step_batch_figures(records: list[dict]) -> dict:
+    """From the timed steps' records: the samples of a step over all ranks (median) and the data wait every rank
+    had (per step the least over ranks, mean over steps, with its 95 % interval)."""
+    by_step: dict[int, list[dict]] = {}
+    for r in records:
+        if not r["warmup"]:
+            by_step.setdefault(r["step"], []).append(r)
+    if not by_step:
+        return {}
+    ranks = max(len(v) for v in by_step.values())
+    whole = [by_step[k] for k in sorted(by_step) if len(by_step[k]) == ranks]  # steps every rank kept
+    out = {keys.SAMPLES_PER_STEP: float(np.median([sum(r["samples"] for r in v) for v in whole]))}
+    waits = [1e3 * min(r.get("data(s)", 0.0) for r in v) for v in whole]
+    out[keys.DATA_WAIT_ALL_RANKS_MS] = float(np.mean(waits))
+    if len(waits) > 1:
+        low, high = mean_interval(waits)
+        out.update(dict(zip(keys.ci_keys(keys.DATA_WAIT_ALL_RANKS_MS), (low, high))))
+    return out
 
 
 def batch_mismatch(cfg: ScriptConfig, records: list[dict]) -> str | None:
@@ -244,7 +270,10 @@ class ScriptKind:
 
     def summarise(self, cfg: ScriptConfig, run_dir: Path) -> Verdict:
         summary = summarise_script(run_dir)
-        reason = batch_mismatch(cfg, RunDir(run_dir).read_steps())
+        # only marked steps are held to the batch: a found step's samples are its first input's leading dimension,
+        # which is not the batch for every model (a sequence-first one)
+        marked = summary.get(keys.STEPS_BOUNDARY) == "probe"
+        reason = batch_mismatch(cfg, RunDir(run_dir).read_steps()) if marked else None
         return Verdict(summary, "failed" if reason else "completed", reason)
 
     def export(self, cfg: ScriptConfig, run_dir: Path) -> None:

@@ -1,7 +1,8 @@
 """Entry point of one rank of a user's script: `python -m scalelab.run.script_rank --run-dir DIR -- train.py ARGS`
 (or `-- -m MODULE ARGS`); torchrun starts it for `scalelab run`.
 
-It opens the rank's probe (scalelab.run.probe: collectives metered, system sampled, heartbeat for the watchdog)
+It opens the rank's probe (scalelab.run.probe: collectives metered, system sampled, heartbeat for the watchdog,
+steps found at the script's DDP model or optimizer unless the script marks its own: scalelab.run.found_steps)
 before the user's code runs, runs the script as `__main__` with its own argv in this process, and closes the probe:
 the result file when the script ended well, else the step records so far and the script's exception, which
 torchrun's error file carries to the run's error.txt (root cause and traceback, as for `scalelab train`).
@@ -47,7 +48,7 @@ def run_script(run_dir: Path, command: list[str]) -> None:
     ctx = dist_context("cuda" if torch.cuda.is_available() else "cpu")
     heartbeat_s = min(1.0, cfg.hang_timeout_s / 10) if cfg.hang_timeout_s > 0 else None
     probe = probes.Probe(run_dir, ctx, warmup_steps=cfg.warmup_steps, sample_interval_s=cfg.sample_interval_s,
-                         heartbeat_s=heartbeat_s)
+                         heartbeat_s=heartbeat_s, find_steps=True)
     probes.set_current(probe.start())
     failed = True
     try:

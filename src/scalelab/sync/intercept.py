@@ -18,6 +18,10 @@ While `install(meter, phase)` is in effect (a probe is open, scalelab.run.probe)
 `phase()` names the phase a collective serves (a CommMeter phase); `progress()` is told of every collective
 (a collective is progress for the hang watchdog's heartbeat). Names bound before `install`
 (`from torch.distributed import all_reduce`) keep the original function and are not metered.
+
+`steps` (scalelab.run.found_steps.FoundSteps, or anything with its four methods) is told of every forward of an
+attached DDP model (before it runs, with its inputs, and after) and of every `Optimizer.step` (torch's global
+optimizer hooks, begin and end): where a script marks no steps, the probe finds them there.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
@@ -85,6 +90,8 @@ class _Installed:
     phase: Callable[[], str]
     progress: Callable[[], None]
     originals: dict
+    steps: Any = None
+    handles: tuple = ()
 
 
 _state: _Installed | None = None
@@ -116,6 +123,8 @@ def _metered(name: str, fn: Callable) -> Callable:
         finally:
             _inside.busy = False
         state.progress()
+        if state.steps is not None:
+            state.steps.collective()
         if bound.arguments.get("async_op") and work is not None:
             # recorded when the collective completes; the caller keeps waiting on its own Work
             meter.track(work.get_future(), OPS[name], nbytes, phase=phase, start=start, alg_bytes=alg, mark=mark)
@@ -129,16 +138,21 @@ def _metered(name: str, fn: Callable) -> Callable:
 
 
 def install(meter: CommMeter, phase: Callable[[], str] = lambda: "backward",
-            progress: Callable[[], None] = lambda: None) -> None:
+            progress: Callable[[], None] = lambda: None, steps: Any = None) -> None:
     """Meter torch.distributed's collectives and DDP models into `meter` until `uninstall`; one at a time."""
     global _state
     if _state is not None:
         raise RuntimeError("collectives are already being metered (one probe per process)")
     from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     originals = {name: getattr(dist, name) for name in OPS}
     originals["DDP.__init__"] = DDP.__init__
-    _state = _Installed(meter, phase, progress, originals)
+    handles = ()
+    if steps is not None:  # torch's global hooks: every optimizer's step, whoever built it
+        handles = (register_optimizer_step_pre_hook(lambda *_: steps.optimizer_begin()),
+                   register_optimizer_step_post_hook(lambda *_: steps.optimizer_end()))
+    _state = _Installed(meter, phase, progress, originals, steps, handles)
     for name in OPS:
         wrapped = _metered(name, originals[name])
         setattr(dist, name, wrapped)
@@ -159,6 +173,14 @@ def install(meter: CommMeter, phase: Callable[[], str] = lambda: "backward",
         attach_ddp(net, meter)
 
 
+def stop_finding_steps() -> None:
+    """Tell `steps` nothing more (the script marks its own steps: scalelab.probe.open)."""
+    if _state is not None:
+        for handle in _state.handles:
+            handle.remove()
+        _state.steps, _state.handles = None, ()
+
+
 def uninstall() -> None:
     """Put torch.distributed and DDP back as they were (models already attached keep their routing hook)."""
     global _state
@@ -170,6 +192,8 @@ def uninstall() -> None:
         setattr(dist, name, _state.originals[name])
         setattr(distributed_c10d, name, _state.originals[name])
     DDP.__init__ = _state.originals["DDP.__init__"]
+    for handle in _state.handles:
+        handle.remove()
     _state = None
 
 
@@ -205,13 +229,28 @@ class HookSlot:
         self.register(self.net.process_group, twins[comm_hook_type])
 
 
+def _forward_pre(net, args, kwargs) -> None:
+    state = _state
+    if state is not None and state.steps is not None:
+        state.steps.forward(net, args, kwargs)
+
+
+def _forward_post(net, args, output) -> None:
+    state = _state
+    if state is not None and state.steps is not None:
+        state.steps.after_forward(net)
+
+
 def attach_ddp(net, meter: CommMeter) -> None:
-    """Route `net`'s buckets through the slot hook (unless its user registered a hook already) and meter its
-    buffer broadcast; attaching twice does nothing."""
+    """Route `net`'s buckets through the slot hook (unless its user registered a hook already), meter its
+    buffer broadcast and tell the installed `steps` of its forwards; attaching twice does nothing."""
     from scalelab.sync.ddp import meter_buffer_broadcast
 
     if getattr(net, "scalelab_hook_slot", None) is not None:
         return
+    # the hooks stay on the model after `uninstall` (as the routing hook does) and do nothing then
+    net.register_forward_pre_hook(_forward_pre, with_kwargs=True)
+    net.register_forward_hook(_forward_post)
     hooks = getattr(net, "_comm_hooks", [])
     if hooks:  # the user's hook is in place: its torch.distributed calls are metered where they are made
         if not all(callable(h) for h, _ in hooks):

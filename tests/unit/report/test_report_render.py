@@ -364,3 +364,21 @@ def test_at_1400_pixels_nothing_is_wider_than_the_page(tmp_path, pngs):
     r = json.loads(html.unescape(found.group(1)))
     assert "error" not in r, r["error"]
     assert r["pageWidth"] <= 1400 and r["scrolling"] == [] and r["details"] == 1, r
+
+
+def test_the_scaling_sections_tables_carry_each_rows_run_id_and_other_sections_do_not():
+    """A person who reads a scaling sentence finds the run it speaks of (`scalelab explain RUN`)."""
+    from scalelab.lab.base import Result
+    from scalelab.lab.registry import get
+    from scalelab.report.build import section_for
+
+    frame = pd.DataFrame({"run_id": ["run-20261127-074326-ef2f73", "run-20261127-074454-c584f6"], "mode": "strong",
+                          "workers": [1, 2], "global_batch": 64, "step(ms)": [10.0, 6.0], "quality": "ok"})
+    import dataclasses
+
+    quiet = lambda name: dataclasses.replace(get(name), interpret=None)  # the tables alone, no sentences
+    scaling, _ = section_for(quiet("scale"), Result("scale", {"scale_strong": frame}))
+    block = scaling.tables[0]
+    assert block.columns[-1] == "run_id" and list(block.frame["run_id"]) == list(frame["run_id"])
+    other, _ = section_for(quiet("batch_sweep"), Result("batch_sweep", {"batch_sweep": frame}))
+    assert "run_id" not in other.tables[0].frame.columns

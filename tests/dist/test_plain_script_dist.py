@@ -1,0 +1,193 @@
+"""Known truths on a plain training script (its own argparse, torchrun's environment, DDP, not a line of scalelab),
+run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's forward (scalelab.run.found_steps):
+- a sleep in rank 1 before its forward: `explain` names rank 1; waiting for peers >= 80 % of the sleep; data wait +
+  waiting <= 1.2 x the sleep (not counted twice); |rest| <= 20 % of the gap; no --global-batch was given, so the
+  ideal step is the 1-rank run's scaled by the batch read at the forward;
+- a sleep in rank 1 between its forward and backward: the straggler loses its time in forward_backward (the trace
+  draws that span);
+- a sleep in every rank's data loading: data wait, not waiting for peers;
+- no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none);
+- a script with neither a DDP model nor an optimizer has no steps: `explain` says so and names the straggler from
+  its collectives alone.
+Each prints n, the figure with its interval and the injected value."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from scalelab.analysis import keys
+from scalelab.analysis.stragglers import run_straggler, straggler_lines
+from scalelab.lab.explain import explain
+from scalelab.store import Store
+from scalelab.store.rundir import RunDir
+
+pytestmark = pytest.mark.timeout(300)
+
+PLAIN = '''"""A plain train.py: argparse, torchrun's environment, DDP; no scalelab."""
+import argparse
+import contextlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=20, help="optimizer updates")
+p.add_argument("--batch", type=int, default=32, help="global batch of a micro-batch, split over the ranks")
+p.add_argument("--accumulate", type=int, default=1, help="micro-batches per update (no_sync)")
+p.add_argument("--sleep-before-forward", type=float, default=0.0)
+p.add_argument("--sleep-after-forward", type=float, default=0.0, help="between forward and backward")
+p.add_argument("--sleep-rank", type=int, default=1)
+p.add_argument("--sleep-data", type=float, default=0.0, help="seconds per batch in every rank's loading")
+p.add_argument("--eval-every", type=int, default=0)
+p.add_argument("--raw", action="store_true", help="no model: all_reduce a tensor each step")
+a = p.parse_args()
+
+
+class Data(Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def collate(items):
+    time.sleep(a.sleep_data)
+    return torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+dist.init_process_group("gloo")
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if a.raw:
+    for step in range(a.steps):
+        if rank == a.sleep_rank:
+            time.sleep(a.sleep_before_forward)
+        dist.all_reduce(torch.ones(1000))
+    dist.destroy_process_group()
+    raise SystemExit(0)
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+data = Data(20000)
+loader = DataLoader(data, batch_size=a.batch // world, sampler=DistributedSampler(data, shuffle=False),
+                    collate_fn=collate)
+it = iter(loader)
+for step in range(a.steps):
+    for micro in range(a.accumulate):
+        x, y = next(it)
+        if rank == a.sleep_rank and a.sleep_before_forward:
+            time.sleep(a.sleep_before_forward)
+        with model.no_sync() if micro < a.accumulate - 1 else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+            if rank == a.sleep_rank and a.sleep_after_forward:
+                time.sleep(a.sleep_after_forward)
+            loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if a.eval_every and (step + 1) % a.eval_every == 0:
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        model.train()
+dist.destroy_process_group()
+'''
+
+SLEEP_S = 0.1
+
+
+def plain_run(tmp_path: Path, store: Path, *args: str, ranks: int = 2, boundary: str = "ddp_forward") -> dict:
+    """`scalelab run --ranks N -- python train.py ARGS` (one thread per rank); the stored run."""
+    script = tmp_path / "train.py"
+    script.write_text(PLAIN)
+    before = set(Store(store).list_runs()["run_id"]) if store.exists() else set()
+    done = run_cli(["run", "--store", str(store), "--ranks", str(ranks), "--threads", "1", "--", "python",
+                    "train.py", *args], timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new = [r for r in Store(store).list_runs()["run_id"] if r not in before]
+    assert len(new) == 1, new
+    run = Store(store).get(new[0])
+    assert run["status"] == "completed" and run["summary"][keys.STEPS_BOUNDARY] == boundary, run["summary"]
+    return run
+
+
+def ci(summary: dict, key: str) -> str:
+    low, high = (summary.get(k) for k in keys.ci_keys(key))
+    return f"{summary[key]:.1f} ms (95 % interval {low:.1f}-{high:.1f})"
+
+
+def test_a_sleep_before_one_ranks_forward_is_waiting_for_peers_named_by_explain(tmp_path):
+    store = tmp_path / "store"
+    args = ("--steps", "24", "--sleep-before-forward", str(SLEEP_S))
+    real = plain_run(tmp_path, store, *args)
+    one = plain_run(tmp_path, store, *args, ranks=1)  # the same command on 1 rank: the ideal step
+    shown = run_cli(["explain", real["run_id"], "--store", str(store)])
+    assert shown.returncode == 0, shown.stderr
+    print("\n$ scalelab explain " + real["run_id"] + "\n" + shown.stdout)
+    assert "Straggler: rank 1," in shown.stdout
+    s = real["summary"]
+    n = s[keys.STEPS_TIMED]
+    print(f"n = {n} steps; waiting for peers {ci(s, keys.COMM_PEERS_WAIT_MS)}; injected {1e3 * SLEEP_S:.0f} ms")
+    assert s[keys.COMM_PEERS_WAIT_MS] >= 0.8 * 1e3 * SLEEP_S
+    table = explain(Store(store), real["run_id"]).table.set_index("part")
+    data, waiting = table.loc["data", "value(ms)"], table.loc["waiting", "value(ms)"]
+    print(f"data wait {data:.2f} ms + waiting {waiting:.2f} ms = {data + waiting:.1f} ms; rest "
+          f"{table.loc['rest', 'value(ms)']:.2f} ms of a {table.attrs['gap(ms)']:.1f} ms gap")
+    assert data + waiting <= 1.2 * 1e3 * SLEEP_S  # the sleep is the others' waiting, not also data wait
+    assert abs(table.loc["rest", "value(ms)"]) <= 0.2 * table.attrs["gap(ms)"]
+    # no --global-batch: the ideal step is the 1-rank step scaled by the batch read at the forward (16 / 32)
+    assert real["config"]["global_batch"] is None and s[keys.SAMPLES_PER_STEP] == 32
+    assert table.loc["ideal", "measured"]
+    assert table.loc["ideal", "value(ms)"] == pytest.approx(0.5 * one["summary"][keys.STEP_MEDIAN_MS])
+
+
+def test_a_sleep_between_forward_and_backward_is_lost_in_forward_backward(tmp_path):
+    run = plain_run(tmp_path, tmp_path / "store", "--steps", "20", "--sleep-after-forward", str(SLEEP_S))
+    verdict = run_straggler(RunDir(run["dir"]).load())
+    print("\n".join(straggler_lines(verdict)))
+    assert verdict["rank"] == 1 and verdict["stage"] == "forward_backward", verdict
+    assert verdict["caused(ms)"] >= 0.8 * 1e3 * SLEEP_S
+    trace = json.loads(RunDir(run["dir"]).trace_file.read_text())["traceEvents"]
+    assert sum(e["name"] == "forward_backward" for e in trace) == 2 * 20
+
+
+def test_a_sleep_in_every_ranks_data_loading_is_data_wait_not_waiting(tmp_path):
+    run = plain_run(tmp_path, tmp_path / "store", "--steps", "20", "--sleep-data", str(SLEEP_S))
+    s = run["summary"]
+    print(f"n = {s[keys.STEPS_TIMED]} steps; data wait every rank had {ci(s, keys.DATA_WAIT_ALL_RANKS_MS)}, "
+          f"waiting for peers {ci(s, keys.COMM_PEERS_WAIT_MS)}; injected {1e3 * SLEEP_S:.0f} ms")
+    assert s[keys.DATA_WAIT_ALL_RANKS_MS] >= 0.9 * 1e3 * SLEEP_S
+    assert s[keys.COMM_PEERS_WAIT_MS] <= 0.25 * 1e3 * SLEEP_S
+
+
+def test_no_sync_accumulation_is_one_step_per_optimizer_step(tmp_path):
+    run = plain_run(tmp_path, tmp_path / "store", "--steps", "6", "--accumulate", "4", "--eval-every", "2")
+    records = RunDir(run["dir"]).read_steps()
+    by_rank = {r: [x for x in records if x["rank"] == r] for r in (0, 1)}
+    print(f"steps per rank: {[len(v) for v in by_rank.values()]} for 6 updates of 4 micro-batches")
+    assert all(len(v) == 6 for v in by_rank.values())
+    assert all(x["samples"] == 4 * 16 and x["collectives"] == 1 for x in records)  # one gradient sync a step
+    assert run["summary"][keys.STEPS_TOTAL] == 6 and run["summary"][keys.SAMPLES_PER_STEP] == 4 * 32
+
+
+def test_without_steps_explain_names_the_straggler_from_the_collectives_alone(tmp_path):
+    store = tmp_path / "store"
+    run = plain_run(tmp_path, store, "--raw", "--steps", "20", "--sleep-before-forward", "0.05", boundary="none")
+    shown = run_cli(["explain", run["run_id"], "--store", str(store)])
+    assert shown.returncode == 0, shown.stderr
+    print("\n" + shown.stdout)
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"run {run['run_id']}: no timed steps (steps/boundary: none)")
+    assert any(line.startswith("Straggler: rank 1,") for line in lines), shown.stdout
