@@ -71,3 +71,18 @@ def audited(out) -> list[str]:
                 for p in sorted(folder.glob("*.json")) if p.stem in registry.names()]
     assert len(answered) >= 12
     return audit(held_to_host_peak(answered))
+
+
+def test_a_budget_too_small_leaves_out_all_but_the_core_and_says_so(tmp_path):
+    """A 1-second budget cannot hold the plan after the reference cell: the core experiment (profile) runs, the
+    others are left out, the output and the report's environment say which and why."""
+    store, out = tmp_path / "store", tmp_path / "out"
+    proc = run_cli(["study", "--quick", "--only", "profile,threads,batch_sweep", "--budget", "1s", "--store",
+                    str(store), "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("threads", "batch_sweep"):
+        assert f"== budget: {name}: left out (the rest of the study as planned:" in proc.stdout
+    assert "profile: left out" not in proc.stdout
+    md = (out / "report" / "report.md").read_text()
+    assert "time budget" in md and "threads: left out" in md and "batch_sweep: left out" in md
+    assert "## Where a step's time goes" in md

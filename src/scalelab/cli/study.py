@@ -57,13 +57,16 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
               out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default STORE/studies/NAME)."),
               budget: Optional[str] = typer.Option(
                   None, "--budget", help="Time for the whole study, e.g. 10m, 150s, 1h, or 'none' (default 10m, "
-                  "150s with --quick): it measures its pace as it goes and launches compared cells fewer times (never "
+                  "150s with --quick; none with --config): it measures its pace as it goes and launches compared cells fewer times (never "
                   "under 2) or leaves experiments out to finish within it, and says which."),
               store: Optional[Path] = store_option()) -> None:
     """Run the whole study on this machine (resumable) and write the report (HTML, Markdown, CSV/JSON)."""
 
-    budget_s = None if (budget or "").strip().lower() == "none" else parse_duration(
-        budget or (DEFAULT_QUICK_BUDGET_S if quick else DEFAULT_BUDGET_S))
+    # the default budget is the built-in study's promise, and its pace is read against that study's reference times
+    # (lab/budget.py): a study file runs its whole plan unless it is given a budget
+    default = None if config else DEFAULT_QUICK_BUDGET_S if quick else DEFAULT_BUDGET_S
+    budget_s = None if (budget or "").strip().lower() == "none" or (budget is None and default is None) \
+        else parse_duration(budget or default)
     spec = load_spec(config, quick=quick) if config else default_spec(quick=quick)
     if name:
         spec.name = name
