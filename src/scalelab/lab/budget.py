@@ -29,6 +29,7 @@ from scalelab.errors import ConfigError
 # Only their ratios matter: the pace scales them to the machine at hand.
 REFERENCE_S: dict[str, tuple[float, float]] = {
     "reference": (2.0, 2.0),  # one launch of the reference cell
+    "report": (8.0, 6.0),  # the report written after the last experiment (tables, plots, HTML)
     "profile": (5.0, 4.0), "threads": (30.0, 6.0), "batch_sweep": (6.0, 1.0), "max_batch": (70.0, 0.0),
     "model_grid": (25.0, 6.0), "scale": (45.0, 12.0), "strategies": (30.0, 5.0), "bucket_sweep": (30.0, 0.0),
     "backends": (1.0, 1.0), "engines": (5.0, 0.0), "comm": (10.0, 4.0), "loader": (12.0, 2.0), "amp": (25.0, 4.0),
@@ -117,7 +118,7 @@ class Budget:
     def predicted_s(self) -> float:
         """Seconds the rest of the study takes at the current pace and plan."""
         rest = sum(self.reference_s(n) for n in self.remaining) + self.finals * REFERENCE_S["reference"][0]
-        return self.pace * rest
+        return self.pace * (rest + REFERENCE_S["report"][1 if self.quick else 0])
 
     def eta_s(self) -> float:
         return self.predicted_s()

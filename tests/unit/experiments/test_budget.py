@@ -37,7 +37,7 @@ def test_the_pace_is_measured_time_over_reference_time_with_a_small_prior():
     ref = REFERENCE_S["reference"][0]
     plan.finished("reference", 3 * ref)  # this machine at a third of the reference's speed
     assert plan.pace == pytest.approx((3 * ref + PRIOR_S) / (ref + PRIOR_S))
-    expected = plan.pace * (REFERENCE_S["profile"][0] + REFERENCE_S["scale"][0] + ref)
+    expected = plan.pace * (REFERENCE_S["profile"][0] + REFERENCE_S["scale"][0] + ref + REFERENCE_S["report"][0])
     assert plan.predicted_s() == pytest.approx(expected)
     plan.finished("profile", 3 * REFERENCE_S["profile"][0])
     spent, spent_ref = 3 * ref + 3 * REFERENCE_S["profile"][0], ref + REFERENCE_S["profile"][0]
@@ -72,7 +72,7 @@ def _walk(plan, clock, slowdown: float) -> dict[str, str]:
 def test_a_slow_machine_launches_compared_cells_twice_then_leaves_out_the_least_central():
     experiments = ["profile", "scale", "strategies", "max_batch", "lr_scaling"]
     options = {"scale": {"launches": 3}, "strategies": {"launches": 3}}
-    reference_total = sum(REFERENCE_S[n][0] for n in experiments) + 2 * REFERENCE_S["reference"][0]
+    reference_total = sum(REFERENCE_S[n][0] for n in (*experiments, "report")) + 2 * REFERENCE_S["reference"][0]
     plan, clock = _budget(1.5 * reference_total, experiments, options)
     actions = _walk(plan, clock, slowdown=3.0)  # three times slower: the plan cannot fit as it is
     assert actions["scale"] == actions["strategies"] == "reduced"
@@ -84,12 +84,12 @@ def test_a_slow_machine_launches_compared_cells_twice_then_leaves_out_the_least_
 
 
 def test_a_machine_at_the_reference_pace_cuts_nothing_with_the_default_budget():
-    experiments = [n for n in REFERENCE_S if n != "reference"]
+    experiments = [n for n in REFERENCE_S if n not in ("reference", "report")]
     options = {n: {"launches": 3} for n in ("scale", "strategies", "bucket_sweep", "backends")}
     plan, clock = _budget(600.0, experiments, options)
     actions = _walk(plan, clock, slowdown=1.0)
     assert set(actions.values()) == {"as planned"}
-    assert clock.now + REFERENCE_S["reference"][0] <= 600.0
+    assert clock.now + REFERENCE_S["reference"][0] + REFERENCE_S["report"][0] <= 600.0
 
 
 def test_launches_never_go_below_two_and_a_quick_study_keeps_its_single_launch():
@@ -107,4 +107,5 @@ def test_the_eta_tracks_the_pace():
     plan, clock = _budget(None, ["profile", "scale"])
     plan.finished("reference", REFERENCE_S["reference"][0])
     plan.finished("profile", 2 * REFERENCE_S["profile"][0])
-    assert plan.eta_s() == pytest.approx(plan.pace * (REFERENCE_S["scale"][0] + REFERENCE_S["reference"][0]))
+    rest = REFERENCE_S["scale"][0] + REFERENCE_S["reference"][0] + REFERENCE_S["report"][0]
+    assert plan.eta_s() == pytest.approx(plan.pace * rest)
