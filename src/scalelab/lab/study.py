@@ -209,8 +209,10 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             plan.finished("reference", time.monotonic() - began)
         plan.finals = 0 if repeats == 2 else plan.finals
 
-    with warm.ranks():  # one set of warm ranks for every experiment's cells (run/warm.py)
+    with warm.ranks() as pools:  # one set of warm ranks for every experiment's cells (run/warm.py)
         answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved, plan)
+        if pools.warm or pools.cold:
+            progress.say(pools.tally())
     if not reuse_saved or results.load_study(folder) is None:
         results.save_study(folder, noise_floor(spec, store), budget=plan.notes(), budget_s=budget_s)
     return held_to_host_peak(answered)

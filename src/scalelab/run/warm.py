@@ -218,6 +218,16 @@ class Pools:
     def __init__(self) -> None:
         self.pools: dict[tuple, Pool] = {}
         self.cold: list[str] = []  # why runs went cold, for the caller's record
+        self.warm = 0  # runs that ran in warm ranks
+        self.started = 0  # pools started
+
+    def tally(self) -> str:
+        """One line: how many multi-rank runs went warm, how many cold and why."""
+        from collections import Counter
+
+        why = "; ".join(f"{n} {reason}" for reason, n in Counter(self.cold).most_common())
+        return (f"warm ranks: {self.warm} multi-rank run(s) in {self.started} start(s) of warm ranks; "
+                f"{len(self.cold)} cold" + (f" ({why})" if why else ""))
 
     def launcher(self, cfg: Any, fallback: Launcher) -> Launcher:
         def launch(spec: LaunchSpec) -> None:
@@ -235,9 +245,11 @@ class Pools:
                 while len(self.pools) >= MAX_POOLS:  # idle ranks hold memory (torch, the allocator's cache)
                     self.pools.pop(next(iter(self.pools))).close()
                 pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env)
+                self.started += 1
             self.pools[key] = self.pools.pop(key)  # the most recently used last
             try:
                 pool.run(spec)
+                self.warm += 1
             except BaseException:
                 self.pools.pop(key, None)
                 pool.close()
