@@ -142,16 +142,15 @@ class Decision:
 
     def card(self) -> str:
         """The card's text: the verdict, both sides with interval and n, the rule's outcome, the caveat."""
-        both = (f"{self.chosen.label}: {self.figure} {self.chosen.words(self.unit, self.count)}; "
-                f"{self.against.label}: {self.against.words(self.unit, self.count)}")
+        both = (f"{self.figure.capitalize()} of {self.chosen.label}: {self.chosen.words(self.unit, self.count)}; "
+                f"of {self.against.label}: {self.against.words(self.unit, self.count)}.")
         if self.verdict == BETTER:
-            text = (f"Use {self.action or self.chosen.label}: {both}; {self.ratio()}, beyond noise "
-                    f"({self.why}).")
+            text = f"Use {self.action or self.chosen.label}: {self.ratio()}, beyond noise ({self.why}). {both}"
         elif self.verdict == NOT_ENOUGH_DATA:
-            text = f"No {self.question} is recommended: {self.why} ({both})."
+            text = f"No {self.question} is recommended: {self.why}. {both}"
         else:
             head = f"Keep {self.keep}" if self.keep else f"No {self.question} is recommended"
-            text = f"{head}: {self.chosen.label} is {self.verdict} against {self.against.label} ({self.why}; {both})."
+            text = f"{head}: {self.chosen.label} is {self.verdict} against {self.against.label} ({self.why}). {both}"
         return text + (f" Caveat: {self.caveat}." if self.caveat else "")
 
 
