@@ -102,13 +102,13 @@ def _noise_note(row: dict, reference) -> str:
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     a = step_side(row, f"{row.get('checkpoint_segments', '?')} segments", value=keys.STEP_MEDIAN_MS, low=low, high=high)
     b = step_side(reference, "no checkpointing", value=keys.STEP_MEDIAN_MS, low=low, high=high)
+    if a.interval is None or b.interval is None:
+        return " (no interval)"
     verdicts = {decide(x, y, question="checkpointing", share=0.0).verdict for x, y in ((a, b), (b, a))}
     if BETTER in verdicts:
         return ""
-    if NOT_ENOUGH_DATA in verdicts:
-        n = min(a.n, b.n)
-        return " (no interval)" if n >= 2 else f" (indicative: {n} launch{'es' if n != 1 else ''})"
-    return " (within noise)"
+    n = min(a.n, b.n)
+    return f" (indicative: {n} launch{'es' if n != 1 else ''})" if NOT_ENOUGH_DATA in verdicts else " (within noise)"
 
 
 def _speed(row: dict, reference) -> str:

@@ -160,7 +160,7 @@ def rule_decision(learned: pd.DataFrame, batch: int) -> Decision:
                          r["lr_rule"], value="final_acc", n=int(r["n"]), values=int(r["n"]))
              for r in learned.to_dict("records")]
     decision = pick(sides, question=f"learning-rate rule for batch {batch}", figure="final test accuracy",
-                    unit=" %", lower_is_better=False, count="seeds")
+                    unit=" %", lower_is_better=False, count="seeds", speed=False)
     return replace(decision, action=f"the {decision.chosen.label} rule for batch {batch}")
 
 

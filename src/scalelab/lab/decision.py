@@ -125,6 +125,7 @@ class Decision:
     action: str | None = None
     caveat: str | None = None
     count: str = "launches"  # what n counts: "launches", "seeds"
+    speed: bool = True  # the figure is a time or a rate (said as "× faster"); else a difference ("points above")
 
     @property
     def recommends(self) -> bool:
@@ -135,8 +136,12 @@ class Decision:
         return {**asdict(self), "card": self.card()}
 
     def ratio(self) -> str:
-        """How the chosen side compares with the other, one way: "1.41× faster than 1 thread"."""
+        """How the chosen side compares with the other, one way: "1.41× faster than 1 thread"; a figure that is not
+        a speed (an accuracy) by its difference: "22.5 points above linear"."""
         a, b = self.chosen.value, self.against.value
+        if not self.speed:
+            unit = " points" if self.unit.strip() == "%" else self.unit
+            return f"{fmt(abs(a - b), unit)} {'above' if a > b else 'below'} {self.against.label}"
         faster = b / a if self.lower_is_better else a / b
         return ratio_words(faster, self.against.label)
 
@@ -146,21 +151,20 @@ class Decision:
                 f"of {self.against.label}: {self.against.words(self.unit, self.count)}.")
         if self.verdict == BETTER:
             text = f"Use {self.action or self.chosen.label}: {self.ratio()}, beyond noise ({self.why}). {both}"
-        elif self.verdict == NOT_ENOUGH_DATA:
-            text = f"No {self.question} is recommended: {self.why}. {both}"
         else:
             head = f"Keep {self.keep}" if self.keep else f"No {self.question} is recommended"
-            text = f"{head}: {self.chosen.label} is {self.verdict} against {self.against.label} ({self.why}). {both}"
+            text = (f"{head}: {self.why}. {both}" if self.verdict == NOT_ENOUGH_DATA else
+                    f"{head}: {self.chosen.label} is {self.verdict} against {self.against.label} ({self.why}). {both}")
         return text + (f" Caveat: {self.caveat}." if self.caveat else "")
 
 
 def decide(chosen: Side, against: Side, *, question: str, figure: str = "median step", unit: str = " ms",
            lower_is_better: bool = True, family: int = 1, keep: str | None = None, action: str | None = None,
-           caveat: str | None = None, share: float = MATERIAL, count: str = "launches") -> Decision:
+           caveat: str | None = None, share: float = MATERIAL, count: str = "launches", speed: bool = True) -> Decision:
     """The one rule (module docstring) applied to `chosen` against `against`."""
     verdict, why = _verdict(chosen, against, lower_is_better, family, share, count)
     return Decision(question, figure, unit, chosen, against, verdict, why, family, lower_is_better, keep, action,
-                    caveat, count)
+                    caveat, count, speed)
 
 
 def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str) -> tuple[str, str]:

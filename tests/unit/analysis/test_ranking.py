@@ -37,7 +37,7 @@ def test_one_launch_names_no_winner():
     assert d.verdict == NOT_ENOUGH_DATA and d.chosen.label == "ddp"
     assert lines == [d.card()] and lines[0].startswith(
         "No gradient sync is recommended: 1 launch each; a comparison between configurations needs 2 or more "
-        "launches each (ddp: median step 50 ms (95 % interval 49–51 ms, n = 1 launch); allreduce: 60 ms")
+        "launches each. Median step of ddp: 50 ms (95 % interval 49–51 ms, n = 1 launch); of allreduce: 60 ms")
 
 
 def test_a_table_without_a_launches_column_counts_as_one_launch():
@@ -55,9 +55,9 @@ def test_one_row_of_one_launch_keeps_every_row_unranked():
 def test_three_launches_each_separated_and_not_interleaved_make_a_finding_that_states_n():
     lines, d = rank(rows(ddp=50.0, allreduce=60.0), "sync", "gradient sync")
     assert d.verdict == BETTER and d.chosen.label == "ddp" and d.against.label == "allreduce"
-    assert lines == ["Use ddp: ddp: median step 50 ms (95 % interval 49–51 ms, n = 3 launches); allreduce: 60 ms "
-                     "(95 % interval 59–61 ms, n = 3 launches); 1.20× faster than allreduce, beyond noise (intervals "
-                     "separated and every one of the launches agrees, n = 3 launches each)."]
+    assert lines == ["Use ddp: 1.20× faster than allreduce, beyond noise (intervals separated and every one of the "
+                     "launches agrees, n = 3 launches each). Median step of ddp: 50 ms (95 % interval 49–51 ms, n = 3 "
+                     "launches); of allreduce: 60 ms (95 % interval 59–61 ms, n = 3 launches)."]
 
 
 def test_separated_intervals_whose_launches_interleave_are_within_noise():
