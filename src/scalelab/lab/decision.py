@@ -203,7 +203,8 @@ def pick(sides: Sequence[Side], *, question: str, default: str | None = None,
     ok = [s for s in sides if trusted(s.quality) and not math.isnan(s.value)]
     if len(ok) < 2:
         bad = next(s for s in sides if s not in ok)
-        return decide(ok[0] if ok else sides[0], bad if ok else sides[1], question=question, **kw)
+        return replace(decide(ok[0] if ok else sides[0], bad if ok else sides[1], question=question, **kw),
+                       keep=default)
     ordered = sorted(ok, key=lambda s: s.value if lower else -s.value)
     best, others = ordered[0], ordered[1:]
     family = len(others)
