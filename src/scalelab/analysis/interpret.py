@@ -93,10 +93,10 @@ def flagged(table: pd.DataFrame, label: str) -> tuple[pd.DataFrame, list[str]]:
 
 def ratio_words(faster: float, than: str) -> str:
     """A ratio said one way, from how many times faster one thing is than `than` (a step-time ratio old / new, or
-    a throughput ratio new / old): "1.41× faster than 1 thread"; below 1, "0.38× the speed of fp32 (2.6× slower)".
+    a throughput ratio new / old): "1.41× faster than 1 thread"; below 1, "0.38× the speed of fp32 (2.63× slower)".
     Never a ratio of a thing with itself: the caller names the other side."""
     if faster is None or not math.isfinite(faster) or faster <= 0:
         return f"no ratio to {than} (a figure is missing)"
     if faster >= 1:
         return f"{faster:.2f}× faster than {than}"
-    return f"{faster:.2f}× the speed of {than} ({1 / faster:.2g}× slower)"
+    return f"{faster:.2f}× the speed of {than} ({1 / faster:.2f}× slower)"

@@ -82,5 +82,5 @@ def test_a_side_reads_a_pooled_summary_s_keys_and_falls_back_to_the_step_interva
 
 def test_a_ratio_is_said_one_way():
     assert ratio_words(1.41, "1 thread") == "1.41× faster than 1 thread"
-    assert ratio_words(0.38, "fp32") == "0.38× the speed of fp32 (2.6× slower)"
+    assert ratio_words(0.38, "fp32") == "0.38× the speed of fp32 (2.63× slower)"
     assert ratio_words(float("nan"), "fp32") == "no ratio to fp32 (a figure is missing)"
