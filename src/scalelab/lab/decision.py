@@ -41,6 +41,7 @@ MATERIAL = 0.02  # the least effect, as a share of the alternative's figure, tha
 
 BETTER, WITHIN_NOISE, NOT_MATERIAL, NOT_ENOUGH_DATA = "better", "within noise", "not material", "not enough data"
 VERDICTS = (BETTER, WITHIN_NOISE, NOT_MATERIAL, NOT_ENOUGH_DATA)
+VERDICT_WORDS = {WITHIN_NOISE: "is within noise of", NOT_MATERIAL: "does not win by enough against"}
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ class Decision:
         else:
             head = f"Keep {self.keep}" if self.keep else f"No {self.question} is recommended"
             text = (f"{head}: {self.why}. {both}" if self.verdict == NOT_ENOUGH_DATA else
-                    f"{head}: {self.chosen.label} is {self.verdict} against {self.against.label} ({self.why}). {both}")
+                    f"{head}: {self.chosen.label} {VERDICT_WORDS[self.verdict]} {self.against.label} ({self.why}). "
+                    f"{both}")
         return text + (f" Caveat: {self.caveat}." if self.caveat else "")
 
 

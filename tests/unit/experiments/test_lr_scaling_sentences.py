@@ -51,7 +51,7 @@ def test_separated_seeds_recommend_the_best_rule():
 def test_overlapping_seeds_recommend_nothing():
     lines, rec = lr_scaling_result(result({(256, "lars"): [0.80, 0.86], (256, "linear"): [0.78, 0.82]}))
     assert rec == lines[-1] and rec.startswith(
-        "No learning-rate rule for batch 256 is recommended: lars is within noise against linear (the intervals meet")
+        "No learning-rate rule for batch 256 is recommended: lars is within noise of linear (the intervals meet")
 
 
 def test_the_only_rule_that_learned_is_recommended_over_those_at_chance():

@@ -32,7 +32,7 @@ def test_overlapping_intervals_keep_the_default_and_say_so():
     d = decide(side("2 workers", 34.7, half=5), side("0 workers", 36.0, half=5), question="loader setting",
                keep="0 workers")
     assert d.verdict == WITHIN_NOISE and not d.recommends
-    assert d.card().startswith("Keep 0 workers: 2 workers is within noise against 0 workers (the intervals meet")
+    assert d.card().startswith("Keep 0 workers: 2 workers is within noise of 0 workers (the intervals meet")
 
 
 def test_interleaved_launches_are_within_noise_although_the_intervals_separate():
