@@ -259,3 +259,9 @@ def ratio_faults(sentences: list[str], expected: list[float]) -> list[str]:
             if kind == "the speed of" and (slower is None or abs(float(slower) - 1 / r) > 0.05 / r):
                 out.append(f"a slower ratio without its inverse: {sentence}")
     return out
+
+
+def card_faults(cards: list[tuple[str, str | None]], sections: set[str]) -> list[str]:
+    """Every recommendation card (text, the section holding its evidence) whose evidence is not in the report."""
+    return [f"a card without its evidence (section {section!r}): {text}" for text, section in cards
+            if section not in sections]

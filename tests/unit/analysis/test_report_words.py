@@ -127,3 +127,17 @@ def test_a_ratio_worded_backwards_fails_the_check():
 
 def test_a_table_without_its_fixture_columns_has_no_expected_ratio():
     assert faster_ratios("profile", Result("profile", {"profile": pd.DataFrame()})) == []
+
+
+def test_every_card_of_the_fixture_report_links_its_evidence(study):
+    from types import SimpleNamespace
+
+    from scalelab.report.build import build_report
+
+    answered = [(registry.get(name), result) for name, result in study.items()]
+    spec = SimpleNamespace(quick=True, name="quick", experiments=list(study))
+    report = build_report(spec, answered, {"host": "fixture"}, "scalelab study --quick")
+    cards = [(r.text, r.section) for r in report.recommendations]
+    assert len(cards) >= 5
+    assert checks.card_faults(cards, {s.id for s in report.sections}) == []
+    assert checks.card_faults([("Use x.", None)], {"loader"}) == ["a card without its evidence (section None): Use x."]

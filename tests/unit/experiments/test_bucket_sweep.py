@@ -93,3 +93,12 @@ def test_in_the_default_study_only():
     assert "bucket_sweep" in default_spec().experiments and "bucket_sweep" not in default_spec(quick=True).experiments
     plan = StudyPlan(quick=False, gpus=0, comm_model={"model": "mlp", "steps": 8})
     assert bucket_sweep.study_options(plan)["set"]["bucket_mb"] == 4.0  # the strategies' DDP cell, reused
+
+
+def test_a_re_measured_size_says_what_was_re_measured_and_uses_its_figures():
+    """A row whose second measurement was ok is "re-measured": its overlap is a figure, said with why it was
+    measured twice (the report once said "the overlap is not used: re-measured", which tells a reader nothing)."""
+    lines, _ = sentences([row(1.5, 50, 45, 60, quality="re-measured"), row(24, 55, 50, 62)])
+    said = next(line for line in lines if line.startswith("At 1.5 MiB"))
+    assert "re-measured: the first measurement looked doubtful, the second is used" in said
+    assert "backward hides 50 %" in said and "not used" not in said
