@@ -206,7 +206,7 @@ def pick(sides: Sequence[Side], *, question: str, default: str | None = None,
     if len(ok) < 2:
         bad = next(s for s in sides if s not in ok)
         return replace(decide(ok[0] if ok else sides[0], bad if ok else sides[1], question=question, **kw),
-                       keep=default)
+                       keep=_default(default))
     ordered = sorted(ok, key=lambda s: s.value if lower else -s.value)
     best, others = ordered[0], ordered[1:]
     family = len(others)
@@ -215,11 +215,16 @@ def pick(sides: Sequence[Side], *, question: str, default: str | None = None,
     decision = max(failed, key=lambda d: VERDICTS.index(d.verdict)) if failed else verdicts[0]
     if decision.verdict == BETTER:
         return decision
-    keep = default
+    keep = _default(default)
     if keep is None and cheaper is not None and decision.verdict != NOT_ENOUGH_DATA:
         tied = [best, *(d.against for d in verdicts if d.verdict in (WITHIN_NOISE, NOT_MATERIAL))]
-        keep = min(tied, key=cheaper).label
+        keep = f"{min(tied, key=cheaper).label}, the cheapest within noise"
     return replace(decision, keep=keep)
+
+
+def _default(label: str | None) -> str | None:
+    """What a card keeps when nothing wins and a default is known: "ddp, the default"."""
+    return None if label is None else f"{label}, the default"
 
 
 def remeasured_apart(first: tuple[float, float] | None, second: tuple[float, float] | None) -> bool:

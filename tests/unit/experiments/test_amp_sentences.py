@@ -34,7 +34,7 @@ def test_the_table_says_chance_and_whether_each_precision_learned():
 
 def test_runs_that_did_not_learn_give_no_recommendation():
     lines, rec = precision(table([0.109, 0.102], [0.104, 0.12]))  # the old default study's 40 steps: at chance
-    assert rec.startswith("Keep fp32: faster beyond noise, but accuracy is not compared")
+    assert rec.startswith("Keep fp32, the default: faster beyond noise, but accuracy is not compared")
     assert lines[0] == "bf16 runs 1.18× faster than fp32 (throughput)."  # no accuracy beside it
     assert lines[1:3] == ["fp32 did not learn: 10.5 % (range 10.2–10.9 % over 2 seeds) is not clear of chance "
                           "10.6 %.",
@@ -46,7 +46,7 @@ def test_runs_that_did_not_learn_give_no_recommendation():
 
 def test_one_seed_compares_no_accuracy():
     lines, rec = precision(table([0.9], [0.9]))
-    assert rec.startswith("Keep fp32: faster beyond noise, but accuracy is not compared")
+    assert rec.startswith("Keep fp32, the default: faster beyond noise, but accuracy is not compared")
     assert any("fp32 is not known to have learned: 90.0 % from one seed" in line for line in lines)
 
 

@@ -90,7 +90,7 @@ def test_profile_amp_checkpointing_loader(store, tmp_path):
     [decision] = registry.get("loader").decide(loader)  # between the two settings, on the median step
     assert {decision.chosen.label, decision.against.label} == {"num_workers=0 (pin_memory=False)",
                                                                "num_workers=1 (pin_memory=False, prefetch_factor=2)"}
-    assert decision.recommends or decision.keep == "num_workers=0 (pin_memory=False)"
+    assert decision.recommends or decision.keep == "num_workers=0 (pin_memory=False), the default"
     n_loader_runs = len(store.list_runs(kind="loader"))
     run_experiment("loader", tiny(dataset="synthetic_jpeg"), store, "st", out, workers=[0, 1])
     assert len(store.list_runs(kind="loader")) == n_loader_runs  # resumed: nothing measured twice
