@@ -167,7 +167,7 @@ def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec
             continue
         if trusted(row.get("quality")):
             out.append(f"{name}: {_label(row)}: {why}, but its quality is {row.get('quality')!r}")
-        if rec and _names(row, rec) and recommends(rec):
+        if rec and recommends(rec) and _names(row, chosen_part(rec)):
             out.append(f"{name}: the recommendation rests on {_label(row)} ({why}): {rec}")
         out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
     return out + claim_contradictions(tables, sentences, rec)
@@ -177,6 +177,12 @@ def recommends(card: str) -> bool:
     """Whether a recommendation card recommends (a decision's card that keeps the default, or recommends nothing,
     names its sides only to compare them: scalelab.lab.decision)."""
     return card.startswith(WINNER_WORDS)
+
+
+def chosen_part(card: str) -> str:
+    """What a card recommends: its words before the first colon ("Use the ddp gradient sync"); the rest compares
+    it with an alternative, which the card may name whatever its checks say."""
+    return card.split(": ", 1)[0]
 
 
 NOT_LEARNED = ("did not learn", "not known to have learned", "not compared", "indicative", "chance")
@@ -192,7 +198,7 @@ def claim_contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str
             continue
         if "learned" in table:
             for row in table[table["learned"].astype(str) != "True"].to_dict("records"):
-                if rec and _names(row, rec) and recommends(rec):
+                if rec and recommends(rec) and _names(row, chosen_part(rec)):
                     out.append(f"{name}: the recommendation names {_label(row)}, which did not learn: {rec}")
                 out += [f"{name}: {s}" for s in sentences if _names(row, s) and "accura" in s
                         and not any(w in s for w in NOT_LEARNED)]

@@ -153,15 +153,20 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
-def rule_decision(learned: pd.DataFrame, batch: int) -> Decision:
+QUESTION = "learning-rate rule for batch"  # a decision's question, with its batch
+
+
+def rule_decision(learned: pd.DataFrame, batch: int, only: bool = False) -> Decision:
     """The rule chosen at one batch among the rules that learned, on final accuracy over seeds (lab.decision,
-    higher is better, n = seeds: beyond seed noise over the whole family, by a material effect)."""
+    higher is better, n = seeds: beyond seed noise over the whole family, by a material effect); `only`: the one
+    rule that learned, against the best of those that did not."""
     sides = [figure_side({k: 100 * v if k in ("final_acc", "ci_low", "ci_high") else v for k, v in r.items()},
                          r["lr_rule"], value="final_acc", n=int(r["n"]), values=int(r["n"]))
              for r in learned.to_dict("records")]
-    decision = pick(sides, question=f"learning-rate rule for batch {batch}", figure="final test accuracy",
+    decision = pick(sides, question=f"{QUESTION} {batch}", figure="final test accuracy",
                     unit=" %", lower_is_better=False, count="seeds", speed=False)
-    return replace(decision, action=f"the {decision.chosen.label} rule for batch {batch}")
+    return replace(decision, action=f"the {decision.chosen.label} rule for batch {batch}"
+                                    + (" (the only one that learned)" if only else ""))
 
 
 def lr_decisions(result) -> list[Decision]:
@@ -174,8 +179,14 @@ def lr_decisions(result) -> list[Decision]:
     for b in sorted(t["global_batch"].unique()):
         g = t[t["global_batch"] == b]
         learned = g[g["learned"].astype(bool)] if "learned" in g else g
-        if b != base_batch and int(g["n"].max()) >= 2 and len(learned) >= 2:
+        missed = g.drop(learned.index).sort_values("final_acc", ascending=False)
+        if b == base_batch or int(g["n"].max()) < 2 or not len(learned):
+            continue
+        if len(learned) >= 2:
             out.append(rule_decision(learned, int(b)))
+        elif len(missed):
+            best = learned.sort_values("final_acc", ascending=False)
+            out.append(rule_decision(g.loc[[best.index[0], missed.index[0]]], int(b), only=True))
     return out
 
 
@@ -194,7 +205,7 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
     if len(base):
         out.append(f"At the base batch {base_batch} the model reaches {100 * base['final_acc'].max():.1f} % test "
                    f"accuracy{at_chance}.")
-    rec, decisions = None, []
+    decisions = lr_decisions(result)
     for b in sorted(t["global_batch"].unique()):
         if b == base_batch:
             continue
@@ -219,18 +230,14 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
         if runner is None:
             out.append(f"At batch {b} ({b // base_batch}x), only {best.lr_rule} learned: {100 * best.final_acc:.1f} % "
                        f"({100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over {int(best.n)} seeds).")
-            rec = (f"For batch {b}, use the {best.lr_rule} rule: the only one that learned "
-                   f"({100 * best.final_acc:.1f} %, {seed_band(int(best.n))} {100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over "
-                   f"{int(best.n)} seeds; chance {100 * chance:.1f} %).") if len(g) > 1 else rec
+            out += [d.card() for d in decisions if d.question == f"{QUESTION} {b}"]
             continue
         out.append(f"At batch {b} ({b // base_batch}x), among the rules that learned ({seed_band(int(best.n))}s "
                    "over seeds): "
                    + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} % ({100 * r.ci_low:.1f}–{100 * r.ci_high:.1f} %)"
                                for r in learned.itertuples()) + f" over {int(best.n)} seeds.")
-        decision = rule_decision(learned, b)
-        out.append(decision.card())
-        decisions.append(decision)
-    return out, card(decisions) if decisions else rec
+        out += [d.card() for d in decisions if d.question == f"{QUESTION} {b}"]
+    return out, card(decisions)
 
 
 def study_options(plan: StudyPlan) -> dict | None:

@@ -52,8 +52,8 @@ def test_one_seed_compares_no_accuracy():
 
 def test_runs_that_learned_are_compared():
     lines, rec = precision(table([0.90, 0.92], [0.895, 0.915]))
-    assert lines[0] == ("bf16 runs 1.18× faster than fp32 (throughput) and ends at accuracy 90.5 % (range 89.5–91.5 %, 2 "
-                        "seeds) vs 91.0 % (range 90.0–92.0 %, 2 seeds) (fp32).")
+    assert lines[0] == ("bf16 runs 1.18× faster than fp32 (throughput) and ends at accuracy 90.5 % (range 89.5–91.5 "
+                        "%, 2 seeds) vs 91.0 % (range 90.0–92.0 %, 2 seeds) (fp32).")
     assert rec.startswith("Use bf16 (accuracy within 1 point of fp32's): 1.15× faster than fp32, beyond noise")
     lines, rec = precision(table([0.90, 0.92], [0.84, 0.86]))  # faster, but 6 points less accurate
     assert rec.startswith("Keep fp32")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.analysis import checks
 from scalelab.experiments.lr_scaling import lr_scaling_result, lr_table
 from scalelab.lab.base import Result
 
@@ -56,5 +57,10 @@ def test_overlapping_seeds_recommend_nothing():
 
 def test_the_only_rule_that_learned_is_recommended_over_those_at_chance():
     lines, rec = lr_scaling_result(result({(256, "lars"): [0.84, 0.86], (256, "linear"): [0.10, 0.11]}))
-    assert rec == ("For batch 256, use the lars rule: the only one that learned (85.0 %, range 84.0–86.0 % over 2 "
-                   "seeds; chance 10.6 %).")
+    assert rec == ("Use the lars rule for batch 256 (the only one that learned): 74.5 points above linear, beyond "
+                   "noise (intervals separated and every one of the seeds agrees, n = 2 seeds each). Final test "
+                   "accuracy of lars: 85 % (50 % interval (range of 2) 84–86 %, n = 2 seeds); of linear: 10.5 % (50 % "
+                   "interval (range of 2) 10–11 %, n = 2 seeds).")
+    # the card names linear as what lars is compared with, not as what it recommends (checks.chosen_part)
+    table = result({(256, "lars"): [0.84, 0.86], (256, "linear"): [0.10, 0.11]}).tables
+    assert checks.claim_contradictions(table, [], rec) == []

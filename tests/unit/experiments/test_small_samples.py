@@ -62,8 +62,8 @@ def test_loader_within_noise_keeps_no_workers():
     table = loader_table(2)
     table.loc[1, [keys.STEP_MEDIAN_MS, LO, HI]] = [97.0, 90.0, 104.0]
     lines, rec = loader(table)
-    assert rec.startswith("Keep num_workers=0 (pin_memory=False), the default: num_workers=2 (pin_memory=False, prefetch_factor=2) "
-                          "is within noise of num_workers=0 (pin_memory=False)")
+    assert rec.startswith("Keep num_workers=0 (pin_memory=False), the default: num_workers=2 (pin_memory=False, "
+                          "prefetch_factor=2) is within noise of num_workers=0 (pin_memory=False)")
 
 
 def batch_table(launches: int) -> pd.DataFrame:
@@ -76,8 +76,8 @@ def test_batch_sweep_keeps_the_smallest_batch_within_noise_of_the_best():
     lines, rec = batch_sweep(batch_table(1))
     assert rec.startswith("No batch size is recommended: 1 launch each")
     lines, rec = batch_sweep(batch_table(2))
-    assert rec.startswith("Keep batch 64, the cheapest within noise: batch 256 is within noise of batch 64 (the intervals, corrected for 2 "
-                          "alternatives meet")
+    assert rec.startswith("Keep batch 64, the cheapest within noise: batch 256 is within noise of batch 64 (the "
+                          "intervals, corrected for 2 alternatives meet")
 
 
 def test_checkpointing_calls_a_step_ratio_indicative_from_one_launch():
