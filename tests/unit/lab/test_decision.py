@@ -106,17 +106,27 @@ def test_rank_sets_flagged_rows_aside_and_renders_the_card():
     assert d.card().startswith("Use the ddp gradient sync: 1.20× faster than allreduce, beyond noise")
 
 
+RULE_CALLS = ("separated", "beats", "ranking", "fastest", "beyond_noise")  # the rule and its old spellings
+
+
+def rule_callers(sources: dict[str, str]) -> list[str]:
+    """"path:line name" for every call of the rule in `sources` (path -> text)."""
+    out = []
+    for path, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in RULE_CALLS:
+                    out.append(f"{path}:{node.lineno} {name}")
+    return out
+
+
 def test_only_the_decision_module_decides_beyond_noise():
     """`separated` (and the old `beats` / `ranking`) are called by scalelab.lab.decision alone; the intervals module
     defines it. Any other caller would be a second rule."""
-    callers = []
-    for path in SRC.rglob("*.py"):
-        if path.name in ("decision.py", "intervals.py") and path.parent.name in ("lab", "analysis"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-                if name in ("separated", "beats", "ranking", "fastest", "beyond_noise"):
-                    callers.append(f"{path.relative_to(SRC)}:{node.lineno} {name}")
-    assert callers == []
+    own = {SRC / "lab" / "decision.py", SRC / "analysis" / "intervals.py"}
+    sources = {str(p.relative_to(SRC)): p.read_text() for p in SRC.rglob("*.py") if p not in own}
+    assert len(sources) > 150 and rule_callers(sources) == []
+    planted = "from scalelab.analysis.intervals import separated\nok = separated((1, 2), (3, 4))\n"
+    assert rule_callers({"experiments/loader.py": planted}) == ["experiments/loader.py:2 separated"]
     assert dec.MATERIAL == 0.02
