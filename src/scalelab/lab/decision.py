@@ -36,8 +36,10 @@ from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import (MIN_LAUNCHES, flagged, fmt, interval, launch_range, launches, ratio_words,
                                          span, steps)
 from scalelab.analysis.intervals import CONFIDENCE, known, separated
+from scalelab.analysis.stragglers import MATERIAL as STRAGGLER_MATERIAL
 
-MATERIAL = 0.02  # the least effect, as a share of the alternative's figure, that changes a default
+# the least effect, as a share of the alternative's figure, that changes a default: the straggler rule's share
+MATERIAL = STRAGGLER_MATERIAL
 
 BETTER, WITHIN_NOISE, NOT_MATERIAL, NOT_ENOUGH_DATA = "better", "within noise", "not material", "not enough data"
 VERDICTS = (BETTER, WITHIN_NOISE, NOT_MATERIAL, NOT_ENOUGH_DATA)
