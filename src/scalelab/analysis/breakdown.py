@@ -38,6 +38,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.intervals import difference_interval
+from scalelab.analysis.stragglers import MATERIAL
 
 # (part, what it is); "exposed" is the sum of the four parts under it (level 1), shown as a subtotal
 PARTS = {
@@ -55,6 +56,7 @@ PARTS = {
 }
 LEAVES = ("data", "compute", "sync_work", "waiting", "wire", "interference", "hidden")
 SUBPARTS = ("waiting", "wire", "interference", "hidden")
+ADDITIVE = ("data", "compute", "sync_work", "exposed")  # ideal + these + rest = measured; SUBPARTS split exposed
 REST_LIMIT = 0.20  # |rest| beyond this share of the gap is said in words (issue 31: it must stay small)
 COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "within_noise", "measured", "needs",
            "share_of_gap"]
@@ -229,13 +231,41 @@ def sum_of_parts(table: pd.DataFrame) -> float:
     return float(values["ideal"] + sum(values[p] for p in (*LEAVES, "rest")))
 
 
-def largest_cause(table: pd.DataFrame) -> dict | None:
-    """The measured leaf part (rest excluded) that cost the most time beyond noise (its interval above 0), as its
-    row; None when no part did."""
-    leaves = table[table["part"].isin(LEAVES) & table["measured"] & (table["ci_low(ms)"] > 0)]
-    if not len(leaves):
+def largest_cause(table: pd.DataFrame, *, material: float = MATERIAL) -> dict | None:
+    """The additive part (ADDITIVE: data, compute slowdown, sync work, exposed communication; never a part of
+    exposed's split, which would be larger than the loss it explains) that cost the most time, as its row; only
+    a part beyond noise (its interval above 0) whose lower end reaches `material` (2 %) of the measured step, the
+    straggler rule's material share (scalelab.analysis.stragglers). None when no part is both. When it is the
+    exposed communication, `largest_split` names what it is made of."""
+    step = table.set_index("part").loc["measured", "value(ms)"]
+    parts = table[table["part"].isin(ADDITIVE) & table["measured"] & (table["ci_low(ms)"] > 0)]
+    if _number(step):
+        parts = parts[parts["ci_low(ms)"] >= material * step]
+    if not len(parts):
         return None
-    return leaves.loc[leaves["value(ms)"].idxmax()].to_dict()
+    return parts.loc[parts["value(ms)"].idxmax()].to_dict()
+
+
+def largest_split(table: pd.DataFrame) -> dict | None:
+    """The positive part of exposed communication's split (waiting, wire, interference) that is largest beyond
+    noise, as its row (what to act on when exposed communication is the largest cause); None when none is."""
+    parts = table[table["part"].isin(SUBPARTS) & table["measured"] & (table["ci_low(ms)"] > 0)]
+    return parts.loc[parts["value(ms)"].idxmax()].to_dict() if len(parts) else None
+
+
+def negative_split(table: pd.DataFrame) -> str | None:
+    """A sentence for a negative part of exposed communication's split (`hidden`): waiting and wire time that did
+    not lengthen the step, because it ran while a rank was still computing; None when there is none."""
+    part = table.set_index("part")
+    hidden = part.loc["hidden"]
+    if not hidden["measured"] or not _number(hidden["value(ms)"]) or hidden["value(ms)"] >= 0:
+        return None
+    comm = part.loc["waiting", "value(ms)"] + part.loc["wire", "value(ms)"]
+    noise = " (within noise: its interval reaches 0)" if hidden["within_noise"] else ""
+    return (f"{-hidden['value(ms)']:.3g} ms of the {comm:.3g} ms spent waiting for peers and on the wire did not "
+            f"lengthen the step: it ran while the other rank was still computing (exposed communication "
+            f"{part.loc['exposed', 'value(ms)']:.3g} ms; hidden {hidden['value(ms)']:.3g} ms, 95 % interval "
+            f"{hidden['ci_low(ms)']:.3g} to {hidden['ci_high(ms)']:.3g}){noise}")
 
 
 def rest_too_large(table: pd.DataFrame) -> bool:

@@ -35,6 +35,12 @@ every run the distributed tests make to it, so a new figure that breaks arithmet
 - `bytes_off_theory`: where theory knows a step's payload, the stored bytes per step equal it: a strategy that
   allreduces the full-precision gradients (FULL_GRADIENT, no compression hook) sends the gradients' bytes in
   backward (memory/gradients(bytes)); a no-op sync or no-op collectives send nothing.
+
+Two more hold the report's words to its numbers: `decision_faults` reads every decision of a study (plain records
+of scalelab.lab.decision) and lists a winner whose two sides' intervals meet or that rests on fewer than 2
+launches, a card worded as a winner whose verdict is not "better", and a card that does not state both sides with
+their figures and n; `ratio_faults` lists a ratio sentence whose size or direction ("× faster" / "× the speed of
+... (× slower)") the table's figures do not give.
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ from scalelab.analysis.peers import rank_split, setter
 from scalelab.analysis.scaling import SUPERLINEAR
 from scalelab.analysis.summary import STAGE_COLUMNS
 
+WINNER_WORDS = ("Use ", "Train in ", "For ")  # how a card that recommends begins
 # words with which a sentence sets a row aside instead of relying on it
 SET_ASIDE = ("not used", "left out", "flagged", "implausible", "is not a finding", "not compared", "within noise",
              "indicative")
@@ -180,10 +187,22 @@ def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec
             continue
         if trusted(row.get("quality")):
             out.append(f"{name}: {_label(row)}: {why}, but its quality is {row.get('quality')!r}")
-        if rec and _names(row, rec):
+        if rec and recommends(rec) and _names(row, chosen_part(rec)):
             out.append(f"{name}: the recommendation rests on {_label(row)} ({why}): {rec}")
         out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
     return out + claim_contradictions(tables, sentences, rec)
+
+
+def recommends(card: str) -> bool:
+    """Whether a recommendation card recommends (a decision's card that keeps the default, or recommends nothing,
+    names its sides only to compare them: scalelab.lab.decision)."""
+    return card.startswith(WINNER_WORDS)
+
+
+def chosen_part(card: str) -> str:
+    """What a card recommends: its words before the first colon ("Use the ddp gradient sync"); the rest compares
+    it with an alternative, which the card may name whatever its checks say."""
+    return card.split(": ", 1)[0]
 
 
 NOT_LEARNED = ("did not learn", "not known to have learned", "not compared", "indicative", "chance")
@@ -199,7 +218,7 @@ def claim_contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str
             continue
         if "learned" in table:
             for row in table[table["learned"].astype(str) != "True"].to_dict("records"):
-                if rec and _names(row, rec):
+                if rec and recommends(rec) and _names(row, chosen_part(rec)):
                     out.append(f"{name}: the recommendation names {_label(row)}, which did not learn: {rec}")
                 out += [f"{name}: {s}" for s in sentences if _names(row, s) and "accura" in s
                         and not any(w in s for w in NOT_LEARNED)]
@@ -321,3 +340,63 @@ def run_failures(run) -> list[str]:
     out = negative_figures(summary) + unsummed_steps(records) + unsplit_collectives(records, summary)
     off = bytes_off_theory(run.config or {}, summary)
     return out + ([off] if off else [])
+
+
+# ---- the report's decisions (scalelab.lab.decision records: Decision.record()) ------------------------------------
+
+
+def _apart(a, b) -> bool:
+    """Two intervals (lists or tuples) that do not meet."""
+    return a is not None and b is not None and (a[1] < b[0] or b[1] < a[0])
+
+
+def decision_faults(records: list[Mapping]) -> list[str]:
+    """Every decision worded as a winner that the rule cannot carry, or a card that hides its comparison: a winner
+    whose two sides' intervals meet, a winner from fewer than 2 launches (seeds) a side, a card worded as a
+    winner whose verdict is not "better", a card without both sides' labels, figures and n."""
+    out = []
+    for d in records:
+        chosen, against, card, verdict = d["chosen"], d["against"], d["card"], d["verdict"]
+        said = f"{d['question']}: {card}"
+        worded_winner = card.startswith(WINNER_WORDS)
+        if worded_winner and verdict != "better":
+            out.append(f"worded as a winner, verdict {verdict!r}: {said}")
+        if verdict == "better" or worded_winner:
+            if not _apart(chosen["interval"], against["interval"]):
+                out.append(f"a winner whose intervals meet ({chosen['interval']} against {against['interval']}): "
+                           f"{said}")
+            if min(chosen["n"], against["n"]) < 2:
+                out.append(f"a winner from {min(chosen['n'], against['n'])} {d.get('count', 'launches')}: {said}")
+        missing = [s["label"] for s in (chosen, against) if s["label"] not in card]
+        if missing or card.count("n = ") < 2:
+            out.append(f"the card does not state its comparison (both sides, their figures and n): {said}")
+    return out
+
+
+_RATIO = re.compile(r"(\d+(?:\.\d+)?)× (faster than|the speed of) ([^,;()]+?)(?: \((\d+(?:\.\d+)?)× slower\))?"
+                    r"(?=[,;.)]| \(|$| beyond)")
+
+
+def ratio_faults(sentences: list[str], expected: list[float]) -> list[str]:
+    """Every ratio sentence whose direction or size the numbers behind it do not carry: each "R× faster than X" /
+    "R× the speed of X (S× slower)" must match one of `expected` (how many times faster, computed from the
+    table) to its printed digits, say "faster" exactly when that is >= 1, and give S = 1 / R."""
+    out = []
+    for sentence in sentences:
+        for m in _RATIO.finditer(sentence):
+            r, kind, slower = float(m.group(1)), m.group(2), m.group(4)
+            near = [e for e in expected if abs(e - r) <= 0.006 * max(1.0, e)]
+            if not near:
+                out.append(f"a ratio no figure gives ({r:g}×; the table's: "
+                           f"{', '.join(f'{e:.3g}' for e in expected) or 'none'}): {sentence}")
+            elif (kind == "faster than") != (near[0] >= 1):
+                out.append(f"a ratio worded the wrong way ({near[0]:.3g}× as fast, said '{kind}'): {sentence}")
+            if kind == "the speed of" and (slower is None or abs(float(slower) - 1 / r) > 0.05 / r):
+                out.append(f"a slower ratio without its inverse: {sentence}")
+    return out
+
+
+def card_faults(cards: list[tuple[str, str | None]], sections: set[str]) -> list[str]:
+    """Every recommendation card (text, the section holding its evidence) whose evidence is not in the report."""
+    return [f"a card without its evidence (section {section!r}): {text}" for text, section in cards
+            if section not in sections]

@@ -1,11 +1,9 @@
 """What every experiment's sentences share: numbers formatted, intervals read from a row and printed with their
-real coverage (`span`), and a ranking by median step that names a winner only beyond noise (`ranking`).
+real coverage (`span`), a row's launches and launch medians, and a ratio said one way (`ratio_words`).
 
-A finding between configurations ("A is faster than B beyond noise", `beats`) counts launches, not steps: the
-steps of one launch cannot see drift between launches (scalelab.analysis.repeats). So a row measured in fewer
-than MIN_LAUNCHES launches (a table without a `launches` column counts as 1) is never ranked: it may be named as
-the shortest, "indicative: 1 launch, not ranked". With MIN_LAUNCHES or more each, the faster row's step interval
-must lie below the slower's AND every launch median of the faster below every launch median of the slower.
+Whether one configuration is better than another beyond noise is decided in one place, scalelab.lab.decision
+(launches, not steps: a row measured in fewer than MIN_LAUNCHES launches, or a table without a `launches` column,
+counts as too few); this module only reads the rows it decides on and words what it found.
 
 Each experiment's own sentences live in its module (its `interpret`: the result's tables -> sentences and, where
 it has one, a recommendation), computed from the tables, never boilerplate.
@@ -18,7 +16,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.intervals import coverage, separated
+from scalelab.analysis.intervals import coverage
 from scalelab.analysis.repeats import LAUNCHES
 
 MIN_LAUNCHES = 2  # the fewest launches of each row for a finding between configurations
@@ -84,31 +82,6 @@ def launch_range(row, low: str = "step_ci_low(ms)", high: str = "step_ci_high(ms
     return (float(lo), float(hi)) if lo is not None and hi is not None else interval(row, low, high)
 
 
-def beats(a, b, low: str = "step_ci_low(ms)", high: str = "step_ci_high(ms)") -> bool:
-    """Whether row `a`'s median step is shorter than row `b`'s beyond noise, as a finding between configurations:
-    each measured in at least MIN_LAUNCHES launches, a's step interval below b's (separated), and a's slowest
-    launch median below b's fastest (the launches do not interleave)."""
-    if min(launches(a), launches(b)) < MIN_LAUNCHES:
-        return False
-    ia, ib = interval(a, low, high), interval(b, low, high)
-    if not separated(ia, ib) or not ia[1] < ib[0]:
-        return False
-    la, lb = launch_range(a, low, high), launch_range(b, low, high)
-    return la is not None and lb is not None and la[1] < lb[0]
-
-
-def fastest(table: pd.DataFrame, label: str, value: str = "step(ms)", low: str = "step_ci_low(ms)",
-             high: str = "step_ci_high(ms)") -> tuple[dict, list[dict], bool]:
-    """(the row with the lowest `value`, the rows it does not beat beyond noise, whether intervals could tell): a
-    row is within noise of the best unless the best `beats` it (intervals separated, launches not interleaved,
-    enough launches of each); nothing is concluded from a figure without its interval."""
-    rows = table.sort_values(value).to_dict("records")
-    best, others = rows[0], rows[1:]
-    b = interval(best, low, high)
-    ties = [r for r in others if not beats(best, r, low, high)]
-    return best, ties, b is not None
-
-
 def flagged(table: pd.DataFrame, label: str) -> tuple[pd.DataFrame, list[str]]:
     """(the rows that may make a finding, one sentence per row left out and why: compare.trusted)."""
     if "quality" not in table:
@@ -118,38 +91,12 @@ def flagged(table: pd.DataFrame, label: str) -> tuple[pd.DataFrame, list[str]]:
     return table[keep], out
 
 
-def ranking(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
-    """Sentences ranking `table`'s rows by median step, only as far as the intervals separate them; the winner
-    when it `beats` every other row (else None): at least MIN_LAUNCHES launches each, intervals separated, launches
-    not interleaved; the sentence states n (launches). Fewer launches: the shortest is named, "indicative", not
-    ranked. Flagged rows are left out, with why."""
-    table, left_out = flagged(table, label)
-    if not len(table):
-        return left_out + [f"Every {what} is flagged: no ranking is a finding."], None
-    lines, best = _ranking_of(table, label, what)
-    return left_out + lines, best
-
-
-def _ranking_of(table: pd.DataFrame, label: str, what: str) -> tuple[list[str], dict | None]:
-    best, ties, known = fastest(table, label)
-    line = f"{best[label]} has the shortest median step: {fmt(best['step(ms)'], ' ms')} ({step_span(best)})"
-    if not known:
-        return [line + "; without intervals no ranking is a finding."], None
-    n = min(launches(r) for r in table.to_dict("records"))
-    if n < MIN_LAUNCHES:
-        return [line + f"; {not_ranked(n)}."], None
-    each = f"n = {n} launches{' each' if len(table) > 1 else ''}"
-    if ties:
-        half = max((iv[1] - iv[0]) / 2 for iv in (interval(r) for r in [best, *ties]) if iv is not None)
-        names = ", ".join(str(r[label]) for r in ties)
-        return [line + f", but {names} {'is' if len(ties) == 1 else 'are'} within noise of it (the intervals "
-                f"meet or the launches interleave; noise here is about ±{fmt(half, ' ms')}, {each}): no {what} is "
-                f"faster than {'it' if len(ties) == 1 else 'them'} beyond noise."], None
-    rest = table[table[label] != best[label]].sort_values("step(ms)")
-    nxt = rest.iloc[0] if len(rest) else None
-    if nxt is not None:
-        line += (f", faster than every other {what} beyond noise in every launch ({each}; next: {nxt[label]}, "
-                 f"{fmt(nxt['step(ms)'], ' ms')}, {step_span(nxt)})")
-    return [line + "."], best
-
-
+def ratio_words(faster: float, than: str) -> str:
+    """A ratio said one way, from how many times faster one thing is than `than` (a step-time ratio old / new, or
+    a throughput ratio new / old): "1.41× faster than 1 thread"; below 1, "0.38× the speed of fp32 (2.63× slower)".
+    Never a ratio of a thing with itself: the caller names the other side."""
+    if faster is None or not math.isfinite(faster) or faster <= 0:
+        return f"no ratio to {than} (a figure is missing)"
+    if faster >= 1:
+        return f"{faster:.2f}× faster than {than}"
+    return f"{faster:.2f}× the speed of {than} ({1 / faster:.2f}× slower)"

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt, interval, span
+from scalelab.analysis.interpret import ratio_words
 from scalelab.analysis.learning import COMPARE_ONLY_LEARNED, Learning, chance_over, over_seeds, seed_band
 from scalelab.analysis.repeats import LAUNCHES, pool
 from scalelab.analysis.summary import timed_step_ms
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, launches_option, name_list, number
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.decision import NOT_ENOUGH_DATA, Decision, card, pick, step_side
 from scalelab.report.figures import plt, save
 from scalelab.train.setup import build_bundle
 
@@ -114,44 +115,52 @@ def plot_loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
     return save(fig, path)
 
 
+def precision_decisions(table: pd.DataFrame) -> list[Decision]:
+    """The precision chosen on the median step among every precision (lab.decision: beyond noise over the whole
+    family, by a material effect; fp32 is kept when none wins), recommended only where every precision learned
+    and the chosen one ends within 1 point of fp32's accuracy (else nothing is recommended, and the card says
+    why)."""
+    if len(table) < 2 or "fp32" not in set(table["precision"]):
+        return []
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    rows = table.to_dict("records")
+    sides = [step_side(r, r["precision"], value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
+    decision = pick(sides, question="precision", default="fp32", action=None)
+    if decision is None or not decision.recommends or decision.chosen.label == "fp32":
+        return [decision] if decision is not None else []
+    chosen = next(r for r in rows if r["precision"] == decision.chosen.label)
+    base = next(r for r in rows if r["precision"] == "fp32")
+    if not all(bool(r.get("learned")) for r in rows):
+        why = f"faster beyond noise, but accuracy is not compared: {COMPARE_ONLY_LEARNED}"
+    elif chosen[keys.EVAL_ACC] < base[keys.EVAL_ACC] - 0.01:
+        why = "faster beyond noise, but its accuracy ends more than 1 point below fp32's"
+    else:
+        return [replace(decision, action=f"{decision.chosen.label} (accuracy within 1 point of fp32's)")]
+    return [replace(decision, verdict=NOT_ENOUGH_DATA, why=why, keep="fp32, the default")]
+
+
 def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:
     """Throughput of each precision against fp32's, accuracy against fp32's only where both learned (the table's
-    `learned`, scalelab.analysis.learning), and a precision recommended only from runs that learned."""
+    `learned`, scalelab.analysis.learning), and the decision's card (`precision_decisions`)."""
     if not len(table) or "fp32" not in set(table["precision"]):
         return [], None
     base = table[table["precision"] == "fp32"].iloc[0]
     out, unlearned = [], []
     for d in table[table["precision"] != "fp32"].to_dict("records"):
-        speed = d[keys.THROUGHPUT] / base[keys.THROUGHPUT]
+        speed = f"{d['precision']} runs {ratio_words(d[keys.THROUGHPUT] / base[keys.THROUGHPUT], 'fp32')}"
         both = bool(d.get("learned")) and bool(base.get("learned"))
         if both:
-            out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput and ends at accuracy "
-                       f"{_accuracy(d)} vs {_accuracy(base)} (fp32).")
+            out.append(f"{speed} (throughput) and ends at accuracy {_accuracy(d)} vs {_accuracy(base)} (fp32).")
         else:
-            out.append(f"{d['precision']} runs at {speed:.2f}x the fp32 throughput.")
+            out.append(f"{speed} (throughput).")
             unlearned += [r for r in (base, d) if not r.get("learned") and r["precision"] not in
                           {u["precision"] for u in unlearned}]
     out += [f"{r['precision']} {_learning(r).verdict()}." for r in unlearned]
     if unlearned:
         out.append(f"Accuracy is not compared: {COMPARE_ONLY_LEARNED}. Train longer (--steps) or with more seeds "
                    "(--seeds) for an accuracy comparison.")
-    best = table.loc[table[keys.THROUGHPUT].idxmax()]
-    if not trusted(best.get("quality")) or not trusted(base.get("quality")):
-        flagged = best if not trusted(best.get("quality")) else base
-        return out + [f"{flagged.precision} is flagged ({flagged.quality}): no precision is recommended."], None
-    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-    b, f = interval(best, low, high), interval(base, low, high)
-    faster = b is not None and f is not None and b[1] < f[0]  # best's step interval lies below fp32's
-    if best.precision != "fp32" and not faster:
-        out.append(f"{best.precision}'s step ({span(b)}) is not faster than fp32's ({span(f)}) beyond noise.")
-    if not table["learned"].astype(bool).all():  # "as accurate" needs every precision's accuracy
-        return out, None
-    ok = best[keys.EVAL_ACC] >= base[keys.EVAL_ACC] - 0.01
-    rec = (f"Train in {best.precision}: {best[keys.THROUGHPUT] / base[keys.THROUGHPUT]:.2f}x fp32's throughput, "
-           f"step {fmt(best[keys.STEP_MEDIAN_MS], ' ms')} ({span(b)}) against {fmt(base[keys.STEP_MEDIAN_MS], ' ms')} "
-           f"({span(f)}), with accuracy within 1 point." if ok and faster and best.precision != "fp32"
-           else "Keep fp32: no lower precision was both faster beyond noise and as accurate here.")
-    return out, rec
+    decisions = precision_decisions(table)
+    return out + [d.card() for d in decisions], card(decisions)
 
 
 def _learning(row) -> Learning:
@@ -200,6 +209,7 @@ EXPERIMENT = Experiment(
     figures=lambda result, out: [plot_loss_curves(result.tables["amp_curves"], out / "amp_curves.png",
                                                      hue="precision")],
     interpret=lambda result: precision(result.tables["amp"]),
+    decide=lambda result: precision_decisions(result.tables["amp"]),
     captions={"amp": "Per precision: final accuracy (median over seeds, the seeds' interval), chance and whether the "
                      "runs learned, loss, peak memory, throughput, step time spread.",
               "amp_curves.png": "Training loss per step, fp32 vs lower precision (rank 0)."},

@@ -8,8 +8,8 @@ import pandas as pd
 from scalelab.analysis.compare import BACKENDS
 from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig, cuda_device_count
-from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked,
-                                             run_comparison, set_aside)
+from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, decisions_of,
+                                             ranked, run_comparison, set_aside)
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 
@@ -56,7 +56,8 @@ def backends_result(result) -> tuple[list[str], str | None]:
                        f"{fmt(row['comm(ms)'], ' ms')}, busbw {fmt(row['busbw(GB/s)'], ' GB/s')}.")
         else:
             out.append(f"{row['backend']}: {row['status']} ({row['reason']}).")
-    lines, rec = ranked(table, "backend", "backend")
+    lines, decision = ranked(table, "backend", "backend", None)
+    rec = decision.card() if decision else None
     return out + lines, rec
 
 
@@ -83,5 +84,6 @@ EXPERIMENT = Experiment(
     columns={"compare_backends": answer_columns("backend")},
     captions=comm_captions("compare_backends", "backend"),
     interpret=backends_result,
+    decide=decisions_of("compare_backends", "backend"),
     study_options=study_options,
 )

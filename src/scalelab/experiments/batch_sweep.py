@@ -6,12 +6,11 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, interval, launches, not_ranked, span
-from scalelab.analysis.intervals import separated
+from scalelab.analysis.interpret import fmt, ratio_words
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.decision import Decision, card, figure_side, pick
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
@@ -23,40 +22,35 @@ def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
     return frame.dropna(axis=1, how="all")
 
 
+def batch_decisions(table: pd.DataFrame) -> list[Decision]:
+    """The batch chosen for throughput among every batch (lab.decision, higher is better: beyond noise over the
+    whole family, by a material effect); none wins: the smallest batch within noise of the best is kept (it
+    costs the least memory and generalises best)."""
+    if len(table) < 2:
+        return []
+    sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT)
+             for r in table.to_dict("records")]
+    decision = pick(sides, question="batch size", figure="throughput", unit=" samples/s", lower_is_better=False,
+                    cheaper=lambda s: int(s.label.split()[1]))
+    return [decision] if decision is not None else []
+
+
 def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
     if not len(table):
         return [], None
     t = table.sort_values("global_batch")
     lo, hi = t.iloc[0], t.iloc[-1]
     best = t.loc[t[keys.THROUGHPUT].idxmax()]
-    gain = hi[keys.THROUGHPUT] / lo[keys.THROUGHPUT]
-    out = [f"Going from batch {int(lo.global_batch)} to {int(hi.global_batch)} changes throughput "
-           f"{gain:.2f}x ({fmt(lo[keys.THROUGHPUT])} to {fmt(hi[keys.THROUGHPUT])} samples/s) "
+    out = [f"Going from batch {int(lo.global_batch)} to {int(hi.global_batch)} changes throughput from "
+           f"{fmt(lo[keys.THROUGHPUT])} to {fmt(hi[keys.THROUGHPUT])} samples/s "
+           f"({ratio_words(hi[keys.THROUGHPUT] / lo[keys.THROUGHPUT], f'batch {int(lo.global_batch)}')}) "
            f"and the epoch from {fmt(lo[keys.EPOCH_S])} s to {fmt(hi[keys.EPOCH_S])} s.",
            f"The highest throughput is at batch {int(best.global_batch)}: "
            f"{fmt(best[keys.THROUGHPUT])} samples/s."]
     share = 1 - t[keys.EPOCH_NO_DATA_S] / t[keys.EPOCH_S]
     out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
-    if not trusted(best.get("quality")):
-        return out + [f"Batch {int(best.global_batch)} is flagged ({best['quality']}): no batch is recommended."], None
-    # choosing a batch is a finding between configurations: launches, not steps (scalelab.analysis.interpret)
-    n = min(launches(r) for r in t.to_dict("records"))
-    if len(t) > 1 and n < MIN_LAUNCHES:
-        return out + [f"Batch {int(best.global_batch)} has the highest throughput: {not_ranked(n)}."], None
-    # the smallest batch whose throughput interval meets the best's does as well within noise (a pooled row's
-    # interval reaches every launch's value: scalelab.analysis.repeats)
-    b = interval(best, "ci_low", "ci_high")
-    near = [r for r in t.to_dict("records") if b is not None and (iv := interval(r, "ci_low", "ci_high"))
-            and not separated(b, iv) and r["global_batch"] < best.global_batch and trusted(r.get("quality"))]
-    if near:
-        small = near[0]
-        out.append(f"Batch {int(small['global_batch'])} is within noise of it ({fmt(small[keys.THROUGHPUT])} "
-                   f"samples/s, {span(interval(small, 'ci_low', 'ci_high'), ' samples/s')}).")
-        return out, (f"Use batch {int(small['global_batch'])} or more for throughput ({fmt(small[keys.THROUGHPUT])} "
-                     f"samples/s, {span(interval(small, 'ci_low', 'ci_high'), ' samples/s')}): up to batch "
-                     f"{int(best.global_batch)} the gain is within noise.")
-    return out, (f"Use batch {int(best.global_batch)} for throughput ({fmt(best[keys.THROUGHPUT])} samples/s, "
-                 f"{span(b, ' samples/s')}).")
+    decisions = batch_decisions(t)
+    return out + [d.card() for d in decisions], card(decisions)
 
 
 def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
@@ -97,6 +91,7 @@ EXPERIMENT = Experiment(
     analyse=lambda runs, base, opts: Result("batch_sweep", {"batch_sweep": batch_sweep_table(runs)}),
     figures=lambda result, out: [time_vs_batch(result.tables["batch_sweep"], out / "batch_sweep.png")],
     interpret=lambda result: batch_sweep(result.tables["batch_sweep"]),
+    decide=lambda result: batch_decisions(result.tables["batch_sweep"]),
     captions={"batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput "
                              "(samples/s), peak memory (GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},

@@ -24,10 +24,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from scalelab.analysis.compare import comparison_table
-from scalelab.analysis.interpret import ranking, step_span
+from scalelab.analysis.compare import trusted
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option
+from scalelab.lab.decision import Decision, card, rank
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.report import figures
@@ -99,7 +100,8 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         return table[COLUMNS]
 
     table = run_checked(ctx, [*cells, baseline], group="compare", analyse=analyse)
-    notes = {"gradients": f"{grads / MIB:.2f} MiB of gradients per step ({base.model})", "exposed": NOTE}
+    notes = {"gradients": f"{grads / MIB:.2f} MiB of gradients per step ({base.model})", "exposed": NOTE,
+             "default bucket": f"{_label(base.bucket_mb)} (the config's, kept unless a size wins beyond noise)"}
     return Result("bucket_sweep", {"bucket_sweep": table}, notes=notes)
 
 
@@ -126,12 +128,28 @@ def plot(result: Result, out: Path) -> list[Path]:
     return [figures.save(fig, out / "bucket_sweep.png")]
 
 
+def decisions(result: Result) -> list[Decision]:
+    """The bucket size chosen among the completed sizes (lab.decision: beyond noise over the whole family, by a
+    material effect); none wins: the study's base size is kept."""
+    return [d for d in [_ranked(result)[1]] if d is not None]
+
+
+def _ranked(result: Result) -> tuple[list[str], Decision | None]:
+    t = result.tables.get("bucket_sweep", pd.DataFrame())
+    done = t[t["status"] == "completed"] if len(t) else t
+    if len(done) < 2:
+        return [], None
+    base = str(result.notes.get("default bucket", "")).split(" (")[0]
+    return rank(done, "bucket", "bucket size", default=base if base in set(done["bucket"]) else None,
+                action=lambda label: f"bucket_cap_mb {label}")
+
+
 def interpret(result: Result) -> tuple[list[str], str | None]:
     t = result.tables.get("bucket_sweep", pd.DataFrame())
     done = t[t["status"] == "completed"] if len(t) else t
     if len(done) < 2:
         return [], None
-    lines, best = ranking(done, "bucket", "bucket size")
+    lines, decision = _ranked(result)
     for row in done.dropna(subset=["overlap"]).to_dict("records"):
         where = (f"At {row['bucket']} ({row['share_of_gradients']:.2g} of the gradients, "
                  f"{row['collectives_per_step']:.0f} collective{'' if row['collectives_per_step'] == 1 else 's'} "
@@ -139,18 +157,18 @@ def interpret(result: Result) -> tuple[list[str], str | None]:
         # an overlap is a share: its interval is shown within [0, 100] %, where the physics puts it
         shares = (f"{100 * min(max(row['overlap_ci_low'], 0.0), 1.0):.0f} to "
                 f"{100 * min(max(row['overlap_ci_high'], 0.0), 1.0):.0f} %")
-        if row.get("quality", "ok") != "ok":
+        if row.get("quality", "ok") == "re-measured":  # measured twice, ok the second time: its figures hold
+            where += " (re-measured: the first measurement looked doubtful, the second is used)"
+        elif not trusted(row.get("quality", "ok")):
             lines.append(f"{where} the overlap is not used: {row['quality']}.")
-        elif row["overlap_ci_low"] > 0:  # a share hidden beyond noise
+            continue
+        if row["overlap_ci_low"] > 0:  # a share hidden beyond noise
             lines.append(f"{where} backward hides {100 * row['overlap']:.0f} % of {row['comm(ms)']:.3g} ms of "
                          f"communication (interval {shares}).")
         else:
             lines.append(f"{where} no communication is hidden beyond noise: overlap {100 * row['overlap']:.0f} % "
                          f"of {row['comm(ms)']:.3g} ms (interval {shares}).")
-    rec = None if best is None else (f"Use bucket_cap_mb {best['bucket_mb']:.3g} "
-                                     f"({best['share_of_gradients']:.2g} of the gradients): "
-                                     f"{best['step(ms)']:.3g} ms per step ({step_span(best)}).")
-    return lines, rec
+    return lines, card([decision])
 
 
 def study_options(plan: StudyPlan) -> dict | None:
@@ -175,6 +193,8 @@ EXPERIMENT = Experiment(
     run=_run,
     figures=plot,
     interpret=interpret,
+    decide=decisions,
+    version=2,  # the default bucket in its notes
     captions={"bucket_sweep": "One row per bucket size: median step, compute (one no-op-collectives baseline), "
                               "time inside collectives, exposed communication and overlap, with 95 % intervals.",
               "bucket_sweep.png": "Median step and exposed communication per bucket size (MiB, log scale), bars "

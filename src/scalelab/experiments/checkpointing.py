@@ -12,10 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import MIN_LAUNCHES, beats, fmt, interval, launches
+from scalelab.analysis.interpret import fmt, ratio_words
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.decision import BETTER, NOT_ENOUGH_DATA, decide, step_side
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
@@ -81,30 +82,39 @@ def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:
                  if saved in d else None,
                  f"backward peak {_mib(d[peak])} ({_ratio(d[peak], off[peak])})" if peak in d else None,
                  f"{name} {_ratio(d[mem], off[mem])}" if mem in d else None,
-                 f"step time {_ratio(d[keys.STEP_MEDIAN_MS], off[keys.STEP_MEDIAN_MS])}" + _noise_note(d, off)]
+                 f"steps {_speed(d, off)}" + _noise_note(d, off)]
         out.append(f"{d['checkpoint_segments']} segments: " + ", ".join(p for p in parts if p) + ".")
     on = table[table["checkpoint_segments"] > 0]
     if mem != cuda and saved in table and mem in table and len(on):
         rss, act = on[mem] / off[mem], on[saved] / off[saved]
         if rss.min() > act.min():  # the process fell less than its activations
-            out.append(f"On CPU the process's peak RSS went to {rss.min():.2f}x..{rss.max():.2f}x of no "
-                       f"checkpointing while the saved activations went to {act.min():.2f}x..{act.max():.2f}x: "
+            out.append(f"On CPU the process's peak RSS went to {rss.min():.2f}×..{rss.max():.2f}× of no "
+                       f"checkpointing while the saved activations went to {act.min():.2f}×..{act.max():.2f}×: "
                        "the RSS includes the process's baseline (libraries, data, allocator caches) and hides the "
                        "activations; the saved bytes show the effect.")
     return out, None
 
 
 def _noise_note(row: dict, reference) -> str:
-    """What a step-time ratio against no checkpointing is worth: "" when one beats the other (interpret.beats:
-    separated intervals, launches not interleaved, at least 2 launches each), " (indicative: 1 launch)" from
-    fewer launches, " (no interval)" without intervals, else " (within noise)"."""
+    """What a step-time ratio against no checkpointing is worth (lab.decision, either way, no material share: a
+    measured cost is reported, not a default changed): "" beyond noise, " (indicative: ...)" from too few
+    launches or without intervals, " (within noise)" otherwise."""
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-    if interval(row, low, high) is None or interval(reference, low, high) is None:
+    a = step_side(row, f"{row.get('checkpoint_segments', '?')} segments", value=keys.STEP_MEDIAN_MS, low=low, high=high)
+    b = step_side(reference, "no checkpointing", value=keys.STEP_MEDIAN_MS, low=low, high=high)
+    if a.interval is None or b.interval is None:
         return " (no interval)"
-    n = min(launches(row), launches(reference))
-    if n < MIN_LAUNCHES:
-        return f" (indicative: {n} launch{'es' if n != 1 else ''})"
-    return "" if beats(row, reference, low, high) or beats(reference, row, low, high) else " (within noise)"
+    verdicts = {decide(x, y, question="checkpointing", share=0.0).verdict for x, y in ((a, b), (b, a))}
+    if BETTER in verdicts:
+        return ""
+    n = min(a.n, b.n)
+    return f" (indicative: {n} launch{'es' if n != 1 else ''})" if NOT_ENOUGH_DATA in verdicts else " (within noise)"
+
+
+def _speed(row: dict, reference) -> str:
+    """The step's speed against no checkpointing, said one way (analysis.interpret.ratio_words)."""
+    step, base = row[keys.STEP_MEDIAN_MS], reference[keys.STEP_MEDIAN_MS]
+    return ratio_words(base / step if step else float("nan"), "no checkpointing")
 
 
 def _mib(nbytes: float) -> str:
@@ -113,7 +123,7 @@ def _mib(nbytes: float) -> str:
 
 def _ratio(value: float, base: float) -> str:
     ratio = value / base if base else float("nan")
-    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}x"
+    return "n/a" if math.isnan(ratio) else f"{ratio:.2f}×"
 
 
 def study_options(plan: StudyPlan) -> dict | None:

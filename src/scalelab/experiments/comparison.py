@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pandas as pd
+
 from scalelab.analysis.compare import comparison_table, trusted
-from scalelab.analysis.interpret import fmt, ranking, step_span
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
+from scalelab.lab.decision import Decision, rank
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 
@@ -106,14 +108,21 @@ def comm_figures(name: str, label: str):
     return draw
 
 
-def ranked(table, axis: str, what: str) -> tuple[list[str], str | None]:
-    """The completed rows ranked by median step (a winner only beyond noise) and the recommendation it makes."""
+def ranked(table, axis: str, what: str, default: str | None = None) -> tuple[list[str], Decision | None]:
+    """The completed rows as one choice (scalelab.lab.decision.rank: a winner only beyond noise, by a material
+    effect, over the whole family of rows): sentences and the decision; `default` is kept when none wins."""
     done = table[table["status"] == "completed"] if len(table) else table
     if len(done) < 2:
         return [], None
-    lines, best = ranking(done, axis, what)
-    return lines, None if best is None else (f"Use the {best[axis]} {what}: {fmt(best['step(ms)'], ' ms')} per "
-                                             f"step ({step_span(best)}).")
+    return rank(done, axis, what, default=default, action=lambda label: f"the {label} {what}")
+
+
+def decisions_of(name: str, axis: str, default: str | None = None) -> Callable[[Result], list[Decision]]:
+    """An axis experiment's `decide`: the decision `ranked` makes over its table `name`."""
+    def decide(result: Result) -> list[Decision]:
+        decision = ranked(result.tables.get(name, pd.DataFrame()), axis, axis, default)[1]
+        return [decision] if decision is not None else []
+    return decide
 
 
 def set_aside(row: dict, axis: str) -> str | None:

@@ -21,8 +21,8 @@ from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError
-from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, ranked,
-                                             run_comparison, set_aside)
+from scalelab.experiments.comparison import (DEFAULTS, Axis, answer_columns, comm_captions, comm_figures, decisions_of,
+                                             ranked, run_comparison, set_aside)
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list
 
 HOROVOD_NOTE = ("horovod: comm = comm_critical = the union of each step's ALLREDUCE spans in Horovod's timeline "
@@ -81,7 +81,8 @@ def engines_result(result) -> tuple[list[str], str | None]:
                           else "not measured (no baseline)."))
         else:
             out.append(f"{row['engine']}: {row['status']} ({row['reason']}).")
-    lines, rec = ranked(table, "engine", "engine")
+    lines, decision = ranked(table, "engine", "engine", 'ddp')
+    rec = decision.card() if decision else None
     return out + comparability(table) + lines, rec
 
 
@@ -137,6 +138,7 @@ EXPERIMENT = Experiment(
     columns={"compare_engines": answer_columns("engine")},
     captions=comm_captions("compare_engines", "training engine"),
     interpret=engines_result,
+    decide=decisions_of("compare_engines", "engine", "ddp"),
     study_options=study_options,
     quick=False,
 )

@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import MIN_LAUNCHES, beats, fmt, launches, not_ranked, step_span
+from scalelab.analysis.interpret import fmt, ratio_words
 from scalelab.analysis.tables import runs_frame
 from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bool_list, int_list, launches_option
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
+from scalelab.lab.decision import Decision, card, pick, step_side
 from scalelab.provenance import collect_provenance
 from scalelab.report.figures import ci, plt, save
 from scalelab.train.loop import make_loader
@@ -32,21 +32,6 @@ def loader_table(runs: list[dict]) -> pd.DataFrame:
         shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}
         frame["data_wait(%)"] = frame["run_id"].map(shares)
     return frame
-
-
-def best_loader_setting(table: pd.DataFrame) -> dict:
-    """The fastest setting, preferring fewer workers when within 5 % of the best throughput."""
-    if not len(table):
-        return {}
-    best = table[keys.THROUGHPUT].max()
-    near = table[table[keys.THROUGHPUT] >= 0.95 * best].sort_values(["num_workers"], kind="stable")
-    row = near.iloc[0]
-    return {"num_workers": int(row["num_workers"]), "pin_memory": bool(row["pin_memory"]),
-            "prefetch_factor": None if pd.isna(row["prefetch_factor"]) else int(row["prefetch_factor"]),
-            keys.THROUGHPUT: float(row[keys.THROUGHPUT]),
-            "speedup_vs_0_workers": float(row[keys.THROUGHPUT] /
-                                          table.loc[table["num_workers"] == 0, keys.THROUGHPUT].max())
-            if (table["num_workers"] == 0).any() else None}
 
 
 def data_share(summary: dict) -> float:
@@ -118,7 +103,7 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
         iteration[(cfg.num_workers, cfg.pin_memory, cfg.prefetch_factor)] = seconds
     table["epoch_iteration(s)"] = [iteration.get((int(r.num_workers), bool(r.pin_memory), _none(r.prefetch_factor)))
                                    for r in table.itertuples()]
-    return Result("loader_sweep", {"loader_sweep": table}, notes={"recommended": best_loader_setting(table)})
+    return Result("loader_sweep", {"loader_sweep": table})
 
 
 def default_workers() -> list[int]:
@@ -140,42 +125,42 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
-def loader(table: pd.DataFrame, best: dict) -> tuple[list[str], str | None]:
-    if not len(table) or not best:
+def setting(row) -> str:
+    """A loader setting as the user writes it: "num_workers=2 (pin_memory=False, prefetch_factor=2)"."""
+    words = f"pin_memory={bool(row['pin_memory'])}"
+    words += "" if pd.isna(row["prefetch_factor"]) else f", prefetch_factor={int(row['prefetch_factor'])}"
+    return f"num_workers={int(row['num_workers'])} ({words})"
+
+
+def loader_decisions(table: pd.DataFrame) -> list[Decision]:
+    """The loader setting chosen on the median step among every setting (lab.decision: beyond noise over the
+    whole family, by a material effect); none wins: DataLoader's default (no workers) is kept, else the setting
+    with the fewest workers within noise (workers cost cores and memory)."""
+    if len(table) < 2:
+        return []
+    rows = table.to_dict("records")
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    sides = [step_side(r, setting(r), value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
+    default = next((setting(r) for r in rows if r["num_workers"] == 0 and not r["pin_memory"]), None)
+    workers = {setting(r): int(r["num_workers"]) for r in rows}
+    decision = pick(sides, question="loader setting", default=default, cheaper=lambda s: workers[s.label])
+    return [decision] if decision is not None else []
+
+
+def loader(table: pd.DataFrame) -> tuple[list[str], str | None]:
+    if not len(table):
         return [], None
     zero = table[table["num_workers"] == 0]
     out = []
     if len(zero):
         out.append(f"With no loader workers, steps wait for data {zero['data_wait(%)'].iloc[0]:.1f} % of the time.")
-    out.append(f"num_workers={best['num_workers']} reaches {fmt(best[keys.THROUGHPUT])} samples/s"
-               + (f" ({best['speedup_vs_0_workers']:.2f}x no workers)." if best.get("speedup_vs_0_workers") else "."))
-    prefetch = "" if best["prefetch_factor"] is None else f", prefetch_factor={best['prefetch_factor']}"
-    if best["num_workers"] and len(zero):
-        low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-        chosen = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
-        flagged = [r for r in (chosen.iloc[0], zero.iloc[0]) if not trusted(r.get("quality"))]
-        if flagged:
-            out.append(f"num_workers={int(flagged[0]['num_workers'])} is flagged ({flagged[0]['quality']}): no "
-                       "loader setting is recommended.")
-            return out, None
-        c, z = chosen.iloc[0], zero.iloc[0]
-        b_said, z_said = step_span(c, low=low, high=high), step_span(z, low=low, high=high)
-        if not beats(c, z, low, high):  # a finding between settings: launches, not steps (interpret.beats)
-            n = min(launches(c), launches(z))
-            why = not_ranked(n) if n < MIN_LAUNCHES else f"not beyond noise in every launch (n = {n} launches each)"
-            out.append(f"num_workers={best['num_workers']}'s step ({b_said}) against no workers' ({z_said}): "
-                       f"{why}.")
-            return out, None
-    elif len(table) > 1 and min(launches(r) for r in table.to_dict("records")) < MIN_LAUNCHES:
-        n = min(launches(r) for r in table.to_dict("records"))
-        out.append(f"num_workers={best['num_workers']} has the highest throughput: {not_ranked(n)}.")
-        return out, None
-    row = table[(table["num_workers"] == best["num_workers"]) & (table["pin_memory"] == best["pin_memory"])]
-    said = ""
-    if len(row) and keys.STEP_MEDIAN_MS in row:
-        low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-        said = f": step {fmt(row[keys.STEP_MEDIAN_MS].iloc[0], ' ms')} ({step_span(row.iloc[0], low=low, high=high)})"
-    return out, f"Use num_workers={best['num_workers']}, pin_memory={best['pin_memory']}{prefetch}{said}."
+    best = table.loc[table[keys.THROUGHPUT].idxmax()]
+    line = f"{setting(best)} has the highest throughput, {fmt(best[keys.THROUGHPUT])} samples/s"
+    if len(zero) and best["num_workers"] != 0:  # never a ratio of a thing with itself
+        line += f" ({ratio_words(best[keys.THROUGHPUT] / zero[keys.THROUGHPUT].max(), 'no workers')})"
+    out.append(line + ".")
+    decisions = loader_decisions(table)
+    return out + [d.card() for d in decisions], card(decisions)
 
 
 def study_options(plan: StudyPlan) -> dict | None:
@@ -198,7 +183,9 @@ EXPERIMENT = Experiment(
     defaults={"dataset": "synthetic_jpeg"},
     run=lambda ctx, base, opts: _run(ctx, base, {**opts, "workers": opts["workers"] or default_workers()}),
     figures=lambda result, out: [loader_bars(result.tables["loader_sweep"], out / "loader_sweep.png")],
-    interpret=lambda result: loader(result.tables["loader_sweep"], result.notes.get("recommended", {})),
+    interpret=lambda result: loader(result.tables["loader_sweep"]),
+    decide=lambda result: loader_decisions(result.tables["loader_sweep"]),
+    version=2,  # decided on the median step by lab.decision (no 5 % rule, no note)
     captions={"loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the "
                               "loader alone.",
               "loader_sweep.png": "Throughput and data-wait share per loader setting."},

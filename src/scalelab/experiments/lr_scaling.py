@@ -9,18 +9,20 @@ seeds interleaved in rounds; accuracy and time to accuracy are then the median o
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.interpret import interval
-from scalelab.analysis.intervals import median_interval, separated
+from scalelab.analysis.intervals import median_interval
 from scalelab.analysis.learning import COMPARE_ONLY_LEARNED, chance_over, over_seeds, seed_band
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.decision import Decision, card, figure_side, pick
 from scalelab.report.figures import plt, save
 from scalelab.train.lr import RULES
 from scalelab.train.setup import build_bundle
@@ -151,6 +153,43 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
+QUESTION = "learning-rate rule for batch"  # a decision's question, with its batch
+
+
+def rule_decision(learned: pd.DataFrame, batch: int, only: bool = False) -> Decision:
+    """The rule chosen at one batch among the rules that learned, on final accuracy over seeds (lab.decision,
+    higher is better, n = seeds: beyond seed noise over the whole family, by a material effect); `only`: the one
+    rule that learned, against the best of those that did not."""
+    sides = [figure_side({k: 100 * v if k in ("final_acc", "ci_low", "ci_high") else v for k, v in r.items()},
+                         r["lr_rule"], value="final_acc", n=int(r["n"]), values=int(r["n"]))
+             for r in learned.to_dict("records")]
+    decision = pick(sides, question=f"{QUESTION} {batch}", figure="final test accuracy",
+                    unit=" %", lower_is_better=False, count="seeds", speed=False)
+    return replace(decision, action=f"the {decision.chosen.label} rule for batch {batch}"
+                                    + (" (the only one that learned)" if only else ""))
+
+
+def lr_decisions(result) -> list[Decision]:
+    """Per batch above the base with two or more seeds and two or more rules that learned: its decision."""
+    t = result.tables["lr_scaling"]
+    if not len(t):
+        return []
+    base_batch = result.notes.get("base_batch", int(t["global_batch"].min()))
+    out = []
+    for b in sorted(t["global_batch"].unique()):
+        g = t[t["global_batch"] == b]
+        learned = g[g["learned"].astype(bool)] if "learned" in g else g
+        missed = g.drop(learned.index).sort_values("final_acc", ascending=False)
+        if b == base_batch or int(g["n"].max()) < 2 or not len(learned):
+            continue
+        if len(learned) >= 2:
+            out.append(rule_decision(learned, int(b)))
+        elif len(missed):
+            best = learned.sort_values("final_acc", ascending=False)
+            out.append(rule_decision(g.loc[[best.index[0], missed.index[0]]], int(b), only=True))
+    return out
+
+
 def lr_scaling_result(result) -> tuple[list[str], str | None]:
     """Per batch above the base: the rules' accuracies, and a rule recommended only from two or more seeds, between
     rules that learned (scalelab.analysis.learning), when the best one's seed interval lies clear of the next one's.
@@ -166,7 +205,7 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
     if len(base):
         out.append(f"At the base batch {base_batch} the model reaches {100 * base['final_acc'].max():.1f} % test "
                    f"accuracy{at_chance}.")
-    rec = None
+    decisions = lr_decisions(result)
     for b in sorted(t["global_batch"].unique()):
         if b == base_batch:
             continue
@@ -191,24 +230,14 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
         if runner is None:
             out.append(f"At batch {b} ({b // base_batch}x), only {best.lr_rule} learned: {100 * best.final_acc:.1f} % "
                        f"({100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over {int(best.n)} seeds).")
-            rec = (f"For batch {b}, use the {best.lr_rule} rule: the only one that learned "
-                   f"({100 * best.final_acc:.1f} %, {seed_band(int(best.n))} {100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over "
-                   f"{int(best.n)} seeds; chance {100 * chance:.1f} %).") if len(g) > 1 else rec
+            out += [d.card() for d in decisions if d.question == f"{QUESTION} {b}"]
             continue
-        ivr = interval(runner, "ci_low", "ci_high")
         out.append(f"At batch {b} ({b // base_batch}x), among the rules that learned ({seed_band(int(best.n))}s "
                    "over seeds): "
                    + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} % ({100 * r.ci_low:.1f}–{100 * r.ci_high:.1f} %)"
                                for r in learned.itertuples()) + f" over {int(best.n)} seeds.")
-        if separated(iv, ivr):
-            rec = (f"For batch {b}, use the {best.lr_rule} rule ({100 * best.final_acc:.1f} %, {seed_band(int(best.n))} "
-                   f"{100 * iv[0]:.1f}–{100 * iv[1]:.1f} % over {int(best.n)} seeds, vs {runner.lr_rule} "
-                   f"{100 * ivr[0]:.1f}–{100 * ivr[1]:.1f} %).")
-        else:
-            out.append(f"At batch {b}, {best.lr_rule} and {runner.lr_rule} are within seed noise of each other "
-                       f"({100 * iv[0]:.1f}–{100 * iv[1]:.1f} % vs {100 * ivr[0]:.1f}–{100 * ivr[1]:.1f} % over "
-                       f"{int(best.n)} seeds): no rule is recommended.")
-    return out, rec
+        out += [d.card() for d in decisions if d.question == f"{QUESTION} {b}"]
+    return out, card(decisions)
 
 
 def study_options(plan: StudyPlan) -> dict | None:
@@ -243,6 +272,7 @@ EXPERIMENT = Experiment(
     figures=lambda result, out: [accuracy_vs_batch(result.tables["lr_scaling"], out / "lr_scaling.png"),
                                  accuracy_curves(result.tables["lr_curves"], out / "lr_curves.png")],
     interpret=lr_scaling_result,
+    decide=lr_decisions,
     captions={"lr_scaling": "Per rule and batch: final test accuracy (median over n seeds, its 95 % interval), "
                             "best accuracy, time and epochs to the target accuracy (when every seed reached it).",
               "lr_scaling.png": "Final test accuracy vs batch size per learning-rate rule (same number of epochs).",

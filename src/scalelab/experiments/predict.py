@@ -64,7 +64,7 @@ def predict_result(result) -> tuple[list[str], str | None]:
         out.append(" ".join(text))
     if marked and "scale" in result.meta:
         scale, cores, own = result.meta["scale"], result.meta.get("cores"), result.meta.get("own")
-        out.append(f"Predictions beyond {int(result.meta['horizon'])} workers ({HORIZON}x the largest measured "
+        out.append(f"Predictions beyond {int(result.meta['horizon'])} workers ({HORIZON}× the largest measured "
                    f"scale, {int(scale)} workers) are extrapolation.")
         if cores is not None and int(table["workers"].max()) > cores:
             out.append(f"{own} is not predicted beyond {cores} workers: its calibration ran over one host's "
@@ -80,8 +80,20 @@ def predict_result(result) -> tuple[list[str], str | None]:
     if marked and not larger:
         out.append(f"No recommendation for larger clusters: no worker count above the measured {int(scale)} is "
                    "inside the horizon here.")
-    rec = f"For larger clusters ({larger[0][0]}): {larger[0][1]}" if larger else None
+    rec = f"For larger clusters ({larger[0][0]}): {larger[0][1]}. Caveat: {caveat(larger[0][0], result.meta)}." \
+        if larger else None
     return out, rec
+
+
+def caveat(hardware: str, meta: dict) -> str:
+    """What a recommendation for larger clusters rests on: a hardware preset never checked against a measurement
+    here (the validation runs on this machine's own network only), and a model's prediction for more workers than
+    were measured."""
+    scale = int(meta.get("scale") or 0)
+    beyond = f"the model's prediction for more workers than the {scale} measured here"
+    if hardware == meta.get("own"):
+        return beyond
+    return f"{hardware}: a hardware preset, not checked against a measurement; {beyond}"
 
 
 def study_options(plan: StudyPlan) -> dict | None:

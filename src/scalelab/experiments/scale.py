@@ -11,6 +11,7 @@ one; a per-node table (time per epoch, CPU user / system, network MB/s of each n
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.breakdown import SCRIPT_VARIANT, scaling_breakdown
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, launches, not_ranked
+from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
 from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
@@ -36,6 +37,7 @@ from scalelab.lab.base import (
 )
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
+from scalelab.lab.decision import BETTER, NOT_MATERIAL, WITHIN_NOISE, Decision, card, decide, step_side
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
 from scalelab.report.figures import ci, plt, save
 from scalelab.sync import registry as syncs
@@ -260,26 +262,48 @@ def scale_result(result) -> tuple[list[str], str | None]:
                            "fits a cache the whole did not; more threads in all); it is reported, not dropped.")
         if not len(fair) or fair["efficiency"].isna().all():
             continue
-        best = fair.loc[fair["efficiency"].idxmax()]
-        low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
-        if mode == "strong" and launches(best) < MIN_LAUNCHES:  # a worker count is chosen between configurations
-            out.append(f"How many workers to use is not recommended: {int(best.workers)} workers at global batch "
-                       f"{int(best.global_batch)} is {not_ranked(launches(best))}.")
-            continue
-        if mode == "strong" and not pd.isna(low) and low < 0.5 <= high:
-            out.append(f"Whether {int(best.workers)} workers pay off at global batch {int(best.global_batch)} is "
-                       f"within noise: efficiency {100 * low:.0f}–{100 * high:.0f} % (95 % interval) straddles "
-                       "50 %.")
-        elif mode == "strong" and best.efficiency >= 0.5:
-            rec = (f"Use {int(best.workers)} workers at global batch {int(best.global_batch)}: strong-scaling "
-                   f"efficiency {100 * best.efficiency:.0f} %{efficiency_interval(low, high)}.")
-        elif mode == "strong":
-            share = best.get("exposed_comm(ms)", float("nan")) / best["step(ms)"] if best["step(ms)"] else float("nan")
-            rec = (f"{int(best.workers)} workers do not pay off here: at best {100 * best.efficiency:.0f} % "
-                   f"strong-scaling efficiency{efficiency_interval(low, high)} (global batch "
-                   f"{int(best.global_batch)}), exposed communication "
-                   f"{100 * share:.0f} % of the step; use fewer workers or a larger batch per worker.")
+        if mode == "strong":
+            decisions = [d for d in [workers_decision(t, fair)] if d is not None]
+            out += [d.card() for d in decisions]
+            rec = card(decisions) or rec
     return out, rec
+
+
+def _strong(result) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The strong-scaling table's rows at the largest worker count that pass their checks, and the table."""
+    t = result.tables.get("scale_strong", pd.DataFrame())
+    if not len(t) or t["workers"].max() < 2:
+        return t, t.iloc[0:0]
+    top = t[t["workers"] == t["workers"].max()]
+    return t, top[top["quality"].map(trusted)] if "quality" in top else top
+
+
+def workers_decision(table: pd.DataFrame, fair: pd.DataFrame) -> Decision | None:
+    """Strong scaling: the worker count of the best efficiency against its 1-worker run at the same global batch
+    (lab.decision on the median step: beyond noise, by a material effect), recommended only where it also pays
+    off (efficiency of 50 % or more, its interval not straddling 50 %)."""
+    if not len(fair) or fair["efficiency"].isna().all():
+        return None
+    best = fair.loc[fair["efficiency"].idxmax()]
+    ones = table[(table["workers"] == 1) & (table["global_batch"] == best["global_batch"])]
+    if not len(ones) or int(best["workers"]) < 2:
+        return None
+    chosen, one = step_side(best, f"{int(best['workers'])} workers"), step_side(ones.iloc[0], "1 worker")
+    decision = decide(chosen, one, question="worker count", keep=None,
+                      action=f"{int(best['workers'])} workers at global batch {int(best['global_batch'])}")
+    if decision.verdict != BETTER:
+        return decision
+    low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+    efficiency = f"strong-scaling efficiency {100 * best['efficiency']:.0f} %{efficiency_interval(low, high)}"
+    if not pd.isna(low) and low < 0.5 <= high:
+        return replace(decision, verdict=WITHIN_NOISE, keep="1 worker",
+                       why=f"faster beyond noise, but whether it pays off is within noise: {efficiency} straddles 50 %")
+    if best["efficiency"] < 0.5:
+        exposed = best.get("exposed_comm(ms)", float("nan"))
+        return replace(decision, verdict=NOT_MATERIAL, keep="fewer workers or a larger batch per worker",
+                       why=f"faster beyond noise, but {int(best['workers'])} workers do not pay off: {efficiency}, "
+                           f"exposed communication {100 * exposed / best['step(ms)']:.0f} % of the step")
+    return replace(decision, action=f"{decision.action} ({efficiency})")
 
 
 def efficiency_interval(low: float, high: float) -> str:
@@ -319,6 +343,7 @@ EXPERIMENT = Experiment(
     takes_command=True,
     figures=_figures,
     interpret=scale_result,
+    decide=lambda result: [d for d in [workers_decision(*_strong(result))] if d is not None],
     captions={"scale_strong_stragglers": "Per multi-worker cell: the rank the others waited for at the collectives "
                                          "(none when no rank stands out beyond noise), where it loses its time, and "
                                          "the others' wait for it per step with its 95 % interval.",

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.breakdown import LEAVES, PARTS, REST_LIMIT, largest_cause
+from scalelab.analysis.breakdown import (ADDITIVE, LEAVES, PARTS, REST_LIMIT, SUBPARTS, largest_cause, largest_split,
+                                         negative_split)
+from scalelab.analysis.stragglers import MATERIAL
 from scalelab.analysis.interpret import fmt
 from scalelab.report.figures import plt, save
 
@@ -15,11 +17,13 @@ MODES = ("strong", "weak")
 
 def waterfall(table: pd.DataFrame, path: Path) -> Path:
     """Per multi-rank cell (a lost-speedup table: scalelab.analysis.breakdown), a waterfall from the ideal step to
-    the measured one: each part a floating bar from where the previous ended, with its 95 % interval; a part not
-    measured is a hatched gap at 0 labelled so; the rest last, then the measured step."""
+    the measured one through the additive parts (data, compute, sync work, exposed communication): each a floating
+    bar from where the previous ended, with its 95 % interval; a part not measured is a hatched gap at 0 labelled
+    so; the rest last, then the measured step. Beside it, apart, the split of exposed communication (waiting,
+    wire, interference, hidden), each bar from 0: parts of the exposed bar, not steps of the waterfall."""
     cells = list(table.groupby(["workers", "global_batch"], sort=True))
-    fig, axes = plt.subplots(1, len(cells), figsize=(max(6, 5.5 * len(cells)), 4.2), squeeze=False)
-    order = ["ideal", *LEAVES, "rest", "measured"]
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(8, 7.5 * len(cells)), 4.2), squeeze=False)
+    order = ["ideal", *ADDITIVE, "rest", "measured"]
     for ax, ((workers, batch), group) in zip(axes[0], cells):
         part = group.set_index("part")
         level, names = 0.0, []
@@ -42,12 +46,30 @@ def waterfall(table: pd.DataFrame, path: Path) -> Path:
                 top = level if name not in ("ideal", "measured") else value
                 ax.errorbar(i, top, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
                             ecolor="black", capsize=2)
-        ax.set_xticks(range(len(order)), names, rotation=60, ha="right", fontsize=8)
+        names += _split_bars(ax, part, start=len(order) + 1)
+        ax.set_xticks([*range(len(order)), *range(len(order) + 1, len(order) + 1 + len(SUBPARTS))], names,
+                      rotation=60, ha="right", fontsize=8)
         ax.set(ylabel="ms per step", title=f"{int(workers)} workers, global batch {int(batch)}")
-    fig.suptitle("Ideal step -> measured step (red: lost, green: gained; bars: 95 % intervals)", fontsize=10)
+    fig.suptitle("Ideal step -> measured step (red: lost, green: gained; bars: 95 % intervals); right of the "
+                 "dotted line: exposed communication split", fontsize=9)
     fig.tight_layout()
     return save(fig, path)
 
+def _split_bars(ax, part: pd.DataFrame, *, start: int) -> list[str]:
+    """The split of exposed communication beside the waterfall, from 0, after a dotted line; its tick labels."""
+    ax.axvline(start - 1, color="tab:gray", linestyle=":")
+    names = []
+    for i, name in enumerate(SUBPARTS, start):
+        row = part.loc[name]
+        value, low, high = (float(row[c]) for c in ("value(ms)", "ci_low(ms)", "ci_high(ms)"))
+        names.append(f"exposed: {name}" + ("" if row["measured"] else "\n(not measured)"))
+        if pd.isna(value):
+            continue
+        ax.bar(i, value, color="tab:orange" if value >= 0 else "tab:green", alpha=0.7, edgecolor="black")
+        if pd.notna(low) and pd.notna(high):
+            ax.errorbar(i, value, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none", ecolor="black",
+                        capsize=2)
+    return names
 
 
 def lost_speedup_sentences(result) -> list[str]:
@@ -69,8 +91,13 @@ def lost_speedup_sentences(result) -> list[str]:
             if cause is not None:
                 line += (f"; the largest cause is {PARTS[cause['part']]}, {fmt(cause['value(ms)'], ' ms')} "
                          f"(95 % interval {fmt(cause['ci_low(ms)'])}–{fmt(cause['ci_high(ms)'], ' ms')})")
+                within = largest_split(group) if cause["part"] == "exposed" else None
+                if within is not None:
+                    line += (f", mostly {PARTS[within['part']]} ({fmt(within['value(ms)'], ' ms')} of the time "
+                             "inside collectives)")
             else:
-                line += "; no part of the gap is beyond noise"
+                line += (f"; no part of the gap is beyond noise and {100 * MATERIAL:g} % of the step (the least "
+                         "that is named as a cause)")
             rest = part.loc["rest"]
             if rest["measured"] and pd.notna(rest["share_of_gap"]):
                 line += (f"; the rest {fmt(rest['value(ms)'], ' ms')} ({100 * rest['share_of_gap']:.0f} % of the gap"
@@ -80,4 +107,7 @@ def lost_speedup_sentences(result) -> list[str]:
             if missing:
                 line += f"; not measured: {', '.join(missing)} (needs {part.loc[missing[0], 'needs']})"
             out.append(line + ".")
+            hidden = negative_split(group)
+            if hidden is not None:
+                out.append(hidden[0].upper() + hidden[1:] + ".")
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from scalelab.analysis.compare import trusted
-from scalelab.analysis.interpret import fmt, ranking, step_span
+from scalelab.analysis.interpret import fmt
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments.comparison import (
@@ -28,6 +28,7 @@ from scalelab.experiments.comparison import (
     run_comparison,
 )
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, launches_option, name_list, number
+from scalelab.lab.decision import Decision, card, rank
 from scalelab.sync import registry as syncs
 
 
@@ -54,18 +55,18 @@ def _run(ctx: Context, base: TrainConfig, opts: dict) -> Result:
     return run_comparison(ctx, base, axis, opts["strategies"], launches=opts["launches"], notes=notes)
 
 
-def strategies(table: pd.DataFrame) -> tuple[list[str], str | None]:
+def strategies(table: pd.DataFrame) -> tuple[list[str], Decision | None]:
     """`table`: one row per strategy with step(ms) and its interval, comm(ms), comm_critical(ms),
-    waiting_for_peers(ms), exposed_comm(ms), overlap and its interval, interference(ms), blocks, quality."""
+    waiting_for_peers(ms), exposed_comm(ms), overlap and its interval, interference(ms), blocks, quality.
+    Sentences and the decision among the strategies (DDP, the default, kept when none wins: lab.decision)."""
     real = table[table["sync"] != "noop"]
     if not len(real):
         return [], None
-    out, best = ranking(real, "sync", "gradient sync")
+    out, decision = rank(real, "sync", "gradient sync", default="ddp" if "ddp" in set(real["sync"]) else None,
+                         action=lambda sync: f"the {sync} gradient sync")
     if "overlap" in real:
         out += overlap_sentences(real)
-    rec = None if best is None else (f"Use the {best['sync']} gradient sync: {fmt(best['step(ms)'], ' ms')} per "
-                                     f"step ({step_span(best)}).")
-    return out, rec
+    return out, decision
 
 
 def _percent_span(row) -> str:
@@ -117,17 +118,24 @@ def overlap_sentences(real: pd.DataFrame) -> list[str]:
     return out
 
 
+def strategies_decisions(result) -> list[Decision]:
+    table = result.tables.get("compare_strategies", pd.DataFrame())
+    ok = table[table["status"] == "completed"] if len(table) else table
+    decision = strategies(ok)[1] if len(ok) else None
+    return [decision] if decision is not None else []
+
+
 def strategies_result(result) -> tuple[list[str], str | None]:
     table = result.tables.get("compare_strategies", pd.DataFrame())
     ok = table[table["status"] == "completed"] if len(table) else table
-    out, rec = strategies(ok) if len(ok) else ([], None)
+    out, decision = strategies(ok) if len(ok) else ([], None)
     if len(ok) and "bytes_per_step" in ok:
         ref = ok[ok["sync"] == "ddp"]
         for row in ok[ok["sync"].isin(["ddp+fp16", "ddp+bf16", "ddp+powersgd"])].to_dict("records"):
             if len(ref) and ref["bytes_per_step"].iloc[0]:
-                out.append(f"{row['sync']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}x "
+                out.append(f"{row['sync']} moves {row['bytes_per_step'] / ref['bytes_per_step'].iloc[0]:.3g}× "
                            f"the bytes of plain ddp per step ({fmt(row['bytes_per_step'])} B).")
-    return out, rec
+    return out, card([decision])
 
 
 def study_options(plan: StudyPlan) -> dict | None:
@@ -160,5 +168,6 @@ EXPERIMENT = Experiment(
     columns={"compare_strategies": answer_columns("sync")},
     captions=comm_captions("compare_strategies", "gradient-sync strategy"),
     interpret=strategies_result,
+    decide=strategies_decisions,
     study_options=study_options,
 )

@@ -4,17 +4,19 @@ there the threads compete for cores and the time says more about the scheduler t
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import MIN_LAUNCHES, beats, launches, not_ranked, step_span
+from scalelab.analysis.interpret import ratio_words, step_span
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.lab.decision import Decision, card, pick, step_side
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
@@ -49,35 +51,45 @@ def threads_table(runs: list[dict], cores: int) -> pd.DataFrame:
     return frame
 
 
+def threads_decisions(result: Result) -> list[Decision]:
+    """The thread count chosen among the ones within the core count (lab.decision: beyond noise over the whole
+    family, by a material effect); none wins: the fewest threads within noise of the best are kept (cheaper)."""
+    t = result.tables["threads"]
+    fair = t[~t["oversubscribed"]] if len(t) else t
+    rows = (fair if len(fair) else t).to_dict("records")
+    low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
+    sides = [step_side(r, f"{int(r['threads'])} thread{'s' if r['threads'] != 1 else ''}",
+                       value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
+    decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]))
+    if decision is None:
+        return []
+    return [replace(decision, action=f"{decision.chosen.label.split()[0]} torch threads per process")]
+
+
 def interpret_threads(result: Result) -> tuple[list[str], str | None]:
     t = result.tables["threads"]
     if not len(t):
         return [], None
     fair = t[~t["oversubscribed"]]
     best = (fair if len(fair) else t).sort_values(keys.STEP_MEDIAN_MS).iloc[0]
+    first = t.iloc[0]
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-    out = [f"With {int(best.threads)} threads a step takes {best[keys.STEP_MEDIAN_MS]:.3g} ms "
-           f"({step_span(best, low=low, high=high)}), "
-           f"{best.speedup:.2f}x the {int(t.iloc[0].threads)}-thread step ({int(best.cores)} cores here)."]
+    line = (f"With {int(best.threads)} threads a step takes {best[keys.STEP_MEDIAN_MS]:.3g} ms "
+            f"({step_span(best, low=low, high=high)})")
+    if int(best.threads) != int(first.threads):  # never a ratio of a thing with itself
+        line += f", {ratio_words(best.speedup, f'{int(first.threads)} thread{_s(first.threads)}')}"
+    out = [line + f" ({int(best.cores)} cores here)."]
     over = t[t["oversubscribed"]]
     if len(over):
         worst = over.sort_values("threads").iloc[-1]
         out.append(f"Oversubscribed ({int(worst.threads)} threads on {int(worst.cores)} cores): "
                    f"{worst[keys.STEP_MEDIAN_MS]:.3g} ms per step.")
-    # a recommendation is a finding between thread counts: launches, not steps (interpret.beats)
-    others = [r for r in (fair if len(fair) else t).to_dict("records") if r["threads"] != best.threads]
-    n = min(launches(r) for r in [best, *others])
-    if n < MIN_LAUNCHES:
-        out.append(f"The shortest step is {int(best.threads)} threads': {not_ranked(n)}.")
-        return out, None
-    ties = [r for r in others if not beats(best, r, low, high)]
-    if ties:
-        out.append(f"{', '.join(str(int(r['threads'])) for r in ties)} threads {'is' if len(ties) == 1 else 'are'} "
-                   f"within noise of {int(best.threads)} (n = {n} launches each): no thread count is recommended.")
-        return out, None
-    return out, (f"Use {int(best.threads)} torch threads per process: {best[keys.STEP_MEDIAN_MS]:.3g} ms per step "
-                 f"({step_span(best, low=low, high=high)}; shorter than every other thread count in each of {n} "
-                 "launches).")
+    decisions = threads_decisions(result)
+    return out + [d.card() for d in decisions], card(decisions)
+
+
+def _s(n) -> str:
+    return "" if int(n) == 1 else "s"
 
 
 def _figures(result: Result, out) -> list:
@@ -118,6 +130,7 @@ EXPERIMENT = Experiment(
     analyse=lambda runs, base, opts: Result("threads", {"threads": threads_table(runs, os.cpu_count() or 1)}),
     figures=_figures,
     interpret=interpret_threads,
+    decide=threads_decisions,
     captions={"threads": "Per torch thread count (one process): epoch time, throughput, step time spread, speedup "
                          "over the fewest threads; threads above the core count are oversubscribed.",
               "threads.png": "Step time (median, bars min..max) vs torch threads; the dashed line is the core "

@@ -9,7 +9,8 @@ the example). Two shapes:
                             cells=amp_cells,        # (base, opts) -> list[Cell], run as one group
                             analyse=amp_tables,     # (runs, base, opts) -> Result (tables, notes)
                             figures=amp_figures,    # (result, out_dir) -> list of PNG paths
-                            interpret=amp_sentences)  # (result) -> (sentences, recommendation)
+                            interpret=amp_sentences,  # (result) -> (sentences, recommendation card)
+                            decide=amp_decisions)  # (result) -> [lab.decision.Decision], the card's source
 
 and, for experiments whose cells depend on earlier outcomes (the max-batch search, calibrate-then-predict),
 `run=(ctx, base, opts) -> Result` that drives `ctx.cells` itself.
@@ -85,6 +86,9 @@ class Experiment:
     run: Callable[..., Result] | None = None  # (ctx, base, opts) -> Result, instead of cells + analyse
     figures: Callable[[Result, Path], list[Path]] | None = None
     interpret: Callable[[Result], tuple[list[str], str | None]] | None = None
+    # the experiment's recommendations as decisions (scalelab.lab.decision), the ones its card is rendered from;
+    # the report's invariant check reads them (None: it recommends nothing)
+    decide: Callable[[Result], list] | None = None
     captions: dict[str, str] = field(default_factory=dict)  # table or figure stem -> caption
     columns: dict[str, list[str]] = field(default_factory=dict)  # table -> the ~10 columns that carry its answer
     order: int = 100  # place in the study and the report

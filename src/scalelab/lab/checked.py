@@ -21,8 +21,8 @@ from dataclasses import replace
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.intervals import separated
 from scalelab.lab.cells import Cell, CellResult, replaying
+from scalelab.lab.decision import remeasured_apart
 
 SUSPECT = ("implausible", "noisy")
 # the columns naming the runs a row's figures come from: its own, its no-op baseline, its 1-worker reference
@@ -89,7 +89,7 @@ def label_remeasured(table: pd.DataFrame, results: Sequence[CellResult], cells) 
 def _disagreement(result: CellResult, cells) -> str | None:
     """Words when the median step's intervals of the earlier and the new launches of a cell do not meet."""
     first, second = (_step(cells, replace(result, run_ids=ids)) for ids in (result.earlier, result.run_ids))
-    if first is None or second is None or not separated(first[1], second[1]):
+    if first is None or second is None or not remeasured_apart(first[1], second[1]):
         return None
     return f"{result.label}: {first[0]:.3g} ms, then {second[0]:.3g} ms"
 

@@ -12,6 +12,8 @@ from scalelab.analysis.breakdown import (
     breakdown,
     breakdown_of_runs,
     largest_cause,
+    largest_split,
+    negative_split,
     rest_too_large,
     sum_of_parts,
 )
@@ -118,7 +120,8 @@ def test_stored_runs_give_k_from_their_configs():
 def test_largest_cause_and_a_large_rest():
     real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
     table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5)
-    assert largest_cause(table)["part"] == "waiting"
+    # exposed 80 - 62 = 18 is the largest additive part; waiting 12 is the largest part of its split
+    assert largest_cause(table)["part"] == "exposed" and largest_split(table)["part"] == "waiting"
     assert not rest_too_large(table)  # 1 ms of a 30 ms gap
     big_rest = breakdown(real, one=ONE, nosync=summary(64.0, fastest=60.0, data=-5.0), noop=NOOP, k=0.5)
     assert rest_too_large(big_rest)
@@ -133,7 +136,11 @@ def test_a_difference_within_noise_is_still_named_and_said_to_be_within_noise():
     assert (table.loc["hidden", "ci_low(ms)"], table.loc["hidden", "ci_high(ms)"]) == (-4.5, 0.5)
     assert table.loc["hidden", "within_noise"] and not table.loc["waiting", "within_noise"]
     assert table.loc["rest", "value(ms)"] == pytest.approx(-1.0)
-    assert largest_cause(table.reset_index())["part"] == "waiting"  # the largest beyond noise
+    assert largest_cause(table.reset_index())["part"] == "exposed"  # additive parts only
+    assert negative_split(table.reset_index()) == (
+        "2 ms of the 20 ms spent waiting for peers and on the wire did not lengthen the step: it ran while the other "
+        "rank was still computing (exposed communication 18 ms; hidden -2 ms, 95 % interval -4.5 to 0.5) (within "
+        "noise: its interval reaches 0)")
 
 
 def test_a_measured_part_needs_nothing_and_a_run_across_hosts_says_why_it_has_no_waiting():
@@ -144,3 +151,30 @@ def test_a_measured_part_needs_nothing_and_a_run_across_hosts_says_why_it_has_no
     t = breakdown(across_hosts, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
     assert not t.loc["waiting", "measured"] and "one host" in t.loc["waiting", "needs"]
     assert t.loc["exposed", "measured"] and not t.loc["interference", "measured"]
+
+
+def test_the_largest_cause_is_never_a_split_part_larger_than_the_loss_it_explains():
+    """The issue's scaling cell: 50 ms of wire time inside an exposed communication of 37.8 ms; the split carries a
+    hidden part of about -39 ms. The cause is the exposed communication; the wire time is its split."""
+    real = summary(90.0, fastest=80.0, data=1.0, waiting=27.1, wire=50.0, collectives=3)
+    table = breakdown(real, one=summary(100.0, data=1.0), nosync=summary(54.0, fastest=50.0, data=1.0),
+                      noop=summary(56.0, fastest=52.2, data=1.0), k=0.5)
+    p = parts(table)
+    assert p["exposed"] == pytest.approx(37.8) and p["hidden"] == pytest.approx(37.8 - 77.1)
+    cause = largest_cause(table)
+    assert cause["part"] == "exposed" and cause["value(ms)"] <= p["exposed"]
+    assert largest_split(table)["part"] == "wire"
+    assert negative_split(table).startswith("39.3 ms of the 77.1 ms spent waiting for peers and on the wire did not "
+                                            "lengthen the step")
+
+
+def test_a_cause_beyond_noise_but_under_two_percent_of_the_step_is_not_named():
+    # ideal 100 ms; data 1 ms and exposed 1 ms, each beyond noise (intervals 0.85-1.15, 0.6-1.4), each under 2 % of
+    # the 100 ms step; compute -2 ms: nothing is named; without the material share, the data wait would be
+    real = summary(100.0, fastest=99.0, data=1.5, waiting=0.5, wire=0.5, collectives=3, half=0.2)
+    table = breakdown(real, one=summary(200.0, data=1.0, half=0.2), nosync=summary(99.0, fastest=99.0, data=1.5,
+                      half=0.2), noop=summary(99.0, fastest=99.0, data=1.5, half=0.2), k=0.5)
+    p = parts(table)
+    assert (p["data"], p["exposed"], p["compute"]) == pytest.approx((1.0, 1.0, -2.0))
+    assert largest_cause(table) is None
+    assert largest_cause(table, material=0.0)["part"] in ("data", "exposed")

@@ -30,8 +30,9 @@ def test_ratios_to_no_checkpointing():
 
 def test_interpretation_names_the_activations_and_when_rss_hides_them():
     hidden, _ = interpret.checkpointing(checkpointing_table(runs({0: 2.0, 1: 1.9, 2: 1.95})))
-    assert hidden[0] == ("1 segments: saved activations 100 MiB (0.12x of no checkpointing), backward peak "
-                         "800 MiB (1.00x), peak RSS 0.95x, step time 1.40x (no interval).")
-    assert "hides the activations" in hidden[-1] and "0.95x..0.97x" in hidden[-1]
+    assert hidden[0] == ("1 segments: saved activations 100 MiB (0.12× of no checkpointing), backward peak "
+                         "800 MiB (1.00×), peak RSS 0.95×, steps 0.71× the speed of no checkpointing (1.40× slower) "
+                         "(no interval).")
+    assert "hides the activations" in hidden[-1] and "0.95×..0.97×" in hidden[-1]
     shown, _ = interpret.checkpointing(checkpointing_table(runs({0: 2.0, 1: 0.2, 2: 0.4})))
     assert len(shown) == 2 and not any("hides" in s for s in shown)  # RSS fell as far as the activations

@@ -1,11 +1,12 @@
-"""Honest small samples in sentences: an interval printed with its real coverage, and a finding between
-configurations that counts launches, not steps (scalelab.analysis.interpret)."""
+"""Honest small samples in sentences: an interval printed with its real coverage (scalelab.analysis.interpret), and
+a finding between configurations that counts launches, not steps (scalelab.lab.decision.rank over such rows)."""
 from __future__ import annotations
 
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import beats, ranking, span, step_span
+from scalelab.analysis.interpret import ratio_words, span, step_span
+from scalelab.lab.decision import BETTER, NOT_ENOUGH_DATA, WITHIN_NOISE, beyond_noise, rank, step_side
 
 
 def rows(launches=3, interleaved=False, **steps):
@@ -31,46 +32,55 @@ def test_an_interval_from_fewer_than_6_values_says_its_real_coverage():
         "75 % interval (range of 3) 10–12 ms"
 
 
-def test_one_launch_is_named_as_the_shortest_but_not_ranked():
-    lines, best = ranking(rows(launches=1, ddp=50.0, allreduce=60.0), "sync", "gradient sync")
-    assert best is None
-    assert lines == ["ddp has the shortest median step: 50 ms (95 % interval 49–51 ms); indicative: 1 launch, not "
-                     "ranked (a difference between configurations counts only when each was launched at least 2 "
-                     "times and every launch agrees)."]
+def test_one_launch_names_no_winner():
+    lines, d = rank(rows(launches=1, ddp=50.0, allreduce=60.0), "sync", "gradient sync")
+    assert d.verdict == NOT_ENOUGH_DATA and d.chosen.label == "ddp"
+    assert lines == [d.card()] and lines[0].startswith(
+        "No gradient sync is recommended: 1 launch each; a comparison between configurations needs 2 or more "
+        "launches each. Median step of ddp: 50 ms (95 % interval 49–51 ms, n = 1 launch); of allreduce: 60 ms")
 
 
 def test_a_table_without_a_launches_column_counts_as_one_launch():
-    lines, best = ranking(rows(launches=None, ddp=50.0, allreduce=60.0), "sync", "gradient sync")
-    assert best is None and "indicative: 1 launch, not ranked" in lines[0]
+    _, d = rank(rows(launches=None, ddp=50.0, allreduce=60.0), "sync", "gradient sync")
+    assert d.verdict == NOT_ENOUGH_DATA and "1 launch each" in d.card()
 
 
 def test_one_row_of_one_launch_keeps_every_row_unranked():
     table = rows(ddp=50.0, allreduce=60.0)
     table.loc[1, "launches"] = 1
-    lines, best = ranking(table, "sync", "gradient sync")
-    assert best is None and "indicative: 1 launch" in lines[0]
+    _, d = rank(table, "sync", "gradient sync")
+    assert d.verdict == NOT_ENOUGH_DATA and "1 launch of allreduce" in d.card()
 
 
 def test_three_launches_each_separated_and_not_interleaved_make_a_finding_that_states_n():
-    lines, best = ranking(rows(ddp=50.0, allreduce=60.0), "sync", "gradient sync")
-    assert best["sync"] == "ddp"
-    assert lines == ["ddp has the shortest median step: 50 ms (95 % interval 49–51 ms), faster than every other "
-                     "gradient sync beyond noise in every launch (n = 3 launches each; next: allreduce, 60 ms, "
-                     "95 % interval 59–61 ms)."]
+    lines, d = rank(rows(ddp=50.0, allreduce=60.0), "sync", "gradient sync")
+    assert d.verdict == BETTER and d.chosen.label == "ddp" and d.against.label == "allreduce"
+    assert lines == ["Use ddp: 1.20× faster than allreduce, beyond noise (intervals separated and every one of the "
+                     "launches agrees, n = 3 launches each). Median step of ddp: 50 ms (95 % interval 49–51 ms, n = 3 "
+                     "launches); of allreduce: 60 ms (95 % interval 59–61 ms, n = 3 launches)."]
 
 
 def test_separated_intervals_whose_launches_interleave_are_within_noise():
     # 50 +- 1 vs 60 +- 1 ms, but a launch of ddp took 56 ms and one of allreduce 54 ms
     table = rows(interleaved=True, ddp=50.0, allreduce=60.0)
-    assert not beats(table.iloc[0], table.iloc[1])
-    lines, best = ranking(table, "sync", "gradient sync")
-    assert best is None and "the launches interleave" in lines[0] and "n = 3 launches each" in lines[0]
+    lines, d = rank(table, "sync", "gradient sync", default="allreduce")
+    assert d.verdict == WITHIN_NOISE and d.keep == "allreduce, the default"
+    assert "the launches interleave" in lines[0] and "n = 3 launches each" in lines[0]
 
 
-def test_beats_reads_a_pooled_summary_s_keys_and_falls_back_to_the_step_interval():
-    lo, hi = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
-    a = {lo: 49.0, hi: 51.0, "launches": 2, keys.STEP_LAUNCH_MEDIAN_MIN_MS: 49.5, keys.STEP_LAUNCH_MEDIAN_MAX_MS: 50.5}
-    b = {lo: 52.0, hi: 54.0, "launches": 2}  # no launch medians kept: its interval reaches them (repeats.pool)
-    assert beats(a, b, lo, hi) and not beats(b, a, lo, hi)
-    assert not beats({**a, "launches": 1}, b, lo, hi)
-    assert not beats({**a, lo: 50.0, hi: 50.0}, b, lo, hi)  # zero width: one value
+def test_a_side_reads_a_pooled_summary_s_keys_and_falls_back_to_the_step_interval():
+    lo, hi, med = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS, keys.STEP_MEDIAN_MS
+    a = {med: 50.0, lo: 49.0, hi: 51.0, "launches": 2, keys.STEP_LAUNCH_MEDIAN_MIN_MS: 49.5,
+         keys.STEP_LAUNCH_MEDIAN_MAX_MS: 50.5}
+    b = {med: 53.0, lo: 52.0, hi: 54.0, "launches": 2}  # no launch medians kept: its interval reaches them
+    side = lambda row, name: step_side(row, name, value=med, low=lo, high=hi)  # noqa: E731
+    assert side(a, "a").spread == (49.5, 50.5) and side(b, "b").spread == (52.0, 54.0)
+    assert beyond_noise(side(a, "a"), side(b, "b")) and not beyond_noise(side(b, "b"), side(a, "a"))
+    assert not beyond_noise(side({**a, "launches": 1}, "a"), side(b, "b"))
+    assert not beyond_noise(side({**a, lo: 50.0, hi: 50.0}, "a"), side(b, "b"))  # zero width: one value
+
+
+def test_a_ratio_is_said_one_way():
+    assert ratio_words(1.41, "1 thread") == "1.41× faster than 1 thread"
+    assert ratio_words(0.38, "fp32") == "0.38× the speed of fp32 (2.63× slower)"
+    assert ratio_words(float("nan"), "fp32") == "no ratio to fp32 (a figure is missing)"

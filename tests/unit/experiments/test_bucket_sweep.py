@@ -72,11 +72,11 @@ def sentences(rows):
 
 def test_a_size_is_recommended_only_when_faster_beyond_noise():
     lines, rec = sentences([row(1.5, 50, 48, 52), row(24, 70, 66, 74)])
-    assert rec is not None and rec.startswith("Use bucket_cap_mb 1.5") and "faster than every other" in lines[0]
+    assert rec == lines[0] and rec.startswith("Use bucket_cap_mb 1.5 MiB: 1.40× faster than 24 MiB, beyond noise")
     lines, rec = sentences([row(1.5, 50, 45, 60), row(24, 55, 50, 62)])
-    assert rec is None and "no bucket size is faster than it beyond noise" in lines[0]
+    assert rec.startswith("No bucket size is recommended: 1.5 MiB is within noise of 24 MiB")
     lines, rec = sentences([row(1.5, 50, 48, 52, launches=1), row(24, 70, 66, 74, launches=1)])
-    assert rec is None and "indicative: 1 launch, not ranked" in lines[0]
+    assert rec.startswith("No bucket size is recommended: 1 launch each")
 
 
 def test_overlap_is_called_hidden_only_when_its_interval_is_above_zero():
@@ -93,3 +93,12 @@ def test_in_the_default_study_only():
     assert "bucket_sweep" in default_spec().experiments and "bucket_sweep" not in default_spec(quick=True).experiments
     plan = StudyPlan(quick=False, gpus=0, comm_model={"model": "mlp", "steps": 8})
     assert bucket_sweep.study_options(plan)["set"]["bucket_mb"] == 4.0  # the strategies' DDP cell, reused
+
+
+def test_a_re_measured_size_says_what_was_re_measured_and_uses_its_figures():
+    """A row whose second measurement was ok is "re-measured": its overlap is a figure, said with why it was
+    measured twice (the report once said "the overlap is not used: re-measured", which tells a reader nothing)."""
+    lines, _ = sentences([row(1.5, 50, 45, 60, quality="re-measured"), row(24, 55, 50, 62)])
+    said = next(line for line in lines if line.startswith("At 1.5 MiB"))
+    assert "re-measured: the first measurement looked doubtful, the second is used" in said
+    assert "backward hides 50 %" in said and "not used" not in said

@@ -10,6 +10,7 @@ from conftest import quiet_cells, run_experiment
 from scalelab.analysis import keys
 from scalelab.config import TrainConfig
 from scalelab.lab import cells as engine
+from scalelab.lab import registry
 from scalelab.lab.cells import Cell, cell_key
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,7 +87,10 @@ def test_profile_amp_checkpointing_loader(store, tmp_path):
     table = loader.tables["loader_sweep"]
     assert list(table["num_workers"]) == [0, 1]
     assert (table["epoch_iteration(s)"] > 0).all() and (table["data_wait(%)"] >= 0).all()
-    assert loader.notes["recommended"]["num_workers"] in (0, 1)
+    [decision] = registry.get("loader").decide(loader)  # between the two settings, on the median step
+    assert {decision.chosen.label, decision.against.label} == {"num_workers=0 (pin_memory=False)",
+                                                               "num_workers=1 (pin_memory=False, prefetch_factor=2)"}
+    assert decision.recommends or decision.keep == "num_workers=0 (pin_memory=False), the default"
     n_loader_runs = len(store.list_runs(kind="loader"))
     run_experiment("loader", tiny(dataset="synthetic_jpeg"), store, "st", out, workers=[0, 1])
     assert len(store.list_runs(kind="loader")) == n_loader_runs  # resumed: nothing measured twice

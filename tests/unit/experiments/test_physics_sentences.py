@@ -59,13 +59,15 @@ def test_a_superlinear_speedup_is_reported_not_dropped():
         tables = {"scale_strong": pd.DataFrame([
             {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
              "ci_low": 0.9, "ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0,
-             "launches": 3},
+             "step_ci_low(ms)": 9.8, "step_ci_high(ms)": 10.2, "launches": 3},
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 2.5, "efficiency": 1.25,
              "ci_low": 1.05, "ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0, "launches": 3,
+             "step_ci_low(ms)": 3.9, "step_ci_high(ms)": 4.1,
              "quality": "superlinear: speedup above the worker count beyond its interval"}])}
     words, rec = scale_result(Result())
     assert any(w.startswith("2 workers at batch 64 scale superlinearly: speedup 2.5x") for w in words)
-    assert rec is not None and rec.startswith("Use 2 workers")
+    assert rec.startswith("Use 2 workers at global batch 64 (strong-scaling efficiency 125 % (95 % interval 105–140 "
+                          "%)): 2.50× faster than 1 worker, beyond noise")
 
 
 def test_a_worker_count_from_one_launch_is_not_recommended():
@@ -76,7 +78,7 @@ def test_a_worker_count_from_one_launch_is_not_recommended():
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 1.8, "efficiency": 0.9,
              "ci_low": 0.8, "ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
     words, rec = scale_result(Result())
-    assert rec is None and any("indicative: 1 launch, not ranked" in w for w in words)
+    assert rec.startswith("No worker count is recommended: 1 launch each") and rec in words
 
 
 def test_a_flagged_backend_or_engine_gets_no_figures_in_words():

@@ -31,7 +31,8 @@ def test_the_sentence_names_the_largest_cause_with_its_interval_and_the_rest():
     result = SimpleNamespace(tables={"scale_strong_lost_speedup": table()})
     (line,) = lost_speedup_sentences(result)
     assert line.startswith("strong scaling, 2 workers at global batch 64: ideal step 50 ms, measured 80 ms")
-    assert "the largest cause is waiting for peers, 12 ms (95 % interval 11.5–12.5 ms)" in line
+    assert ("the largest cause is exposed communication: the real run against its no-op collectives, 18 ms (95 % "
+            "interval 16.5–19.5 ms), mostly waiting for peers (12 ms of the time inside collectives)") in line
     assert "the rest -1 ms (-3 % of the gap)" in line and "not measured" not in line
 
 

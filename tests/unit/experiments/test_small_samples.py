@@ -1,6 +1,6 @@
 """Experiments that compare configurations on their own (threads, loader, batch size, checkpointing) follow the
-one rule of scalelab.analysis.interpret: a finding between configurations counts launches, and one launch (the
-quick study) is indicative, ranks nothing and recommends nothing."""
+one rule of scalelab.lab.decision: a finding between configurations counts launches, and one launch (the quick
+study) recommends nothing, and its card says why with both sides' figures."""
 from __future__ import annotations
 
 import pandas as pd
@@ -8,7 +8,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.experiments.batch_sweep import batch_sweep
 from scalelab.experiments.checkpointing import _noise_note
-from scalelab.experiments.loader import best_loader_setting, loader
+from scalelab.experiments.loader import loader
 from scalelab.experiments.threads import interpret_threads
 from scalelab.lab.base import Result
 
@@ -27,16 +27,20 @@ def threads(launches: int, n: int = 12) -> Result:
 
 def test_threads_from_one_launch_recommend_nothing():
     lines, rec = interpret_threads(threads(1, n=4))
-    assert rec is None
-    assert lines[0] == ("With 2 threads a step takes 60 ms (87.5 % interval (range of 4) 59–61 ms), 1.67x the "
-                        "1-thread step (2 cores here).")
-    assert lines[-1].startswith("The shortest step is 2 threads': indicative: 1 launch, not ranked")
+    assert lines[0] == ("With 2 threads a step takes 60 ms (87.5 % interval (range of 4) 59–61 ms), 1.67× faster than "
+                        "1 thread (2 cores here).")
+    assert rec == lines[-1] == (
+        "No thread count is recommended: 1 launch each; a comparison between configurations needs 2 or more "
+        "launches each. Median step of 2 threads: 60 ms (87.5 % interval (range of 4) 59–61 ms, n = 1 launch); of 1 "
+        "thread: 100 ms (87.5 % interval (range of 4) 99–101 ms, n = 1 launch).")
 
 
 def test_threads_from_two_launches_each_recommend_with_n():
     lines, rec = interpret_threads(threads(2))
-    assert rec == ("Use 2 torch threads per process: 60 ms per step (95 % interval 59–61 ms; shorter than every "
-                   "other thread count in each of 2 launches).")
+    assert rec == ("Use 2 torch threads per process: 1.67× faster than 1 thread, beyond noise (intervals separated "
+                   "and every one of the launches agrees, n = 2 launches each). Median step of 2 threads: 60 ms (95 % "
+                   "interval 59–61 ms, n = 2 launches); of 1 thread: 100 ms (95 % interval 99–101 ms, n = 2 "
+                   "launches).")
 
 
 def loader_table(launches: int) -> pd.DataFrame:
@@ -46,28 +50,34 @@ def loader_table(launches: int) -> pd.DataFrame:
 
 
 def test_loader_from_one_launch_recommends_nothing_from_two_it_does():
-    table = loader_table(1)
-    lines, rec = loader(table, best_loader_setting(table))
-    assert rec is None and lines[-1] == (
-        "num_workers=2's step (95 % interval 61–63 ms) against no workers' (95 % interval 99–101 ms): indicative: "
-        "1 launch, not ranked (a difference between configurations counts only when each was launched at least 2 "
-        "times and every launch agrees).")
+    lines, rec = loader(loader_table(1))
+    assert rec == lines[-1] and rec.startswith("Keep num_workers=0 (pin_memory=False), the default: 1 launch "
+                                               "each")
+    lines, rec = loader(loader_table(2))
+    assert rec.startswith("Use num_workers=2 (pin_memory=False, prefetch_factor=2): 1.61× faster than num_workers=0 "
+                          "(pin_memory=False), beyond noise")
+
+
+def test_loader_within_noise_keeps_no_workers():
     table = loader_table(2)
-    lines, rec = loader(table, best_loader_setting(table))
-    assert rec == "Use num_workers=2, pin_memory=False, prefetch_factor=2: step 62 ms (95 % interval 61–63 ms)."
+    table.loc[1, [keys.STEP_MEDIAN_MS, LO, HI]] = [97.0, 90.0, 104.0]
+    lines, rec = loader(table)
+    assert rec.startswith("Keep num_workers=0 (pin_memory=False), the default: num_workers=2 (pin_memory=False, "
+                          "prefetch_factor=2) is within noise of num_workers=0 (pin_memory=False)")
 
 
 def batch_table(launches: int) -> pd.DataFrame:
     return pd.DataFrame([{"global_batch": b, keys.THROUGHPUT: tp, "ci_low": tp - 5, "ci_high": tp + 5,
                           keys.EPOCH_S: 10.0, keys.EPOCH_NO_DATA_S: 9.0, "launches": launches, "quality": "ok"}
-                         for b, tp in ((16, 100.0), (64, 200.0))])
+                         for b, tp in ((16, 100.0), (64, 200.0), (256, 203.0))])
 
 
-def test_batch_sweep_from_one_launch_recommends_nothing():
+def test_batch_sweep_keeps_the_smallest_batch_within_noise_of_the_best():
     lines, rec = batch_sweep(batch_table(1))
-    assert rec is None and lines[-1].startswith("Batch 64 has the highest throughput: indicative: 1 launch")
+    assert rec.startswith("No batch size is recommended: 1 launch each")
     lines, rec = batch_sweep(batch_table(2))
-    assert rec == "Use batch 64 for throughput (200 samples/s, 95 % interval 195–205 samples/s)."
+    assert rec.startswith("Keep batch 64, the cheapest within noise: batch 256 is within noise of batch 64 (the "
+                          "intervals, corrected for 2 alternatives meet")
 
 
 def test_checkpointing_calls_a_step_ratio_indicative_from_one_launch():

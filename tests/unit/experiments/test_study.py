@@ -25,22 +25,22 @@ def strategy_table(steps: dict, noise: float = 1.0, launches: int = 3) -> pd.Dat
 def test_interpretation_follows_the_data():
     a, rec_a = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}))
     b, rec_b = interpret.strategies(strategy_table({"allreduce": 52.0, "ddp": 58.0, "noop": 50.0}))
-    assert a[0].startswith("ddp has the shortest median step") and "ddp" in rec_a
-    assert b[0].startswith("allreduce has the shortest median step") and "allreduce" in rec_b
+    assert rec_a.recommends and rec_a.chosen.label == "ddp" and a[0] == rec_a.card()
+    assert rec_b.recommends and rec_b.chosen.label == "allreduce" and b[0].startswith("Use the allreduce gradient sync")
     assert a != b
-    # the same table from one launch each (the quick study): indicative, nothing ranked, nothing recommended
+    # the same table from one launch each (the quick study): nothing recommended, and the card says why
     quick, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, launches=1))
-    assert rec is None and "indicative: 1 launch, not ranked" in quick[0]
+    assert not rec.recommends and quick[0].startswith("Keep ddp, the default: 1 launch each")
 
 
 def test_no_ranking_and_no_recommendation_from_noise():
     """The same medians, but intervals of ±4 ms: 55 vs 60 ms is within noise; and without intervals, nothing."""
     noisy, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, noise=4.0))
-    assert rec is None
-    assert "allreduce is within noise of it" in noisy[0] and "±4 ms" in noisy[0]
+    assert not rec.recommends
+    assert noisy[0].startswith("Keep ddp, the default: ddp is within noise of allreduce") and "51–59 ms" in noisy[0]
     bare = strategy_table({"allreduce": 60.0, "ddp": 55.0}).drop(columns=["step_ci_low(ms)", "step_ci_high(ms)"])
     words, rec = interpret.strategies(bare)
-    assert rec is None and "without intervals no ranking is a finding" in words[0]
+    assert not rec.recommends and words[0].startswith("Keep ddp, the default: a side has no interval")
 
 
 def test_bad_study_files_are_one_line_errors(tmp_path):

@@ -7,7 +7,7 @@ import os
 
 import pandas as pd
 
-from scalelab.experiments.predict import predict_result
+from scalelab.experiments.predict import caveat, predict_result
 from scalelab.perf.hardware import PRESETS
 from scalelab.perf.horizon import HORIZON, extrapolated, host_cores, measured_scale, reach
 from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result
@@ -45,14 +45,19 @@ def test_a_loopback_calibration_stops_at_the_host_cores_and_marks_extrapolation(
     # what keeps the target is asked inside the horizon: 4 workers (the cores) and 16 (8 x 2), never 4096
     assert dict(zip(r.tables["options"]["hardware"], r.tables["options"]["workers"])) == {LOOPBACK: 4, TEN_GBE: 16}
     lines, rec = predict_result(r)
-    assert "Predictions beyond 16 workers (8x the largest measured scale, 2 workers) are extrapolation." in lines
+    assert "Predictions beyond 16 workers (8× the largest measured scale, 2 workers) are extrapolation." in lines
     assert (f"{LOOPBACK} is not predicted beyond 4 workers: its calibration ran over one host's loopback, which "
             "says nothing about more ranks than that host's 4 cores.") in lines
     assert any(line.startswith(f"{TEN_GBE}: predicted efficiency") and "at 16 workers" in line
                and "Extrapolated beyond 16 workers" in line and "at 4096 workers: an extrapolation, which no "
                "recommendation rests on." in line for line in lines)
-    assert rec.startswith(f"For larger clusters ({LOOPBACK}): ") and rec.endswith("on 4 workers")
+    assert rec.startswith(f"For larger clusters ({LOOPBACK}): ") and rec.endswith(
+        "on 4 workers. Caveat: the model's prediction for more workers than the 2 measured here.")
     assert "4096" not in rec
+    # a preset is never checked against a measurement here: its card says so
+    assert caveat(TEN_GBE, {"own": LOOPBACK, "scale": 2}) == (
+        f"{TEN_GBE}: a hardware preset, not checked against a measurement; the model's prediction for more workers "
+        "than the 2 measured here")
 
 
 def test_no_larger_cluster_inside_the_horizon_recommends_nothing():
