@@ -79,9 +79,6 @@ def test_explain_prints_every_part_from_the_stored_variants(runs, capsys):
     assert "bucket" not in out  # no bucket sweep of this config is stored: no bucket size is suggested
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39: the largest cause is now an additive part (exposed communication); "
-                   "lab/explain.py's suggestions must act on analysis.breakdown.largest_split for it (left to the "
-                   "lead: explain is outside this change)")
 def test_a_bucket_size_is_suggested_only_beside_a_stored_sweep(runs, capsys):
     store, ids = runs
     stored(store, BASE.__class__(**{**BASE.to_dict(), "bucket_mb": 1.0}), summary(44.0), study="s/bucket_sweep")

@@ -32,6 +32,8 @@ from scalelab.analysis.breakdown import (
     SCRIPT_VARIANT,
     breakdown_of_runs,
     largest_cause,
+    largest_split,
+    negative_split,
     rest_too_large,
 )
 from scalelab.config import TrainConfig
@@ -216,13 +218,24 @@ def variant_notes(store: Store, run: dict) -> list[str]:
 
 def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
     """What to try, from the largest measured cause, each with the measured number behind it."""
-    cause = largest_cause(table)
-    if cause is None:
+    cause, split = largest_cause(table), largest_split(table)
+    if cause is None and split is None:
         return ["no part is beyond noise: nothing to suggest from these runs (longer runs narrow the intervals)."]
+
+    def ms(row: dict) -> str:
+        return f"{row['value(ms)']:.3g} ms a step (95 % interval {row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})"
+
     s, c = run.get("summary") or {}, run.get("config") or {}
-    ms = f"{cause['value(ms)']:.3g} ms a step (95 % interval {cause['ci_low(ms)']:.3g}–{cause['ci_high(ms)']:.3g})"
-    part = cause["part"]
-    out = [f"largest cause: {PARTS[part]}, {ms}."]
+    out = [f"largest cause: {PARTS[cause['part']]}, {ms(cause)}."] if cause is not None else []
+    # exposed communication is acted on through its split (breakdown.largest_split): waiting, wire or interference;
+    # where exposed communication itself was not measured (a script of the user's), the split is what is known
+    part = cause["part"] if cause is not None else None
+    if split is not None and part in ("exposed", None):
+        out.append(f"{'of it' if part else 'largest measured part'}: {PARTS[split['part']].strip()}, {ms(split)}.")
+        part = split["part"]
+    hidden = negative_split(table)
+    if hidden:
+        out.append(hidden + ".")
     if part == "data":
         out.append(f"try more loader workers (num_workers is {c.get('num_workers', 'not recorded')}) or "
                    "pin_memory: `scalelab loader-sweep` measures them.")
