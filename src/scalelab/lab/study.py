@@ -269,12 +269,14 @@ def held_to_host_peak(answered: list[tuple]) -> list[tuple]:
 
 
 def audit(answered: list[tuple]) -> list[str]:
-    """Every sentence or recommendation of the study that relies on a row a check failed (analysis.checks): none
-    is the bar."""
+    """Every sentence or recommendation of the study that relies on a row a check failed, and every decision worded
+    beyond what its figures give (analysis.checks): none is the bar."""
     peak = next((checks.host_peak(r.tables) for _, r in answered if "comm" in r.tables), None)
-    out = []
+    out, records = [], []
     for experiment, result in answered:
         if result.tables:
             sentences, rec = experiment.interpret(result)
             out += checks.contradictions(result.tables, sentences, rec, peak)
-    return out
+            if experiment.decide is not None:
+                records += [d.record() for d in experiment.decide(result)]
+    return out + checks.decision_faults(records)
