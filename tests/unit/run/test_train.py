@@ -19,36 +19,34 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
     out = execute(cfg, store, say=lambda s: None)
     steps = [r for r in read_jsonl(out.run_dir / "steps.rank0.jsonl") if not r["warmup"]]
     assert len(steps) == 6
-    forward = statistics.median(r["forward(s)"] for r in steps)
-    # the known 50 ms plus the model's own few ms of forward (3 ms seen on a loaded CI machine, which failed a
-    # 5 % bound); the margin is half the sleep, as below: a misplaced sleep would move 50 ms
-    assert 0.05 <= forward < 0.075
-    for r in steps:
-        assert r["other(s)"] <= 0.02 * r["wall(s)"]  # the named stages account for the step
-    # the same model without the sleep: the 50 ms shows up in forward and in the step's wall time, nowhere else
+    # the same model without the sleep (the control): the 50 ms shows up in forward and in the step's wall time,
+    # nowhere else. Every bound on a figure that grows with the machine's load (the model's own forward, the other
+    # stages, the time between stages) is the control's figure plus a margin of half the sleep: a sleep charged to
+    # the wrong stage would move 50 ms there, while a loaded machine's noise (seen: 19 ms in one step, a 50 ms sleep
+    # read as 83 ms at a load of 4 on 2 cores) moves both runs alike.
     fast = execute(dataclasses.replace(cfg, model=sleepy_model(0.0)), store, say=lambda s: None)
     fast_steps = [r for r in read_jsonl(fast.run_dir / "steps.rank0.jsonl") if not r["warmup"]]
 
-    def added(key):
-        return statistics.median(r[key] for r in steps) - statistics.median(r[key] for r in fast_steps)
+    def median(rows, key):
+        return statistics.median(key(r) if callable(key) else r[key] for r in rows)
 
-    # every step's wall time is its forward (the sleep, however long it took) plus the few ms the model takes
-    # without sleeping. Margins are half the sleep: a sleep charged to the wrong stage would move 50 ms there,
-    # while a loaded machine's noise (seen: 19 ms in one step) stays below it.
-    assert 0 <= statistics.median(r["wall(s)"] - r["forward(s)"] for r in steps) < 0.025
+    def added(key):
+        return median(steps, key) - median(fast_steps, key)
+
     assert min(r["forward(s)"] for r in steps) >= 0.05  # a sleep never returns early
-    # medians of two runs: the fast run's forward grows under load too (seen: by 18 ms at a load of 6 on 2 cores)
     assert added("forward(s)") > 0.025
-    assert abs(added("wall(s)") - added("forward(s)")) < 0.025
+    rest = lambda r: r["wall(s)"] - r["forward(s)"]  # noqa: E731 - the other stages and the time between them
+    assert 0 <= median(steps, rest) < median(fast_steps, rest) + 0.025
+    assert median(steps, "other(s)") <= median(fast_steps, "other(s)") + 0.025  # the named stages hold the step
     # evaluation (16 samples through the sleepy model: at least one 50 ms forward) runs after the last step,
     # outside its wall time, and is reported on its own
     last = steps[-1]
     assert "eval(s)" not in last and last["evaluation(s)"] >= 0.05 * 0.98
-    assert last["wall(s)"] - last["forward(s)"] < 0.025
+    assert rest(last) < median(fast_steps, rest) + 0.025
     assert out.summary["time/eval(ms)"] == pytest.approx(1e3 * last["evaluation(s)"])
     assert out.summary["evals/count"] == 1
     for stage in ("data", "h2d", "backward", "comm", "optimizer", "other"):
-        assert abs(added(f"{stage}(s)")) < 0.025, stage
+        assert added(f"{stage}(s)") < 0.025, stage  # a misplaced sleep would add 50 ms there
     assert out.summary["stage/forward(ms)"] == pytest.approx(1e3 * statistics.mean(r["forward(s)"] for r in steps))
     row = store.get(out.run_id)
     assert row["status"] == "completed"
