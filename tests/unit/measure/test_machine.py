@@ -127,3 +127,15 @@ def test_child_pids_from_proc_match_psutil_and_runcpu_keeps_only_children_starte
     finally:
         before.kill()
         before.wait()
+
+
+def test_warm_ranks_are_the_pids_their_launcher_names(tmp_path, monkeypatch):
+    """A warm rank's command line does not carry the run directory (it runs many runs): its launcher names the
+    job's ranks (run/warm.py), and those are the run's processes whatever else runs beside them."""
+    from scalelab.measure.machine import local_rank_pids
+    from scalelab.run.warm import PIDS_ENV
+
+    monkeypatch.setenv(PIDS_ENV, "101,202")
+    assert local_rank_pids(tmp_path) == {101, 202}
+    monkeypatch.delenv(PIDS_ENV)
+    assert 101 not in local_rank_pids(tmp_path)
