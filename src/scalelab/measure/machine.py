@@ -75,12 +75,15 @@ def read_load(root: Path = PROC) -> float | None:
         return None
 
 
+RANK_PIDS_ENV = "SCALELAB_LOCAL_RANK_PIDS"  # a run's ranks on this host, where a launcher names them
+
+
 def local_rank_pids(run_dir: Path, *, siblings_only: bool = True) -> set[int]:
     """This process and the other ranks of the same run on this host (`scalelab.run.worker` or
     `scalelab.run.script_rank` with `--run-dir RUN_DIR`): its siblings (torchrun starts every rank itself), or
     with `siblings_only` False every such process of the host (horovodrun starts each rank under its own shell and
     middleman process)."""
-    listed = os.environ.get("SCALELAB_LOCAL_RANK_PIDS")  # warm ranks (scalelab.run.warm): the launcher names them
+    listed = os.environ.get(RANK_PIDS_ENV)  # warm ranks (scalelab.run.warm): their launcher names them
     if listed:
         return {int(p) for p in listed.split(",")}
     me = psutil.Process()

@@ -40,12 +40,12 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
 from scalelab.run.launch import LOOPBACK, Launcher, LaunchFailed, LaunchSpec, bound_store, torchrun_launch
 
 START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
 MAX_POOLS = 3  # layouts kept warm at once (a study alternates 1 and 2 threads per rank, 2 ranks)
-PIDS_ENV = "SCALELAB_LOCAL_RANK_PIDS"  # the job's ranks on this host (measure.machine.local_rank_pids)
 
 
 def cold_reason(cfg: Any, spec: LaunchSpec) -> str | None:
