@@ -121,12 +121,13 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
     sampler = ShardedBatchSampler(len(data), cfg.global_batch, rank=ctx.rank, world=ctx.world,
                                   seed=cfg.seed, drop_last=cfg.drop_last)
     extra = {}
-    if cfg.num_workers > 0:
+    workers = cfg.resolved_num_workers  # unset: the device's default (config.TrainConfig.resolved)
+    if workers > 0:
         # Workers are started anew each epoch (not persistent) so they see the dataset's epoch for augmentation;
         # their start-up lands in the first step's data wait, as in a plain PyTorch loop.
         extra = {"prefetch_factor": cfg.prefetch_factor or 2}
-    loader = DataLoader(data, batch_sampler=sampler, num_workers=cfg.num_workers,
-                        pin_memory=cfg.pin_memory and ctx.device.type == "cuda", **extra)
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=workers,
+                        pin_memory=cfg.resolved_pin_memory and ctx.device.type == "cuda", **extra)
     return loader, sampler
 
 
@@ -228,6 +229,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     if sync:  # after a resume's restore: an engine may wrap or broadcast the optimizer's state (Horovod)
         sync.attach_optimizer(optimizer)
     memory = MemoryByKind(model, optimizer, device, net=net)
+    pinned = cfg.resolved_pin_memory
     late = LateSteps(lag=1 if timer.deferred else 0)  # CUDA events are read one step late: no wait at a step's end
 
     def read_step(e: Ended, feed: bool = True) -> tuple[dict, Ended]:
@@ -260,8 +262,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 with timer.span("data"):
                     x, y = next(batches)
                 with timer.span("h2d"):
-                    x = x.to(device, non_blocking=cfg.pin_memory)
-                    y = y.to(device, non_blocking=cfg.pin_memory)
+                    x = x.to(device, non_blocking=pinned)
+                    y = y.to(device, non_blocking=pinned)
                 micro = micro_batches(x, y, cfg.accumulate)
                 for j, (xm, ym, weight) in enumerate(micro):
                     # no gradient sync on the first K-1 micro-steps: the forward must be inside for DDP's no_sync
