@@ -338,9 +338,12 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     finally:
         dropped = []
         if late:  # an interrupt (or an error) left steps unread: poll their events, never wait on the device
-            finished, dropped = late.finish_within()
-            for e in finished:
-                log.add(read_step(e, feed=False)[0], e.loss, e.correct)
+            try:
+                finished, dropped = late.finish_within()
+                for e in finished:
+                    log.add(read_step(e, feed=False)[0], e.loss, e.correct)
+            except Exception:  # noqa: BLE001 - a failing device: the exception in flight is the one to report
+                dropped = dropped or late.all()
             if dropped:
                 say(f"rank {ctx.rank}: step{'s' if len(dropped) > 1 else ''} "
                     f"{', '.join(str(e.step) for e in dropped)} not recorded: the device had not finished "
