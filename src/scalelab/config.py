@@ -29,6 +29,8 @@ DDPHook = Literal["none", "fp16", "bf16", "powersgd"]
 LRRule = Literal["none", "linear", "sqrt", "linear_warmup", "lars"]
 
 
+CUDA_LOADER_WORKERS = 2  # loader workers per rank on CUDA when unset (issue 42: a GPU user expects a few)
+
 # Field names written by earlier versions -> today's name: stored configs keep loading (the only place they live).
 LEGACY_KEYS = {"strategy": "wrapper"}
 
@@ -120,9 +122,11 @@ class TrainConfig:
     precision: Precision = doc("fp32", "Precision; fp16 (with GradScaler) needs CUDA.")
     checkpoint_segments: int = doc(0, "Activation checkpointing: the model's blocks in this many contiguous segments, "
                                       "each recomputed in backward (0 = off).")
-    num_workers: int = doc(0, "DataLoader worker processes per rank.")
-    pin_memory: bool = doc(False, "Pinned host memory for the loader (helps on CUDA).",
-                           flag=("--pin-memory/--no-pin-memory",))
+    num_workers: int | None = doc(None, f"DataLoader worker processes per rank; unset: {CUDA_LOADER_WORKERS} on CUDA "
+                                        "(the loader's host work then overlaps the GPU's), 0 on the CPU.")
+    pin_memory: bool | None = doc(None, "Pinned host memory for the loader; unset: on with CUDA (asynchronous "
+                                        "host-to-device copies), off on the CPU.",
+                                  flag=("--pin-memory/--no-pin-memory",))
     prefetch_factor: int | None = doc(None, "Batches prefetched per loader worker (needs num_workers > 0).")
     drop_last: bool = doc(False, "Drop an incomplete last batch.", flag=("--drop-last/--keep-last",))
 
@@ -149,6 +153,9 @@ class TrainConfig:
                                        "many seconds (0 = no watchdog).", flag=("--hang-timeout",))
     checkpoint_every: int = doc(0, "Write a resumable checkpoint every N optimizer steps (0 = never).",
                                 flag=("--checkpoint-every",))
+    auto_note: str | None = doc(None, "Written by scalelab when it resolves a run (leave it unset): the unset fields "
+                                      "it chose for the device, with the reason (loader workers and pinned memory "
+                                      "on CUDA).")
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -167,16 +174,18 @@ class TrainConfig:
             raise ConfigError("momentum", self.momentum, "allowed: 0 <= momentum < 1")
         for name in ("weight_decay", "warmup_steps", "eval_every", "num_workers", "checkpoint_segments", "seed",
                      "lr_warmup_steps", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, getattr(self, name), "allowed: an integer >= 0")
+            value = getattr(self, name)
+            if value is not None and value < 0:  # only num_workers may be None (unset: the device's default)
+                raise ConfigError(name, value, "allowed: an integer >= 0" + (" (or leave unset)" * (name == "num_workers")))
         for name in ("samples", "eval_samples", "prefetch_factor", "threads", "base_batch", "memory_limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(name, value, "allowed: an integer >= 1 (or leave unset)")
         if self.lr_rule == "lars" and self.optimizer != "sgd":
             raise ConfigError("lr_rule", "lars", f"LARS replaces SGD; use optimizer sgd (got {self.optimizer})")
-        if self.prefetch_factor is not None and self.num_workers == 0:
-            raise ConfigError("prefetch_factor", self.prefetch_factor, "allowed only with num_workers > 0")
+        if self.prefetch_factor is not None and self.resolved_num_workers == 0:
+            raise ConfigError("prefetch_factor", self.prefetch_factor, "allowed only with num_workers > 0 (unset: 0 "
+                                                                       "on the CPU)")
         if not self.hang_timeout_s >= 0:  # also refuses NaN
             raise ConfigError("hang_timeout_s", self.hang_timeout_s, "allowed: seconds >= 0 (0 turns the watchdog off)")
         if self.sample_interval_s <= 0:
@@ -327,11 +336,36 @@ class TrainConfig:
             return self.engine
         return "ddp" if self.sync == "auto" else self.sync
 
+    @property
+    def resolved_num_workers(self) -> int:
+        """Loader workers per rank: as set, else CUDA_LOADER_WORKERS on CUDA and 0 on the CPU."""
+        if self.num_workers is not None:
+            return self.num_workers
+        return CUDA_LOADER_WORKERS if self.resolved_device == "cuda" else 0
+
+    @property
+    def resolved_pin_memory(self) -> bool:
+        """Pinned loader memory: as set, else on with CUDA and off on the CPU."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        return self.resolved_device == "cuda"
+
     def resolved(self) -> "TrainConfig":
-        """The same config with "auto" replaced by what runs on this machine (device, backend, wrapper, sync)."""
+        """The same config with "auto" and unset defaults replaced by what runs on this machine (device, backend,
+        wrapper, sync, loader workers, pinned memory); `auto_note` says which device defaults were chosen and why
+        (none on the CPU, whose defaults are the fields' old fixed ones)."""
         sync = self.resolved_sync if self.distributed and self.engine == "ddp" else "auto"
+        notes = [self.auto_note] if self.auto_note else []
+        if self.resolved_device == "cuda":
+            if self.num_workers is None:
+                notes.append(f"num_workers={self.resolved_num_workers}: unset, the CUDA default (the loader's host "
+                             "work overlaps the GPU's instead of leaving it idle)")
+            if self.pin_memory is None:
+                notes.append("pin_memory=True: unset, the CUDA default (host-to-device copies from pinned memory "
+                             "run asynchronously)")
         return dataclasses.replace(self, device=self.resolved_device, backend=self.resolved_backend,
-                                   wrapper=self.resolved_wrapper, sync=sync)
+                                   wrapper=self.resolved_wrapper, sync=sync, num_workers=self.resolved_num_workers,
+                                   pin_memory=self.resolved_pin_memory, auto_note="; ".join(notes) or None)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -29,6 +29,7 @@ from scalelab.errors import ConfigError
     ({"time_budget_s": 0.0}, "time_budget_s", "seconds > 0"),
     ({"time_budget_s": -5}, "time_budget_s", "seconds > 0"),
     ({"min_timed_steps": 0}, "min_timed_steps", ">= 1"),
+    ({"num_workers": -1}, "num_workers", "an integer >= 0 (or leave unset)"),
 ])
 def test_bad_values_name_the_field_the_value_and_what_is_allowed(kwargs, field, fragment, monkeypatch):
     monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
@@ -54,6 +55,52 @@ def test_cuda_resolution_when_gpus_are_visible(monkeypatch):
     assert (cfg.resolved_device, cfg.resolved_backend) == ("cuda", "nccl")
     with pytest.raises(ConfigError, match="at most 2 per node"):
         TrainConfig(ranks=4, global_batch=64)
+
+
+def test_loader_defaults_on_the_cpu_are_the_old_fixed_ones_and_add_nothing_to_the_resolved_config(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 0)
+    resolved = TrainConfig().resolved()
+    assert (resolved.num_workers, resolved.pin_memory, resolved.auto_note) == (0, False, None)
+    # the resolved CPU config is the one earlier versions stored (num_workers 0, pin_memory False, no note), so a
+    # stored CPU run and a new cell of the same settings are the same cell
+    old = {**resolved.to_dict(), "num_workers": 0, "pin_memory": False}
+    old.pop("auto_note")
+    assert TrainConfig.from_dict(old).resolved().to_dict() == resolved.to_dict()
+
+
+def test_on_cuda_unset_loader_fields_resolve_to_workers_and_pinned_memory_and_say_why(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 1)
+    resolved = TrainConfig().resolved()
+    assert (resolved.num_workers, resolved.pin_memory) == (config_mod.CUDA_LOADER_WORKERS, True) == (2, True)
+    assert resolved.auto_note == (
+        "num_workers=2: unset, the CUDA default (the loader's host work overlaps the GPU's instead of leaving it "
+        "idle); pin_memory=True: unset, the CUDA default (host-to-device copies from pinned memory run "
+        "asynchronously)")
+    assert resolved.resolved() == resolved  # resolving a stored config again keeps its values and its note
+    assert TrainConfig.from_dict(resolved.to_dict()).resolved() == resolved
+
+
+@pytest.mark.parametrize("given,workers,pinned,note", [
+    ({"num_workers": 0}, 0, True, "pin_memory=True"),
+    ({"pin_memory": False}, 2, False, "num_workers=2"),
+    ({"num_workers": 4, "pin_memory": False}, 4, False, None),
+    ({"device": "cpu"}, 0, False, None),  # a CPU run on a GPU machine keeps the CPU defaults
+])
+def test_a_value_the_user_set_is_kept_and_only_unset_fields_are_noted(monkeypatch, given, workers, pinned, note):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 1)
+    resolved = TrainConfig(**given).resolved()
+    assert (resolved.num_workers, resolved.pin_memory) == (workers, pinned)
+    if note is None:
+        assert resolved.auto_note is None
+    else:
+        assert resolved.auto_note.startswith(note) and ";" not in resolved.auto_note
+
+
+def test_prefetch_factor_needs_workers_which_cuda_gives_by_default(monkeypatch):
+    monkeypatch.setattr(config_mod, "cuda_device_count", lambda: 1)
+    assert TrainConfig(prefetch_factor=4).resolved().num_workers == 2
+    with pytest.raises(ConfigError, match="num_workers > 0"):
+        TrainConfig(prefetch_factor=4, num_workers=0)
 
 
 def test_yaml_round_trip_flags_override_and_unknown_keys(tmp_path):

@@ -4,7 +4,8 @@ A record holds the op, the phase of the step it serves ("forward": DDP's buffer 
 sync; "optimizer": reserved for optimizer-side collectives), payload bytes and the interval inside the collective:
 - synchronous collectives: from the call to its return (`collective`);
 - asynchronous ones: from launch to the moment the caller's future completes (`track`);
-- on CUDA, between CUDA events on the stream that waits for the collective (read at `take_step`).
+- on CUDA, between CUDA events on the stream that waits for the collective (read at `take_step`, or later:
+  `close_step` ends a step and its `EndedComm.read` reads the events when the training loop reads that step).
 Asynchronous collectives overlap compute and each other, so a step's time inside collectives is the length of the
 union of its intervals (`comm_total(s)`), never their sum (kept as `comm_sum(s)`, which counts overlapped
 stretches more than once).
@@ -172,10 +173,33 @@ class CommMeter:
 
     def take_step(self) -> dict:
         """This step's totals (the per-step record fields) since the previous call; clears the records."""
+        return self.close_step().read()
+
+    def close_step(self) -> "EndedComm":
+        """End this step's collection (the next one starts empty); read its totals from the returned object, now or
+        later: the training loop reads a step's CUDA events when the next step has ended (never waits at its end)."""
         with self._lock:
             records, self._records = self._records, []
             pending, self._pending = self._pending, []
-        if pending:  # the step has ended: these events are done (or soon are)
+        return EndedComm(records, pending, self.world)
+
+
+@dataclass
+class EndedComm:
+    """One step's collectives; those timed by CUDA events are read by `read`, once their events have completed."""
+
+    records: list[Collective]
+    pending: list[tuple]  # (record, start event, end event)
+    world: int
+
+    def done(self) -> bool:
+        """Whether `read` would not wait (every collective's end event has completed)."""
+        return all(end.query() for _, _, end in self.pending)
+
+    def read(self) -> dict:
+        """The step's totals (the per-step record fields); waits for the collectives' end events if needed."""
+        records, pending = list(self.records), self.pending
+        if pending:
             # one device timeline: every interval placed by its events relative to the first launch's event,
             # anchored at that launch's host time (the host clock of the record, less its host-measured length)
             first, anchor = pending[0][1], pending[0][0].end - pending[0][0].seconds

@@ -12,6 +12,9 @@ interquartile range is small or a time budget runs out).
   (outside every timed span), one all_reduce(MAX) of those steps' wall times gives every rank the same slowest-rank
   times, and each rank applies the same rule to the same numbers: one small collective per `every` steps and no
   broadcast. One process decides after every step with no collective.
+- On CUDA a step's wall time is read when the next step has ended (scalelab.train.late), so the rule sees step k
+  after step k+1 has run and a run stops one step later than the same times would stop it on the CPU; the steps
+  read, and where, depend on step counts alone, so every rank still decides on the same steps at the same step.
 """
 from __future__ import annotations
 

@@ -1,9 +1,14 @@
 """The one training loop: every rank runs it; every step is timed stage by stage.
 
-Host syncs: on CUDA the StepTimer bounds stages with CUDA events and waits once per step, for the step's last
-event (with `sync_stages` it synchronises the device at every stage boundary instead); loss and accuracy stay on
-the device and are read (a CPU-GPU sync point) only when records are flushed or progress is printed. Evaluation
-runs after a step has ended: it is timed on its own, never inside a step.
+Host syncs: on CUDA the StepTimer bounds stages with CUDA events, and a step's events are read when the next step
+has ended (train.late): the wait for step k's last event comes after step k+1 is queued, so the device always has
+work while the host waits. A step's record, its auto-length decision and its `t_end` (where the device finished
+it) therefore arrive one step late; before an evaluation, a checkpoint and at the run's end the loop reads every
+queued step (a wait), and an interrupted run polls the queued steps for a bounded time and drops, saying so, a step
+the device has not finished. With `sync_stages` the device is synchronised at every stage boundary instead and
+steps are read as they end, as on the CPU. Loss and accuracy stay on the device and are read (a CPU-GPU sync
+point) only when records are flushed or progress is printed. Evaluation runs after a step has ended: it is timed
+on its own, never inside a step.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from scalelab.train.memory import MemoryByKind
 from scalelab.train.sampler import ShardedBatchSampler
 from scalelab.train.setup import build_optimizer, wrap_model
 from scalelab.train.heartbeat import Heartbeat
+from scalelab.train.late import Ended, LateSteps
 from scalelab.train.length import AGREE_EVERY, AutoLength, max_over_ranks
 
 FLUSH_EVERY_S = 2.0  # how often step records reach disk (a killed run keeps what was flushed)
@@ -56,10 +62,12 @@ class StepLog:
     def add(self, record: dict, loss: torch.Tensor, correct: torch.Tensor) -> None:
         self.pending.append((record, loss, correct))
 
-    def flush(self) -> None:
+    def flush(self, read: Callable[[torch.Tensor], float] | None = None) -> None:
+        """Write the pending records with their loss and accuracy (`read`: how a scalar is read; default .item())."""
+        read = read or torch.Tensor.item
         for record, loss, correct in self.pending:  # .item(): a CPU-GPU sync point, once per flush
-            record["loss"] = float(loss.item())
-            record["acc"] = float(correct.item()) / max(1, record["targets"])
+            record["loss"] = float(read(loss))
+            record["acc"] = float(read(correct)) / max(1, record["targets"])
         self.flushed_bytes = append_jsonl(self.path, [r for r, _, _ in self.pending])
         self.pending.clear()
         self.last_flush = time.monotonic()
@@ -113,12 +121,13 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
     sampler = ShardedBatchSampler(len(data), cfg.global_batch, rank=ctx.rank, world=ctx.world,
                                   seed=cfg.seed, drop_last=cfg.drop_last)
     extra = {}
-    if cfg.num_workers > 0:
+    workers = cfg.resolved_num_workers  # unset: the device's default (config.TrainConfig.resolved)
+    if workers > 0:
         # Workers are started anew each epoch (not persistent) so they see the dataset's epoch for augmentation;
         # their start-up lands in the first step's data wait, as in a plain PyTorch loop.
         extra = {"prefetch_factor": cfg.prefetch_factor or 2}
-    loader = DataLoader(data, batch_sampler=sampler, num_workers=cfg.num_workers,
-                        pin_memory=cfg.pin_memory and ctx.device.type == "cuda", **extra)
+    loader = DataLoader(data, batch_sampler=sampler, num_workers=workers,
+                        pin_memory=cfg.resolved_pin_memory and ctx.device.type == "cuda", **extra)
     return loader, sampler
 
 
@@ -147,21 +156,55 @@ def auto_length(cfg: TrainConfig, ctx: DistContext) -> AutoLength | None:
 
 
 def step_timer(cfg: TrainConfig, device: torch.device, clock: Callable[[], float],
-               heartbeat: Heartbeat | None) -> StepTimer:
-    """Host clock on the CPU; CUDA events on CUDA, or a device-wide sync at every boundary with `sync_stages`."""
+               heartbeat: Heartbeat | None, marks=None) -> StepTimer:
+    """Host clock on the CPU; CUDA events on CUDA, or a device-wide sync at every boundary with `sync_stages`.
+    `marks`: device marks to use instead (tests give CUDA-event-shaped fakes on the CPU)."""
     on_enter = heartbeat.enter if heartbeat else None
+    if marks is not None:
+        return StepTimer(clock, on_enter=on_enter, marks=marks)
     if device.type != "cuda":
         return StepTimer(clock, on_enter=on_enter)
     if cfg.sync_stages:
         return StepTimer(clock, sync=lambda: torch.cuda.synchronize(device), on_enter=on_enter)
-    return StepTimer(on_enter=on_enter, marks=CudaMarks(device))
+    return StepTimer(clock, on_enter=on_enter, marks=CudaMarks(device))
+
+
+def after_step_flags(cfg: TrainConfig, step: int, n_steps: int, last_of_epoch: bool) -> tuple[bool, bool]:
+    """(evaluate after this step, checkpoint after it)."""
+    last_of_epoch = last_of_epoch or step == n_steps
+    due = (cfg.eval_every and step % cfg.eval_every == 0) or (last_of_epoch and (not cfg.eval_every or step == n_steps))
+    return bool(due), bool(cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps)
+
+
+def end_times(t_end: float, lag: int, clock: Callable[[], float]) -> dict[str, float]:
+    """A step record's end on both clocks (collectives use perf_counter). A step read as it ends (lag 0): now. A
+    step read late: `t_end`, where its last event completed (measure.timer), on the timer's clock, and the wall
+    clock's time that was that long ago."""
+    if not lag:
+        return {"t_end(unix_s)": time.time(), "t_end(perf_s)": time.perf_counter()}
+    return {"t_end(unix_s)": time.time() - (clock() - t_end), "t_end(perf_s)": t_end}
+
+
+def read_aside(device: torch.device) -> Callable[[torch.Tensor], float]:
+    """Reads a finished step's scalar on a side stream, so that it does not queue behind the main stream's
+    unfinished work (a step dropped on an interruption, on a device that may hang)."""
+    if device.type != "cuda":
+        return lambda t: t.item()
+    stream = torch.cuda.Stream(device)
+
+    def read(t: torch.Tensor) -> float:
+        with torch.cuda.stream(stream):
+            return t.to("cpu").item()
+
+    return read
 
 
 def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, run_dir: Path,
           *, clock: Callable[[], float] = time.perf_counter, say: Callable[[str], None] = print,
-          heartbeat: Heartbeat | None = None, resume: checkpoint.Checkpoint | None = None) -> dict:
+          heartbeat: Heartbeat | None = None, resume: checkpoint.Checkpoint | None = None, marks=None) -> dict:
     """Train `model` on `bundle` under `cfg`; write per-step records; return this rank's result.
-    With `resume`, continue from that checkpoint: its weights, optimizer, RNG, step and records so far."""
+    With `resume`, continue from that checkpoint: its weights, optimizer, RNG, step and records so far.
+    `marks`: the step timer's device marks (tests: CUDA-event-shaped fakes, to drive the late reading on the CPU)."""
     device = ctx.device
     model = model.to(device)
     net, sync = wrap_model(model, cfg, ctx)  # sync is None without a process group
@@ -171,7 +214,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     steps_per_epoch = len(sampler)
     n_steps = total_steps(cfg, steps_per_epoch)
     epochs = math.ceil(n_steps / steps_per_epoch)
-    timer = step_timer(cfg, device, clock, heartbeat)
+    timer = step_timer(cfg, device, clock, heartbeat, marks)
     length = auto_length(cfg, ctx)
     # the blocking wait of the sync starts when the step's last gradient is produced, whatever the strategy
     ready_hooks = [p.register_post_accumulate_grad_hook(lambda _p: timer.ready())
@@ -186,6 +229,20 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     if sync:  # after a resume's restore: an engine may wrap or broadcast the optimizer's state (Horovod)
         sync.attach_optimizer(optimizer)
     memory = MemoryByKind(model, optimizer, device, net=net)
+    pinned = cfg.resolved_pin_memory
+    late = LateSteps(lag=1 if timer.deferred else 0)  # CUDA events are read one step late: no wait at a step's end
+
+    def read_step(e: Ended, feed: bool = True) -> tuple[dict, Ended]:
+        """An ended step's record (its times read now), fed to the auto-length rule unless `feed` is False."""
+        nonlocal n_steps
+        times, t_end = e.timer.read()
+        if feed and length and not e.warmup and length.after_step(times["wall"]):  # outside the timed spans
+            n_steps = step  # every rank stops here: they read the same steps at the same points (train.late)
+        record = {**e.record, **{f"{k}(s)": v for k, v in times.items()}, **end_times(t_end, late.lag, clock)}
+        if e.comm is not None:
+            record.update(e.comm.read())
+        return record, e
+
     reset_peak(device)
     t_start, last_progress, first_step = time.monotonic(), time.monotonic(), step
     net.train()
@@ -205,8 +262,8 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 with timer.span("data"):
                     x, y = next(batches)
                 with timer.span("h2d"):
-                    x = x.to(device, non_blocking=cfg.pin_memory)
-                    y = y.to(device, non_blocking=cfg.pin_memory)
+                    x = x.to(device, non_blocking=pinned)
+                    y = y.to(device, non_blocking=pinned)
                 micro = micro_batches(x, y, cfg.accumulate)
                 for j, (xm, ym, weight) in enumerate(micro):
                     # no gradient sync on the first K-1 micro-steps: the forward must be inside for DDP's no_sync
@@ -242,25 +299,23 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 step += 1
                 if heartbeat:
                     heartbeat.step = step
-                times = timer.end_step()
                 warmup = step <= first_step + cfg.warmup_steps
-                if length and not warmup and length.after_step(times["wall"]):  # outside the timed spans
-                    n_steps = step  # every rank stops here: they decided on the same reduced step times
-                last_of_epoch = i == steps_per_epoch - 1 or step == n_steps
-                due = (cfg.eval_every and step % cfg.eval_every == 0) or (
-                    last_of_epoch and (not cfg.eval_every or step == n_steps))
-                record = {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": warmup, "lr": lr,
-                          "samples": int(x.shape[0]), "targets": int(y.numel()),
-                          **{f"{k}(s)": v for k, v in times.items()}, "t_end(unix_s)": time.time(),
-                          "t_end(perf_s)": time.perf_counter()}  # both clocks: collectives use perf_counter
-                if sync:
-                    record.update(sync.meter.take_step())
-                if due:  # after the step's end: evaluation is not a training stage
+                late.push(Ended(step, warmup, {"step": step, "epoch": epoch, "rank": ctx.rank, "warmup": warmup,
+                                               "lr": lr, "samples": int(x.shape[0]), "targets": int(y.numel())},
+                                timer.close_step(), sync.meter.close_step() if sync else None,
+                                loss.detach(), correct.detach()))
+                done = [read_step(e) for e in late.due()]  # this step on the CPU, the one before it on CUDA
+                due, checkpointed = after_step_flags(cfg, step, n_steps, i == steps_per_epoch - 1)
+                if late and (due or checkpointed or step == n_steps):
+                    # evaluation, a checkpoint and the run's end come after this step has finished on the device:
+                    # read it now (a wait), so that neither their timing nor the records wait for it
+                    done += [read_step(e) for e in late.all()]
+                    due, checkpointed = after_step_flags(cfg, step, n_steps, i == steps_per_epoch - 1)
+                if due:  # after the step's end: evaluation is not a training stage (its record was read above)
                     began = time.perf_counter()
                     result = evaluate(model, bundle.eval, cfg, ctx, heartbeat)
-                    record["evaluation(s)"] = time.perf_counter() - began
+                    done[-1][0]["evaluation(s)"] = time.perf_counter() - began
                     evals.append({"step": step, "epoch": epoch, **result})
-                checkpointed = cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < n_steps
                 if checkpointed:
                     # outside the step's timed wall: checkpointing is not a training stage
                     if heartbeat:
@@ -268,8 +323,9 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                     began = time.perf_counter()
                     checkpoint.save(run_dir, rank=ctx.rank, step=step, epoch=epoch, model=model,
                                     optimizer=optimizer, scaler=scaler, evals=evals)
-                    record["checkpoint(s)"] = time.perf_counter() - began
-                log.add(record, loss.detach(), correct.detach())
+                    done[-1][0]["checkpoint(s)"] = time.perf_counter() - began
+                for record, e in done:
+                    log.add(record, e.loss, e.correct)
                 if checkpointed:
                     log.flush()  # the records on disk reach at least the checkpoint
                 else:
@@ -280,7 +336,19 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                     say(f"epoch {epoch + 1}/{epochs} step {step}/{n_steps} loss {loss.item():.4f} "
                         f"{rate:,.0f} samples/s")
     finally:
-        log.flush()
+        dropped = []
+        if late:  # an interrupt (or an error) left steps unread: poll their events, never wait on the device
+            try:
+                finished, dropped = late.finish_within()
+                for e in finished:
+                    log.add(read_step(e, feed=False)[0], e.loss, e.correct)
+            except Exception:  # noqa: BLE001 - a failing device: the exception in flight is the one to report
+                dropped = dropped or late.all()
+            if dropped:
+                say(f"rank {ctx.rank}: step{'s' if len(dropped) > 1 else ''} "
+                    f"{', '.join(str(e.step) for e in dropped)} not recorded: the device had not finished "
+                    f"{'them' if len(dropped) > 1 else 'it'} within {late.bound_s:g} s of the interruption")
+        log.flush(read=read_aside(device) if dropped else None)
         for handle in ready_hooks:
             handle.remove()
         if sync:

@@ -87,6 +87,9 @@ class FakeEvents:
     def settle(self, last):
         self.settled.append(last)
 
+    def done(self, last):
+        return True
+
 
 def test_event_marks_time_stages_on_the_device_timeline_and_wait_once_per_step():
     events, host = FakeEvents(), FakeClock()
