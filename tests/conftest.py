@@ -126,6 +126,22 @@ def store(tmp_path):
     return Store(tmp_path / "store")
 
 
+# A figure that is the machine's own work (communication on the critical path, the imbalance of ranks on shared cores,
+# a model's compute) scales with the machine's speed and load, so no constant bounds it: a test bounds it by the same
+# figure of a control (the same config without the injected cause, measured in the same test or session), at most
+# CONTROL_RATIO times it plus a share of the injected time. 1.5: what two runs of one config differ on 2 busy cores.
+CONTROL_RATIO = 1.5
+
+
+@pytest.fixture(scope="session")
+def scenario_runs(tmp_path_factory):
+    """Runs of tests/dist/sense_scenarios.py's known-answer scenarios and their controls (the same config without
+    the injected cause), each launched once a session: the tests that read one share it."""
+    from sense_scenarios import Runs
+
+    return Runs(tmp_path_factory.mktemp("scenarios"))
+
+
 # A bias-free 3-layer MLP whose gradient bytes are known: 3072·16 + 16·16 + 16·10 floats on 3×32×32 inputs.
 TINY_MLP = """
 from torch import nn

@@ -8,13 +8,13 @@ import textwrap
 
 import pytest
 import sense_scenarios as sense
-from conftest import run_cli
+from conftest import CONTROL_RATIO, run_cli
 
+from scalelab.analysis import keys
 from scalelab.analysis.breakdown import LEAVES, breakdown_of_runs, sum_of_parts
 from scalelab.config import TrainConfig
 from scalelab.lab.cells import with_fields
 from scalelab.lab.explain import explain
-from scalelab.run.execute import execute
 from scalelab.store import Store
 
 pytestmark = [pytest.mark.dist, pytest.mark.timeout(420)]
@@ -47,17 +47,11 @@ def make():
 """
 
 
-def _runs(cfg, tmp_path, names=("real", "one", "nosync", "noop")) -> dict:
-    """The real run and its variants, stored runs as {config, summary}."""
-    store = Store(tmp_path / "store")
+def _runs(cfg, scenario_runs, names=("real", "one", "nosync", "noop")) -> dict:
+    """The real run and its variants, stored runs as {config, summary} (each config launched once a session)."""
     variants = {"real": cfg, "one": with_fields(cfg, ranks=1), "nosync": with_fields(cfg, sync="noop"),
                 "noop": with_fields(cfg, noop_collectives=True)}
-    out = {}
-    for name in names:
-        c = variants[name]
-        done = execute(c, store, say=lambda _: None)
-        out[name] = {"config": store.get(done.run_id)["config"], "summary": done.summary}
-    return out
+    return {name: scenario_runs(variants[name]) for name in names}
 
 
 def _part(table, name) -> dict:
@@ -69,42 +63,61 @@ def _say(case: str, n: int, part: dict, injected_ms: float) -> None:
           f"(interval {part['ci_low(ms)']:.1f}-{part['ci_high(ms)']:.1f}) vs injected {injected_ms:.1f} ms")
 
 
-def test_a_straggler_is_waiting_for_peers(tmp_path):
+def test_a_straggler_is_waiting_for_peers(scenario_runs):
     """Rank 1's forward sleeps 40 ms more per step (allreduce, blocking): the breakdown puts >= 80 % of it in
-    waiting for peers, not in compute slowdown."""
-    runs = _runs(sense.straggler(tmp_path), tmp_path)
+    waiting for peers, not in compute slowdown. The control is the same config without the sleep (its 1-worker run
+    is the straggler's: one rank never sleeps)."""
+    folder = scenario_runs.folder
+    runs = _runs(sense.straggler(folder), scenario_runs)
     table = breakdown_of_runs(runs["real"], one=runs["one"], nosync=runs["nosync"], noop=runs["noop"])
+    control_runs = _runs(sense.straggler(folder, delay_s=0.0), scenario_runs, ("real", "nosync"))
+    control = breakdown_of_runs(control_runs["real"], one=runs["one"], nosync=control_runs["nosync"])
     injected = 1e3 * sense.STRAGGLER_S
     waiting, compute = _part(table, "waiting"), _part(table, "compute")
     _say("straggler", runs["real"]["summary"]["steps/timed"], waiting, injected)
     print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    shown = {"injected(ms)": injected, **{f"{part}(ms)": (round(_part(table, part)["value(ms)"], 2),
+                                                          round(_part(control, part)["value(ms)"], 2))
+                                          for part in ("waiting", "compute")}}  # (straggler, control)
+    print(shown)
     assert table["measured"].all(), table
-    assert 0.8 * injected <= waiting["value(ms)"] <= 1.3 * injected + 5, table
-    assert compute["value(ms)"] < 0.5 * injected, table  # the straggler's time is not the fastest rank's compute
+    # the sleep, on top of the ordinary imbalance of 2 ranks on shared cores (the control's: it scales with the
+    # machine and its load)
+    assert 0.8 * injected <= waiting["value(ms)"] <= _part(control, "waiting")["value(ms)"] + 1.3 * injected, shown
+    # the straggler's time is not the fastest rank's compute: the compute slowdown is the control's (2 ranks on
+    # shared cores against one, a figure of the machine and its load, either sign), within the noise of two runs
+    # on busy cores (6 ms seen at load 7 on 2 cores), far below the 40 ms it would gain if it held the sleep
+    assert compute["value(ms)"] <= _part(control, "compute")["value(ms)"] + 0.5 * injected, shown
     assert sum_of_parts(table) == pytest.approx(runs["real"]["summary"]["time/step_median(ms)"])
 
 
-def test_a_data_delay_is_data_wait(tmp_path):
+def test_a_data_delay_is_data_wait(tmp_path, scenario_runs):
     """Each sample takes 2 ms more to load on the 2-rank run than on one worker: 8 samples per rank, 16 ms a
     step beyond the 1-worker run's data wait. (Its compute part is not asserted: 2 ranks of a tiny MLP on 2 shared
-    cores are slower per sample than one, 8 ms of a 5 ms ideal step in one run, with or without the delay.)"""
+    cores are slower per sample than one, 8 ms of a 5 ms ideal step in one run, with or without the delay.) The
+    control is the same 2-rank config without the delay: test_sense_dist's (its dataset sleeps on any number of
+    ranks, 0 s here, so it is this one's)."""
     dataset = tmp_path / "slow_shared.py"
     dataset.write_text(textwrap.dedent(MULTI_RANK_SLOW_DATA.format(sleep=sense.DATA_SLEEP_S)))
     cfg = with_fields(sense.data_wait(tmp_path), dataset=f"{dataset}:make")
-    runs = _runs(cfg, tmp_path)
+    runs = _runs(cfg, scenario_runs)
     table = breakdown_of_runs(runs["real"], one=runs["one"], nosync=runs["nosync"], noop=runs["noop"])
     injected = 1e3 * sense.DATA_SLEEP_S * sense.PER_RANK_BATCH
     data = _part(table, "data")
     _say("data delay", runs["real"]["summary"]["steps/timed"], data, injected)
     print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    # the data part is already a difference against a run without the delay (the 1-worker run's data wait)
     assert 0.8 * injected <= data["value(ms)"] <= 1.5 * injected + 3, table
-    # both ranks wait for their own data alike: the delay is not a peer's wait (what ranks wait for each other is
-    # the ordinary imbalance of 2 ranks on 2 shared cores: 1.5-3 ms on a quiet machine, 11 ms with a neighbour's
-    # tests running, load 3.5)
-    assert _part(table, "waiting")["value(ms)"] < injected, table
+    # both ranks wait for their own data alike: the delay is not a peer's wait. What ranks wait for each other is
+    # the ordinary imbalance of 2 ranks on 2 shared cores, a figure of the machine and its load (1.5-3 ms on a quiet
+    # machine, 2-17 ms at load 7 on 2 cores), which the control measures; the 16 ms would come on top of it if the
+    # delay were counted as a peer's
+    control = scenario_runs(sense.data_wait(scenario_runs.folder, sleep_s=0.0))["summary"][keys.COMM_PEERS_WAIT_MS]
+    print({"injected(ms)": injected, "waiting(ms)": (_part(table, "waiting")["value(ms)"], control)})
+    assert _part(table, "waiting")["value(ms)"] <= CONTROL_RATIO * control + 0.5 * injected, (control, table)
 
 
-def test_a_smaller_batch_without_sync_is_compute_slowdown_only(tmp_path, sleepy_model):
+def test_a_smaller_batch_without_sync_is_compute_slowdown_only(scenario_runs, sleepy_model):
     """2 ranks with no sync at all, each on half the batch, of a model whose forward costs a fixed 40 ms a step
     whatever its batch: the ideal step halves that cost, the ranks cannot, so the compute slowdown is about 20 ms;
     every communication part is 0, measured."""
@@ -113,7 +126,7 @@ def test_a_smaller_batch_without_sync_is_compute_slowdown_only(tmp_path, sleepy_
                       global_batch=64, steps=14, warmup_steps=2, ranks=2, sync="noop", sample_interval_s=0.5,
                       threads=1)  # one thread per rank on 1 and 2 ranks alike (2 threads of one rank stalled
     # behind a neighbour's tests: 42 ms of compute for a linear layer, against 2 ms on a rank of one thread)
-    runs = _runs(cfg, tmp_path, ("real", "one"))
+    runs = _runs(cfg, scenario_runs, ("real", "one"))
     table = breakdown_of_runs(runs["real"], one=runs["one"])  # a run without sync is its own no-op variants
     compute = _part(table, "compute")
     injected = 1e3 * fixed_s / 2

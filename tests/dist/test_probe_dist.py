@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import CONTROL_RATIO, cli_env, run_cli
 from seed_script import SEED, collectives, seed_script
 from scalelab.analysis import keys
 from scalelab.run.launch import free_port
@@ -47,16 +47,22 @@ def test_stages_recover_injected_sleeps_and_counts_equal_scalelab_train(tmp_path
     run = only_run(store)
     assert run["kind"] == "script" and run["status"] == "completed"
     s = run["summary"]
-    # the sleep plus the tiny model's own work (and, in backward, the wait for the other rank's all-reduce)
-    assert 100 <= s[keys.stage_ms("forward")] <= 160
-    assert 150 <= s[keys.stage_ms("backward")] <= 230
     assert RunDir(run["dir"]).trace_file.exists()
 
+    # the control: `scalelab train` on the script's model, batch and ranks, without the sleeps
     trained = run_cli(["train", "--store", str(tmp_path / "train"), "--model", "mlp", "--model-options",
                        "depth=2,width=64", "--dataset", "synthetic", "--samples", "1024", "--ranks", "2",
                        "--global-batch", "32", "--steps", "8"], timeout=240)
     assert trained.returncode == 0, trained.stderr[-3000:]
     t = only_run(tmp_path / "train")["summary"]
+    # the sleep plus the model's own work (and, in backward, the wait for the other rank's all-reduce, which
+    # scalelab's loop times as its own stage after backward): a figure of the machine and its load, bounded by the
+    # control's, not by a constant
+    for stage, sleep_ms, control in (("forward", 100, t[keys.stage_ms("forward")]),
+                                     ("backward", 150, t[keys.stage_ms("backward")] + t[keys.stage_ms("comm")])):
+        got = s[keys.stage_ms(stage)]
+        print(f"\n{stage}: {got:.1f} ms, control {control:.1f} ms, injected {sleep_ms} ms")
+        assert sleep_ms <= got <= CONTROL_RATIO * control + 1.3 * sleep_ms, (stage, got, control)
     for key in (keys.STEPS_TOTAL, keys.STEPS_TIMED, keys.COMM_BYTES_BACKWARD_PER_STEP, keys.COMM_BYTES_PER_STEP,
                 keys.COMM_COLLECTIVES_PER_STEP):
         assert s[key] == t[key], key

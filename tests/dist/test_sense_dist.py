@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sense_scenarios as sense
+from conftest import CONTROL_RATIO
 from scalelab.analysis import keys
 from scalelab.analysis.compare import faster_than_link
 from scalelab.run import netns
@@ -19,25 +20,47 @@ def _run(cfg, tmp_path) -> dict:
     return execute(cfg, Store(tmp_path / "store"), say=lambda _: None).summary
 
 
-def test_a_straggler_is_waiting_for_peers_not_communication(tmp_path):
+def _figures(injected: float, runs: dict, names: tuple[str, ...]) -> dict:
+    """The injected time and the figures asserted on, of the run and its control: what a failure prints (and
+    `pytest -s` shows)."""
+    shown = {"injected(ms)": injected, **{run: {k: round(s[k], 2) for k in names} for run, s in runs.items()}}
+    print(f"\n{shown}")
+    return shown
+
+
+def test_a_straggler_is_waiting_for_peers_not_communication(scenario_runs):
     """Rank 1 sleeps 40 ms more per step: rank 0 waits that long inside the allreduce. Before, all of it counted as
-    time inside collectives."""
-    s = _run(sense.straggler(tmp_path), tmp_path)
+    time inside collectives. The control is the same config without the sleep."""
+    s = scenario_runs(sense.straggler(scenario_runs.folder))["summary"]
+    control = scenario_runs(sense.straggler(scenario_runs.folder, delay_s=0.0))["summary"]
     injected = 1e3 * sense.STRAGGLER_S
-    figures = {k: s.get(k) for k in (keys.COMM_TIME_MS, keys.COMM_CRITICAL_MS, keys.COMM_PEERS_WAIT_MS)}
-    assert 0.8 * injected <= s[keys.COMM_PEERS_WAIT_MS] <= 1.3 * injected + 5, figures
-    assert s[keys.COMM_CRITICAL_MS] < 0.25 * injected, figures  # the bytes of a small MLP take a few ms
+    figures = _figures(injected, {"straggler": s, "control": control},
+                       (keys.COMM_TIME_MS, keys.COMM_CRITICAL_MS, keys.COMM_PEERS_WAIT_MS))
+    waiting, critical = keys.COMM_PEERS_WAIT_MS, keys.COMM_CRITICAL_MS
+    # the sleep, on top of the ordinary imbalance of 2 ranks on shared cores (the control's: it scales with the
+    # machine and its load)
+    assert 0.8 * injected <= s[waiting] <= control[waiting] + 1.3 * injected, figures
+    # communication on the critical path stays that of the bytes, which the control measures on this machine (a few
+    # ms idle, 10-36 ms on a slower or loaded one: no constant bounds it), within the noise of two runs and far
+    # below the 40 ms the straggler would add if it were counted as communication
+    assert s[critical] <= CONTROL_RATIO * control[critical] + 0.25 * injected, figures
 
 
-def test_a_data_wait_is_the_data_stage_not_communication(tmp_path):
-    """Every sample sleeps 2 ms in __getitem__ (no loader workers): 8 samples per rank, 16 ms of data per step."""
-    s = _run(sense.data_wait(tmp_path), tmp_path)
+def test_a_data_wait_is_the_data_stage_not_communication(scenario_runs):
+    """Every sample sleeps 2 ms in __getitem__ (no loader workers): 8 samples per rank, 16 ms of data per step. The
+    control is the same config without the sleep."""
+    s = scenario_runs(sense.data_wait(scenario_runs.folder))["summary"]
+    control = scenario_runs(sense.data_wait(scenario_runs.folder, sleep_s=0.0))["summary"]
     injected = 1e3 * sense.DATA_SLEEP_S * sense.PER_RANK_BATCH
-    data = s[keys.stage_ms("data")]
-    assert injected <= data <= 1.5 * injected + 3, s
-    # both ranks wait for their data alike: the wait is not a peer's (what ranks wait for each other here is the
-    # ordinary imbalance of 2 ranks on 2 shared cores: 5-11 ms in 3 runs of benchmarks/sense.py, under load)
-    assert s[keys.COMM_PEERS_WAIT_MS] < injected, s
+    data = keys.stage_ms("data")
+    figures = _figures(injected, {"data wait": s, "control": control}, (data, keys.COMM_PEERS_WAIT_MS))
+    # the sleeps, on top of the loader's own work (the control's), with the sleeps' overshoot on busy cores
+    assert injected <= s[data] <= control[data] + 1.5 * injected, figures
+    # both ranks wait for their data alike: the wait is not a peer's. What ranks wait for each other here is the
+    # ordinary imbalance of 2 ranks on 2 shared cores, which the control measures (a figure of the machine and its
+    # load); the 16 ms would come on top of it if the delay were counted as a peer's
+    waiting = keys.COMM_PEERS_WAIT_MS
+    assert s[waiting] <= CONTROL_RATIO * control[waiting] + 0.5 * injected, figures
 
 
 def test_no_collective_beats_a_kernel_shaped_link(tmp_path):
