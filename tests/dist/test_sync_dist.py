@@ -233,15 +233,22 @@ def test_time_inside_collectives_is_the_union_of_their_intervals(runs):
     for r in timed(runs, "lat_allreduce"):
         assert r["comm_total(s)"] == pytest.approx(r["comm_sum(s)"], rel=1e-9)
     # two buckets launched during a backward of a few ms, each waiting out its 60 ms on its own timer: they
-    # overlap, so the union is one latency plus the gap between the launches, not the 120 ms sum
+    # overlap, so the union is one latency plus the gap between the launches, not the 120 ms sum. The gap is the
+    # machine's own backward between them, read from the same step (no constant bounds it); that it is shorter than
+    # the latency is the scenario's premise (one layer's backward, a few ms), without which nothing would overlap
     for name in ("lat_bucketed", "lat_ddp"):
         for r in timed(runs, name):
             assert r["collectives"] == 2
             assert r["comm_sum(s)"] == pytest.approx(2 * latency, rel=0.05)
-            assert latency <= r["comm_total(s)"] < 1.5 * latency, name
             starts = [e[2] for e in r["comm_events"]]
             ends = [e[2] + e[3] for e in r["comm_events"]]
-            assert r["comm_total(s)"] == pytest.approx(max(ends) - min(starts))  # they overlap: one stretch
+            gap = max(starts) - min(starts)
+            assert gap < latency, (name, gap)
+            # the overlap (the first pad past the second launch: at least latency - gap) is counted once; the pads'
+            # late wake-ups on busy cores (4 ms seen at load 7) stay in both sides
+            total = r["comm_total(s)"]
+            assert latency + gap <= total <= r["comm_sum(s)"] - (latency - gap) / 2, (name, total, gap)
+            assert total == pytest.approx(max(ends) - min(starts))  # they overlap: one stretch
 
 
 def test_emulated_bandwidth_adds_bytes_over_bandwidth(runs):
