@@ -120,7 +120,7 @@ def test_a_data_delay_is_data_wait(tmp_path, scenario_runs):
 def test_a_smaller_batch_without_sync_is_compute_slowdown_only(scenario_runs, sleepy_model):
     """2 ranks with no sync at all, each on half the batch, of a model whose forward costs a fixed 40 ms a step
     whatever its batch: the ideal step halves that cost, the ranks cannot, so the compute slowdown is about 20 ms;
-    every communication part is 0, measured."""
+    every communication part is 0, measured. The control is the same model without the sleep."""
     fixed_s = 0.04
     cfg = TrainConfig(model=sleepy_model(fixed_s), dataset="synthetic", samples=512, eval_samples=16,
                       global_batch=64, steps=14, warmup_steps=2, ranks=2, sync="noop", sample_interval_s=0.5,
@@ -128,12 +128,17 @@ def test_a_smaller_batch_without_sync_is_compute_slowdown_only(scenario_runs, sl
     # behind a neighbour's tests: 42 ms of compute for a linear layer, against 2 ms on a rank of one thread)
     runs = _runs(cfg, scenario_runs, ("real", "one"))
     table = breakdown_of_runs(runs["real"], one=runs["one"])  # a run without sync is its own no-op variants
+    control_runs = _runs(with_fields(cfg, model=sleepy_model(0.0)), scenario_runs, ("real", "one"))
+    control = _part(breakdown_of_runs(control_runs["real"], one=control_runs["one"]), "compute")["value(ms)"]
     compute = _part(table, "compute")
     injected = 1e3 * fixed_s / 2
     _say("half batch, no sync (compute slowdown)", runs["real"]["summary"]["steps/timed"], compute, injected)
     print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    print({"injected(ms)": injected, "compute(ms)": (compute["value(ms)"], control)})  # (run, control)
     assert table["measured"].all(), table
-    assert 0.8 * injected <= compute["value(ms)"] <= 1.5 * injected + 5, table
+    # the fixed cost the ranks cannot halve, on top of the layer's own slowdown on 2 ranks of shared cores (the
+    # control's: a figure of the machine and its load, either sign)
+    assert 0.8 * injected <= compute["value(ms)"] <= control + 1.5 * injected, (control, table)
     # the whole gap is data and compute, exactly
     assert compute["value(ms)"] + _part(table, "data")["value(ms)"] == pytest.approx(table.attrs["gap(ms)"])
     for part in ("sync_work", "exposed", "waiting", "wire", "interference", "hidden"):
