@@ -184,7 +184,7 @@ if distributed:
 def test_a_scripts_straggler_is_waiting_for_peers_in_explain(tmp_path):
     """The user's own script under `scalelab run` (the probe's view): rank 1 sleeps 40 ms in forward. `scalelab
     explain` on its 2-rank run, beside the same script on 1 worker, puts it in waiting for peers; the parts that
-    need a variant without sync are not measured."""
+    need a variant without sync are not measured. The control is the same script without the sleep."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(STRAGGLING_SCRIPT.replace("{delay}", str(sense.STRAGGLER_S))))
     store = tmp_path / "store"
@@ -201,7 +201,18 @@ def test_a_scripts_straggler_is_waiting_for_peers_in_explain(tmp_path):
     injected = 1e3 * sense.STRAGGLER_S
     _say("straggler in a user's script (probe)", ex.run["summary"]["steps/timed"], waiting, injected)
     print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
-    assert 0.8 * injected <= waiting["value(ms)"] <= 1.3 * injected + 5, table
+    # the control: the same script on 2 ranks without the sleep; what its ranks wait for each other is the ordinary
+    # imbalance of 2 ranks on shared cores (a figure of the machine and its load) that the sleep comes on top of
+    control_script = tmp_path / "control.py"
+    control_script.write_text(textwrap.dedent(STRAGGLING_SCRIPT.replace("{delay}", "0.0")))
+    control_store = tmp_path / "control"
+    done = run_cli(["run", "--store", str(control_store), "--ranks", "2", "--global-batch", "16", "--", "python",
+                    str(control_script), "--batch", "{per_worker_batch}"], timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    control_id = Store(control_store).list_runs()["run_id"].iloc[0]
+    control = Store(control_store).get(control_id)["summary"][keys.COMM_PEERS_WAIT_MS]
+    print({"injected(ms)": injected, "waiting(ms)": (waiting["value(ms)"], control)})  # (run, control)
+    assert 0.8 * injected <= waiting["value(ms)"] <= control + 1.3 * injected, (control, table)
     for part in ("compute", "sync_work", "exposed", "interference", "hidden"):
         assert not _part(table, part)["measured"], (part, table)
     assert _part(table, "ideal")["measured"] and _part(table, "wire")["measured"]
