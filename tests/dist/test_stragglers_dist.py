@@ -3,8 +3,8 @@
 - on 2 --local-nodes nodes, node 1's rank given less CPU (a cgroup cpu quota) names node 1;
 - a slower link (tbf at 0.2 Gbit/s on both nodes) names no straggler: its cost is wire time and per-node MB/s.
 Each prints n, the named rank / node and the waiting time with its 95 % interval. What the ranks wait for each other
-beyond the injected cause (their ordinary imbalance on shared cores) scales with the machine and its load: it is
-bounded by a control run, the same config without the cause, never by a constant."""
+beyond the injected cause (their ordinary imbalance on shared cores) scales with the machine and its load: where a
+bound could meet it, it comes from a control run (the same config without the cause), never from a constant."""
 from __future__ import annotations
 
 import json
@@ -179,17 +179,12 @@ def test_a_slower_link_is_wire_time_not_a_straggler(tmp_path):
     steps = [r for r in parsed.all_steps if not r["warmup"]]
     # the known truth: a 2-rank ring allreduce sends each rank's S bytes once over the 0.2 Gbit/s link
     wire_floor_ms = 1e3 * min(r["comm_bytes"] for r in steps) / (0.2e9 / 8)
-    # the control: the same 2 nodes without the shaped link; what the ranks wait for each other there is the
-    # ordinary imbalance of ranks on shared cores, a figure of the machine and its load
-    control_root = tmp_path / "control"
-    res = run_cli(_train_args(_model(tmp_path), control_root, "--ranks", "1", "--local-nodes", "2"), timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
-    control = _verdict(control_root)[1]["summary"][keys.COMM_PEERS_WAIT_MS]
     print(f"wire {summary[keys.COMM_CRITICAL_MS]:.1f} ms/step (floor {wire_floor_ms:.1f}), waiting for peers "
-          f"{summary[keys.COMM_PEERS_WAIT_MS]:.2f} ms/step (control without the shaped link {control:.2f})")
+          f"{summary[keys.COMM_PEERS_WAIT_MS]:.2f} ms/step")
     assert summary[keys.COMM_CRITICAL_MS] > 0.8 * wire_floor_ms
-    # the link's cost is wire time: waiting for peers stays the control's, far below the wire time it would hold
-    assert summary[keys.COMM_PEERS_WAIT_MS] <= CONTROL_RATIO * control + 0.25 * wire_floor_ms, control
+    # half the critical path, which the shaped link sets (a 295 ms floor here): the ranks' own imbalance (1-17 ms seen
+    # at load 7 on 2 cores) is far below it, so no control run (another 2-node launch) is spent on this bound
+    assert summary[keys.COMM_PEERS_WAIT_MS] < 0.5 * summary[keys.COMM_CRITICAL_MS]
     nodes = node_rows(parsed.all_steps, [s for r in sorted(parsed.system) for s in parsed.system[r]],
                       ranks_per_node=1, nodes=2, steps_per_epoch=parsed.results[0]["steps_per_epoch"])
     print([(n["node"], n["net_sent(MB/s)"]) for n in nodes])
@@ -206,7 +201,7 @@ x = torch.ones(1000)
 for i in range(30):
     time.sleep(0.005)
     if dist.get_rank() == 1:
-        time.sleep({delay})  # the injected straggler: rank 1 comes 20 ms late to every allreduce
+        time.sleep(0.02)  # the injected straggler: rank 1 comes 20 ms late to every allreduce
     dist.all_reduce(x)
 dist.destroy_process_group()
 """
@@ -215,23 +210,16 @@ dist.destroy_process_group()
 def test_a_users_script_without_steps_names_its_straggler_from_the_metered_collectives(tmp_path):
     from scalelab.analysis.stragglers import run_straggler
 
-    def verdict_of(delay: float, name: str) -> dict:
-        script = tmp_path / f"{name}.py"
-        script.write_text(SCRIPT.format(delay=delay))
-        root = tmp_path / name
-        res = run_cli(["run", "--store", str(root), "--ranks", "2", "--", "python", str(script)], timeout=240)
-        assert res.returncode == 0, res.stderr[-2000:]
-        run = Store(root).get(Store(root).list_runs()["run_id"][0])
-        verdict = run_straggler(RunDir(run["dir"]).load())
-        print("\n" + "\n".join(straggler_lines(verdict)))
-        print(verdict["table"].to_string())
-        return verdict
-
-    verdict = verdict_of(0.02, "train")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    root = tmp_path / "store"
+    res = run_cli(["run", "--store", str(root), "--ranks", "2", "--", "python", str(script)], timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = Store(root).get(Store(root).list_runs()["run_id"][0])
+    verdict = run_straggler(RunDir(run["dir"]).load())
+    print("\n" + "\n".join(straggler_lines(verdict)))
+    print(verdict["table"].to_string())
     assert verdict["rank"] == 1 and verdict["stages"] is False, verdict
-    # the control: the same script without the straggler's sleep; the wait rank 1 causes there is the ordinary
-    # imbalance of 2 ranks on shared cores (a figure of the machine and its load) that the 20 ms come on top of
-    table = verdict_of(0.0, "control")["table"]
-    control = float(table[table["rank"] == 1]["caused(ms)"].iloc[0])
-    print(f"caused {verdict['caused(ms)']:.1f} ms, control {control:.1f} ms, injected 20 ms")
-    assert 15 < verdict["caused(ms)"] <= CONTROL_RATIO * control + 30, (verdict, control)
+    # the loop computes nothing (sleeps and a 4 KB allreduce): the machine adds no share for a control to measure
+    # (rank 1 caused 0.1-0.2 ms of waiting with its sleep removed, 2 runs at load 4-7 on 2 cores)
+    assert 15 < verdict["caused(ms)"] < 30, verdict
