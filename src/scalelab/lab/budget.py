@@ -25,15 +25,16 @@ from dataclasses import dataclass, field
 
 from scalelab.errors import ConfigError
 
-# Seconds each part of the built-in study took on the reference machine (2 cores, warm ranks); (full, quick).
-# Only their ratios matter: the pace scales them to the machine at hand.
+# Seconds each part of the built-in study took on the reference machine: `benchmarks/study_time.py` (-- --budget none,
+# and --quick) on a 2-core machine of the kind CI uses, warm ranks, Horovod not installed (engines then runs only
+# its DDP cells), 2026-11-27; (full, quick). Only their ratios matter: the pace scales them to the machine at hand.
 REFERENCE_S: dict[str, tuple[float, float]] = {
-    "reference": (2.0, 2.0),  # one launch of the reference cell
-    "report": (8.0, 6.0),  # the report written after the last experiment (tables, plots, HTML)
-    "profile": (5.0, 4.0), "threads": (30.0, 6.0), "batch_sweep": (6.0, 1.0), "max_batch": (70.0, 0.0),
-    "model_grid": (25.0, 6.0), "scale": (45.0, 12.0), "strategies": (30.0, 5.0), "bucket_sweep": (30.0, 0.0),
-    "backends": (1.0, 1.0), "engines": (5.0, 0.0), "comm": (10.0, 4.0), "loader": (12.0, 2.0), "amp": (25.0, 4.0),
-    "checkpointing": (20.0, 3.0), "lr_scaling": (55.0, 3.0), "predict": (35.0, 8.0),
+    "reference": (1.0, 1.0),  # one launch of the reference cell
+    "report": (4.0, 4.0),  # the report written after the last experiment (tables, plots, HTML)
+    "profile": (2.0, 2.0), "threads": (17.0, 5.0), "batch_sweep": (2.0, 1.0), "max_batch": (34.0, 0.0),
+    "model_grid": (28.0, 7.0), "scale": (15.0, 5.0), "strategies": (10.0, 1.5), "bucket_sweep": (5.0, 0.0),
+    "backends": (0.5, 0.3), "engines": (1.0, 0.0), "comm": (6.0, 2.0), "loader": (8.0, 2.0), "amp": (11.0, 4.0),
+    "checkpointing": (11.0, 4.0), "lr_scaling": (32.0, 3.0), "predict": (13.0, 8.0),
 }
 # The plan's launches of each experiment on the reference machine (a user's study file may set others).
 REFERENCE_LAUNCHES: dict[str, tuple[int, int]] = {
@@ -43,7 +44,7 @@ REFERENCE_LAUNCHES: dict[str, tuple[int, int]] = {
 LEAVE_OUT_ORDER = ("max_batch", "lr_scaling", "engines", "bucket_sweep", "checkpointing", "amp", "model_grid",
                    "predict", "loader", "threads", "batch_sweep", "backends")
 MIN_LAUNCHES = 2
-PRIOR_S = 5.0  # reference seconds of prior at pace 1.0 (the reference cell alone is 2)
+PRIOR_S = 5.0  # reference seconds of prior at pace 1.0 (the reference cell alone is 1)
 DEFAULT_S = 20.0  # an experiment the reference machine never ran (a user's own study file)
 
 
