@@ -82,7 +82,7 @@ def test_a_budget_too_small_leaves_out_all_but_the_core_and_says_so(tmp_path):
                     str(store), "--out", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("threads", "batch_sweep"):
-        assert f"== budget: {name}: left out (the rest of the study as planned:" in proc.stdout
+        assert f"== budget: {name}: left out (the rest of the study with {name} as planned:" in proc.stdout
     assert "profile: left out" not in proc.stdout
     md = (out / "report" / "report.md").read_text()
     assert "time budget" in md and "threads: left out" in md and "batch_sweep: left out" in md

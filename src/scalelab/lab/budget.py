@@ -158,9 +158,10 @@ class Budget:
         self.left_out.discard(name)
         self.options[name] = dict(self.planned[name])
         full = self.predicted_s()
-        return (f"the rest of the study as planned: {full:.0f} s at this machine's pace ({self.pace:.2f}x the "
-                f"reference machine's time), {max(0.0, self.left_s()):.0f} s of the {self.seconds:.0f} s budget left;"
-                f" {rest:.0f} s with the cuts")
+        return (f"the rest of the study with {name} as planned: {full:.0f} s at this machine's pace "
+                f"({self.pace:.2f}x the reference machine's time), {max(0.0, self.left_s()):.0f} s of the "
+                f"{self.seconds:.0f} s budget left; {rest:.0f} s with the cuts, which are made in order: fewer "
+                "launches first, then experiments left out")
 
     def decide(self, name: str) -> Decision:
         """What to do with the next experiment: its options as planned or reduced, or leave it out."""
