@@ -76,13 +76,6 @@ def tree(pid: int) -> list[psutil.Process]:
     return [proc, *proc.children(recursive=True)]
 
 
-def environ(proc: psutil.Process) -> dict:
-    try:
-        return proc.environ()
-    except psutil.Error:  # ended meanwhile
-        return {}
-
-
 def wait_for(predicate, timeout: float, proc: subprocess.Popen, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -162,8 +155,11 @@ def test_signal_during_a_study_then_the_study_resumes(tmp_path, sleepy_model, si
 
     done, running = wait_for(second_cell_training, 200, proc, "a completed cell and a training one")
     children = tree(proc.pid)[1:]
-    ports = {int(env["MASTER_PORT"]) for env in map(environ, children) if "MASTER_PORT" in env}
-    assert len(ports) == 1, ports  # the ranks of the running cell, all on its rendezvous port
+    # the running cell's rendezvous store: hosted by the study process on loopback, whether its ranks are warm
+    # (run/warm.py: they take the port from the job, not from their start-up environment) or torchrun's
+    ports = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.ip == launch.LOOPBACK}
+    assert len(ports) == 1, ports
     port = ports.pop()
     assert (launch.LOOPBACK, port) in listening_sockets().values()  # that port is the run's rendezvous store
 

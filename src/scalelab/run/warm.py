@@ -12,7 +12,8 @@ optimizer, loader, seed, meter, sampler, heartbeat; and destroys its process gro
 job is what Python and torch keep per process: imported modules, thread pools, the allocator's cache.
 
 What a warm rank must not carry from one job to the next, and how it does not:
-- environment: each job's variables are set and the previous job's removed (`_Rank.apply_env`);
+- environment: each job gets the launching process's environment as it is at the job's start, the spec's and the
+  rank's variables, and nothing of the previous job's (`_Rank.apply_env`);
 - the process group: the worker destroys it; the rank checks and destroys a leftover one;
 - peak memory: the worker resets the kernel's peak-RSS mark at its baseline (measure.memory);
 - CPU counters behind noise detection: the sampler differences them over the run's window; the job names its
@@ -48,15 +49,16 @@ STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
 MAX_POOLS = 3  # layouts kept warm at once (a study alternates 1 and 2 threads per rank, 2 ranks)
 
 
-def cold_reason(cfg: Any, spec: LaunchSpec) -> str | None:
-    """Why this run's ranks must start fresh (None: it can run in warm ranks)."""
-    if spec.module not in WARM_MODULES:
+def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:
+    """Why this run's ranks must start fresh (None: it can run in warm ranks); without `spec`, what the config
+    alone says."""
+    if spec is not None and spec.module not in WARM_MODULES:
         return f"{spec.module} is not a worker warm ranks run"
-    if spec.quiet:
+    if spec is not None and spec.quiet:
         return "an isolated cell (a max-batch trial: its out-of-memory must not reach other cells)"
-    if spec.args:
+    if spec is not None and spec.args:
         return "a resumed run"
-    if spec.nnodes > 1 or getattr(cfg, "local_nodes", 0):
+    if (spec is not None and spec.nnodes > 1) or getattr(cfg, "nnodes", 1) > 1 or getattr(cfg, "local_nodes", 0):
         return "a run across nodes"
     if getattr(cfg, "memory_limit", None):
         return "a memory cap (RLIMIT_AS cannot be raised again in the process it capped)"
@@ -120,8 +122,10 @@ class Pool:
         with bound_store(LOOPBACK, 0, any_port=True) as port, _terminate_as_interrupt():
             self.busy = True
             for local_rank, conn in enumerate(self.conns):
+                # what torchrun gives a rank: this process's environment as it is now (a test or a user may have
+                # set a variable since the ranks started), the spec's, and the rank's place
                 conn.send({"module": spec.module, "argv": ["--run-dir", str(spec.run_dir), *spec.args],
-                           "env": {**spec.env, **_rank_env(local_rank, self.nproc, port),
+                           "env": {**os.environ, **spec.env, **_rank_env(local_rank, self.nproc, port),
                                    PIDS_ENV: ",".join(map(str, self.pids))}})
             failures = self._collect()
             self.busy = False
@@ -298,6 +302,10 @@ def launcher_for(cfg: Any, given: Launcher) -> Launcher:
     """The warm launcher inside a `ranks()` block, for runs that would go through torchrun; `given` otherwise."""
     if _ACTIVE is None or _PAUSED or given is not torchrun_launch:
         return given
+    reason = cold_reason(cfg)
+    if reason is not None:  # the launcher as it was: namespaced nodes hand it to their own agents
+        _ACTIVE.cold.append(reason)
+        return given
     return _ACTIVE.launcher(cfg, given)
 
 
@@ -308,13 +316,12 @@ class _Rank:
 
     def __init__(self, fd: int):
         self.conn = Connection(fd)
-        self.base_env = dict(os.environ)
 
-    def apply_env(self, env: dict[str, str]) -> None:
-        """The job's environment, nothing of the previous job's."""
-        for key in set(os.environ) - set(self.base_env):
+    @staticmethod
+    def apply_env(env: dict[str, str]) -> None:
+        """The job's whole environment, as torchrun would give it: nothing of the previous job's."""
+        for key in set(os.environ) - set(env):
             del os.environ[key]
-        os.environ.update(self.base_env)
         os.environ.update(env)
 
     def serve(self) -> None:
