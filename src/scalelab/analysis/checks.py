@@ -263,13 +263,18 @@ def negative_figures(summary: Mapping) -> list[str]:
     return out
 
 
+# a step's parts: the loop's stages and `other`, and the one span of forward and backward that a step scalelab found
+# in a user's script carries instead of the two (scalelab.run.found_steps)
+PART_COLUMNS = (*STAGE_COLUMNS, "forward_backward(s)")
+
+
 def unsummed_steps(records: list[dict]) -> list[str]:
-    """Every step record whose parts (STAGE_COLUMNS: the named stages and `other`) do not sum to its wall(s)."""
+    """Every step record whose parts (PART_COLUMNS: the named stages and `other`) do not sum to its wall(s)."""
     out = []
     for r in records:
         if "wall(s)" not in r or "other(s)" not in r:
             continue  # not a timed step of the loop (a probe's sketch, an old record)
-        parts = sum(float(r.get(col) or 0.0) for col in STAGE_COLUMNS)
+        parts = sum(float(r.get(col) or 0.0) for col in PART_COLUMNS)
         if abs(parts - float(r["wall(s)"])) > SUM_SLACK_S * (1 + float(r["wall(s)"])):
             out.append(f"rank {r.get('rank')} step {r.get('step')}: its parts sum to {1e3 * parts:.4f} ms, its "
                        f"wall time is {1e3 * float(r['wall(s)']):.4f} ms")

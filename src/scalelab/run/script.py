@@ -194,7 +194,7 @@ def step_batch_figures(records: list[dict]) -> dict:
     waits = [1e3 * min(r.get("data(s)", 0.0) for r in v) for v in whole]
     out[keys.DATA_WAIT_ALL_RANKS_MS] = float(np.mean(waits))
     if len(waits) > 1:
-        low, high = mean_interval(waits)
+        low, high = mean_interval(waits, positive=True)  # a time: its interval stays >= 0 (analysis.intervals)
         out.update(dict(zip(keys.ci_keys(keys.DATA_WAIT_ALL_RANKS_MS), (low, high))))
     return out
 
