@@ -33,6 +33,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.dist)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sigint_not_ignored():
+    """A suite started in the background (`pytest &`: the shell ignores SIGINT and SIGQUIT for it) would hand the
+    ignored SIGINT to every process it starts, and the Ctrl-C tests would send a signal their CLI never sees. A
+    Python handler in this process is reset to the default in its children at exec; SIG_IGN is not."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_process_group():
     yield
