@@ -132,6 +132,20 @@ def _warm_ranks(request):
 
 
 @pytest.fixture
+def group(tmp_path):
+    """A one-rank gloo process group in this process (a file rendezvous), with the collective intercept undone after
+    the test: for the intercept's and the found steps' unit tests."""
+    import torch.distributed as dist
+
+    from scalelab.sync import intercept
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    yield
+    intercept.uninstall()
+    dist.destroy_process_group()
+
+
+@pytest.fixture
 def store(tmp_path):
     from scalelab.store import Store
 

@@ -136,14 +136,6 @@ def test_without_ddp_the_optimizer_step_bounds_steps_and_a_second_optimizer_join
     assert loop.got[1][0]["wall"] == 1.375
 
 
-@pytest.fixture
-def group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    intercept.uninstall()
-    dist.destroy_process_group()
-
-
 def test_a_real_ddp_model_under_the_probe_leaves_one_record_per_update(group, tmp_path):
     from torch.nn.parallel import DistributedDataParallel as DDP
 

@@ -14,14 +14,6 @@ from scalelab.sync.intercept import payload
 from scalelab.sync.meter import CommMeter
 
 
-@pytest.fixture
-def group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    intercept.uninstall()
-    dist.destroy_process_group()
-
-
 def model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
