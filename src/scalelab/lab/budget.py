@@ -89,7 +89,6 @@ class Budget:
         self.decisions: list[Decision] = []
         self.reduced: set[str] = set()
         self.left_out: set[str] = set()
-        self.finals = 1  # parts after the experiments (the reference cell's second launch)
 
     # ------------------------------------------------------------ pace
 
@@ -118,7 +117,7 @@ class Budget:
 
     def predicted_s(self) -> float:
         """Seconds the rest of the study takes at the current pace and plan."""
-        rest = sum(self.reference_s(n) for n in self.remaining) + self.finals * REFERENCE_S["reference"][0]
+        rest = sum(self.reference_s(n) for n in self.remaining) + REFERENCE_S["reference"][0]  # its second launch, at the end
         return self.pace * (rest + REFERENCE_S["report"][1 if self.quick else 0])
 
     def eta_s(self) -> float:

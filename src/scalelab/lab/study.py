@@ -207,7 +207,6 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             except (RunFailed, ScalelabError, RuntimeError) as err:  # no noise floor then; the study goes on
                 progress.say(f"reference cell failed: {str(err).strip()[:200]}")
             plan.finished("reference", time.monotonic() - began)
-        plan.finals = 0 if repeats == 2 else plan.finals
 
     with warm.ranks() as pools:  # one set of warm ranks for every experiment's cells (run/warm.py)
         answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved, plan)

@@ -78,7 +78,7 @@ class Pool:
     socket pair (a private descriptor: nothing else can send it a job)."""
 
     def __init__(self, nproc: int, env: dict[str, str]):
-        self.nproc, self.env = nproc, dict(env)
+        self.nproc = nproc
         self.conns: list[Connection] = []
         self.procs: list[subprocess.Popen] = []
         self.busy = False  # a job is running: closing then stops the ranks at once
