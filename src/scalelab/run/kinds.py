@@ -134,8 +134,8 @@ def collect_summary(run_dir: Path) -> dict:
     if config.get("engine") == "horovod" and summary.get(keys.COMM_BYTES_PER_STEP):
         # Horovod's collective intervals come from its own timeline (rank 0), not from the meter's enqueue ->
         # synchronize() records, which span backward (analysis/hvdcomm.py); its baseline hands Horovod no bytes
-        summary.update(horovod_comm(rundir.read_horovod_timeline(), [r for r in records if r["rank"] == 0],
-                                    latency_ms=config.get("net_latency_ms") or 0.0))
+        summary.update(horovod_comm(rundir.read_horovod_timeline(), records,
+                                    latency_ms=config.get("net_latency_ms") or 0.0, one_clock=one_clock))
         add_rate_intervals(summary)
     summary[keys.RANKS_REPORTED] = len(results)
     if "threads" in main:

@@ -69,10 +69,11 @@ def test_the_run_trace_carries_the_timeline(tmp_path):
 # Two timed steps of rank 0 (and a warm-up one): step 2's window is [10, 20] ms after the timeline's start, step
 # 3's [22, 32] ms. Step 2: two tensors fused (their ALLREDUCE spans 10 µs apart), one negotiation starting before
 # the window (a peer was ready first), copies in and out of the fusion buffer; step 3: two allreduces one after
-# the other, no copies. A warm-up span and one past every window belong to no timed step. Each negotiation holds
-# the ranks' ready ticks: in step 2 rank 1 is ready with a at 9 and b at 10 ms, rank 0 with both at 12 (rank 1
-# waits 10 -> 12 ms: 2 ms); in step 3 rank 0 is ready with a at 23 and b at 25, rank 1 at 24 and 27 (rank 0 waits
-# 25 -> 27 ms, less a's allreduce on the wire over 24 -> 26: 1 ms).
+# the other, no copies. A warm-up span and one past every window belong to no timed step. The ranks' enqueues
+# (RANKS' comm events; the negotiations' ticks say the same, as an uncached run's timeline would): in step 2 rank 1
+# is ready with a at 9 and b at 10 ms, rank 0 with both at 12 (rank 1 waits 10 -> 12 ms: 2 ms); in step 3 rank 0
+# is ready with a at 23 and b at 25, rank 1 at 24 and 27 (rank 0 waits 25 -> 27 ms, less a's allreduce on the
+# wire over 24 -> 26: 1 ms).
 STEPS_TEXT = f"""[
 {{"name": "process_name", "ph": "M", "pid": 0, "args": {{"start_time_since_epoch_in_micros":{START_US}}}}},
 {{"name": "process_name", "ph": "M", "pid": 1, "args": {{"name": "allreduce.a"}}}},
@@ -105,6 +106,11 @@ RANK0 = [{"step": 1, "rank": 0, "warmup": True, "wall(s)": 0.008, "t_end(unix_s)
           "comm_alg_bytes": 1000, "comm_bus_bytes": 1000},
          {"step": 3, "rank": 0, "warmup": False, "wall(s)": 0.010, "t_end(unix_s)": T0 + 0.032,
           "comm_alg_bytes": 1000, "comm_bus_bytes": 1000}]
+READY_MS = {(2, 0): (12, 12), (2, 1): (9, 10), (3, 0): (23, 25), (3, 1): (24, 27)}  # (step, rank): a, b
+RANKS = [{**r, "rank": rank, "t_end(perf_s)": r["t_end(unix_s)"],  # the perf clock is unix time here
+          "comm_events": [["allreduce", "backward", T0 + ms / 1e3, 0.001, 500] for ms in READY_MS.get((r["step"], rank),
+                                                                                                    ())]}
+         for rank in (0, 1) for r in RANK0]
 
 
 def test_spans_map_to_rank_0s_timed_steps_by_their_end():
@@ -124,7 +130,7 @@ def test_spans_map_to_rank_0s_timed_steps_by_their_end():
 def test_horovod_comm_from_the_timeline_on_exact_numbers():
     from scalelab.analysis import hvdcomm, keys
 
-    out = hvdcomm.horovod_comm(STEPS_TEXT, RANK0, latency_ms=2.0)
+    out = hvdcomm.horovod_comm(STEPS_TEXT, RANKS, latency_ms=2.0)
     assert out[keys.COMM_TIME_MS] == pytest.approx((5.51 + 5.0) / 2, abs=1e-3)  # the union + the emulated 2 ms
     assert out[keys.COMM_CRITICAL_MS] == out[keys.COMM_TIME_MS] == out[keys.COMM_SUM_MS]
     assert out[keys.COMM_PEERS_WAIT_MS] == pytest.approx(1.5, abs=1e-3)  # (2 + 1) / 2, not the spans' (3 + 3) / 2
@@ -156,10 +162,10 @@ def test_a_horovod_runs_summary_takes_its_collective_times_from_the_timeline(tmp
 
     rundir = RunDir(tmp_path)
     for rank in (0, 1):
-        rundir.write_steps(rank, [{**r, "rank": rank, "samples": 8, "comm(s)": 0.001, "comm_total(s)": 0.009,
+        rundir.write_steps(rank, [{**r, "samples": 8, "comm(s)": 0.001, "comm_total(s)": 0.009,
                                    "comm_sum(s)": 0.027, "collectives": 3, "comm_bytes": 1000,
                                    "comm_bytes_forward": 0, "comm_bytes_backward": 1000, "comm_bytes_optimizer": 0}
-                                  for r in RANK0])
+                                  for r in RANKS if r["rank"] == rank])
         rundir.write_result(rank, {"rank": rank, "steps_per_epoch": 8, "evals": [], "memory": {}})
     rundir.horovod_timeline.write_text(STEPS_TEXT)
     rundir.write_config({"engine": "horovod", "nnodes": 1})
