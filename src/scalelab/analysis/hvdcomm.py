@@ -46,8 +46,8 @@ COMM_NOT_AVAILABLE = "comm/not_available"  # which figures are NaN and why
 TIMELINE_STEPS = "comm/timeline_steps"  # timed steps the timeline covered (of steps/timed)
 
 SOURCE = "horovod timeline, rank 0"
-RANK0_ONLY = ("comm/time, comm/critical, comm/waiting_for_peers, algbw and busbw are rank 0's (its timeline); "
-              "other ranks' intervals are not available")
+RANK0_ONLY = ("comm/time, comm/critical, algbw and busbw are rank 0's (its timeline); other ranks' intervals are "
+              "not available")
 # figures with an interval: replaced with their interval, or NaN with it
 TIMED = (keys.COMM_TIME_MS, keys.COMM_CRITICAL_MS, keys.COMM_PEERS_WAIT_MS, HVD_COPIES_MS)
 RATES = (keys.COMM_ALGBW, keys.COMM_BUSBW)

@@ -14,9 +14,9 @@ with as many negotiations as enqueues, paired in time order, the median of (nego
 (reported; ~ the cycle time). A negative lag (negotiations before their enqueues) is impossible: the timeline's
 clock is off, and it is shifted by that much (`Alignment.offset_s`). Pure functions over the text and records.
 
-Readiness (`negotiations`): under each NEGOTIATE_ALLREDUCE span Horovod's coordinator writes a tick (a complete
-event of no length, named by the rank's number) when a rank reports the tensor ready; the span runs from the first
-report it saw to the last. The ticks give each rank's readiness per tensor, where the file has them.
+Readiness is not read from the file: the coordinator's ticks under a NEGOTIATE_ALLREDUCE span (one per rank
+reporting the tensor ready) are missing whenever Horovod's response cache answers, which is every step after the
+first by default; analysis/hvdcomm.py takes every rank's own enqueue stamps instead.
 
 Steps (`step_spans`): rank 0's step k runs over [t_end(unix_s) - wall(s), t_end(unix_s)]; a span belongs to the
 step whose window holds its end (after the offset). An allreduce of step k ends before that step's synchronize()
@@ -99,34 +99,6 @@ def intervals(events: list[dict]) -> list[Interval]:
             out.append(Interval(names.get(pid, str(pid)), name, (start_us + began) / 1e6, (e["ts"] - began) / 1e6,
                                 len(open_spans[pid])))
     return sorted(out, key=lambda i: i.start_s)
-
-
-@dataclass(frozen=True)
-class Negotiation:
-    tensor: str
-    start_s: float  # unix time: the first rank's report as the coordinator saw it
-    end_s: float  # the last rank's
-    ready_s: dict  # rank -> unix time of its tick (ranks without a tick are missing)
-
-
-def negotiations(events: list[dict]) -> list[Negotiation]:
-    """Every NEGOTIATE_* span with the ranks' ready ticks inside it, on unix time, in start order."""
-    start_us, names = _anchor(events)
-    stack: dict[int, list[tuple[str, float, dict]]] = {}
-    out = []
-    for e in events:
-        ph, pid = e.get("ph"), e.get("pid")
-        if ph == "B":
-            stack.setdefault(pid, []).append((e["name"], e["ts"], {}))
-        elif ph == "X" and str(e.get("name", "")).isdigit() and stack.get(pid) and \
-                stack[pid][-1][0].startswith("NEGOTIATE"):
-            stack[pid][-1][2].setdefault(int(e["name"]), (start_us + e["ts"]) / 1e6)  # a repeated report: the first
-        elif ph == "E" and stack.get(pid):
-            name, began, ready = stack[pid].pop()
-            if name.startswith("NEGOTIATE"):
-                out.append(Negotiation(names.get(pid, str(pid)), (start_us + began) / 1e6, (start_us + e["ts"]) / 1e6,
-                                       ready))
-    return sorted(out, key=lambda n: n.start_s)
 
 
 def align(spans: list[Interval], enqueues_s: list[float]) -> Alignment:

@@ -13,8 +13,8 @@ Metering: every gradient handed to Horovod is one "allreduce" record of phase "b
 it goes on the wire (half of fp32 with fp16 compression), its interval from the hook's enqueue to the return of
 `synchronize()`. That interval spans backward compute: it is kept for the trace (its starts align the timeline,
 run/exports.py) and is not the run's time inside collectives. The summary takes those from Horovod's own timeline
-(rank 0: analysis/hvdcomm.py): the union of its ALLREDUCE spans per step is comm/time and comm/critical, its
-negotiations are waiting for peers. Horovod sends no buffers per step (DDP broadcasts them in "forward"), so a
+(rank 0: analysis/hvdcomm.py): the union of its ALLREDUCE spans per step is comm/time and comm/critical; the
+records' enqueue stamps, on every rank, give each rank's readiness per gradient, hence waiting for peers. Horovod sends no buffers per step (DDP broadcasts them in "forward"), so a
 model's running statistics stay each rank's own; the initial broadcast of parameters and buffers is once, before
 training, and not metered, as DDP's.
 

@@ -27,7 +27,8 @@ from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, la
 
 HOROVOD_NOTE = ("horovod: comm = comm_critical = the union of each step's ALLREDUCE spans in Horovod's timeline "
                 "(the collective's execution, fusion-buffer copies included; it starts once negotiation found every "
-                "rank ready), waiting_for_peers = its negotiations (first rank ready to last), algbw/busbw over "
+                "rank ready), waiting_for_peers = per gradient, from a rank's enqueue to the last rank's once it has "
+                "nothing left to compute (every rank's own stamps), algbw/busbw over "
                 "comm; rank 0's figures: only rank 0 writes a timeline, other ranks' intervals are not available; "
                 "comm_wait = from the last gradient produced to the end of synchronize(), as DDP's; collectives = "
                 "gradient tensors handed to Horovod (its fusion buffer merges them on the wire); no buffers are "
