@@ -102,6 +102,54 @@ def test_a_hung_warm_rank_is_named_by_the_watchdog(store, tmp_path):
     assert "rank 1 hung" in failed.value.reason
 
 
+def test_a_capped_cell_forked_fresh_trains_as_a_cold_one_and_its_cap_holds(store):
+    """A memory-capped 2-rank cell needs a fresh process (RLIMIT_AS cannot be lifted again): a fork pool's servers
+    (imports done, no torch op run) fork one per job. Its losses are the cold launch's, bit for bit; a cell over
+    its cap (width 4096: 100 MB of gradients and momentum against 64 MiB) fails as out of memory, naming the
+    rank, without touching the servers; the next capped cell runs in the same servers."""
+    fits = _cfg(model="mlp", model_options="depth=1,width=16", memory_limit=256 * 2**20, steps=6)
+    over = _cfg(model="mlp", model_options="depth=1,width=4096", memory_limit=64 * 2**20, steps=6)
+    with warm.paused():
+        cold = _run(store, fits)
+    with warm.ranks() as pools:
+        forked = _run(store, fits)
+        servers = set(next(iter(pools.pools.values())).pids)
+        with pytest.raises(RunFailed) as failed:
+            _run(store, over)
+        again = _run(store, fits)
+        assert set(next(iter(pools.pools.values())).pids) == servers and pools.started == 1, pools.tally()
+        assert len(pools.forked) == 3 and not pools.cold and pools.warm == 0, pools.tally()
+        assert servers.isdisjoint(_rank_pids(forked.run_dir)), "the job ran in a child, not in the server"
+    assert "memory" in failed.value.reason.lower() and "rank" in failed.value.reason, failed.value.reason
+    for rank in (0, 1):
+        assert step_losses(forked.run_dir, rank) == step_losses(cold.run_dir, rank) == step_losses(again.run_dir,
+                                                                                                    rank)
+    # a fresh process's memory: the fork's peak is a cold rank's (a warm rank's would leave torch's one-time
+    # allocations out)
+    peak = "memory/peak_rss(GiB)"
+    assert forked.summary[peak] == pytest.approx(cold.summary[peak], rel=0.15), (forked.summary[peak],
+                                                                                  cold.summary[peak])
+
+
+def test_an_isolated_cell_forked_fresh_takes_its_thread_count(store):
+    """One isolated rank (a thread-count cell) per fork: 1 then 2 threads in the same layout read back as set, and
+    its output goes to the run's logs as torchrun's --redirects would."""
+    from scalelab.run.execute import execute as run_isolated
+
+    with warm.ranks() as pools:
+        done = {t: run_isolated(_cfg(model="mlp", ranks=1, threads=t, steps=3), store, say=lambda _: None,
+                                isolate=True) for t in (1, 2)}
+        assert len(pools.forked) == 2 and not pools.cold, pools.tally()
+    assert {t: d.summary["threads/used"] for t, d in done.items()} == {1: 1, 2: 2}
+    assert (done[1].run_dir / "logs" / "rank0.log").is_file()
+
+
+def _rank_pids(run_dir) -> set[int]:
+    import json
+
+    return {json.loads(p.read_text())["pid"] for p in run_dir.glob("heartbeat.rank*.json")}
+
+
 SCRIPT = textwrap.dedent("""
     import sys
     from scalelab.config import TrainConfig

@@ -13,7 +13,7 @@ job is what Python and torch keep per process: imported modules, thread pools, t
 
 What a warm rank must not carry from one job to the next, and how it does not:
 - environment: each job gets the launching process's environment as it is at the job's start, the spec's and the
-  rank's variables, and nothing of the previous job's (`_Rank.apply_env`);
+  rank's variables, and nothing of the previous job's (`warm_rank.apply_env`);
 - the process group: the worker destroys it; the rank checks and destroys a leftover one;
 - peak memory: the worker resets the kernel's peak-RSS mark at its baseline (measure.memory);
 - CPU counters behind noise detection: the sampler differences them over the run's window; the job names its
@@ -21,11 +21,14 @@ What a warm rank must not carry from one job to the next, and how it does not:
 - anything after a failure: a rank whose job failed exits, and the pool is started again (its peers may be stuck in
   a collective).
 
-Cells that keep a fresh process (`cold_reason` says why, and they go through torchrun as before): a memory cap
-(RLIMIT_AS cannot be raised again by a user who is not root, and the cap's baseline is a fresh process's), an
-isolated cell (a max-batch trial, whose out-of-memory must not touch anything else), Horovod (horovodrun starts
-its own ranks), several nodes, namespaced nodes, a resumed run, and a run with a CUDA device (its memory
-fraction and context are per process).
+Cells that need a fresh process (`fresh_reason`) get one forked for them by a fork pool (scalelab.run.warm_rank,
+`--fork`): rank processes that imported torch and scalelab but never ran a torch op, each forking a child per job,
+so the child starts where a fresh process would, its imports done: a memory cap (RLIMIT_AS cannot be raised again
+by a user who is not root, and the cap's baseline is a fresh process's) and an isolated cell (a max-batch trial
+or a model-grid cell, whose out-of-memory must not touch anything else; a thread count, which torch fixes at its
+first parallel op). Cells that keep torchrun (`cold_reason` says why): Horovod (horovodrun starts its own ranks),
+several nodes, namespaced nodes, a resumed run, a run with a CUDA device (its memory fraction and context are per
+process), and a module other than the workers.
 """
 from __future__ import annotations
 
@@ -43,10 +46,12 @@ from typing import Any
 
 from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
 from scalelab.run.launch import LOOPBACK, Launcher, LaunchFailed, LaunchSpec, bound_store, torchrun_launch
+from scalelab.run.warm_rank import died
+from scalelab.store import RunDir
 
 START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
-MAX_POOLS = 3  # layouts kept warm at once (a study alternates 1 and 2 threads per rank, 2 ranks)
+MAX_POOLS = 4  # layouts kept at once (a study alternates 1 and 2 threads per rank, 2 ranks, warm and forked)
 
 
 def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:
@@ -54,18 +59,23 @@ def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:
     alone says."""
     if spec is not None and spec.module not in WARM_MODULES:
         return f"{spec.module} is not a worker warm ranks run"
-    if spec is not None and spec.quiet:
-        return "an isolated cell (a max-batch trial: its out-of-memory must not reach other cells)"
     if spec is not None and spec.args:
         return "a resumed run"
     if (spec is not None and spec.nnodes > 1) or getattr(cfg, "nnodes", 1) > 1 or getattr(cfg, "local_nodes", 0):
         return "a run across nodes"
-    if getattr(cfg, "memory_limit", None):
-        return "a memory cap (RLIMIT_AS cannot be raised again in the process it capped)"
     if getattr(cfg, "engine", "ddp") != "ddp":
         return f"engine {cfg.engine} starts its own ranks"
     if getattr(cfg, "resolved_device", "cpu") != "cpu":
         return "a CUDA run (its context and memory fraction are per process)"
+    return None
+
+
+def fresh_reason(cfg: Any, spec: LaunchSpec) -> str | None:
+    """Why this run's ranks need a fresh process, which a fork pool gives (None: warm ranks will do)."""
+    if getattr(cfg, "memory_limit", None):
+        return "a memory cap (RLIMIT_AS cannot be raised again in the process it capped)"
+    if spec.quiet:
+        return "an isolated cell (an out-of-memory must not reach other cells; a thread count torch fixes once)"
     return None
 
 
@@ -77,8 +87,10 @@ class Pool:
     """`nproc` rank processes of one launch environment, waiting for jobs; each talks to this process over its own
     socket pair (a private descriptor: nothing else can send it a job)."""
 
-    def __init__(self, nproc: int, env: dict[str, str]):
+    def __init__(self, nproc: int, env: dict[str, str], *, fork: bool = False):
         self.nproc = nproc
+        self.fork = fork  # a fork pool: each job in a child forked for it (module docstring)
+        self.children: list[int] = []  # a fork pool's children of the job running
         self.conns: list[Connection] = []
         self.procs: list[subprocess.Popen] = []
         self.busy = False  # a job is running: closing then stops the ranks at once
@@ -89,7 +101,8 @@ class Pool:
                 self.conns.append(Connection(mine.detach()))
                 fd = theirs.fileno()
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "scalelab.run.warm", str(fd), str(local_rank)],
+                    [sys.executable, "-m", "scalelab.run.warm_rank", str(fd), str(local_rank),
+                     *(["--fork"] if fork else [])],
                     env={**os.environ, **env}, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
                 theirs.close()
             self._wait_ready()
@@ -104,7 +117,7 @@ class Pool:
             while not conn.poll(0.2):
                 code = self.procs[local_rank].poll()
                 if code is not None:
-                    raise LaunchFailed(f"warm rank {local_rank} ended while starting: {_died(local_rank, code)}", "")
+                    raise LaunchFailed(f"warm rank {local_rank} ended while starting: {died(local_rank, code)}", "")
                 if time.monotonic() > deadline:
                     raise LaunchFailed(f"warm rank {local_rank} did not start in {START_TIMEOUT_S:g} s", "")
             conn.recv()
@@ -119,6 +132,9 @@ class Pool:
     def run(self, spec: LaunchSpec) -> None:
         """One job on every rank; returns when all finished, raises LaunchFailed (the pool then closed) when one
         failed."""
+        logs = RunDir(spec.run_dir).logs
+        if spec.quiet:
+            logs.mkdir(parents=True, exist_ok=True)
         with bound_store(LOOPBACK, 0, any_port=True) as port, _terminate_as_interrupt():
             self.busy = True
             for local_rank, conn in enumerate(self.conns):
@@ -126,13 +142,29 @@ class Pool:
                 # set a variable since the ranks started), the spec's, and the rank's place
                 conn.send({"module": spec.module, "argv": ["--run-dir", str(spec.run_dir), *spec.args],
                            "env": {**os.environ, **spec.env, **_rank_env(local_rank, self.nproc, port),
-                                   PIDS_ENV: ",".join(map(str, self.pids))}})
+                                   PIDS_ENV: ",".join(map(str, self.pids))},
+                           "log": str(logs / f"rank{local_rank}.log") if spec.quiet else None})
+            if self.fork:
+                self._start_children()
             failures = self._collect()
-            self.busy = False
+            self.busy, self.children = False, []
         if failures:
-            self.close()
+            if not self.fork:  # a fork pool's servers ran nothing themselves: they serve the next job
+                self.close()
             _, _, reason, trace = min(failures)  # the root cause: a rank's own error before its peers' consequences
             raise LaunchFailed(reason, trace)
+
+    def _start_children(self) -> None:
+        """A fork pool's children start once each knows its peers (their pids exist only once all forked)."""
+        self.children = children = []
+        for local_rank, conn in enumerate(self.conns):
+            try:
+                children.append(conn.recv()["pid"])
+            except (EOFError, OSError):
+                raise LaunchFailed(f"fork server {local_rank} ended: {died(local_rank, self.procs[local_rank].wait())}",
+                                   "") from None
+        for conn in self.conns:
+            conn.send(",".join(map(str, children)))
 
     def _collect(self) -> list[tuple[bool, int, str, str]]:
         """Every rank's answer; the failures as (a consequence?, arrival, reason, traceback)."""
@@ -146,7 +178,7 @@ class Pool:
                 try:
                     answer = conn.recv()
                 except (EOFError, OSError):
-                    answer = {"ok": False, "reason": _died(rank, self.procs[rank].wait()), "trace": ""}
+                    answer = {"ok": False, "reason": died(rank, self.procs[rank].wait()), "trace": ""}
                 if not answer["ok"]:
                     failures.append((is_consequence(answer["reason"]), len(failures), answer["reason"],
                                      answer["trace"]))
@@ -154,7 +186,14 @@ class Pool:
         return failures
 
     def _stop_others(self, failed: int) -> None:
-        """After a rank failed its peers may wait in a collective forever: end them (records flushed on SIGTERM)."""
+        """After a rank failed its peers may wait in a collective forever: end them (records flushed on SIGTERM).
+        In a fork pool the ranks are the children (their servers, idle, would end instead)."""
+        if self.fork:
+            for i, child in enumerate(self.children):
+                if i != failed:
+                    with contextlib.suppress(ProcessLookupError):  # it ended already (its server reaps it)
+                        os.kill(child, signal.SIGTERM)
+            return
         for i, proc in enumerate(self.procs):
             if i != failed and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -210,28 +249,27 @@ def _rank_env(local_rank: int, nproc: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
-def _died(rank: int, code: int) -> str:
-    if code < 0:
-        return f"rank {rank} killed by signal {signal.Signals(-code).name}"
-    return f"rank {rank} exited with code {code}"
-
-
 class Pools:
-    """The warm pools of one `ranks()` block, one per launch environment; a launcher for the kinds' runs."""
+    """The pools of one `ranks()` block, one per launch environment (warm or forked); a launcher for the kinds'
+    runs."""
 
     def __init__(self) -> None:
         self.pools: dict[tuple, Pool] = {}
         self.cold: list[str] = []  # why runs went cold, for the caller's record
+        self.forked: list[str] = []  # why runs needed a fresh process (forked for them)
         self.warm = 0  # runs that ran in warm ranks
         self.started = 0  # pools started
 
     def tally(self) -> str:
-        """One line: how many multi-rank runs went warm, how many cold and why."""
+        """One line: how many multi-rank runs went warm, forked or cold, and why."""
         from collections import Counter
 
-        why = "; ".join(f"{n} {reason}" for reason, n in Counter(self.cold).most_common())
-        return (f"warm ranks: {self.warm} multi-rank run(s) in {self.started} start(s) of warm ranks; "
-                f"{len(self.cold)} cold" + (f" ({why})" if why else ""))
+        def why(reasons: list[str]) -> str:
+            text = "; ".join(f"{n} {reason}" for reason, n in Counter(reasons).most_common())
+            return f" ({text})" if text else ""
+
+        return (f"warm ranks: {self.warm} run(s) warm, {len(self.forked)} in fresh forks{why(self.forked)}, "
+                f"in {self.started} start(s) of rank processes; {len(self.cold)} cold{why(self.cold)}")
 
     def launcher(self, cfg: Any, fallback: Launcher) -> Launcher:
         def launch(spec: LaunchSpec) -> None:
@@ -240,7 +278,8 @@ class Pools:
                 self.cold.append(reason)
                 fallback(spec)
                 return
-            key = (spec.nproc_per_node, tuple(sorted(spec.env.items())))
+            fresh = fresh_reason(cfg, spec)
+            key = (fresh is not None, spec.nproc_per_node, tuple(sorted(spec.env.items())))
             pool = self.pools.get(key)
             if pool is not None and not pool.alive():
                 pool.close()
@@ -248,16 +287,21 @@ class Pools:
             if pool is None:
                 while len(self.pools) >= MAX_POOLS:  # idle ranks hold memory (torch, the allocator's cache)
                     self.pools.pop(next(iter(self.pools))).close()
-                pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env)
+                pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env, fork=fresh is not None)
                 self.started += 1
             self.pools[key] = self.pools.pop(key)  # the most recently used last
+            if fresh is not None:
+                self.forked.append(fresh)
             try:
                 pool.run(spec)
-                self.warm += 1
-            except BaseException:
-                self.pools.pop(key, None)
-                pool.close()
+            except BaseException as err:
+                # a fork pool's servers outlive a failed job (its children ran it); anything else ends the pool
+                if not (pool.fork and isinstance(err, LaunchFailed)):
+                    self.pools.pop(key, None)
+                    pool.close()
                 raise
+            if fresh is None:
+                self.warm += 1
         return launch
 
     def close(self) -> None:
@@ -307,89 +351,3 @@ def launcher_for(cfg: Any, given: Launcher) -> Launcher:
         _ACTIVE.cold.append(reason)
         return given
     return _ACTIVE.launcher(cfg, given)
-
-
-# ---------------------------------------------------------------- the rank process
-
-class _Rank:
-    """One warm rank: says it is ready, then runs jobs until the pool closes the connection."""
-
-    def __init__(self, fd: int):
-        self.conn = Connection(fd)
-
-    @staticmethod
-    def apply_env(env: dict[str, str]) -> None:
-        """The job's whole environment, as torchrun would give it: nothing of the previous job's."""
-        for key in set(os.environ) - set(env):
-            del os.environ[key]
-        os.environ.update(env)
-
-    def serve(self) -> None:
-        import importlib
-
-        self.conn.send("ready")
-        while True:
-            # Ctrl-C reaches every process of the terminal: between jobs the launching process handles it (it
-            # closes the pool); during a job the worker gets it as torchrun's ranks do
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                job = self.conn.recv()
-            except (EOFError, OSError):
-                return  # the pool closed
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.apply_env(job["env"])
-            try:
-                importlib.import_module(job["module"]).main(job["argv"])
-            except BaseException as err:  # noqa: BLE001 - reported to the pool, then this rank ends
-                self.conn.send({"ok": False, "reason": _reason(int(os.environ["RANK"]), err),
-                                "trace": "".join(traceback.format_exception(err))})
-                raise SystemExit(1) from None
-            _leftover_process_group()
-            _release_memory()
-            self.conn.send({"ok": True})
-
-
-def _reason(rank: int, err: BaseException) -> str:
-    """The one-line reason torchrun gives for a rank that raised (run.execute.failure_reason)."""
-    if isinstance(err, SystemExit):
-        return f"rank {rank} exited with code {err.code}"
-    text = f"{type(err).__name__}: {err}".strip().splitlines()
-    return f"rank {rank} exited with code 1: {text[-1] if text else type(err).__name__}"
-
-
-def _leftover_process_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def _release_memory() -> None:
-    """Hand what the job freed back to the OS, so that the next job's resident set (and its peak, which the worker
-    reads from the kernel's mark) starts where a fresh process's would, not at the last job's high-water mark."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages mapped otherwise
-    except (OSError, AttributeError):  # not glibc: the next job's peak may include this job's freed heap
-        pass
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m scalelab.run.warm FD LOCAL_RANK`: FD is this rank's end of its socket pair with the pool."""
-    args = sys.argv[1:] if argv is None else argv
-    # imported before the first job: what a warm rank saves each later cell
-    import scalelab.measure.commbench_worker  # noqa: F401
-    from scalelab.config import TrainConfig
-    from scalelab.run.worker import warm_up_runtime
-
-    # torch's one-time allocations before the first job, so that the first job's memory figures (what training
-    # added to its baseline) equal a later job's: the first job of a pool is no different from the others
-    warm_up_runtime(TrainConfig())
-    _Rank(int(args[0])).serve()
-
-
-if __name__ == "__main__":
-    main()
