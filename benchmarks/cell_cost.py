@@ -23,6 +23,8 @@ Phases, in order (a rank's are rank 0's):
     python benchmarks/cell_cost.py --launch cold        # today's path: torchrun for every multi-rank cell
     python benchmarks/cell_cost.py --launch warm        # warm ranks (scalelab.run.warm)
     python benchmarks/cell_cost.py --launch both        # cold then warm, one table each and the ratio
+    python benchmarks/cell_cost.py --fresh              # cells that need a fresh process (a memory cap, here
+                                                        # one that fits): torchrun cold, a fork pool's child warm
 """
 from __future__ import annotations
 
@@ -39,8 +41,9 @@ PHASES = ("prepare", "record", "start", "imports", "pg", "clocks", "inputs", "wa
 FIXED = tuple(p for p in PHASES if p != "timed")
 
 
-def cells(n: int):
-    """`n` cells alternating 1 and 2 ranks, two models, each with its own seed (so no cell is reused)."""
+def cells(n: int, fresh: bool = False):
+    """`n` cells alternating 1 and 2 ranks, two models, each with its own seed (so no cell is reused); `fresh`:
+    each with a memory cap it fits under, so each needs a fresh process (run/warm.py, `fresh_reason`)."""
     from scalelab.config import TrainConfig
     from scalelab.lab.cells import Cell
 
@@ -49,7 +52,7 @@ def cells(n: int):
         ranks = 1 if i % 2 == 0 else 2
         model = "cnn" if (i // 2) % 2 == 0 else "mlp"
         cfg = TrainConfig(model=model, dataset="synthetic", samples=1024, eval_samples=256, global_batch=64,
-                          steps=8, warmup_steps=2, ranks=ranks, seed=i)
+                          steps=8, warmup_steps=2, ranks=ranks, seed=i, memory_limit=2**31 if fresh else None)
         out.append(Cell(f"{model} {ranks} rank(s) seed {i}", cfg))
     return out
 
@@ -81,7 +84,7 @@ def phases_of(run_dir: Path) -> dict[str, float]:
             "catalog": ms(p["exported"], p["finished"]), "total": ms(p["start"], p["finished"])}
 
 
-def run(launch: str, n: int) -> dict[int, list[dict[str, float]]]:
+def run(launch: str, n: int, fresh: bool = False) -> dict[int, list[dict[str, float]]]:
     """Run `n` cells with `launch` (cold or warm); phases per world size, the first cell of each left out."""
     from scalelab.lab.cells import Cells
     from scalelab.lab.progress import PlainProgress
@@ -94,7 +97,7 @@ def run(launch: str, n: int) -> dict[int, list[dict[str, float]]]:
         by_world: dict[int, list[dict[str, float]]] = {1: [], 2: []}
         pool = warm.ranks() if launch == "warm" else contextlib.nullcontext()
         with pool:
-            for cell in cells(n):
+            for cell in cells(n, fresh):
                 began = time.time()
                 (result,) = engine.run([cell], group="cells")
                 if result.status != "completed":
@@ -126,9 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launch", choices=("cold", "warm", "both"), default="both")
     parser.add_argument("--cells", type=int, default=8, help="cells per launch mode (alternating 1 and 2 ranks)")
+    parser.add_argument("--fresh", action="store_true", help="cells that need a fresh process (a memory cap)")
     args = parser.parse_args()
     modes = ("cold", "warm") if args.launch == "both" else (args.launch,)
-    fixed = {mode: table(mode, run(mode, args.cells)) for mode in modes}
+    fixed = {mode: table(mode, run(mode, args.cells, args.fresh)) for mode in modes}
     if len(fixed) == 2:
         for w in fixed["cold"]:
             print(f"{w} rank(s): fixed cost cold / warm = {fixed['cold'][w] / fixed['warm'][w]:.2f}x")
