@@ -51,7 +51,8 @@ from scalelab.store import RunDir
 
 START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
-MAX_POOLS = 4  # layouts kept at once (a study alternates 1 and 2 threads per rank, 2 ranks, warm and forked)
+MAX_POOLS = 6  # layouts kept at once: a study has about 6 (1 and 2 threads per rank, 1 and 2 ranks, warm and forked;
+# an idle fork server holds its imports, about 250 MB; an idle warm rank more, its warm-up and allocator cache)
 
 
 def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:
