@@ -25,16 +25,17 @@ from dataclasses import dataclass, field
 
 from scalelab.errors import ConfigError
 
-# Seconds each part of the built-in study took on the reference machine: `benchmarks/study_time.py` (-- --budget none,
-# and --quick) on a 2-core machine of the kind CI uses, warm ranks, Horovod not installed (engines then runs only
-# its DDP cells), 2026-11-27; (full, quick). Only their ratios matter: the pace scales them to the machine at hand.
+# Seconds each part of the built-in study took on the reference machine: `benchmarks/study_time.py` (2 rounds of the
+# full and of the quick study, medians) on a 2-core machine of the kind CI uses, warm ranks and fork pools, Horovod
+# installed (engines runs its Horovod cells: 7-8 s; about 1 s without Horovod), 2026-11-27; (full, quick). Only
+# their ratios matter: the pace scales them to the machine at hand.
 REFERENCE_S: dict[str, tuple[float, float]] = {
     "reference": (1.0, 1.0),  # one launch of the reference cell
     "report": (4.0, 4.0),  # the report written after the last experiment (tables, plots, HTML)
-    "profile": (2.0, 2.0), "threads": (17.0, 5.0), "batch_sweep": (2.0, 1.0), "max_batch": (34.0, 0.0),
-    "model_grid": (28.0, 7.0), "scale": (15.0, 5.0), "strategies": (10.0, 1.5), "bucket_sweep": (5.0, 0.0),
-    "backends": (0.5, 0.3), "engines": (1.0, 0.0), "comm": (6.0, 2.0), "loader": (8.0, 2.0), "amp": (11.0, 4.0),
-    "checkpointing": (11.0, 4.0), "lr_scaling": (32.0, 3.0), "predict": (13.0, 8.0),
+    "profile": (3.0, 2.5), "threads": (10.5, 4.0), "batch_sweep": (2.0, 1.0), "max_batch": (22.5, 0.0),
+    "model_grid": (13.5, 6.0), "scale": (13.5, 5.0), "strategies": (9.0, 1.0), "bucket_sweep": (5.0, 0.0),
+    "backends": (0.5, 0.3), "engines": (7.5, 0.0), "comm": (5.0, 2.0), "loader": (7.0, 2.0), "amp": (11.0, 3.0),
+    "checkpointing": (10.0, 4.0), "lr_scaling": (33.0, 3.0), "predict": (13.5, 8.0),
 }
 # The plan's launches of each experiment on the reference machine (a user's study file may set others).
 REFERENCE_LAUNCHES: dict[str, tuple[int, int]] = {
