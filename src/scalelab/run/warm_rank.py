@@ -7,8 +7,10 @@ per message until the pool closes the connection. Two modes:
   run it); torch's one-time allocations are made before the first job, so that the first job's memory figures equal
   a later one's. A failed job ends the process: its state may be broken, and its peers may be stuck.
 - fork (`--fork`, a fork server): the job runs in a child forked from this process, which has imported torch and
-  scalelab but never run a torch op (no thread pool, no allocator cache, no OpenMP state: forking is safe, and the
-  child starts where a fresh process would, with its imports done). For cells that need a fresh process:
+  scalelab but never run a torch op (no intra-op thread pool, no allocator cache, no OpenMP state: forking is safe,
+  and the child starts where a fresh process would, with its imports done). Its one other thread is numpy's
+  OpenBLAS pool, started at import, which OpenBLAS itself shuts down before a fork (its pthread_atfork handler), as
+  for the DataLoader's forked workers. For cells that need a fresh process:
   a memory cap (RLIMIT_AS cannot be raised again in the process it capped), an isolated cell (a max-batch trial's
   out-of-memory, a thread count torch fixes at its first parallel op). The child is told its peers' pids before it
   starts (they exist only once every rank forked); the server reports the child's end and serves the next job.
