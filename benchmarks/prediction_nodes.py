@@ -114,7 +114,7 @@ def main() -> int:
     from scalelab.experiments.predict import predicted_vs_measured
     from scalelab.lab.base import write_table
     from scalelab.lab.cells import Cell, Cells
-    from scalelab.perf.calibration import calibrate, calibrate_compute
+    from scalelab.perf.calibrate import calibrate, calibrate_compute
     from scalelab.perf.links import network_label
     from scalelab.perf.prediction import validate_measured
     from scalelab.perf.protocol import Protocol, check_frozen, model_code, violations

@@ -399,7 +399,7 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     far faster; another link is then predicted from the same hosts (perf/links.py)."""
     from scalelab.config import TrainConfig
     from scalelab.lab.cells import Cells
-    from scalelab.perf.calibration import calibrate
+    from scalelab.perf.calibrate import calibrate
     from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,

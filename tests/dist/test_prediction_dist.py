@@ -17,7 +17,8 @@ from conftest import TINY_MLP, quiet_cells
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.perf.calibration import Calibration, calibrate, calibration_path
+from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibration import Calibration, calibration_path
 from scalelab.perf.prediction import predict_table, validate_measured
 from scalelab.store import Store
 

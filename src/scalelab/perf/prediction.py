@@ -4,7 +4,7 @@
     table = predict_table(cal, PRESETS["10gbe"], [1, 2, 4, 8, 1024], mode="weak", batch=32, strategy="ddp")
     check = validate_measured(cal, runs)                               # predicted vs measured step time
 
-Calibration (what the model needs, measured on this machine, and how) is in `calibration.py`.
+Calibration (what the model needs) is in `calibration.py`, how it is measured in `calibrate.py`, fitted in `fit.py`.
 """
 from __future__ import annotations
 
@@ -23,13 +23,8 @@ from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibration import (
-    MEASURED,
-    Calibration,
-    calibrate,
-    calibration_path,
-    own_scales_text,
-)
+from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibration import MEASURED, Calibration, calibration_path, own_scales_text
 from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.perf.horizon import (
     HORIZON,

@@ -10,7 +10,7 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.perf import uncertainty
-from scalelab.perf.calibration import BenchTimes
+from scalelab.perf.fit import BenchTimes
 from scalelab.perf.prediction import predict_table, sample_of, step_interval, validate_measured
 
 from test_prediction import synthetic_calibration
