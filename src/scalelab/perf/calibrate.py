@@ -17,7 +17,7 @@ from scalelab.lab.cells import Cell, Cells, with_fields
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.perf import perfmodel as pm
 from scalelab.perf import uncertainty
-from scalelab.perf.calibration import OWN_SCALE, STAGES, Calibration, calibration_path, device_name
+from scalelab.perf.calibration import OWN_SCALE, STAGES, Calibration, calibration_path, device_name, own_scales_text
 from scalelab.perf.fit import Measured, bench_times, cell_run, compute_points, fit, fit_of
 from scalelab.perf.links import link_text
 from scalelab.run.execute import RunFailed
