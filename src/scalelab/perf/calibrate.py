@@ -16,7 +16,7 @@ from scalelab.errors import ConfigError, StoreError
 from scalelab.lab.cells import Cell, Cells, with_fields
 from scalelab.measure.commbench import CommBenchConfig
 from scalelab.perf import perfmodel as pm
-from scalelab.perf import uncertainty
+from scalelab.perf import modelerror, uncertainty
 from scalelab.perf.calibration import OWN_SCALE, STAGES, Calibration, calibration_path, device_name, own_scales_text
 from scalelab.perf.fit import Measured, bench_times, cell_run, compute_points, fit, fit_of
 from scalelab.perf.links import link_text
@@ -61,6 +61,17 @@ def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequenc
           for s in own))]
 
 
+def cross_link_cells(base: TrainConfig, insitu: Sequence[Cell]) -> list[Cell]:
+    """The in-situ cells at the largest batch once more over the same namespace nodes with the link unshaped: runs
+    the calibration predicts but does not fit on (`modelerror`, OTHER_LINK); none unless `base` runs over a shaped
+    namespace link. Their cost: one launch per strategy × repeats, about a tenth of a protocol run."""
+    if not (base.local_nodes > 1 and base.link_gbps is not None) or not insitu:
+        return []
+    top = max(c.config.per_rank_batch for c in insitu)
+    return [dataclasses.replace(c, label=c.label.replace("in situ", "other link: in situ") + ", unshaped",
+                                config=with_fields(c.config, link_gbps=None))
+            for c in insitu if c.config.per_rank_batch == top]
+
 
 def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
     """The allreduce sweep: 1 KiB up to the whole gradient (at least 4 MiB, at most 64 MiB), ×4. The floor keeps
@@ -94,8 +105,10 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     on resampled launches, steps and bench iterations: the prediction intervals."""
     param_bytes, parameters = gradient_sizes(base)
     compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)
+    cross = cross_link_cells(base, insitu)
     if repeats > 1:
-        compute, insitu = ([dataclasses.replace(c, repeats=repeats) for c in group] for group in (compute, insitu))
+        compute, insitu, cross = ([dataclasses.replace(c, repeats=repeats) for c in group]
+                                  for group in (compute, insitu, cross))
     bench = bench or bench_config(base, param_bytes)
     bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
     study = cells.study
@@ -107,7 +120,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     benches = [Cell("bench allreduce", bench, kind="bench")] + (
         [Cell("bench allreduce, loopback (the hosts)", host_bench, kind="bench"),
          Cell("bench allreduce, unshaped namespace link", veth_bench, kind="bench")] if host_bench else [])
-    identity = ([c.key for c in compute + insitu] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
+    identity = ([c.key for c in compute + insitu + cross] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
                 + ([repeats] if repeats > 1 else []))
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
     path = calibration_path(cells.store, study)
@@ -116,13 +129,13 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
             old = Calibration.load(path)
         except StoreError:
             old = None
-        if old is not None and old.key == key and old.replicates:
+        if old is not None and old.key == key and old.replicates and (old.residuals or not insitu):
             say(f"[{study}] calibration {path} reused")
             return old
     # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
     paired = [c for cell in compute for c in [cell, *(i for i in insitu
                                                       if i.config.per_rank_batch == cell.config.per_rank_batch)]]
-    results = cells.run([*paired, *benches], group="calibration", interleave=repeats > 1)
+    results = cells.run([*paired, *cross, *benches], group="calibration", interleave=repeats > 1)
     failed = [r for r in results if r.status != "completed"]
     if failed:
         raise RunFailed(failed[0].run_id or "-", f"calibration cell {failed[0].label}: {failed[0].reason}")
@@ -133,7 +146,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
                         insitu={sync: [launches[c.key] for c in insitu if c.config.sync == sync]
                                 for sync in ("allreduce", "bucketed", *OWN_SCALE)},
                         bench=times[0], host_bench=times[1] if host_bench else None,
-                        veth_bench=times[2] if host_bench else None)
+                        veth_bench=times[2] if host_bench else None, cross=[launches[c.key] for c in cross])
     first = launches[compute[0].key][-1]
     template = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
@@ -143,6 +156,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         batches=sorted({float(c.config.per_rank_batch) for c in compute}), device=device_name(first["config"], first["files"]))
     cal = fit(template, measured)
     cal.replicates = uncertainty.replicates(template, measured)
+    cal.residuals = modelerror.residuals(template, measured, cal)
     cal.save(path)
     where = f" on {bench.local_nodes} nodes over {link_text(bench.link_gbps)}" if bench.local_nodes > 1 else ""
     say(f"[{study}] calibration: {base.world_size} rank(s){where} without sync at per-rank batches "
@@ -150,7 +164,8 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         f"{f' ({repeats} launches each)' if repeats > 1 else ''}; α = {cal.alpha_s * 1e6:.1f} µs, 1/β = "
         f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s ({cal.bench_run}); "
         f"with communication: collectives ×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute "
-        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {len(cal.replicates)} bootstrap refits; wrote {path}")
+        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {len(cal.replicates)} bootstrap refits; "
+        f"{modelerror.describe(cal)}; wrote {path}")
     return cal
 
 

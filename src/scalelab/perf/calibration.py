@@ -63,6 +63,9 @@ class Calibration:
     compute_nodes: int | None = None  # compute measured again at this node count (`calibrate_compute`)
     # the fitted figures refitted on resampled calibration data (`uncertainty`): the prediction intervals
     replicates: list[dict] = field(default_factory=list)
+    # in-calibration residuals, each a run predicted by a fit that did not see it (`modelerror`): the model-error
+    # part of the prediction intervals
+    residuals: list[dict] = field(default_factory=list)
     device: str = ""  # what compute ran on: "<n>-core CPU" or the CUDA device's name ("": a file of an older version)
     host: str | None = None  # the host of runs measured elsewhere (`predict --from`); None: calibrated here
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S"))
@@ -110,7 +113,7 @@ class Calibration:
         known = {f.name for f in dataclasses.fields(cls)}
         optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
                     "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales", "veth_alpha_s",
-                    "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches"}
+                    "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches", "residuals"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")

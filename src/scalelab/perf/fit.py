@@ -41,7 +41,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -235,6 +235,8 @@ class Measured:
     bench: BenchTimes
     host_bench: BenchTimes | None = None  # loopback, when the bench ran over a shaped link
     veth_bench: BenchTimes | None = None  # an unshaped namespace link, when the bench ran over a shaped one
+    # in-situ cells over a link the calibration's training did not cross: not fitted on, predicted (`modelerror`)
+    cross: list[list[dict]] = field(default_factory=list)
 
 
 def cell_run(launches: list[dict]) -> dict:
@@ -260,7 +262,7 @@ def fit(template: Calibration, measured: Measured) -> Calibration:
         template, compute={s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         compute_runs=list(points["run_id"]), host_alpha_s=host[0], host_beta_s_per_byte=host[1],
-        veth_alpha_s=veth[0], veth_beta_s_per_byte=veth[1], sync_scales={}, insitu=[], replicates=[])
+        veth_alpha_s=veth[0], veth_beta_s_per_byte=veth[1], sync_scales={}, insitu=[], replicates=[], residuals=[])
     runs = {sync: [cell_run(c) for c in measured.insitu.get(sync, [])] for sync in ("allreduce", "bucketed", *OWN_SCALE)}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     for sync in OWN_SCALE:

@@ -32,8 +32,12 @@ from scalelab.perf.horizon import (
     host_cores,
     measured_scale,
     reach,
+    unseen_share,
 )
 from scalelab.perf.links import NodeLink, network_label
+from scalelab.perf import modelerror
+from scalelab.perf.modelerror import combine, error_term, refusal, seen_shares
+from scalelab.perf.runmodel import predict_run
 
 # ---------------------------------------------------------------- prediction
 
@@ -123,22 +127,42 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
                               **batches)
 
         frame = steps(cal)
-        low, high = step_interval(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame))
-        frames.append(frame.assign(**{"step_ci_low(ms)": low, "step_ci_high(ms)": high}, hardware=row_label(cal, hw),
+        parts = intervals(cal, frame["step(ms)"].tolist(),
+                          step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)))
+        frames.append(frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
+                                      "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
+                                      "sampling_half_width(%)": parts["sampling_half_width(%)"],
+                                      "model_half_width(%)": parts["model_half_width(%)"]},
+                                   hardware=row_label(cal, hw),
                                    checked=hardware_checked(cal, hw), strategy=strategy, mode=mode,
                                    compression=compression))
     return pd.concat(frames, ignore_index=True)
 
 
-def step_interval(cal: Calibration, steps: Callable[[Calibration], Sequence[float]],
-                  rows: int) -> tuple[list[float], list[float]]:
-    """Per row, the 95 % interval of `steps(replica)` over the calibration's replicas (`perf/uncertainty.py`);
-    NaN for a calibration without them."""
+def step_quantiles(cal: Calibration, steps: Callable[[Calibration], Sequence[float]],
+                   rows: int) -> list[tuple[float, float, float, float]]:
+    """Per row, the 2.5, 25, 75 and 97.5 percentiles of `steps(replica)` over the calibration's replicas
+    (`perf/uncertainty.py`): the sampling part of the 95 % and 50 % intervals; NaN without replicas."""
     values = np.array([steps(r) for r in cal.replicas()], float).reshape(-1, rows)
     if len(values) < 2:
-        return [math.nan] * rows, [math.nan] * rows
-    low, high = np.nanpercentile(values, [2.5, 97.5], axis=0)
-    return low.tolist(), high.tolist()
+        return [(math.nan,) * 4] * rows
+    return [tuple(q) for q in np.nanpercentile(values, [2.5, 25, 75, 97.5], axis=0).T.tolist()]
+
+
+def intervals(cal: Calibration, points: Sequence[float],
+              quantiles: Sequence[tuple[float, float, float, float]]) -> dict[str, list[float]]:
+    """Per point, its 95 % (low, high) and 50 % (low50, high50) intervals and the 95 % half-widths of their
+    sampling and model-error parts (`modelerror.combine`, the calibration's `error_term`)."""
+    term = error_term(cal)
+    out: dict[str, list[float]] = {k: [] for k in ("low", "high", "low50", "high50", "sampling_half_width(%)",
+                                                   "model_half_width(%)")}
+    for point, q in zip(points, quantiles):
+        c = combine(point, q, term)
+        for k, v in zip(("low", "high", "low50", "high50"), (*c[0.95], *c[0.5])):
+            out[k].append(v)
+        out["sampling_half_width(%)"].append(c["sampling_half_width(%)"])
+        out["model_half_width(%)"].append(c["model_half_width(%)"])
+    return out
 
 
 # Only the calibrated machine's own hardware was ever checked against runs; a preset or a hardware file was not
@@ -176,8 +200,10 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
 
 VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
                       "net_latency_ms", "net_bandwidth_gbps", "sample", "compute(ms)", "comm(ms)",
-                      "exposed_comm(ms)", "predicted", "predicted_ci_low", "predicted_ci_high", "measured",
-                      "measured_comm(ms)", "error(%)", "inside", "half_width(%)", "measured_speedup",
+                      "exposed_comm(ms)", "predicted", "predicted_ci_low", "predicted_ci_high", "predicted_ci50_low",
+                      "predicted_ci50_high", "measured", "measured_comm(ms)", "error(%)", "inside", "inside50",
+                      "half_width(%)", "sampling_half_width(%)", "model_half_width(%)", "refused", "extrapolation",
+                      "measured_speedup",
                       "measured_efficiency"]
 
 
@@ -202,28 +228,6 @@ def sample_of(cal: Calibration, config: dict) -> str:
     return "held out: " + ", ".join(differs) + ("; compute in-sample" if cal.compute_nodes == nodes > 1 else "")
 
 
-def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
-    """The model's prediction for one stored run's config on this machine: the "measured" hardware (fitted α/β
-    × comm_scale, compute × compute_scale where collectives run) over the run's own link (namespace nodes, a
-    shaped rate: `links.link_hardware` when it is not the calibrated one) plus the run's padding (each
-    collective takes max(fitted time, L + S·8/(bw·1e9)), see `perfmodel.Emulation`). None for what the model
-    does not cover (PowerSGD)."""
-    if config.get("ddp_hook", "none") == "powersgd":
-        return None
-    n = config["ranks"] * config.get("nnodes", 1)
-    sync = config.get("sync", "auto")
-    strategy = "ddp" if sync == "auto" else sync
-    compression = config.get("ddp_hook", "none")
-    emulation = pm.Emulation.from_config(config.get("net_latency_ms", 0.0), config.get("net_bandwidth_gbps"))
-    link = NodeLink.of(config)
-    hardware = cal.hardware(config["ranks"] if link.namespaced else 1, link=link, strategy=strategy)
-    return pm.predict(cal.compute_model(), hardware, [n], param_bytes=cal.param_bytes, mode="weak",
-                      per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
-                      bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
-                      accumulate=config.get("accumulate", 1), emulation=emulation,
-                      compute_scale=cal.compute_scale).iloc[0]
-
-
 def validate_measured(cal: Calibration, runs: Sequence[dict], *,
                       say: Callable[[str], None] = print) -> pd.DataFrame:
     """Predicted vs measured median step time for every completed run in `runs` of the calibrated model and
@@ -243,12 +247,21 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         n = cfg["ranks"] * cfg.get("nnodes", 1)
         one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
         step = summary[keys.STEP_MEDIAN_MS]
-        [low], [high] = step_interval(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
+        refused = refusal(cal, NodeLink.of(cfg))
+        q = step_quantiles(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
+        c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"]], q).items()}
+        if refused:  # a refused link has no interval: the model was checked there and missed
+            c = {k: math.nan for k in c}
         pred.append({"run_id": run["run_id"], "predicted": p["step(ms)"], "compute(ms)": p["compute(ms)"],
-                     "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"], "predicted_ci_low": low,
-                     "predicted_ci_high": high, "sample": sample_of(cal, cfg),
-                     "inside": bool(low <= step <= high) if math.isfinite(low) else None,
-                     "half_width(%)": 50 * (high - low) / p["step(ms)"]})
+                     "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"],
+                     "predicted_ci_low": c["low"], "predicted_ci_high": c["high"], "predicted_ci50_low": c["low50"],
+                     "predicted_ci50_high": c["high50"], "sample": sample_of(cal, cfg), "refused": refused,
+                     "inside": bool(c["low"] <= step <= c["high"]) if math.isfinite(c["low"]) else None,
+                     "inside50": bool(c["low50"] <= step <= c["high50"]) if math.isfinite(c["low50"]) else None,
+                     "half_width(%)": 50 * (c["high"] - c["low"]) / p["step(ms)"],
+                     "sampling_half_width(%)": c["sampling_half_width(%)"],
+                     "model_half_width(%)": c["model_half_width(%)"],
+                     "extrapolation": unseen_share(p["exposed_comm(ms)"] / p["step(ms)"], seen_shares(cal))})
         meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
                      "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
                      "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),
@@ -331,8 +344,11 @@ def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFram
     cores = host_cores(cal.device, cal.host is None) if cal.nodes == 1 else None  # one host's loopback
     if cores is not None:
         table = table[~((table["hardware"] == own) & (table["workers"] > cores))].reset_index(drop=True)
-    table = table.assign(extrapolation=[extrapolated(int(w), scale) for w in table["workers"]])
-    return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own}
+    seen = seen_shares(cal)
+    shares = table["exposed_comm(ms)"] / table["step(ms)"]
+    table = table.assign(extrapolation=[extrapolated(int(w), scale) or unseen_share(s, seen)
+                                        for w, s in zip(table["workers"], shares)])
+    return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own, "shares": seen}
 
 
 def horizon_text(horizon: dict, top: int) -> str:
@@ -344,6 +360,11 @@ def horizon_text(horizon: dict, top: int) -> str:
         text += (f"; {horizon['own']} is not predicted beyond {horizon['cores']} workers: its calibration ran over "
                  f"one host's loopback, which says nothing about more ranks than that host's {horizon['cores']} "
                  "cores")
+    if horizon.get("shares"):
+        low, high = horizon["shares"]
+        text += (f"; so are predictions whose exposed communication is outside {100 * low:.0f}-{100 * high:.0f} % of "
+                 "the step, the range of the runs the intervals' model-error term was estimated on (those rows may "
+                 "still carry a recommendation)")
     return text
 
 
@@ -384,6 +405,7 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
              f"to keep >= {target:.0%} within the horizon": {
                  hw: recommendation(group, int(group["workers"].iloc[0]), target)
                  for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
+    notes["intervals"] = INTERVALS + modelerror.describe(cal)
     if len(validation):
         notes["validation"] = validation_text(validation, compute_origin(cal))
     elif skipped:
@@ -396,6 +418,12 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     return result
 
 
+# what an interval means, for every prediction row (the report's line)
+INTERVALS = ("each predicted step has a 95 % and a 50 % interval that should hold the measured median step that "
+             "often: the calibration's sampling noise (refits on resampled runs; on a preset or a hardware file only "
+             "the compute varies) and the model's own error, added in log step; ")
+
+
 def validation_text(val: pd.DataFrame, where: str) -> str:
     """The validation in words: held-out runs apart from those the fit used, with the interval's coverage."""
     sample = val["sample"] if "sample" in val else pd.Series("in-sample", index=val.index)
@@ -406,9 +434,12 @@ def validation_text(val: pd.DataFrame, where: str) -> str:
             continue
         err = part["error(%)"].abs()
         inside = part["inside"].dropna() if "inside" in part else pd.Series(dtype=bool)
+        inside50 = part["inside50"].dropna() if "inside50" in part else pd.Series(dtype=bool)
+        refused = int(part["refused"].notna().sum()) if "refused" in part else 0
         parts.append(f"{name}: {len(part)} run(s), median |error| {err.median():.1f} % (worst {err.max():.1f} %)"
                      + (f", measured step inside the predicted 95 % interval in {int(inside.sum())} of {len(inside)}"
-                        if len(inside) else ""))
+                        f" and inside the 50 % interval in {int(inside50.sum())} of {len(inside50)}"
+                        if len(inside) else "") + (f", {refused} refused (no interval)" if refused else ""))
     if not len(held):
         parts.append("no held-out run: every validation run was at a batch the calibration measured, so this is "
                      "not a test of the model")
