@@ -415,6 +415,11 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
                                                   cal.comm_scale * cal.host_beta_s_per_byte))
     assert 0.07 < 8 / slower.beta_inter / 1e9 < 0.0957
     assert [p["per_rank_batch"] for p in cal.points] == [4, 8]  # compute at the node count calibrated
+    # the model-error term's residuals (perf/modelerror.py): each in-situ launch left out with its batch (2 batches ×
+    # allreduce and bucketed), and the in-situ strategies at batch 8 over the same nodes unshaped
+    checks = [(r["check"], r["link"], r["per_rank_batch"]) for r in cal.residuals]
+    assert sorted(checks) == sorted([("leave batch out", "a 0.2 Gbit/s link (tbf)", b) for b in (4, 4, 8, 8)]
+                                    + [("other link", "an unshaped link", 8)] * 2), checks
 
 
 def test_a_users_script_runs_across_nodes(tmp_path, namespaces_restored):

@@ -125,9 +125,10 @@ def refusal(cal: Calibration, link: NodeLink | str) -> str | None:
     miss = float(np.median(other))
     if abs(miss) <= bound:
         return None
+    allowed = math.exp(-math.copysign(bound, miss)) - 1  # the bound on the same side, as an error of the prediction
     return (f"refused over {key}: the calibration's own {len(other)} launches over it were predicted "
-            f"{100 * (math.exp(-miss) - 1):+.0f} % off (median), beyond the ±{100 * (math.exp(bound) - 1):.0f} % "
-            "that its leave-one-batch-out residuals allow at 95 %")
+            f"{100 * (math.exp(-miss) - 1):+.0f} % off (median), beyond the {100 * allowed:+.0f} % that its "
+            "leave-one-batch-out residuals allow at 95 %")
 
 
 def used(cal: Calibration) -> list[dict]:

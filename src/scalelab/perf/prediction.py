@@ -361,10 +361,10 @@ def horizon_text(horizon: dict, top: int) -> str:
                  f"one host's loopback, which says nothing about more ranks than that host's {horizon['cores']} "
                  "cores")
     if horizon.get("shares"):
-        low, high = horizon["shares"]
-        text += (f"; so are predictions whose exposed communication is outside {100 * low:.0f}-{100 * high:.0f} % of "
-                 "the step, the range of the runs the intervals' model-error term was estimated on (those rows may "
-                 "still carry a recommendation)")
+        high = horizon["shares"][1]
+        text += (f"; so are predictions whose exposed communication is more than {100 * high:.0f} % of the step, "
+                 "the most in any run the intervals' model-error term was estimated on (those rows may still carry a "
+                 "recommendation)")
     return text
 
 
@@ -443,4 +443,6 @@ def validation_text(val: pd.DataFrame, where: str) -> str:
     if not len(held):
         parts.append("no held-out run: every validation run was at a batch the calibration measured, so this is "
                      "not a test of the model")
-    return f"Validation on measured runs of {where}: " + "; ".join(parts) + "."
+    return (f"Validation on measured runs of {where} (each prediction's 95 % and 50 % intervals carry the "
+            "calibration's sampling noise and the model's own error, so each should hold the measured step that "
+            "often): " + "; ".join(parts) + ".")
