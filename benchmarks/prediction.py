@@ -59,7 +59,7 @@ def main() -> int:
         insitu_cells,
     )
     from scalelab.perf.links import network_label
-    from scalelab.perf.prediction import validate_measured
+    from scalelab.perf.validation import validate_measured
     from scalelab.run import netns
     from scalelab.store import Store
 

@@ -184,7 +184,7 @@ def main() -> int:
     from scalelab.perf import modelerror
     from scalelab.perf.calibrate import calibrate, calibrate_compute
     from scalelab.perf.links import network_label
-    from scalelab.perf.prediction import validate_measured
+    from scalelab.perf.validation import validate_measured
     from scalelab.perf.protocol import Protocol, check_frozen, model_code, violations
     from scalelab.store import Store
 

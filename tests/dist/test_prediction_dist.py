@@ -19,7 +19,8 @@ from scalelab.config import TrainConfig
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf.calibrate import calibrate
 from scalelab.perf.calibration import Calibration, calibration_path
-from scalelab.perf.prediction import predict_table, validate_measured
+from scalelab.perf.prediction import predict_table
+from scalelab.perf.validation import validate_measured
 from scalelab.store import Store
 
 PARAM_BYTES = [16 * 3072 * 4, 16 * 16 * 4, 10 * 16 * 4]

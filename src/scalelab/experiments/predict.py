@@ -20,7 +20,8 @@ from scalelab.lab.base import (
     number,
 )
 from scalelab.perf.horizon import HORIZON
-from scalelab.perf.prediction import VALIDATION_COLUMNS, run_prediction, validation_text
+from scalelab.perf.prediction import run_prediction
+from scalelab.perf.validation import VALIDATION_COLUMNS, validation_text
 from scalelab.report.figures import plt, save
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]

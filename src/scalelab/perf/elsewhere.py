@@ -36,7 +36,8 @@ from scalelab.perf.calibrate import gradient_sizes
 from scalelab.perf.calibration import MEASURED, STAGES, Calibration, device_name
 from scalelab.perf.fit import bench_means, compute_points, fit_of, world
 from scalelab.lab.base import Result
-from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result, validate_measured
+from scalelab.perf.prediction import prediction_result
+from scalelab.perf.validation import VALIDATION_COLUMNS, validate_measured
 from scalelab.perf import perfmodel as pm
 from scalelab.store import RunDir, Store
 

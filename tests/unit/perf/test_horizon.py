@@ -10,7 +10,8 @@ import pandas as pd
 from scalelab.experiments.predict import caveat, predict_result
 from scalelab.perf.hardware import PRESETS
 from scalelab.perf.horizon import HORIZON, extrapolated, host_cores, measured_scale, reach
-from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result
+from scalelab.perf.prediction import prediction_result
+from scalelab.perf.validation import VALIDATION_COLUMNS
 
 from test_prediction import synthetic_calibration  # tests/unit/perf is on the path (rootdir conftest)
 

@@ -12,7 +12,7 @@ from scalelab.errors import ConfigError
 from scalelab.perf.calibration import Calibration, link_hardware
 from scalelab.perf.fit import insitu_scales, own_scale, scale_to_match
 from scalelab.perf.links import NodeLink, network_label, wire_beta
-from scalelab.perf.prediction import predict_run
+from scalelab.perf.runmodel import predict_run
 
 ONE_GBIT = 8e-9  # s per byte at 1 Gbit/s
 

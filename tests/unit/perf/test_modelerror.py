@@ -119,7 +119,7 @@ def test_a_share_outside_the_seen_range_is_extrapolation():
 
 
 def test_validation_refuses_a_refused_link_without_an_interval():
-    from scalelab.perf.prediction import validate_measured
+    from scalelab.perf.validation import validate_measured
 
     cal = synthetic_calibration(nodes=2, link_gbps=1.0, host_alpha_s=1e-5, host_beta_s_per_byte=1e-9,
                                 veth_alpha_s=1e-5, veth_beta_s_per_byte=1e-9,

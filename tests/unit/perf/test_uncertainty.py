@@ -11,7 +11,9 @@ import pytest
 from scalelab.analysis import keys
 from scalelab.perf import uncertainty
 from scalelab.perf.fit import BenchTimes
-from scalelab.perf.prediction import predict_table, sample_of, step_quantiles, validate_measured
+from scalelab.perf.intervals import step_quantiles
+from scalelab.perf.prediction import predict_table
+from scalelab.perf.validation import sample_of, validate_measured
 
 from test_prediction import synthetic_calibration
 
