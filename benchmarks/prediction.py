@@ -1,6 +1,6 @@
 """How well does the performance model predict measured step times? Median |error| over real 2-rank runs.
 
-Calibration (scalelab.perf.calibration.calibrate): 2 ranks with sync=noop at each per-rank batch (the
+Calibration (scalelab.perf.calibrate.calibrate): 2 ranks with sync=noop at each per-rank batch (the
 compute fit), 2 ranks with per-parameter allreduce at each batch (the in-situ scales of compute and collectives),
 2 ranks with overlapped buckets of a quarter of the gradient at each batch (the in-situ overlap), 2 ranks with
 gather/scatter at each batch when it is among the strategies (its own in-training scale)
@@ -52,14 +52,14 @@ def main() -> int:
     from scalelab.lab.base import write_table
     from scalelab.lab.cells import Cell, Cells, with_fields
     from scalelab.perf import perfmodel as pm
-    from scalelab.perf.calibration import (
+    from scalelab.perf.calibrate import (
         calibrate,
         calibration_cells,
         gradient_sizes,
         insitu_cells,
     )
     from scalelab.perf.links import network_label
-    from scalelab.perf.prediction import validate_measured
+    from scalelab.perf.validation import validate_measured
     from scalelab.run import netns
     from scalelab.store import Store
 

@@ -399,7 +399,7 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
     far faster; another link is then predicted from the same hosts (perf/links.py)."""
     from scalelab.config import TrainConfig
     from scalelab.lab.cells import Cells
-    from scalelab.perf.calibration import calibrate
+    from scalelab.perf.calibrate import calibrate
     from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
@@ -420,6 +420,11 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
                                                   cal.comm_scale * cal.host_beta_s_per_byte))
     assert 0.07 < 8 / slower.beta_inter / 1e9 < 0.0957
     assert [p["per_rank_batch"] for p in cal.points] == [4, 8]  # compute at the node count calibrated
+    # the model-error term's residuals (perf/modelerror.py): each in-situ launch left out with its batch (2 batches ×
+    # allreduce and bucketed), and the in-situ strategies at batch 8 over the same nodes unshaped
+    checks = [(r["check"], r["link"], r["per_rank_batch"]) for r in cal.residuals]
+    assert sorted(checks) == sorted([("leave batch out", "a 0.2 Gbit/s link (tbf)", b) for b in (4, 4, 8, 8)]
+                                    + [("other link", "an unshaped link", 8)] * 2), checks
 
 
 def test_a_users_script_runs_across_nodes(tmp_path, namespaces_restored):

@@ -17,8 +17,10 @@ from conftest import TINY_MLP, quiet_cells
 from scalelab.cli import main
 from scalelab.config import TrainConfig
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.perf.calibration import Calibration, calibrate, calibration_path
-from scalelab.perf.prediction import predict_table, validate_measured
+from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibration import Calibration, calibration_path
+from scalelab.perf.prediction import predict_table
+from scalelab.perf.validation import validate_measured
 from scalelab.store import Store
 
 PARAM_BYTES = [16 * 3072 * 4, 16 * 16 * 4, 10 * 16 * 4]
@@ -42,7 +44,7 @@ def study(tmp_path_factory):
     cells = [Cell(f"latency, batch {b}", with_fields(base, global_batch=2 * b, sync="allreduce",
                                                      net_latency_ms=LATENCY_MS)) for b in BATCHES]
     check = validate_measured(cal, engine.runs(engine.run(cells, group="validation")), say=said.append)
-    return SimpleNamespace(root=root, model=model, store=store, base=base, cal=cal, check=check)
+    return SimpleNamespace(root=root, model=model, store=store, base=base, cal=cal, check=check, said=said)
 
 
 def completed_train_runs(store: Store, study: str) -> list[dict]:
@@ -72,6 +74,12 @@ def test_calibration_from_a_tiny_study_is_a_usable_model(study):
     assert {r["per_rank_batch"] for r in cal.insitu if "overlap" in r} <= set(BATCHES)
     table = predict_table(cal, cal.hardware(), [1, 2, 8], batch=8, strategy="allreduce")
     assert table["step(ms)"].is_monotonic_increasing and table["efficiency"].iloc[0] == 1
+    # the model-error term: each in-situ launch predicted by the fit without its batch (perf/modelerror.py)
+    assert sorted((r["check"], r["sync"], r["per_rank_batch"]) for r in cal.residuals) == sorted(
+        ("leave batch out", sync, b) for sync in ("allreduce", "bucketed") for b in BATCHES)
+    assert (table["step_ci_low(ms)"] < table["step_ci50_low(ms)"]).all()
+    assert (table["step_ci50_high(ms)"] < table["step_ci_high(ms)"]).all()
+    assert (table["model_half_width(%)"] > 0).all() and any("model error from 4" in line for line in study.said)
 
 
 @pytest.mark.dist
@@ -94,6 +102,7 @@ def test_validation_recovers_the_emulated_latency(study):
     assert (check["measured_comm(ms)"] >= 3 * LATENCY_MS * 0.99).all()
     assert (check["error(%)"].abs() < 25).all(), check[["predicted", "measured", "error(%)"]]
     assert check.attrs["median_abs_error(%)"] == pytest.approx(check["error(%)"].abs().median())
+    assert check["inside"].notna().all() and check["inside50"].notna().all() and check["refused"].isna().all()
 
 
 @pytest.mark.dist
@@ -115,3 +124,5 @@ def test_predict_cli_with_the_stored_calibration_writes_its_files(study, capsys)
     table = pd.read_csv(out / "prediction.csv")
     assert sorted(table["workers"].unique()) == [1, 2, 4, 64] and table["hardware"].nunique() == 3
     assert "compute of this machine on my cluster" in set(table["hardware"])  # a file pairs with compute here
+    # presets and the file carry the same intervals (only compute varies in their sampling part)
+    assert table["step_ci_low(ms)"].notna().all() and (table["model_half_width(%)"] > 0).all()

@@ -44,7 +44,8 @@ DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
 DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
 DEFAULTS = {"ranks": 2, "steps": 20}  # per calibration run, below the YAML file, --set and flags
 SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "exposed_comm(ms)", "step(ms)",
-         "step_ci_low(ms)", "step_ci_high(ms)", "speedup", "efficiency", "extrapolation", "checked"]
+         "step_ci_low(ms)", "step_ci_high(ms)", "step_ci50_low(ms)", "step_ci50_high(ms)", "sampling_half_width(%)",
+         "model_half_width(%)", "speedup", "efficiency", "extrapolation", "checked"]
 
 
 def predictable_syncs() -> tuple[str, ...]:
@@ -218,7 +219,8 @@ def show(result) -> None:
         where = result.meta.get("compute_of", "this machine")
         console.rule(f"validation: predicted vs measured median step (ms) on {where}")
         cols = ["sync", "per_rank_batch", "network", "sample", "compute(ms)", "exposed_comm(ms)", "predicted",
-                "predicted_ci_low", "predicted_ci_high", "measured", "error(%)", "inside"]
+                "sampling_half_width(%)", "model_half_width(%)", "predicted_ci_low", "predicted_ci_high",
+                "predicted_ci50_low", "predicted_ci50_high", "measured", "error(%)", "inside", "inside50", "refused"]
         table = result.tables["validation"]
         print(table[[c for c in cols if c in table]].to_string(index=False, float_format=fmt))
     for key, value in result.notes.items():

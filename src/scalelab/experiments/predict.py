@@ -20,7 +20,8 @@ from scalelab.lab.base import (
     number,
 )
 from scalelab.perf.horizon import HORIZON
-from scalelab.perf.prediction import VALIDATION_COLUMNS, run_prediction, validation_text
+from scalelab.perf.prediction import run_prediction
+from scalelab.perf.validation import VALIDATION_COLUMNS, validation_text
 from scalelab.report.figures import plt, save
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]
@@ -58,9 +59,10 @@ def predict_result(result) -> tuple[list[str], str | None]:
                         f"workers ({fmt(top[keys.THROUGHPUT])} samples/s); efficiency {first}.")
         if len(beyond):
             last = beyond.iloc[-1]
-            text.append(f"{'' if text else f'{hw}: '}Extrapolated beyond {int(result.meta.get('horizon', 0))} "
-                        f"workers, {100 * last['efficiency']:.0f} % at {int(last['workers'])} workers: an "
-                        "extrapolation, which no recommendation rests on.")
+            text.append(f"{'' if text else f'{hw}: '}Extrapolated from {int(beyond['workers'].iloc[0])} workers "
+                        f"(beyond {int(result.meta.get('horizon', 0))} workers, or more of the step in communication "
+                        "than in any run the intervals were checked on), "
+                        f"{100 * last['efficiency']:.0f} % at {int(last['workers'])} workers: an extrapolation.")
         out.append(" ".join(text))
     if marked and "scale" in result.meta:
         scale, cores, own = result.meta["scale"], result.meta.get("cores"), result.meta.get("own")

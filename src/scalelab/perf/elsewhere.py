@@ -11,9 +11,9 @@ What the runs must hold (else one line naming DIR and the run it lacks, exit 2 f
 - compute: completed `train` runs without communication — one rank, sync noop, or --noop-collectives, no network
   emulation — of one model and dataset at two or more per-rank batches, from one host, device, world size,
   precision, accumulate and threads (the group with the most batches when there are several). Their summaries
-  need the median step and the forward, backward and optimizer stages (`calibration.compute_points`).
+  need the median step and the forward, backward and optimizer stages (`fit.compute_points`).
 - links, only for `--hardware measured` (the other machine's own links): the newest completed `bench comm` run of
-  the same host with allreduce timings (`calibration.bench_means`).
+  the same host with allreduce timings (`fit.bench_means`).
 - the gradient sizes: the model is built from the run's config (a dataset read from a path needs that path here).
 The in-situ scales and the overlap stay 1: fitting them takes runs of several syncs at the same batches and ranks,
 and on a device whose collectives have their own engine they are 1 anyway.
@@ -32,10 +32,12 @@ from scalelab.analysis.hardware import Hardware
 from scalelab.perf.hardware import fit_alpha_beta
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError, ScalelabError, StoreError
-from scalelab.perf.calibration import (MEASURED, STAGES, Calibration, bench_means, compute_points, world,
-                                              device_name, fit_of, gradient_sizes)
+from scalelab.perf.calibrate import gradient_sizes
+from scalelab.perf.calibration import MEASURED, STAGES, Calibration, device_name
+from scalelab.perf.fit import bench_means, compute_points, fit_of, world
 from scalelab.lab.base import Result
-from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result, validate_measured
+from scalelab.perf.prediction import prediction_result
+from scalelab.perf.validation import VALIDATION_COLUMNS, validate_measured
 from scalelab.perf import perfmodel as pm
 from scalelab.store import RunDir, Store
 

@@ -1,6 +1,6 @@
 """How far a calibration's predictions reach (pure): the prediction horizon.
 
-A calibration measures a few worker counts on one machine; the model extrapolates from there. Two limits:
+A calibration measures a few worker counts on one machine; the model extrapolates from there. Three limits:
 
 - **One host's loopback ends at its cores.** A calibration whose ranks talked over one host's loopback (no
   namespace nodes: `Calibration.nodes == 1`) describes ranks that share that host's cores and memory bus. More ranks
@@ -13,6 +13,10 @@ A calibration measures a few worker counts on one machine; the model extrapolate
   runs. Such rows are kept and marked (the prediction table's `extrapolation` column, and the sentences say so),
   and no recommendation rests on them: what keeps the target efficiency is asked at the largest requested worker
   count within the horizon (`reach`).
+- **A regime the model-error term never saw is extrapolation too.** The intervals' model-error part comes from
+  in-calibration residuals (perf/modelerror.py), runs whose exposed communication took a certain share of the step.
+  A prediction whose share is above that range (`unseen_share`: a slower link, many more workers) rests on an
+  error term that was never checked there; it is marked `extrapolation` as well, and its interval may not hold.
 """
 from __future__ import annotations
 
@@ -49,3 +53,11 @@ def reach(workers: Sequence[int], scale: int, cores: int | None = None) -> int |
     own hardware), past the host's cores; None when there is none."""
     inside = [int(w) for w in workers if not extrapolated(int(w), scale) and (cores is None or int(w) <= cores)]
     return max(inside) if inside else None
+
+
+def unseen_share(share: float, seen: tuple[float, float] | None) -> bool:
+    """Whether a prediction whose exposed communication is `share` of its step is above the largest share `seen` in
+    the runs behind the model-error term (`modelerror.seen_shares`). A smaller share is not: the model's error
+    comes mostly from its communication, so less of it is within what was checked (one worker: compute only, fitted
+    in-sample). False when none were seen (then there is no interval)."""
+    return seen is not None and share > seen[1] * (1 + 1e-9)

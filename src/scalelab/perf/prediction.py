@@ -4,32 +4,26 @@
     table = predict_table(cal, PRESETS["10gbe"], [1, 2, 4, 8, 1024], mode="weak", batch=32, strategy="ddp")
     check = validate_measured(cal, runs)                               # predicted vs measured step time
 
-Calibration (what the model needs, measured on this machine, and how) is in `calibration.py`.
+Calibration (what the model needs) is in `calibration.py`, how it is measured in `calibrate.py`, fitted in `fit.py`;
+the validation in `validation.py`, the intervals in `intervals.py`.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 
-from scalelab.analysis import keys
 from scalelab.analysis.hardware import Hardware
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
+from scalelab.perf import modelerror
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibration import (
-    MEASURED,
-    Calibration,
-    calibrate,
-    calibration_path,
-    own_scales_text,
-)
+from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibration import MEASURED, Calibration, calibration_path, own_scales_text
 from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.perf.horizon import (
     HORIZON,
@@ -37,8 +31,11 @@ from scalelab.perf.horizon import (
     host_cores,
     measured_scale,
     reach,
+    unseen_share,
 )
-from scalelab.perf.links import NodeLink, network_label
+from scalelab.perf.intervals import intervals, step_quantiles
+from scalelab.perf.modelerror import seen_shares
+from scalelab.perf.validation import INTERVALS, VALIDATION_COLUMNS, validate_measured, validation_text
 
 # ---------------------------------------------------------------- prediction
 
@@ -128,22 +125,16 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
                               **batches)
 
         frame = steps(cal)
-        low, high = step_interval(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame))
-        frames.append(frame.assign(**{"step_ci_low(ms)": low, "step_ci_high(ms)": high}, hardware=row_label(cal, hw),
+        parts = intervals(cal, frame["step(ms)"].tolist(),
+                          step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)))
+        frames.append(frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
+                                      "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
+                                      "sampling_half_width(%)": parts["sampling_half_width(%)"],
+                                      "model_half_width(%)": parts["model_half_width(%)"]},
+                                   hardware=row_label(cal, hw),
                                    checked=hardware_checked(cal, hw), strategy=strategy, mode=mode,
                                    compression=compression))
     return pd.concat(frames, ignore_index=True)
-
-
-def step_interval(cal: Calibration, steps: Callable[[Calibration], Sequence[float]],
-                  rows: int) -> tuple[list[float], list[float]]:
-    """Per row, the 95 % interval of `steps(replica)` over the calibration's replicas (`perf/uncertainty.py`);
-    NaN for a calibration without them."""
-    values = np.array([steps(r) for r in cal.replicas()], float).reshape(-1, rows)
-    if len(values) < 2:
-        return [math.nan] * rows, [math.nan] * rows
-    low, high = np.nanpercentile(values, [2.5, 97.5], axis=0)
-    return low.tolist(), high.tolist()
 
 
 # Only the calibrated machine's own hardware was ever checked against runs; a preset or a hardware file was not
@@ -175,104 +166,6 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
                                      param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
                                      compression=compression, accumulate=accumulate,
                                      compute_scale=compute_scale(cal, hardware))
-
-
-# ---------------------------------------------------------------- validation
-
-VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
-                      "net_latency_ms", "net_bandwidth_gbps", "sample", "compute(ms)", "comm(ms)",
-                      "exposed_comm(ms)", "predicted", "predicted_ci_low", "predicted_ci_high", "measured",
-                      "measured_comm(ms)", "error(%)", "inside", "half_width(%)", "measured_speedup",
-                      "measured_efficiency"]
-
-
-def link_measured(cal: Calibration, link: NodeLink) -> bool:
-    """Whether the calibration measured `link`: its own, or an unshaped namespace link its unshaped bench ran over."""
-    return link == cal.calibrated_link or (link.namespaced and link.gbps is None and cal.veth_alpha_s is not None)
-
-
-def sample_of(cal: Calibration, config: dict) -> str:
-    """Whether a run is in the calibration's sample: "in-sample" when the calibration measured its node count, link
-    and per-rank batch, else "held out: " and what differs (nodes, link, batch), with "; compute in-sample" when
-    its compute was measured at its node count (`calibrate_compute`)."""
-    n = config["ranks"] * config.get("nnodes", 1)
-    nodes = max(1, int(config.get("local_nodes") or 0))
-    batches = cal.batches or [p["per_rank_batch"] for p in cal.points]
-    differs = [what for what, same in (("nodes", (nodes, n) == (cal.nodes, cal.ranks)),
-                                       ("link", link_measured(cal, NodeLink.of(config))),
-                                       ("batch", any(abs(config["global_batch"] / n - b) < 1e-9 for b in batches)))
-               if not same]
-    if not differs:
-        return "in-sample"
-    return "held out: " + ", ".join(differs) + ("; compute in-sample" if cal.compute_nodes == nodes > 1 else "")
-
-
-def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
-    """The model's prediction for one stored run's config on this machine: the "measured" hardware (fitted α/β
-    × comm_scale, compute × compute_scale where collectives run) over the run's own link (namespace nodes, a
-    shaped rate: `links.link_hardware` when it is not the calibrated one) plus the run's padding (each
-    collective takes max(fitted time, L + S·8/(bw·1e9)), see `perfmodel.Emulation`). None for what the model
-    does not cover (PowerSGD)."""
-    if config.get("ddp_hook", "none") == "powersgd":
-        return None
-    n = config["ranks"] * config.get("nnodes", 1)
-    sync = config.get("sync", "auto")
-    strategy = "ddp" if sync == "auto" else sync
-    compression = config.get("ddp_hook", "none")
-    emulation = pm.Emulation.from_config(config.get("net_latency_ms", 0.0), config.get("net_bandwidth_gbps"))
-    link = NodeLink.of(config)
-    hardware = cal.hardware(config["ranks"] if link.namespaced else 1, link=link, strategy=strategy)
-    return pm.predict(cal.compute_model(), hardware, [n], param_bytes=cal.param_bytes, mode="weak",
-                      per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
-                      bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
-                      accumulate=config.get("accumulate", 1), emulation=emulation,
-                      compute_scale=cal.compute_scale).iloc[0]
-
-
-def validate_measured(cal: Calibration, runs: Sequence[dict], *,
-                      say: Callable[[str], None] = print) -> pd.DataFrame:
-    """Predicted vs measured median step time for every completed run in `runs` of the calibrated model and
-    dataset. error(%) = 100·(predicted − measured)/measured; attrs["median_abs_error(%)"]. measured_efficiency =
-    predicted one-worker step (compute only, same per-rank work) / measured step; measured_speedup = workers × that."""
-    pred, meas = [], []
-    for run in runs:
-        cfg, summary = run["config"], run["summary"] or {}
-        if run.get("status", "completed") != "completed":
-            continue
-        if (cfg["model"], cfg["dataset"]) != (cal.model, cal.dataset) or keys.STEP_MEDIAN_MS not in summary:
-            continue
-        p = predict_run(cal, cfg)
-        if p is None:
-            say(f"[validation] {run['run_id']}: ddp_hook {cfg['ddp_hook']} is not modelled, left out")
-            continue
-        n = cfg["ranks"] * cfg.get("nnodes", 1)
-        one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
-        step = summary[keys.STEP_MEDIAN_MS]
-        [low], [high] = step_interval(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
-        pred.append({"run_id": run["run_id"], "predicted": p["step(ms)"], "compute(ms)": p["compute(ms)"],
-                     "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"], "predicted_ci_low": low,
-                     "predicted_ci_high": high, "sample": sample_of(cal, cfg),
-                     "inside": bool(low <= step <= high) if math.isfinite(low) else None,
-                     "half_width(%)": 50 * (high - low) / p["step(ms)"]})
-        meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
-                     "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
-                     "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),
-                     "ddp_hook": cfg.get("ddp_hook"), "network": network_label(cfg),
-                     "net_latency_ms": cfg.get("net_latency_ms", 0.0),
-                     "net_bandwidth_gbps": cfg.get("net_bandwidth_gbps"), "measured_efficiency": one / step,
-                     "measured_speedup": n * one / step})
-    if not pred:
-        out = pd.DataFrame(columns=VALIDATION_COLUMNS + ["workers"])
-        out.attrs["median_abs_error(%)"] = float("nan")
-        return out
-    pred_frame, meas_frame = pd.DataFrame(pred), pd.DataFrame(meas)
-    check = pm.validate(pred_frame, meas_frame, ["run_id"], predicted_col="predicted", measured_col="measured")
-    out = check.merge(pred_frame.drop(columns="predicted"), on="run_id").merge(
-        meas_frame.drop(columns="measured"), on="run_id")
-    out = out[VALIDATION_COLUMNS + ["workers"]].sort_values(
-        ["net_latency_ms", "sync", "per_rank_batch"], kind="stable").reset_index(drop=True)
-    out.attrs["median_abs_error(%)"] = pm.median_abs_error(out)
-    return out
 
 
 # ---------------------------------------------------------------- the experiment
@@ -336,8 +229,11 @@ def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFram
     cores = host_cores(cal.device, cal.host is None) if cal.nodes == 1 else None  # one host's loopback
     if cores is not None:
         table = table[~((table["hardware"] == own) & (table["workers"] > cores))].reset_index(drop=True)
-    table = table.assign(extrapolation=[extrapolated(int(w), scale) for w in table["workers"]])
-    return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own}
+    seen = seen_shares(cal)
+    shares = table["exposed_comm(ms)"] / table["step(ms)"]
+    table = table.assign(extrapolation=[extrapolated(int(w), scale) or unseen_share(s, seen)
+                                        for w, s in zip(table["workers"], shares)])
+    return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own, "shares": seen}
 
 
 def horizon_text(horizon: dict, top: int) -> str:
@@ -349,6 +245,11 @@ def horizon_text(horizon: dict, top: int) -> str:
         text += (f"; {horizon['own']} is not predicted beyond {horizon['cores']} workers: its calibration ran over "
                  f"one host's loopback, which says nothing about more ranks than that host's {horizon['cores']} "
                  "cores")
+    if horizon.get("shares"):
+        high = horizon["shares"][1]
+        text += (f"; so are predictions whose exposed communication is more than {100 * high:.0f} % of the step, "
+                 "the most in any run the intervals' model-error term was estimated on (those rows may still carry a "
+                 "recommendation)")
     return text
 
 
@@ -389,6 +290,7 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
              f"to keep >= {target:.0%} within the horizon": {
                  hw: recommendation(group, int(group["workers"].iloc[0]), target)
                  for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
+    notes["intervals"] = INTERVALS + modelerror.describe(cal)
     if len(validation):
         notes["validation"] = validation_text(validation, compute_origin(cal))
     elif skipped:
@@ -399,22 +301,3 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     if len(validation):
         result.tables["validation"] = validation
     return result
-
-
-def validation_text(val: pd.DataFrame, where: str) -> str:
-    """The validation in words: held-out runs apart from those the fit used, with the interval's coverage."""
-    sample = val["sample"] if "sample" in val else pd.Series("in-sample", index=val.index)
-    held, used = val[sample != "in-sample"], val[sample == "in-sample"]
-    parts = []
-    for name, part in (("held out", held), ("in-sample (runs at batches the fit used)", used)):
-        if not len(part):
-            continue
-        err = part["error(%)"].abs()
-        inside = part["inside"].dropna() if "inside" in part else pd.Series(dtype=bool)
-        parts.append(f"{name}: {len(part)} run(s), median |error| {err.median():.1f} % (worst {err.max():.1f} %)"
-                     + (f", measured step inside the predicted 95 % interval in {int(inside.sum())} of {len(inside)}"
-                        if len(inside) else ""))
-    if not len(held):
-        parts.append("no held-out run: every validation run was at a batch the calibration measured, so this is "
-                     "not a test of the model")
-    return f"Validation on measured runs of {where}: " + "; ".join(parts) + "."

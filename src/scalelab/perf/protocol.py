@@ -55,9 +55,11 @@ class Protocol:
             raise ConfigError("protocol", str(path), f"a protocol JSON file ({type(err).__name__}: {err})") from None
 
     def calibration_points(self) -> list[Point]:
-        """Every training run over the network the calibration makes (compute, in-situ), as points."""
+        """Every training run over the network the calibration makes (compute, in-situ, and over a shaped link the
+        in-situ strategies at the largest batch over the same nodes unshaped: `calibrate.cross_link_cells`)."""
         c = self.calibration
-        return [Point(c["nodes"], c["link_gbps"], b, s) for b in c["batches"] for s in c["strategies"]]
+        cross = [Point(c["nodes"], None, max(c["batches"]), s) for s in c["strategies"]] if c["link_gbps"] else []
+        return [Point(c["nodes"], c["link_gbps"], b, s) for b in c["batches"] for s in c["strategies"]] + cross
 
     def compute_points(self) -> list[Point]:
         c = self.compute_in_sample

@@ -1,7 +1,7 @@
 """The calibration's own uncertainty, carried through the model: prediction intervals.
 
 A calibration is fitted on a few launches of a few runs and a bench sweep, each a sample. To see how much the
-fitted figures could move, the whole fit (`calibration.fit`) is repeated REPLICATES times on data drawn again from
+fitted figures could move, the whole fit (`fit.fit`) is repeated REPLICATES times on data drawn again from
 what was measured (a nonparametric bootstrap):
 - every training cell: its launches drawn with replacement, then each drawn launch's timed steps drawn with
   replacement (the step median and the stage means recomputed from them, pooled over launches as one cell's
@@ -22,6 +22,9 @@ import numpy as np
 
 from scalelab.analysis import keys
 from scalelab.analysis.summary import STAGE_COLUMNS, per_step, steps_frame
+from scalelab.perf import perfmodel as pm
+from scalelab.perf.calibration import STAGES
+from scalelab.perf.fit import compute_points, fit, fit_of
 
 REPLICATES = 100
 FITTED = ("compute", "alpha_s", "beta_s_per_byte", "host_alpha_s", "host_beta_s_per_byte", "veth_alpha_s",
@@ -63,7 +66,7 @@ def resampled_bench(bench, rng: np.random.Generator):
 
 
 def resample(measured, rng: np.random.Generator, cache: dict):
-    """Another `calibration.Measured`, drawn from `measured`."""
+    """Another `fit.Measured`, drawn from `measured`."""
     return dataclasses.replace(
         measured, compute=[[resampled_run(c, rng, cache)] for c in measured.compute],
         insitu={sync: [[resampled_run(c, rng, cache)] for c in cells] for sync, cells in measured.insitu.items()},
@@ -73,9 +76,7 @@ def resample(measured, rng: np.random.Generator, cache: dict):
 
 
 def replicates(template, measured, n: int = REPLICATES, seed: int = 0) -> list[dict]:
-    """The fitted figures (`FITTED`) of `n` refits of `calibration.fit` on resampled data."""
-    from scalelab.perf.calibration import fit
-
+    """The fitted figures (`FITTED`) of `n` refits of `fit.fit` on resampled data."""
     rng, cache = np.random.default_rng(seed), {}
     out = []
     for _ in range(n):
@@ -86,9 +87,6 @@ def replicates(template, measured, n: int = REPLICATES, seed: int = 0) -> list[d
 
 def compute_replicates(launches: list[list[dict]], n: int, seed: int = 1) -> list[dict]:
     """`n` compute fits (stage -> [c0, c1]) on resampled launches and steps of runs without sync."""
-    from scalelab.perf import perfmodel as pm
-    from scalelab.perf.calibration import STAGES, compute_points, fit_of
-
     rng, cache = np.random.default_rng(seed), {}
     out = []
     for _ in range(n):

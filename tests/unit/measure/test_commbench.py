@@ -194,7 +194,7 @@ def test_table_from_per_iteration_timings_is_exact():
 
 
 def test_calibration_fits_on_the_loop_time_and_reads_older_runs_by_their_mean(tmp_path):
-    from scalelab.perf.calibration import bench_means
+    from scalelab.perf.fit import bench_means
     from scalelab.store.rundir import RunDir
 
     files = RunDir(tmp_path)

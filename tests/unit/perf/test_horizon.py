@@ -10,7 +10,8 @@ import pandas as pd
 from scalelab.experiments.predict import caveat, predict_result
 from scalelab.perf.hardware import PRESETS
 from scalelab.perf.horizon import HORIZON, extrapolated, host_cores, measured_scale, reach
-from scalelab.perf.prediction import VALIDATION_COLUMNS, prediction_result
+from scalelab.perf.prediction import prediction_result
+from scalelab.perf.validation import VALIDATION_COLUMNS
 
 from test_prediction import synthetic_calibration  # tests/unit/perf is on the path (rootdir conftest)
 
@@ -49,8 +50,8 @@ def test_a_loopback_calibration_stops_at_the_host_cores_and_marks_extrapolation(
     assert (f"{LOOPBACK} is not predicted beyond 4 workers: its calibration ran over one host's loopback, which "
             "says nothing about more ranks than that host's 4 cores.") in lines
     assert any(line.startswith(f"{TEN_GBE}: predicted efficiency") and "at 16 workers" in line
-               and "Extrapolated beyond 16 workers" in line and "at 4096 workers: an extrapolation, which no "
-               "recommendation rests on." in line for line in lines)
+               and "Extrapolated from 64 workers (beyond 16 workers" in line
+               and "at 4096 workers: an extrapolation." in line for line in lines)
     assert rec.startswith(f"For larger clusters ({LOOPBACK}): ") and rec.endswith(
         "on 4 workers. Caveat: the model's prediction for more workers than the 2 measured here.")
     assert "4096" not in rec
@@ -73,3 +74,12 @@ def test_namespace_nodes_are_not_capped_at_the_cores():
     t = result(nodes=2).tables["prediction"]  # a calibration across namespace nodes is not one host's loopback
     own = t["hardware"].iloc[0]
     assert list(t.loc[t["hardware"] == own, "workers"]) == WORKERS
+
+
+def test_a_communication_share_above_the_residual_runs_is_extrapolation_too():
+    """Residual runs whose exposed communication was at most 1 % of the step: the calibrated hardware's rows with
+    more (2 and 4 workers of a 4 x 4 MB gradient) are marked, the one-worker row (compute only) is not."""
+    rows = [{"check": "leave batch out", "link": "loopback", "residual": r, "comm_share": 0.01} for r in (0.1, -0.1)]
+    t = result(presets=(), residuals=rows).tables["prediction"]
+    shares = t["exposed_comm(ms)"] / t["step(ms)"]
+    assert list(t["extrapolation"]) == [bool(s > 0.01) for s in shares] == [False, True, True]

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.perf.calibration import Calibration, insitu_scales, own_scale, scale_to_match
-from scalelab.perf.calibration import link_hardware
+from scalelab.perf.calibration import Calibration, link_hardware
+from scalelab.perf.fit import insitu_scales, own_scale, scale_to_match
 from scalelab.perf.links import NodeLink, network_label, wire_beta
-from scalelab.perf.prediction import predict_run
+from scalelab.perf.runmodel import predict_run
 
 ONE_GBIT = 8e-9  # s per byte at 1 Gbit/s
 
@@ -159,7 +159,7 @@ def test_gather_scatter_gets_its_own_in_training_scale_without_a_floor():
 
 def test_in_situ_gather_scatter_runs_only_when_it_will_be_predicted():
     from scalelab.config import TrainConfig
-    from scalelab.perf.calibration import insitu_cells
+    from scalelab.perf.calibrate import insitu_cells
 
     base = TrainConfig(model="mlp", dataset="synthetic", ranks=2, global_batch=16)
     plain = insitu_cells(base, [8, 16], [1000, 10])

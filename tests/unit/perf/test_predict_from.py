@@ -13,7 +13,9 @@ from conftest import FIXTURES, STORE_V0_BENCH, STORE_V0_COMPUTE, STORE_V0_DDP, S
 from conftest import copied_runs as copied
 from scalelab.errors import ConfigError, StoreError
 from scalelab.experiments import predict as interpret
-from scalelab.perf.calibration import bench_means, compute_points, device_name, gradient_sizes
+from scalelab.perf.calibrate import gradient_sizes
+from scalelab.perf.calibration import device_name
+from scalelab.perf.fit import bench_means, compute_points
 from scalelab.perf.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
                                      validation_runs, without_communication)
 from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict

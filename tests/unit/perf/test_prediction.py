@@ -12,7 +12,8 @@ import pytest
 from scalelab.cli import main
 from scalelab.errors import ConfigError, StoreError
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibration import Calibration, fit_overlap, insitu_scales
+from scalelab.perf.calibration import Calibration
+from scalelab.perf.fit import fit_overlap, insitu_scales
 from scalelab.perf.hardware import PRESETS, hardware_from_fit
 from scalelab.perf.prediction import efficiency_threshold, options_for_efficiency, predict_table, resolve_hardware
 from scalelab.store import Store

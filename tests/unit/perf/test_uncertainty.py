@@ -10,8 +10,10 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.perf import uncertainty
-from scalelab.perf.calibration import BenchTimes
-from scalelab.perf.prediction import predict_table, sample_of, step_interval, validate_measured
+from scalelab.perf.fit import BenchTimes
+from scalelab.perf.intervals import step_quantiles
+from scalelab.perf.prediction import predict_table
+from scalelab.perf.validation import sample_of, validate_measured
 
 from test_prediction import synthetic_calibration
 
@@ -56,25 +58,38 @@ def test_a_resampled_bench_keeps_the_loop_mean_scaled_by_the_drawn_iterations():
     assert 1e-3 <= drawn.means[1] <= 3e-3 and drawn.sizes == bench.sizes
 
 
-def test_the_interval_is_the_replicas_percentiles():
-    """Replicas whose compute is ×0.8 ... ×1.2 the point's, no communication (1 worker): the predicted step's
-    interval is the 2.5 and 97.5 percentiles of those steps."""
-    cal = synthetic_calibration()
+def residual_rows(values, share=0.0):
+    return [{"check": "leave batch out", "link": "loopback", "residual": r, "comm_share": share} for r in values]
+
+
+def test_the_interval_is_the_replicas_percentiles_and_the_model_error_in_quadrature():
+    """Replicas whose compute is ×0.8 ... ×1.2 the point's, no communication (1 worker): the sampling part is the
+    2.5 and 97.5 (25 and 75) percentiles of those steps; residuals ±0.1 give σ = 0.1 and the model-error part
+    t(0.975, 4)·0.1 = 0.2776 (t(0.75, 4)·0.1 = 0.0741) in log step; the two add in quadrature, by hand."""
+    cal = synthetic_calibration(residuals=residual_rows([0.1, -0.1, 0.1, -0.1]))
     factors = np.linspace(0.8, 1.2, 41)
     cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}} for f in factors]
     table = predict_table(cal, cal.hardware(), [1], mode="weak", batch=10, strategy="allreduce")
     step = table["step(ms)"].iloc[0]
-    low, high = np.percentile(step * factors, [2.5, 97.5])
-    assert table["step_ci_low(ms)"].iloc[0] == pytest.approx(low)
-    assert table["step_ci_high(ms)"].iloc[0] == pytest.approx(high)
+    q025, q25, q75, q975 = np.percentile(step * factors, [2.5, 25, 75, 97.5])
+    s95, s50 = np.log(q975 / q025) / 2, np.log(q75 / q25) / 2
+    h95, h50 = np.hypot(s95, 0.27764451), np.hypot(s50, 0.0740697084)
+    assert table["step_ci_low(ms)"].iloc[0] == pytest.approx(step * np.exp(-h95), rel=1e-5)
+    assert table["step_ci_high(ms)"].iloc[0] == pytest.approx(step * np.exp(h95), rel=1e-5)
+    assert table["step_ci50_low(ms)"].iloc[0] == pytest.approx(step * np.exp(-h50), rel=1e-4)
+    assert table["sampling_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(s95))
+    assert table["model_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(0.27764451), rel=1e-6)
     assert table["checked"].iloc[0] == "calibrated here"
     no_replicates = predict_table(dataclasses.replace(cal, replicates=[]), cal.hardware(), [1], batch=10)
     assert no_replicates["step_ci_low(ms)"].isna().all()  # never a made-up interval
-    assert step_interval(cal, lambda c: [1.0, 2.0], 2)[0] == [1.0, 2.0]
+    no_residuals = predict_table(dataclasses.replace(cal, residuals=[]), cal.hardware(), [1], batch=10)
+    assert no_residuals["step_ci_low(ms)"].isna().all()  # the sampling part alone is not a 95 % interval
+    assert no_residuals["sampling_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(s95))
+    assert step_quantiles(cal, lambda c: [1.0, 2.0], 2)[0] == (1.0, 1.0, 1.0, 1.0)
 
 
 def test_validation_labels_the_sample_and_says_whether_the_measured_step_is_inside():
-    cal = synthetic_calibration(batches=[16.0, 64.0])
+    cal = synthetic_calibration(batches=[16.0, 64.0], residuals=residual_rows([0.01, -0.01, 0.02]))
     cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}}
                       for f in np.linspace(0.9, 1.1, 21)]
     base = {"model": "m", "dataset": "d", "ranks": 2, "sync": "allreduce", "bucket_mb": 25.0}
@@ -88,7 +103,8 @@ def test_validation_labels_the_sample_and_says_whether_the_measured_step_is_insi
     table = validate_measured(cal, runs, say=lambda _: None).set_index("run_id")
     assert table.loc["b16", "sample"] == "in-sample" and not table.loc["b16", "inside"]
     assert table.loc["b32", "sample"] == "held out: batch" and table.loc["b32", "inside"]
-    assert table.loc["b32", "half_width(%)"] > 0
+    assert table.loc["b32", "half_width(%)"] > 0 and table.loc["b32", "inside50"]
+    assert table.loc["b32", "model_half_width(%)"] > 0 and table.loc["b32", "sampling_half_width(%)"] > 0
 
 
 def test_sample_names_what_differs_from_the_calibration():
