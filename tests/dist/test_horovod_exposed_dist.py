@@ -45,9 +45,11 @@ def test_injected_delay_is_recovered_as_exposed_communication(result):
                                  "comm_wait(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)",
                                  "fusion_copies(ms)", "quality")}
     assert row["status"] == "completed", shown
-    # the time inside collectives holds the delay once per step (not once per tensor: 3 here), and the real
-    # collective on top of it (under a millisecond idle; seen up to 8 ms with a neighbour busy on 2 cores)
-    assert LATENCY_MS <= row["comm(ms)"] < 2 * LATENCY_MS, shown
+    # the time inside collectives holds the delay once per step, not once per tensor (3 tensors here: >= 75 ms),
+    # and the real collective on top of it (under a millisecond idle; seen up to 8 ms with a neighbour busy on 2
+    # cores). comm(ms) is a mean over steps, so a few stalled steps of a loaded machine raise it above the median
+    # step (63.4 ms against a 33.1 ms median once, in a whole suite on 2 cores): the bound is once per tensor
+    assert LATENCY_MS <= row["comm(ms)"] < 3 * LATENCY_MS, shown
     assert row["comm_critical(ms)"] == row["comm(ms)"], shown
     # exposed: the whole delay, and no more than the blocking wait measured on the ranks
     assert row["exposed_comm(ms)"] >= 0.9 * LATENCY_MS and row["exposed_ci_high(ms)"] >= LATENCY_MS, shown
