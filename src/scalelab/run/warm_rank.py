@@ -24,7 +24,8 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
-PIDS_ENV = "SCALELAB_LOCAL_RANK_PIDS"  # scalelab.measure.machine.RANK_PIDS_ENV (not imported: torch comes with it)
+from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
+
 
 
 class WarmRank:
