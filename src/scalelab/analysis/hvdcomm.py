@@ -58,7 +58,7 @@ def horovod_comm(text: str | None, records: list[dict], *, latency_ms: float = 0
     rank0 = [r for r in records if r["rank"] == 0]
     events = timeline.load_events(text) if text else []
     spans = timeline.intervals(events)
-    ready = ready_per_step(records, timed_only=False)
+    ready = ready_per_step(records)
     # a negotiation starts at its tensor's first rank's report, which need not be rank 0's (a straggling rank 0)
     firsts = [min(tensor) for by_rank in ready.values() if len({len(v) for v in by_rank.values()}) == 1
               for tensor in zip(*by_rank.values())] if one_clock else []
@@ -89,12 +89,12 @@ def horovod_comm(text: str | None, records: list[dict], *, latency_ms: float = 0
     return out
 
 
-def ready_per_step(records: list[dict], timed_only: bool = True) -> dict[int, dict[int, list[float]]]:
-    """step -> rank -> that rank's gradient enqueues of the step on unix time, in order."""
+def ready_per_step(records: list[dict]) -> dict[int, dict[int, list[float]]]:
+    """step -> rank -> that rank's gradient enqueues of the step on unix time, in order (every step: the timeline is
+    aligned on all of them; waiting reads the timed ones)."""
     out: dict[int, dict[int, list[float]]] = {}
     for rec in records:
-        if not (timed_only and rec.get("warmup")):
-            out.setdefault(rec["step"], {})[rec["rank"]] = sorted(timeline.enqueues_unix([rec]))
+        out.setdefault(rec["step"], {})[rec["rank"]] = sorted(timeline.enqueues_unix([rec]))
     return out
 
 
