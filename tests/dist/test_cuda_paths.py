@@ -139,6 +139,31 @@ def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
                                                                  table["failure"].iloc[0])
 
 
+def test_max_batch_on_cuda_in_this_process_finds_the_per_process_batch(store, tmp_path):
+    """One rank's trials on CUDA run in this process (an OOM is caught, the cache emptied and the cap undone after
+    each): the same largest batch as a process per trial, under the same cap; afterwards this process holds no
+    more than before and can allocate past the cap again."""
+    from conftest import hungry_model, quiet_cells
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.max_batch import max_batch
+
+    per, cap = 256 * 2**20, 2 * 2**30  # 256 MiB a sample under a 2 GiB cap: batch 7, in a handful of trials
+    base = TrainConfig(model=hungry_model(tmp_path, per_sample=per), dataset="synthetic", samples=64, eval_samples=8,
+                       global_batch=1, steps=2, warmup_steps=0, device="cuda", memory_limit=cap)
+    torch.cuda.empty_cache()
+    held = torch.cuda.memory_allocated()
+    here = max_batch(base, quiet_cells(store, "mb-here"), "here", memory_limit=cap, say=lambda line: None)
+    assert torch.cuda.memory_allocated() == held and torch.cuda.memory_reserved() <= held + 2**30
+    apart = max_batch(base, quiet_cells(store, "mb-apart"), "apart", memory_limit=cap, say=lambda line: None,
+                      here=False)
+    tried = [" ".join(f"{t.batch}{'+' if t.fits else '-'}" for t in r.trials) for r in (here, apart)]
+    assert here.max_batch == apart.max_batch and 1 <= here.max_batch <= cap // per, tried
+    assert all(t.memory for t in here.trials if not t.fits), [t.reason for t in here.trials]
+    big = torch.empty(cap + 2**30, dtype=torch.uint8, device="cuda")  # the trials' cap is undone
+    del big
+    torch.cuda.empty_cache()
+
+
 def test_a_memory_limit_on_cuda_caps_the_caching_allocator(store, tmp_path):
     """A model that allocates a known 64 MiB per sample: batch 4 (256 MiB) fits without a limit and runs out of
     memory under a 128 MiB limit, as a real CUDA OOM (the run fails naming it)."""

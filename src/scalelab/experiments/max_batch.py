@@ -1,6 +1,9 @@
-"""The largest batch that fits, found safely (seed 000 Q1, seed 004): every trial runs in processes of its own (torchrun, also for one
-rank), so an out-of-memory error, a failed allocation under the memory cap or the kernel's OOM kill ends only
-that trial, never the search, and leaks nothing into the next trial.
+"""The largest batch that fits, found safely (seed 000 Q1, seed 004): on a CPU, and for several ranks, every trial
+runs in processes of its own (torchrun, also for one rank), so an out-of-memory error, a failed allocation under
+the memory cap or the kernel's OOM kill ends only that trial, never the search, and leaks nothing into the next
+trial. One rank on CUDA tries its batches in this process (`trials_here`): there an out-of-memory error is an
+exception the caching allocator recovers from, the run's memory fraction is undone and its cache emptied after each
+trial (run.kinds), and a process per trial cost about 13 s of a resnet18 search's each (CUDA context, cuDNN).
 
 Search: a trial that fits reports its memory by kind (scalelab.train.memory) and how much memory training added on
 top of set-up. Activations grow in proportion to the batch, the rest does not: after the first fitting trial the
@@ -179,12 +182,20 @@ def allocation_failure(cfg: TrainConfig, after_fit: bool) -> Callable[[str | Non
     return judge
 
 
-def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, after_fit: bool = False) -> Trial:
-    """One trial in processes of its own (torchrun), through the cell engine (a stored outcome is reused). Once a
-    smaller batch fitted, every failure is a stored outcome (the report rebuilds from it), an allocation failure
-    or not (`Trial.memory`); before that, a failure that is not memory is an error."""
+def trials_here(cfg: TrainConfig) -> bool:
+    """Whether a trial of `cfg` may run in this process: one plain rank on CUDA (a CPU cap is RLIMIT_AS, which a
+    process cannot raise again; several ranks need their own processes anyway)."""
+    return (cfg.resolved_device == "cuda" and not cfg.distributed and not cfg.local_nodes and cfg.nnodes == 1
+            and cfg.engine == "ddp")
+
+
+def run_trial(cells: Cells, cfg: TrainConfig, group: str, *, after_fit: bool = False,
+              here: bool = False) -> Trial:
+    """One trial through the cell engine (a stored outcome is reused), in processes of its own (torchrun) unless
+    `here`. Once a smaller batch fitted, every failure is a stored outcome (the report rebuilds from it), an
+    allocation failure or not (`Trial.memory`); before that, a failure that is not memory is an error."""
     memory = allocation_failure(cfg, after_fit)
-    [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=True,
+    [res] = cells.run([Cell(f"batch {cfg.global_batch}", cfg, isolate=not here,
                             outcome_failure=lambda reason: memory(reason) or after_fit)], group=group)
     if res.status == "missing":
         raise StoreError(f"max batch: trial at batch {cfg.global_batch} is not in the store ({cells.study}/{group})")
@@ -213,16 +224,18 @@ def memory_by_kind(summary: dict) -> dict:
 
 
 def max_batch(base: TrainConfig, cells: Cells, group: str, *, memory_limit: int | None = None,
-              say: Callable[[str], None] = print, trial_steps: int = 2) -> SearchResult:
-    """The largest global batch of `base` that trains `trial_steps` steps under the memory limit."""
+              say: Callable[[str], None] = print, trial_steps: int = 2, here: bool | None = None) -> SearchResult:
+    """The largest global batch of `base` that trains `trial_steps` steps under the memory limit. `here`: trials
+    in this process (None: where `trials_here` allows; False: a process per trial, as a check of the first)."""
     step = base.world_size
     cap = memory_limit if memory_limit is not None else base.memory_limit
     fitted: list[int] = []
+    here = trials_here(base) if here is None else here and trials_here(base)
 
     def trial(batch: int) -> Trial:
         cfg = with_fields(base, global_batch=batch, steps=trial_steps, warmup_steps=0, eval_every=10**9,
                           memory_limit=cap, samples=max(batch, base.samples or batch))
-        t = run_trial(cells, cfg, group, after_fit=any(b < batch for b in fitted))
+        t = run_trial(cells, cfg, group, after_fit=any(b < batch for b in fitted), here=here)
         if t.fits:
             fitted.append(batch)
         return t
@@ -349,7 +362,8 @@ EXPERIMENT = Experiment(
     title="The largest batch that fits",
     question="What is the largest batch that fits, and how much do mixed precision and activation checkpointing "
              "raise it? (seed 000 Q1, seed 004)",
-    help="The largest batch that fits (each trial its own process), plain, with AMP and with checkpointing.",
+    help="The largest batch that fits (each trial its own process; one rank on CUDA in this one), plain, with AMP "
+         "and with checkpointing.",
     options=(Option(name="memory_limit", default=None, help="CPU memory a trial may add, e.g. 4GiB (default: "
                                                             "none on CPU; the GPU on CUDA).", parse=parse_bytes),
              Option(name="segments", default=2, help="Checkpoint segments for the checkpointing variant.",
@@ -362,7 +376,8 @@ EXPERIMENT = Experiment(
     run=_run,
     interpret=max_batch_result,
     captions={"max_batch": "Largest global batch that trains under the memory limit (`limit`: the device's memory, "
-                           "one the user set, or the study's demonstration cap); trials in their own processes."},
+                           "one the user set, or the study's demonstration cap); trials in their own processes (one rank on CUDA: in the "
+                           "study's, its cache emptied between trials)."},
     study_options=study_options,
     quick=False,
     version=2,

@@ -1,10 +1,20 @@
 """Peak memory of this process: CUDA max allocated, and the CPU's peak resident set size."""
 from __future__ import annotations
 
+import gc
 import resource
 import sys
 
 import torch
+
+
+def release_cuda_cache(device: torch.device) -> None:
+    """Give what this process's caching allocator holds on `device` back to the GPU once a run here has ended
+    (its tensors collected first: a failed run's may sit in reference cycles), so that the next run in this
+    process starts from an empty cache, as a fresh process would."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
 
 
 def reset_peak(device: torch.device) -> None:

@@ -7,6 +7,7 @@ are summarised, what it exports. Adding a kind is one class here; the steps do n
 from __future__ import annotations
 
 import dataclasses
+import traceback
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
+from scalelab.measure.memory import release_cuda_cache
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
 from scalelab.run import warm
 from scalelab.run.hvdnode import horovod_launch
@@ -175,9 +177,11 @@ class TrainKind:
                 f"{cfg.precision}{'' if cfg.engine == 'ddp' else f', engine {cfg.engine}'}")
 
     def launch_spec(self, cfg: TrainConfig, run_dir: Path, *, isolate: bool, resume: bool) -> LaunchSpec | None:
-        # One rank without a process group runs in this process, unless it must be isolated (a memory cap, or a
-        # max-batch trial whose out-of-memory must not touch the caller): then torchrun starts it as one rank.
-        if not (cfg.distributed or bool(cfg.memory_limit) or isolate or cfg.local_nodes):
+        # One rank without a process group runs in this process, unless it must be isolated (a CPU memory cap:
+        # RLIMIT_AS cannot be raised again; a cell whose out-of-memory must not touch the caller): then torchrun
+        # starts it as one rank. A CUDA memory cap is the caching allocator's fraction, undone after the run.
+        cpu_cap = bool(cfg.memory_limit) and cfg.resolved_device == "cpu"
+        if not (cfg.distributed or cpu_cap or isolate or cfg.local_nodes):
             return None
         return train_launch_spec(cfg, run_dir, quiet=isolate, resume=resume)
 
@@ -187,7 +191,15 @@ class TrainKind:
         from scalelab.run.worker import run_rank
 
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
-        run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
+        try:
+            run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
+        except BaseException as err:
+            if device.type == "cuda":  # a failed step's tensors live on in its frames' locals: drop them
+                traceback.clear_frames(err.__traceback__)
+            raise
+        finally:
+            if device.type == "cuda":  # the next run here starts from an empty cache, as a fresh process would
+                release_cuda_cache(device)
 
     def launcher(self, cfg: TrainConfig, given: Launcher) -> Launcher:
         chosen = LAUNCHERS[engines.get(cfg.engine).launcher] if given is torchrun_launch else given

@@ -66,3 +66,25 @@ def test_the_study_marks_its_cpu_cap_as_a_demonstration():
     assert cpu["memory_limit"] == cpu["demonstration_cap"] == 128 * MIB
     gpu = study_options(StudyPlan(quick=False, gpus=1, comm_model={}))
     assert gpu["memory_limit"] is None and gpu["demonstration_cap"] is None
+
+
+def test_one_cuda_rank_tries_batches_in_this_process_everything_else_in_processes_of_its_own(monkeypatch, tmp_path):
+    """Where a trial runs: one plain rank on CUDA here (its cap is the allocator's fraction, undone after the run);
+    on a CPU (RLIMIT_AS cannot be raised again) and with several ranks, torchrun starts it."""
+    from scalelab import config
+    from scalelab.config import TrainConfig
+    from scalelab.experiments.max_batch import trials_here
+    from scalelab.run.kinds import TRAIN
+
+    monkeypatch.setattr(config, "cuda_device_count", lambda: 2)
+
+    def spec(cfg, isolate=False):
+        return TRAIN.launch_spec(cfg, tmp_path, isolate=isolate, resume=False)
+
+    gpu = TrainConfig(model="mlp", dataset="synthetic", device="cuda", memory_limit=64 * MIB)
+    cpu = TrainConfig(model="mlp", dataset="synthetic", device="cpu", memory_limit=64 * MIB)
+    two = TrainConfig(model="mlp", dataset="synthetic", device="cuda", ranks=2, memory_limit=64 * MIB)
+    assert trials_here(gpu) and not trials_here(cpu) and not trials_here(two)
+    assert spec(gpu) is None  # a CUDA cap runs here
+    assert spec(cpu) is not None and spec(two) is not None  # a CPU cap, two ranks: processes of their own
+    assert spec(gpu, isolate=True) is not None  # asked to isolate, it still can

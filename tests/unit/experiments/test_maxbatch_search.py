@@ -147,8 +147,9 @@ def test_on_cuda_a_failure_above_a_fitting_batch_counts_as_not_fitting(monkeypat
     monkeypatch.setattr(config_module, "cuda_device_count", lambda: 1)
     seen = []
 
-    def fake_trial(cells, cfg, group, *, after_fit=False):
+    def fake_trial(cells, cfg, group, *, after_fit=False, here=False):
         seen.append((cfg.global_batch, after_fit))
+        assert here  # one rank on CUDA: every trial in this process
         return Trial(cfg.global_batch, cfg.global_batch <= 4)
 
     monkeypatch.setattr(mb, "run_trial", fake_trial)
