@@ -42,6 +42,9 @@ SKEW = "time/skew(slowest/median)"
 EPOCH_ITERATION_S = "time/epoch_iteration(s)"  # loader runs: one epoch of the training loader alone
 THROUGHPUT = "throughput(samples/s)"
 THROUGHPUT_NO_DATA = "throughput_no_data(samples/s)"
+# NVML's utilisation of the run's GPUs over the timed steps: the share of time a kernel ran, not of the chip used
+GPU_UTIL = "gpu/util(%)"
+GPU_UTIL_SAMPLES = "gpu/util_samples"
 
 TRAIN_LOSS = "train/loss"
 TRAIN_ACC = "train/acc"

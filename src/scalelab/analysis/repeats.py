@@ -8,6 +8,7 @@ with the cells it is compared with, and its headline figures come from all launc
   0; intervals.median_interval with positive=True; a shift between launches shows up as
   correlation between consecutive steps and widens it), and never narrower than the spread of the launches' own
   medians: with k launches the true median can sit anywhere between them;
+- GPU utilisation is the mean over every launch's NVML samples, and their count the sum;
 - every other numeric figure of the summary is the median over the launches; a figure with an interval
   (keys.ci_keys) keeps the median launch's interval, widened to reach every launch's value, by the same reasoning;
 - the run's doubts carry over: noisy when any launch was noisy (with that launch's reason), and a quality other
@@ -39,6 +40,10 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
         values = [s[key] for s in summaries if key in s]
         numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
         out[key] = float(np.median(numeric)) if len(numeric) == len(values) else values[-1]
+    sampled = [(s[keys.GPU_UTIL], s[keys.GPU_UTIL_SAMPLES]) for s in summaries if keys.GPU_UTIL_SAMPLES in s]
+    if sampled:  # NVML samples pool across launches: their mean, over all of them
+        n = sum(k for _, k in sampled)
+        out[keys.GPU_UTIL], out[keys.GPU_UTIL_SAMPLES] = sum(u * k for u, k in sampled) / n, n
     for key in keys.interval_figures(out):
         lo_key, hi_key = keys.ci_keys(key)
         points = [s[key] for s in summaries if _finite(s.get(key))]

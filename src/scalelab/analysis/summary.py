@@ -132,6 +132,7 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
     out.update(comm_summary(frame, one_clock))
     add_rate_intervals(out)
     out.update(noise_summary(system or [], records))  # `system`: every rank's system samples
+    out.update(gpu_utilisation(system or [], records))
     out.update(precision_summary(steps["train(s)"], target_precision))
     added = [m["train_added(bytes)"] for m in memory or [] if "train_added(bytes)" in m]
     if added:
@@ -145,6 +146,21 @@ def summarize(records: list[dict], *, steps_per_epoch: int, evals: list[dict] | 
         if values:
             out[key] = max(values)
     return out
+
+
+def gpu_utilisation(samples: list[dict], records: list[dict]) -> dict:
+    """The mean of NVML's GPU utilisation over the samples taken inside the timed steps (every rank samples its
+    own GPU), and their number. NVML's figure is the share of its last sample period (1/6 s to 1 s, by card) in
+    which a kernel ran, not the share of the chip in use; a sample just after the first timed step began may
+    still cover some of the warm-up. Empty without GPU samples inside the window."""
+    window = timed_window(records)
+    if window is None:
+        return {}
+    inside = [s["gpu_util(%)"] for s in samples
+              if "gpu_util(%)" in s and "time" in s and window[0] <= s["time"] <= window[1]]
+    if not inside:
+        return {}
+    return {keys.GPU_UTIL: float(np.mean(inside)), keys.GPU_UTIL_SAMPLES: len(inside)}
 
 
 # summary key -> the rank result's "memory" field (scalelab.train.memory)

@@ -15,9 +15,10 @@ from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
 def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
-    """Per global batch size: epoch time with and without data loading, throughput, peak memory (seed 000 T1)."""
-    metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.MEMORY_PEAK_RSS_GIB,
-               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.STEPS_TIMED]
+    """Per global batch size: epoch time with and without data loading, throughput, GPU utilisation (on CUDA, with
+    its number of NVML samples), peak memory (seed 000 T1, seed 002 Q1)."""
+    metrics = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.GPU_UTIL, keys.GPU_UTIL_SAMPLES,
+               keys.MEMORY_PEAK_RSS_GIB, keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, *SPREAD, keys.STEPS_TIMED]
     frame = runs_frame(runs, ["global_batch", "ranks"], metrics, headline=keys.THROUGHPUT)
     return frame.dropna(axis=1, how="all")
 
@@ -93,7 +94,9 @@ EXPERIMENT = Experiment(
     interpret=lambda result: batch_sweep(result.tables["batch_sweep"]),
     decide=lambda result: batch_decisions(result.tables["batch_sweep"]),
     captions={"batch_sweep": "Per global batch: epoch time with and without data loading (s), throughput "
-                             "(samples/s), peak memory (GiB), step time min/median/max over timed steps (ms).",
+                             "(samples/s), on a GPU its utilisation over the timed steps (NVML: the share of time "
+                             "a kernel ran, not of the chip used; util_samples: how many samples), peak memory "
+                             "(GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},
     study_options=study_options,
 )

@@ -8,7 +8,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.compare import run_quality
 from scalelab.analysis.interpret import fmt
-from scalelab.analysis.tables import HEADLINE
+from scalelab.analysis.tables import HEADLINE, runs_frame
 from scalelab.lab.base import Experiment, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.report.figures import plt, save
@@ -36,6 +36,24 @@ def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", *HEADLINE, "share(%)", "quality"])
 
 
+def rates_table(runs: list[dict]) -> pd.DataFrame:
+    """The run's throughput with and without the data wait and, on a GPU, NVML's utilisation over its timed
+    steps with the number of samples behind it (seed 002 Q1); columns without a value are left out."""
+    frame = runs_frame(runs, ["global_batch", "ranks"], [keys.THROUGHPUT, keys.THROUGHPUT_NO_DATA, keys.GPU_UTIL,
+                                                         keys.GPU_UTIL_SAMPLES])
+    return frame.dropna(axis=1, how="all")
+
+
+def utilisation(table: pd.DataFrame) -> list[str]:
+    """One sentence per run with GPU samples: how busy NVML saw the GPU, and what that figure means."""
+    if keys.GPU_UTIL not in table:
+        return []
+    return [f"NVML saw a kernel running {row[keys.GPU_UTIL]:.0f} % of the time over the timed steps "
+            f"({int(row[keys.GPU_UTIL_SAMPLES])} samples) at {fmt(row[keys.THROUGHPUT])} samples/s: the share of "
+            "time the GPU was busy, not the share of the chip in use."
+            for row in table.dropna(subset=[keys.GPU_UTIL]).to_dict("records")]
+
+
 EVAL_OUTSIDE = "eval (outside the step, per evaluation)"
 
 
@@ -59,7 +77,7 @@ def stage_pie(table: pd.DataFrame, path: Path) -> Path:
     return save(fig, path)
 
 
-def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
+def profile(table: pd.DataFrame, rates: pd.DataFrame | None = None) -> tuple[list[str], str | None]:
     if not len(table):
         return [], None
     t = table[table["share(%)"].notna()].sort_values("time(ms)", ascending=False)  # the step's stages
@@ -68,7 +86,7 @@ def profile(table: pd.DataFrame) -> tuple[list[str], str | None]:
     fb = t.set_index("stage")
     if {"forward", "backward"} <= set(fb.index) and fb.at["forward", "time(ms)"] > 0:
         out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
-    return out, None
+    return out + utilisation(rates if rates is not None else pd.DataFrame()), None
 
 
 def study_options(plan: StudyPlan) -> dict | None:
@@ -83,10 +101,14 @@ EXPERIMENT = Experiment(
              "(seed 001 part 2b, seed 003 task 1)",
     help="Where a step's time goes: stage table and pie chart.",
     cells=lambda base, opts: [Cell("profile", base)],
-    analyse=lambda runs, base, opts: Result("profile", {"profile": stage_profile_table(runs)}),
+    analyse=lambda runs, base, opts: Result("profile", {"profile": stage_profile_table(runs),
+                                                         "profile_rates": rates_table(runs)}),
     figures=lambda result, out: [stage_pie(result.tables["profile"], out / "profile.png")],
-    interpret=lambda result: profile(result.tables["profile"]),
+    interpret=lambda result: profile(result.tables["profile"], result.tables.get("profile_rates")),
     captions={"profile": "Mean time per step of each stage (ms) and its share (%).",
+              "profile_rates": "The run's throughput with and without the data wait (samples/s); on a GPU, NVML's "
+                               "utilisation over the timed steps (the share of time a kernel ran, not of the chip "
+                               "used) and the number of samples behind it.",
               "profile.png": f"Each stage's share of the mean step over the timed steps; stages under {SMALL:g} % "
                              "share one slice, which names them."},
     study_options=study_options,
