@@ -120,6 +120,29 @@ def _mean_wall(run_dir) -> float:
     return sum(walls) / len(walls)
 
 
+def test_reading_ended_steps_scalars_does_not_wait_for_the_work_queued_after_them():
+    """The loop reads losses of steps that ended on the device (scalar_reader): with a known sleep queued on the
+    main stream after them, the read returns before the sleep ends, where `.item()` on the main stream waits for
+    it (the control)."""
+    from scalelab.train.loop import scalar_reader
+
+    read = scalar_reader(torch.device("cuda"))
+    ended = [torch.tensor(3.5, device="cuda"), torch.tensor(17, device="cuda")]
+    torch.cuda.synchronize()
+    cycles = cuda_sleep_cycles(0.5)
+    times = {}
+    for how in ("reader", "item"):
+        done = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        done.record()
+        began = time.perf_counter()
+        got = read(ended) if how == "reader" else [ended[0].item(), ended[1].item()]
+        times[how] = (time.perf_counter() - began, done.query())
+        assert got == [3.5, 17.0]
+        torch.cuda.synchronize()
+    assert not times["reader"][1] and times["item"][1], times  # the sleep was still running when the read returned
+
+
 def test_max_batch_on_cuda_stops_at_the_gpus_memory(store, tmp_path):
     """A CUDA out-of-memory error ends a trial as "does not fit"; the largest batch that fits, times the bytes
     per sample, lies within the GPU's memory."""

@@ -6,8 +6,9 @@ work while the host waits. A step's record, its auto-length decision and its `t_
 it) therefore arrive one step late; before an evaluation, a checkpoint and at the run's end the loop reads every
 queued step (a wait), and an interrupted run polls the queued steps for a bounded time and drops, saying so, a step
 the device has not finished. With `sync_stages` the device is synchronised at every stage boundary instead and
-steps are read as they end, as on the CPU. Loss and accuracy stay on the device and are read (a CPU-GPU sync
-point) only when records are flushed or progress is printed. Evaluation runs after a step has ended: it is timed
+steps are read as they end, as on the CPU. Loss and accuracy stay on the device and are read only when records
+are flushed or progress is printed, in one copy on a side stream, of steps that have ended (scalar_reader): no
+read waits for the steps still queued. Evaluation runs after a step has ended: it is timed
 on its own, never inside a step.
 """
 from __future__ import annotations
@@ -62,19 +63,20 @@ class StepLog:
     def add(self, record: dict, loss: torch.Tensor, correct: torch.Tensor) -> None:
         self.pending.append((record, loss, correct))
 
-    def flush(self, read: Callable[[torch.Tensor], float] | None = None) -> None:
-        """Write the pending records with their loss and accuracy (`read`: how a scalar is read; default .item())."""
-        read = read or torch.Tensor.item
-        for record, loss, correct in self.pending:  # .item(): a CPU-GPU sync point, once per flush
-            record["loss"] = float(read(loss))
-            record["acc"] = float(read(correct)) / max(1, record["targets"])
+    def flush(self, read: Callable[[list[torch.Tensor]], list[float]] | None = None) -> None:
+        """Write the pending records with their loss and accuracy, read in one copy (`read`: scalar_reader's)."""
+        read = read or scalar_reader(torch.device("cpu"))
+        values = read([t for _, loss, correct in self.pending for t in (loss, correct)])
+        for (record, _, _), loss, correct in zip(self.pending, values[0::2], values[1::2]):
+            record["loss"] = loss
+            record["acc"] = correct / max(1, record["targets"])
         self.flushed_bytes = append_jsonl(self.path, [r for r, _, _ in self.pending])
         self.pending.clear()
         self.last_flush = time.monotonic()
 
-    def maybe_flush(self) -> None:
+    def maybe_flush(self, read: Callable[[list[torch.Tensor]], list[float]] | None = None) -> None:
         if time.monotonic() - self.last_flush >= FLUSH_EVERY_S:
-            self.flush()
+            self.flush(read)
 
 
 def loss_and_correct(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,16 +187,21 @@ def end_times(t_end: float, lag: int, clock: Callable[[], float]) -> dict[str, f
     return {"t_end(unix_s)": time.time() - (clock() - t_end), "t_end(perf_s)": t_end}
 
 
-def read_aside(device: torch.device) -> Callable[[torch.Tensor], float]:
-    """Reads a finished step's scalar on a side stream, so that it does not queue behind the main stream's
-    unfinished work (a step dropped on an interruption, on a device that may hang)."""
+def scalar_reader(device: torch.device) -> Callable[[list[torch.Tensor]], list[float]]:
+    """Reads finished steps' scalars (losses, counts) in one device-to-host copy. On CUDA the copy runs on a side
+    stream: the steps it reads have ended on the device (their events were waited for), and on the main stream it
+    would queue behind the steps still running there, a wait for the whole queue at every flush (and, on an
+    interruption, on a device that may hang). float64 holds a float32 loss and a count exactly."""
+    def stacked(tensors: list[torch.Tensor]) -> list[float]:
+        return torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist() if tensors else []
+
     if device.type != "cuda":
-        return lambda t: t.item()
+        return stacked
     stream = torch.cuda.Stream(device)
 
-    def read(t: torch.Tensor) -> float:
+    def read(tensors: list[torch.Tensor]) -> list[float]:
         with torch.cuda.stream(stream):
-            return t.to("cpu").item()
+            return stacked(tensors)  # .tolist() copies to the host and waits for this stream alone
 
     return read
 
@@ -231,6 +238,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
     memory = MemoryByKind(model, optimizer, device, net=net)
     pinned = cfg.resolved_pin_memory
     late = LateSteps(lag=1 if timer.deferred else 0)  # CUDA events are read one step late: no wait at a step's end
+    read = scalar_reader(device)
 
     def read_step(e: Ended, feed: bool = True) -> tuple[dict, Ended]:
         """An ended step's record (its times read now), fed to the auto-length rule unless `feed` is False."""
@@ -327,13 +335,14 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 for record, e in done:
                     log.add(record, e.loss, e.correct)
                 if checkpointed:
-                    log.flush()  # the records on disk reach at least the checkpoint
+                    log.flush(read)  # the records on disk reach at least the checkpoint
                 else:
-                    log.maybe_flush()
-                if ctx.is_main and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
+                    log.maybe_flush(read)
+                if ctx.is_main and done and time.monotonic() - last_progress >= PROGRESS_EVERY_S:
                     last_progress = time.monotonic()
                     rate = (step - first_step) * cfg.global_batch / (last_progress - t_start)
-                    say(f"epoch {epoch + 1}/{epochs} step {step}/{n_steps} loss {loss.item():.4f} "
+                    shown = done[-1][1]  # the last step read: ended on the device, so reading it waits for nothing
+                    say(f"epoch {epoch + 1}/{epochs} step {shown.step}/{n_steps} loss {read([shown.loss])[0]:.4f} "
                         f"{rate:,.0f} samples/s")
     finally:
         dropped = []
@@ -348,7 +357,7 @@ def train(cfg: TrainConfig, ctx: DistContext, bundle, model: torch.nn.Module, ru
                 say(f"rank {ctx.rank}: step{'s' if len(dropped) > 1 else ''} "
                     f"{', '.join(str(e.step) for e in dropped)} not recorded: the device had not finished "
                     f"{'them' if len(dropped) > 1 else 'it'} within {late.bound_s:g} s of the interruption")
-        log.flush(read=read_aside(device) if dropped else None)
+        log.flush(read)
         for handle in ready_hooks:
             handle.remove()
         if sync:

@@ -62,3 +62,28 @@ def test_a_torn_last_line_is_skipped_and_a_corrupt_middle_line_is_not(tmp_path):
     path.write_text('{"step": 1}\n{"st\n{"step": 3}\n')
     with pytest.raises(StoreError, match=":2: corrupt JSON line"):
         read_jsonl(path)
+
+
+def test_a_flush_reads_every_pending_loss_and_count_in_one_copy_exactly(tmp_path):
+    """One read per flush, whatever the records held (on CUDA each read is a device-to-host copy); a float32 loss
+    and a count come back exactly as `.item()` gives them."""
+    from scalelab.train.loop import scalar_reader
+
+    reads = []
+    plain = scalar_reader(torch.device("cpu"))
+
+    def spy(tensors):
+        reads.append(len(tensors))
+        return plain(tensors)
+
+    log = StepLog(tmp_path / "steps.rank0.jsonl")
+    losses = [torch.tensor(v, dtype=torch.float32) for v in (2.302585, 0.1, 1e-7)]
+    for step, loss in enumerate(losses, 1):
+        log.add(record(step), loss, torch.tensor(17 * step))
+    log.flush(spy)
+    assert reads == [6]
+    rows = read_jsonl(tmp_path / "steps.rank0.jsonl")
+    assert [r["loss"] for r in rows] == [loss.item() for loss in losses]
+    assert [r["acc"] for r in rows] == [17 * s / 64 for s in (1, 2, 3)]
+    log.flush(spy)  # nothing pending: nothing read
+    assert reads == [6, 0]
