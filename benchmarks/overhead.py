@@ -94,7 +94,7 @@ def bare_worker(model_name: str, device: str, out: str, workers: int, pinned: bo
     from scalelab.config import default_threads
     from scalelab.train.setup import build_inputs, build_optimizer
 
-    cfg = train_config(model_name, device, workers)
+    cfg = train_config(model_name, device, workers, pinned)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
@@ -215,6 +215,9 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=sorted(RANKS), help="cpu: 2 gloo ranks; cuda: one rank")
     p.add_argument("--loaders", default="both", choices=("both", "resolved"),
                    help="both: the resolved loader settings and, where they have workers, 0 workers; resolved: only them")
+    p.add_argument("--loader", action="append", metavar="WORKERS,pinned|plain",
+                   help="compare at these loader settings instead (repeatable), e.g. 2,pinned: for a tree whose "
+                        "config cannot resolve them (a baseline from before the CUDA defaults)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--bare-worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -231,7 +234,9 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
-        for workers, pinned in loader_settings(args.device, args.loaders):
+        settings = ([(int(w), p == "pinned") for w, p in (x.split(",") for x in args.loader)] if args.loader
+                    else loader_settings(args.device, args.loaders))
+        for workers, pinned in settings:
             for model in args.models.split(","):
                 results.append(compare(model, args.device, args.pairs, Path(tmp), store, workers, pinned))
     if args.json:

@@ -173,13 +173,17 @@ def main() -> None:
     p.add_argument("--active", type=int, default=20, help="profiled steps per side")
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--loaders", default="resolved", choices=("resolved", "both"))
+    p.add_argument("--loader", action="append", metavar="WORKERS,pinned|plain",
+                   help="profile at these loader settings instead (repeatable), as in benchmarks/overhead.py")
     p.add_argument("--trace", type=Path, help="write each side's Chrome trace here")
     args = p.parse_args()
     from scalelab.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
-        for loader in overhead.loader_settings(args.device, args.loaders):
+        settings = ([(int(w), p == "pinned") for w, p in (x.split(",") for x in args.loader)] if args.loader
+                    else overhead.loader_settings(args.device, args.loaders))
+        for loader in settings:
             for model in args.models.split(","):
                 compare(model, args.device, args.active, store, args.trace, args.top, loader)
 

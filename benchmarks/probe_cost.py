@@ -18,6 +18,7 @@ interval above 0.99).
     python benchmarks/probe_cost.py [--repeats 10] [--steps 30] [--warmup 5] [--models resnet18,mlp]
     python benchmarks/probe_cost.py --repeats 2 --steps 4 --warmup 1 --models mlp    # a quick check that it runs
     python benchmarks/probe_cost.py --models mlp --comparisons found                 # scalelab run on a plain script
+    python benchmarks/probe_cost.py --device cuda --models resnet18 --global-batch 256 --comparisons probe,found
 """
 from __future__ import annotations
 
@@ -43,15 +44,19 @@ def worker(args) -> None:
     from scalelab.zoo.data import build_data
     from scalelab.zoo.models import build_model
 
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:  # one GPU: the user's DDP script on NCCL, one rank
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(default_threads(world))
+    dev = torch.device(args.device)
     run = found = None
     if args.found:  # what scalelab.run.script_rank opens before a user's script
         from scalelab.distenv import dist_context
         from scalelab.run.probe import Probe
 
-        found = Probe(Path(args.out).with_suffix(".run"), dist_context("cpu"), warmup_steps=args.warmup,
+        found = Probe(Path(args.out).with_suffix(".run"), dist_context(args.device), warmup_steps=args.warmup,
                       heartbeat_s=None, rank_pids=lambda: [os.getpid()], find_steps=True).start()
     if args.probe:
         from scalelab import probe
@@ -59,14 +64,17 @@ def worker(args) -> None:
         run = probe.open(warmup_steps=args.warmup)
     bundle = build_data("synthetic", samples=args.samples, eval_samples=16, seed=0)
     torch.manual_seed(0)
-    model = DDP(build_model(args.model, bundle.spec, **MODELS[args.model]))
+    model = build_model(args.model, bundle.spec, **MODELS[args.model]).to(dev)
+    model = DDP(model, device_ids=[0]) if cuda else DDP(model)
     if args.python_hook:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         model.register_comm_hook(None, default_hooks.allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sampler = DistributedSampler(bundle.train, world, rank, seed=0)
-    loader = DataLoader(bundle.train, batch_size=args.global_batch // world, sampler=sampler, drop_last=True)
+    # on CUDA what a GPU user writes, and scalelab's CUDA loader defaults: 2 workers, pinned
+    loader = DataLoader(bundle.train, batch_size=args.global_batch // world, sampler=sampler, drop_last=True,
+                        **({"num_workers": 2, "pin_memory": True} if cuda else {}))
     stage = run.stage if run else (lambda name: _Nothing())
     batches = run.data(loader) if run else loader
     t0 = None
@@ -74,8 +82,11 @@ def worker(args) -> None:
         if step == args.steps:
             break
         if step == args.warmup:
+            if cuda:
+                torch.cuda.synchronize()
             dist.barrier()
             t0 = time.perf_counter()
+        x, y = x.to(dev, non_blocking=cuda), y.to(dev, non_blocking=cuda)
         with stage("forward"):
             loss = F.cross_entropy(model(x), y)
         with stage("backward"):
@@ -83,6 +94,8 @@ def worker(args) -> None:
         with stage("optimizer"):
             opt.step()
             opt.zero_grad(set_to_none=True)
+    if cuda:  # the timed stretch ends where the device finished
+        torch.cuda.synchronize()
     dist.barrier()
     elapsed = time.perf_counter() - t0
     if found is not None:
@@ -105,10 +118,11 @@ def launch(args, model: str, variant: str, scratch: Path) -> float:
     from scalelab.run.launch import environ, free_port, run_torchrun
 
     out = scratch / f"{variant}-{time.time_ns()}.json"
-    argv = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static",
+    argv = ["--nnodes", "1", "--nproc-per-node", "1" if args.device == "cuda" else "2", "--rdzv-backend", "static",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", __file__, "--worker",
             "--model", model, "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples), "--out", str(out),
+            "--device", args.device,
             *(["--probe"] if variant == "probe" else []), *(["--python-hook"] if variant == "python-hook" else []),
             *(["--found"] if variant == "found" else [])]
     with environ({"SCALELAB_STORE": str(scratch / "store"), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}):
@@ -145,6 +159,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--comparisons", default="probe,python-hook,found",
                    help="which of: probe (probe / bare), python-hook (python-hook / builtin), found (found / bare)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu: 2 gloo ranks; cuda: one rank on one GPU (NCCL), loader with 2 workers, pinned")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=4096)
     args = p.parse_args()
