@@ -153,9 +153,9 @@ export SL W BASE PAIRS OUT CARD
 export -f tests train overhead profile probe study latency nccl2 maxbatch amp lost
 for c in $CHECKS; do
   case $c in
-    tests) check tests 200 tests ;;        train) check train 45 train ;;
-    overhead) check overhead $([ -n "$BASE" ] && echo 300 || echo 160) overhead ;;
-    profile) check profile $([ -n "$BASE" ] && echo 120 || echo 70) profile ;;
+    tests) check tests 180 tests ;;        train) check train 45 train ;;
+    overhead) check overhead $([ -n "$BASE" ] && echo 260 || echo 150) overhead ;;
+    profile) check profile $([ -n "$BASE" ] && echo 110 || echo 60) profile ;;
     probe) check probe 120 probe ;;        study) check study 320 study ;;
     latency) check latency 25 latency ;;   nccl2) check nccl2 30 nccl2 ;;
     maxbatch) check maxbatch 120 maxbatch ;; amp) check amp 60 amp ;; lost) check lost 150 lost ;;
