@@ -6,9 +6,11 @@
 #   run(command="CHECKS='perf' BASE=.base bash benchmarks/gpu_checks.sh", carry=[".base"], timeout_s=560)
 #
 # CHECKS names checks or groups (space-separated); the groups, each sized to fit 9 minutes of a 15-minute lease:
-#   core = tests train study latency nccl2          (GPU-CHECKS 1, 2, 6, 9, 7b; about 8 min)
-#   perf = profile overhead probe                   (2, issue 42's before/after; about 6 min, 8 with BASE)
+#   core = tests train study latency nccl2          (GPU-CHECKS 1, 2, 6, 9, 7b; about 5 min)
+#   perf = profile overhead probe                   (2, issue 42's before/after; about 6 min)
 #   more = maxbatch amp lost                        (5, 4, 10; about 5 min)
+# Seen on an H200 (2026-11-27): tests 121 s, study 90 s, profile 68 s with BASE, overhead about 19 s a pair
+# (5 pairs x 2 models: 190 s a tree). With BASE, run profile and overhead in calls of their own.
 # BASE: a folder holding another tree's src/ (e.g. `git archive` of the commit before a change, put in an ignored
 # folder and carried): profile and overhead then measure it too, in the same sitting, for a before/after.
 # PAIRS: interleaved launch pairs per model in overhead (default 5, the acceptance's n).
@@ -154,7 +156,7 @@ export -f tests train overhead profile probe study latency nccl2 maxbatch amp lo
 for c in $CHECKS; do
   case $c in
     tests) check tests 180 tests ;;        train) check train 45 train ;;
-    overhead) check overhead $([ -n "$BASE" ] && echo 260 || echo 150) overhead ;;
+    overhead) check overhead $([ -n "$BASE" ] && echo 420 || echo 220) overhead ;;
     profile) check profile $([ -n "$BASE" ] && echo 110 || echo 60) profile ;;
     probe) check probe 120 probe ;;        study) check study 320 study ;;
     latency) check latency 25 latency ;;   nccl2) check nccl2 30 nccl2 ;;
@@ -163,4 +165,4 @@ for c in $CHECKS; do
   esac
 done
 echo; echo "=== summary ($(date +%T))"
-{ printf 'check\tresult\tfigure\tcard\ttime\n'; cat "$OUT/summary.tsv"; } | column -t -s $'\t'
+{ printf 'check\tresult\tfigure\tcard\ttime\n'; cat "$OUT/summary.tsv"; } | sed 's/\t/ | /g'  # no `column` there

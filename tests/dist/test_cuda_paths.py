@@ -180,6 +180,7 @@ def test_max_batch_on_cuda_in_this_process_finds_the_per_process_batch(store, tm
     apart = max_batch(base, quiet_cells(store, "mb-apart"), "apart", memory_limit=cap, say=lambda line: None,
                       here=False)
     tried = [" ".join(f"{t.batch}{'+' if t.fits else '-'}" for t in r.trials) for r in (here, apart)]
+    tried += [f"{t.batch}: {t.reason}" for r in (here, apart) for t in r.trials if not t.fits]
     assert here.max_batch == apart.max_batch and 1 <= here.max_batch <= cap // per, tried
     assert all(t.memory for t in here.trials if not t.fits), [t.reason for t in here.trials]
     big = torch.empty(cap + 2**30, dtype=torch.uint8, device="cuda")  # the trials' cap is undone

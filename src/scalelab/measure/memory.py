@@ -13,6 +13,9 @@ def release_cuda_cache(device: torch.device) -> None:
     (its tensors collected first: a failed run's may sit in reference cycles), so that the next run in this
     process starts from an empty cache, as a fresh process would."""
     gc.collect()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # private: absent, the workspaces stay cached
+    if clear is not None:  # cuBLAS keeps its workspaces (32 MiB a handle and stream on Hopper) allocated: a fresh
+        clear()  # process pays them inside its memory cap, so the next run here pays them inside its own
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
 
