@@ -74,7 +74,8 @@ profile() {
   if [ -n "$BASE" ]; then echo "--- base tree ($BASE)"
     PYTHONPATH=$PWD/$BASE/src python3 benchmarks/overhead_profile.py --device cuda --models resnet18,bncnn \
       --loader 2,pinned --trace "$W/trace-base"; echo "--- this tree"; fi
-  python3 benchmarks/overhead_profile.py --device cuda --models resnet18,bncnn --loaders resolved --trace "$W/trace"
+  python3 benchmarks/overhead_profile.py --device cuda --models resnet18,bncnn --loaders resolved --cprofile \
+    --trace "$W/trace"
 }
 profile_verdict() { [[ $1 -eq 0 ]] && echo -e "pass\t$(log profile | grep -E '^(bare|scalelab) ' |
   sed -E 's/ +/ /g; s/kernels.*//' | tr '\n' ';' | head -c 300)" || echo -e "FAIL\texit $1"; }

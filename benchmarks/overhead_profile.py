@@ -10,7 +10,9 @@ own steps. Per side it prints, over the profiled steps:
   below 1 on one side only;
 - per step, the calls that make the host wait for the device (cudaStreamSynchronize, cudaEventSynchronize,
   cudaDeviceSynchronize, device-to-host copies) and the number of kernels launched;
-- the top operators by self CPU time and by self device time, side by side.
+- the top operators by self CPU time and by self device time, side by side;
+- with `--cprofile`, scalelab's main thread's Python time per function over the same steps (where the host time
+  between launches goes: the profiler's step spans hold it as self time, unattributed).
 With `--trace DIR` each side's Chrome trace is written there (open in chrome://tracing or Perfetto).
 
     python benchmarks/overhead_profile.py --device cuda --models resnet18,bncnn
@@ -19,6 +21,9 @@ With `--trace DIR` each side's Chrome trace is written there (open in chrome://t
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sys
 import tempfile
 import time
@@ -73,15 +78,20 @@ def bare_side(cfg, prof) -> None:
             torch.cuda.synchronize()
 
 
-def scalelab_side(cfg, prof, store) -> None:
-    """scalelab's own loop (execute: one rank runs in this process), the profiler stepped at each step's start."""
+def scalelab_side(cfg, prof, store, python: cProfile.Profile | None = None, first: int = 0) -> None:
+    """scalelab's own loop (execute: one rank runs in this process), the profiler stepped at each step's start;
+    `python`: also a Python profile of the main thread from step `first` + 1 to the profiler's last step."""
     from scalelab.measure.timer import StepTimer
     from scalelab.run.execute import execute
 
     original = StepTimer.start_step
+    seen = [0]
 
     def start_step(self, *args, **kwargs):
-        prof.step()
+        seen[0] += 1
+        prof.step()  # the last one hands the trace over (compare's `ready` stops the Python profile first)
+        if python is not None and seen[0] == first + 1:
+            python.enable()
         return original(self, *args, **kwargs)
 
     StepTimer.start_step = start_step
@@ -128,17 +138,21 @@ def top(prof, device: str, k: int) -> tuple[list[str], list[str]]:
     return cpu, dev
 
 
-def compare(model: str, device: str, active: int, store, trace: Path | None, k: int, loader) -> None:
+def compare(model: str, device: str, active: int, store, trace: Path | None, k: int, loader,
+            cprofile: bool = False) -> None:
     from scalelab.config import TrainConfig  # noqa: F401  (the config type overhead.train_config builds)
 
     workers, pinned = loader
     batch, _, warmup = overhead.SHAPES[model, device]
     cfg = overhead.train_config(model, device, workers, pinned)
     steps = warmup + active + 1
+    python = cProfile.Profile() if cprofile else None
     cfg = type(cfg).from_dict({**cfg.to_dict(), "steps": steps, "samples": batch * steps, "ranks": 1})
     out = {}
     for side in ("bare", "scalelab"):
         def ready(prof, side=side):
+            if python is not None:
+                python.disable()  # the profile's own parsing is no step's work
             out[side] = (figures(prof, active), *top(prof, device, k))
             if trace:
                 trace.mkdir(parents=True, exist_ok=True)
@@ -149,7 +163,7 @@ def compare(model: str, device: str, active: int, store, trace: Path | None, k: 
         if side == "bare":
             bare_side(cfg.resolved(), prof)
         else:
-            scalelab_side(cfg, prof, store)
+            scalelab_side(cfg, prof, store, python, warmup)
         print(f"  ({side}: {time.perf_counter() - began:.1f} s with set-up)", flush=True)
     print(f"\n== {model} on {device}, batch {batch}, {workers} loader workers, {'pinned' if pinned else 'not pinned'}:"
           f" {active} profiled steps after {warmup}")
@@ -157,6 +171,11 @@ def compare(model: str, device: str, active: int, store, trace: Path | None, k: 
         busy = f"device busy {100 * f['busy']:.1f} %" if f.get("busy") is not None else "no device activity"
         print(f"{side:9s} host {f.get('host_ms', float('nan')):7.2f} ms/step, {busy}, kernels/step "
               f"{f.get('kernels', 0):.0f}, waits/step {f.get('waits', {})}")
+    if python is not None:  # the loop's Python, function by function (cProfile inflates Python-heavy code alike)
+        text = io.StringIO()
+        pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(k)
+        print(f"scalelab's main thread, Python time over the {active} profiled steps (tottime; / {active} per step):")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[-3000:])
     for i, title in ((1, "self CPU"), (2, "self device")):
         if not out["bare"][i]:
             continue
@@ -176,6 +195,8 @@ def main() -> None:
     p.add_argument("--loader", action="append", metavar="WORKERS,pinned|plain",
                    help="profile at these loader settings instead (repeatable), as in benchmarks/overhead.py")
     p.add_argument("--trace", type=Path, help="write each side's Chrome trace here")
+    p.add_argument("--cprofile", action="store_true",
+                   help="also the Python time of scalelab's main thread per function over the profiled steps")
     args = p.parse_args()
     from scalelab.store import Store
 
@@ -185,7 +206,7 @@ def main() -> None:
                     else overhead.loader_settings(args.device, args.loaders))
         for loader in settings:
             for model in args.models.split(","):
-                compare(model, args.device, args.active, store, args.trace, args.top, loader)
+                compare(model, args.device, args.active, store, args.trace, args.top, loader, args.cprofile)
 
 
 if __name__ == "__main__":
