@@ -28,9 +28,10 @@ def intervals(cal: Calibration, points: Sequence[float], quantiles: Sequence[tup
               strategy: str | None = None, link: NodeLink | None = None, launches: int = 1,
               in_flight: bool = False, bias: bool = True) -> dict[str, list[float]]:
     """Per point of `strategy` (several collectives `in_flight`: `modelerror.concurrent`) over `link` (None: the
-    calibrated one), whose target is the median of `launches` launches: the point with the strategy's calibration bias (`point`; `bias` False: none, for hardware the
-    calibration did not measure), its 95 % (low, high) and 50 % (low50, high50) intervals, the bias and the 95 %
-    half-widths of their sampling and model-error parts (`modelerror.combine`, `modelerror.error_term`)."""
+    calibrated one), whose target is the median of `launches` launches: the point with the strategy's calibration
+    bias (`point`; `bias` False: none, for hardware the calibration did not measure), its 95 % (low, high) and 50 %
+    (low50, high50) intervals, the bias and the 95 % half-widths of their sampling and model-error parts
+    (`modelerror.combine`, `modelerror.error_term`)."""
     term = error_term(cal, strategy, link, launches, in_flight)
     if not bias:
         term = dataclasses.replace(term, bias=0.0)

@@ -27,8 +27,8 @@ The rule (part of the model code a frozen protocol hashes; every prediction prin
   (`ErrorTerm.half`). It is tested on the residuals less their strategy's bias (Shapiro-Wilk, `normality_p`);
   with 6-20 residuals that test sees only gross departures.
 - the interval: the sampling part (the replicas' percentiles) and the model-error part add in quadrature in log
-  step, h = √(s² + m²), around the point with its bias: [p·e^(b−h), p·e^(b+h)] for the 95 % and the 50 % interval
-  (`combine`).
+  step, h = √(s² + m²), around the point with its bias: [p·e^(b−h), p·e^(b+h)] for the 95 % and the 50 %
+  interval (`combine`).
 - where it cannot hold: a regime the residual runs never had. They ran at the calibration's node count, its
   links and batches, with a share of exposed communication in the step between the smallest and the largest in
   `seen_shares`; a prediction outside that share range is marked `extrapolation` (perf/horizon.py `unseen_share`).
@@ -158,7 +158,8 @@ def spreads(rows: list[dict]) -> tuple[dict[tuple[str, bool], float], float, flo
     sse = sum((x - bias[g]) ** 2 for g, r in by_group.items() for x in r)
     cells = _groups(rows, "sync", "per_rank_batch", "link").values()
     within_dof = sum(len(c) - 1 for c in cells)
-    within = sum(float(np.sum(np.square(np.subtract(c, np.mean(c))))) for c in cells) / within_dof if within_dof else 0.0
+    within = sum(float(np.sum(np.square(np.subtract(c, np.mean(c))))) for c in cells)
+    within = within / within_dof if within_dof else 0.0
     return bias, (sse / dof if dof >= 1 else math.nan), within, dof
 
 
@@ -230,8 +231,8 @@ def refusal(cal: Calibration, link: NodeLink | str) -> str | None:
         return None
     sync, batch, miss, bound, n = worst
     return (f"refused over {key}: the calibration's own {sync} run over it (per-rank batch {batch:g}, median of {n} "
-            f"launches) was predicted {100 * (math.exp(-miss) - 1):+.0f} % off, beyond the ±{100 * math.sinh(bound):.0f} "
-            "% that the calibrated link's model error allows it at 95 %")
+            f"launches) was predicted {100 * (math.exp(-miss) - 1):+.0f} % off, beyond the "
+            f"±{100 * math.sinh(bound):.0f} % that the calibrated link's model error allows it at 95 %")
 
 
 def used(cal: Calibration) -> list[dict]:

@@ -21,7 +21,8 @@ from scalelab.perf.runmodel import predict_run
 VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
                       "net_latency_ms", "net_bandwidth_gbps", "sample", "compute(ms)", "comm(ms)",
                       "exposed_comm(ms)", "model(ms)", "bias(%)", "predicted", "predicted_ci_low", "predicted_ci_high",
-                      "predicted_ci50_low", "predicted_ci50_high", "measured", "measured_comm(ms)", "error(%)", "inside", "inside50",
+                      "predicted_ci50_low", "predicted_ci50_high", "measured", "measured_comm(ms)", "error(%)",
+                      "inside", "inside50",
                       "half_width(%)", "sampling_half_width(%)", "model_half_width(%)", "refused", "extrapolation",
                       "measured_speedup",
                       "measured_efficiency"]
@@ -110,7 +111,8 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
 # what an interval means, for every prediction row (the report's line)
 INTERVALS = ("each predicted step has a 95 % and a 50 % interval that should hold the measured median step that "
              "often: the calibration's sampling noise (refits on resampled runs; on a preset or a hardware file only "
-             "the compute varies) and the model's own error, added in log step; ")
+             "the compute varies) and the model's own error (its in-calibration misses: a bias per strategy, moved "
+             "into this machine's predicted steps, and the spread around it), added in log step; ")
 
 
 def validation_text(val: pd.DataFrame, where: str) -> str:

@@ -51,8 +51,8 @@ def test_residuals_of_a_known_normal_spread_give_its_quantiles():
 
 
 def test_a_bias_per_strategy_moves_into_the_point_and_the_spread_is_pooled_by_hand():
-    """bucketed −0.25, −0.15 (bias −0.2), allreduce +0.05, −0.05 (bias 0): SSE = 0.01 over 4 − 2 = 2 d.f., s² =
-    0.005; a prediction of bucketed: bias −0.2, σ² = s²(1 + 1/2), half-width t(0.975, 2)·σ."""
+    """bucketed −0.25, −0.15 (bias −0.2), allreduce +0.05, −0.05 (bias 0): SSE = 0.01 over 4 − 2 = 2 d.f.,
+    s² = 0.005; a prediction of bucketed: bias −0.2, σ² = s²(1 + 1/2), half-width t(0.975, 2)·σ."""
     rows = singles([-0.25, -0.15], "bucketed") + singles([0.05, -0.05])
     term = pooled(rows, "bucketed")
     assert term.bias == pytest.approx(-0.2) and term.dof == 2 and term.n == 4
