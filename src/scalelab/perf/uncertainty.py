@@ -8,15 +8,14 @@ what was measured (a nonparametric bootstrap):
   launches are: `analysis.repeats.pool`);
 - every bench size: its timed iterations drawn with replacement; the mean per iteration moves by their ratio.
 Each refit (a replicate) keeps only the fitted figures (`FITTED`). A prediction made with every replicate gives a
-distribution of step times; its 2.5 and 97.5 percentiles are the 95 % interval (`interval`). The interval is the
-calibration's sampling uncertainty only: a model that is wrong in its form, or a machine that changed between
-calibration and run, is not in it; the validation's coverage (how often the measured step falls inside) says how
-far it holds.
+distribution of step times; its percentiles are the sampling part of the 95 % and 50 % intervals
+(`intervals.step_quantiles`). That part is the calibration's sampling uncertainty only: a model that is wrong in its
+form is the model-error part's (`modelerror`), and a machine that changed between calibration and run is in
+neither; the validation's coverage (how often the measured step falls inside) says how far they hold.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
@@ -93,14 +92,3 @@ def compute_replicates(launches: list[list[dict]], n: int, seed: int = 1) -> lis
         model = pm.fit_compute_model(compute_points([resampled_run(c, rng, cache) for c in launches]))
         out.append({s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES})
     return out
-
-
-def interval(predict: Callable[[object], float], cal) -> tuple[float, float]:
-    """The 95 % interval (2.5 and 97.5 percentiles) of `predict(replica)` over the calibration's replicas; NaN for
-    a calibration without replicates (made before intervals: calibrate again)."""
-    values = [predict(r) for r in cal.replicas()]
-    values = [v for v in values if np.isfinite(v)]
-    if len(values) < 2:
-        return float("nan"), float("nan")
-    low, high = np.percentile(values, [2.5, 97.5])
-    return float(low), float(high)

@@ -87,12 +87,28 @@ def horovod_events(text: str, rank0: list[dict]) -> list[dict]:
 TB_STAGES = ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")
 
 
+def step_scalars(rec: dict) -> dict[str, float]:
+    """One step record's TensorBoard scalars, tag -> value: loss, accuracy, lr, step and stage times (ms), bytes."""
+    out = {f"train/{key}": rec[key] for key in ("loss", "acc", "lr") if key in rec}
+    out["time/step(ms)"] = 1e3 * rec["wall(s)"]
+    out.update({f"stage/{stage}(ms)": 1e3 * rec[f"{stage}(s)"] for stage in TB_STAGES if f"{stage}(s)" in rec})
+    if "evaluation(s)" in rec:
+        out["time/eval(ms)"] = 1e3 * rec["evaluation(s)"]
+    if "comm_bytes" in rec:
+        out["comm/bytes"] = rec["comm_bytes"]
+    return out
+
+
 def write_scalars(run_dir: Path, *, required: bool = False) -> Path | None:
-    """Rank 0's per-step loss, accuracy, lr, step and stage times (ms), bytes, and the evaluations, into
+    """Rank 0's per-step scalars (`step_scalars`) and the evaluations' loss and accuracy, into
     `run_dir/tensorboard`. Without tensorboard: None and nothing written after a run (the export is a courtesy
-    there), MissingExtra when the user asked for it (`required`, `scalelab runs tensorboard`)."""
+    there), MissingExtra when the user asked for it (`required`, `scalelab runs tensorboard`).
+    A step's scalars go in one event (a summary of several values, as TensorBoard reads them), not one event each
+    as `SummaryWriter.add_scalar` writes them: ~10 scalars a step made that 5x slower, about 1 s per 3,000 steps on
+    2 cores, paid after every study cell."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.writer import FileWriter
     except ImportError:  # tensorboard is optional: pip install 'scalelab[tensorboard]'
         if required:
             raise MissingExtra("the TensorBoard export", "tensorboard", "tensorboard") from None
@@ -100,25 +116,17 @@ def write_scalars(run_dir: Path, *, required: bool = False) -> Path | None:
     rundir = RunDir(run_dir)
     if not rundir.steps_file(0).is_file():
         return None
+
+    def event(scalars: dict[str, float]) -> Summary:
+        return Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])
+
     out = rundir.tensorboard
-    writer = SummaryWriter(log_dir=str(out))
+    writer = FileWriter(str(out))
     try:
         for rec in rundir.read_steps(0):
-            s = rec["step"]
-            for key in ("loss", "acc", "lr"):
-                if key in rec:
-                    writer.add_scalar(f"train/{key}", rec[key], s)
-            writer.add_scalar("time/step(ms)", 1e3 * rec["wall(s)"], s)
-            for stage in TB_STAGES:
-                if f"{stage}(s)" in rec:
-                    writer.add_scalar(f"stage/{stage}(ms)", 1e3 * rec[f"{stage}(s)"], s)
-            if "evaluation(s)" in rec:
-                writer.add_scalar("time/eval(ms)", 1e3 * rec["evaluation(s)"], s)
-            if "comm_bytes" in rec:
-                writer.add_scalar("comm/bytes", rec["comm_bytes"], s)
+            writer.add_summary(event(step_scalars(rec)), rec["step"])
         for ev in rundir.read_result(0)["evals"] if rundir.result_file(0).is_file() else []:
-            writer.add_scalar("eval/loss", ev["loss"], ev["step"])
-            writer.add_scalar("eval/acc", ev["acc"], ev["step"])
+            writer.add_summary(event({"eval/loss": ev["loss"], "eval/acc": ev["acc"]}), ev["step"])
     finally:
         writer.close()
     return out
