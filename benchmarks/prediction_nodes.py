@@ -50,11 +50,11 @@ DEFAULT = {
     "calibration": {"nodes": 2, "link_gbps": 1.0, "batches": [16, 32], "repeats": 2,
                     "strategies": ["allreduce", "bucketed", "gather_scatter"]},
     "compute_in_sample": {"nodes": [3, 4], "batches": [16, 32], "repeats": 2},
-    # batch 28 and 0.3 Gbit/s: no run of an earlier protocol used them (24, then 20 and 0.2 Gbit/s, were each
-    # looked at twice)
-    "held_out": {"nodes": [3, 4], "links": [0.5, 0.3, None], "batch": 28,
+    # batch 22 and 0.7, 0.4 Gbit/s: no run of an earlier protocol used them (24; 20 over 0.5 and 0.2 Gbit/s; 28
+    # over 0.5 and 0.3 Gbit/s: each looked at twice; the calibration's 16, 32 and 1 Gbit/s)
+    "held_out": {"nodes": [3, 4], "links": [0.7, 0.4, None], "batch": 22,
                  "strategies": ["gather_scatter", "allreduce", "bucketed", "ddp"], "repeats": 2},
-    "preset_check": {"links": [0.5, 0.3]},
+    "preset_check": {"links": [0.7, 0.4]},
 }
 
 
