@@ -87,7 +87,6 @@ def bare_worker(model_name: str, device: str, out: str, workers: int, pinned: bo
     step, so that both ends of the timed stretch are the device's, as scalelab's step ends are)."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -106,24 +105,34 @@ def bare_worker(model_name: str, device: str, out: str, workers: int, pinned: bo
     sampler = DistributedSampler(bundle.train, world, rank, seed=cfg.seed)
     loader = DataLoader(bundle.train, batch_size=cfg.per_rank_batch, sampler=sampler, drop_last=True,
                         num_workers=workers, pin_memory=pinned and dev.type == "cuda")  # scalelab's settings
-    batches, t_ends = iter(loader), []
-    for step in range(cfg.steps):
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            sampler.set_epoch(step)
-            batches = iter(loader)
-            x, y = next(batches)
-        x, y = x.to(dev, non_blocking=pinned), y.to(dev, non_blocking=pinned)
-        F.cross_entropy(net(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    t_ends = []
+    for step in bare_steps(loader, net, opt, dev, pinned, cfg.steps, new_epoch=sampler.set_epoch):
         if dev.type == "cuda" and step in (cfg.warmup_steps - 1, cfg.steps - 1):
             torch.cuda.synchronize()
         t_ends.append(time.perf_counter())
     if rank == 0:
         Path(out).write_text(json.dumps({"t_end": t_ends}))
     dist.destroy_process_group()
+
+
+def bare_steps(loader, net, opt, dev, pinned: bool, steps: int, new_epoch=lambda step: None):
+    """The bare loop, what a user writes: batch, copy, forward, cross-entropy, backward, step; yields each step's
+    index once its work is queued (`new_epoch(step)` before the loader starts over)."""
+    import torch.nn.functional as F
+
+    batches = iter(loader)
+    for step in range(steps):
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            new_epoch(step)
+            batches = iter(loader)
+            x, y = next(batches)
+        x, y = x.to(dev, non_blocking=pinned), y.to(dev, non_blocking=pinned)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        yield step
 
 
 def launch(script: str, args: list[str], ranks: int = 2) -> None:

@@ -49,7 +49,6 @@ def profiler(device: str, warmup: int, active: int, on_ready):
 def bare_side(cfg, prof) -> None:
     """The bare loop of benchmarks/overhead.py's bare_worker on one rank (no process group), marking its steps."""
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader, RandomSampler
 
     from scalelab.train.setup import build_inputs, build_optimizer
@@ -61,19 +60,10 @@ def bare_side(cfg, prof) -> None:
     workers, pinned = cfg.num_workers or 0, bool(cfg.pin_memory)
     loader = DataLoader(bundle.train, batch_size=cfg.per_rank_batch, sampler=RandomSampler(bundle.train),
                         drop_last=True, num_workers=workers, pin_memory=pinned and dev.type == "cuda")
-    batches = iter(loader)
     with prof:
-        for _ in range(cfg.steps):
+        prof.step()  # a profiler step starts with each loop step
+        for _ in overhead.bare_steps(loader, model, opt, dev, pinned, cfg.steps):
             prof.step()
-            try:
-                x, y = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                x, y = next(batches)
-            x, y = x.to(dev, non_blocking=pinned), y.to(dev, non_blocking=pinned)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
