@@ -191,12 +191,14 @@ def scalar_reader(device: torch.device) -> Callable[[list[torch.Tensor]], list[f
     """Reads finished steps' scalars (losses, counts) in one device-to-host copy. On CUDA the copy runs on a side
     stream: the steps it reads have ended on the device (their events were waited for), and on the main stream it
     would queue behind the steps still running there, a wait for the whole queue at every flush (and, on an
-    interruption, on a device that may hang). float64 holds a float32 loss and a count exactly."""
+    interruption, on a device that may hang). float64 holds a float32 loss and a count exactly. On the CPU each
+    scalar's `.item()` is a plain read, cheaper than building one tensor of them."""
+    if device.type != "cuda":
+        return lambda tensors: [t.item() for t in tensors]
+
     def stacked(tensors: list[torch.Tensor]) -> list[float]:
         return torch.stack([t.detach().reshape(()).double() for t in tensors]).tolist() if tensors else []
 
-    if device.type != "cuda":
-        return stacked
     stream = torch.cuda.Stream(device)
 
     def read(tensors: list[torch.Tensor]) -> list[float]:
