@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import sys
@@ -92,7 +93,7 @@ def scalelab_side(cfg, prof, store, python: cProfile.Profile | None = None, firs
         StepTimer.start_step = original
 
 
-def figures(prof, active: int) -> dict:
+def figures(prof) -> dict:
     """Per profiled step: host time, the device's busy share, waits and kernels; the operator tables."""
     from torch.autograd import DeviceType
 
@@ -130,20 +131,18 @@ def top(prof, device: str, k: int) -> tuple[list[str], list[str]]:
 
 def compare(model: str, device: str, active: int, store, trace: Path | None, k: int, loader,
             cprofile: bool = False) -> None:
-    from scalelab.config import TrainConfig  # noqa: F401  (the config type overhead.train_config builds)
-
     workers, pinned = loader
     batch, _, warmup = overhead.SHAPES[model, device]
     cfg = overhead.train_config(model, device, workers, pinned)
     steps = warmup + active + 1
     python = cProfile.Profile() if cprofile else None
-    cfg = type(cfg).from_dict({**cfg.to_dict(), "steps": steps, "samples": batch * steps, "ranks": 1})
+    cfg = dataclasses.replace(cfg, steps=steps, samples=batch * steps, ranks=1)
     out = {}
     for side in ("bare", "scalelab"):
         def ready(prof, side=side):
             if python is not None:
                 python.disable()  # the profile's own parsing is no step's work
-            out[side] = (figures(prof, active), *top(prof, device, k))
+            out[side] = (figures(prof), *top(prof, device, k))
             if trace:
                 trace.mkdir(parents=True, exist_ok=True)
                 prof.export_chrome_trace(str(trace / f"{model}-{side}.json"))

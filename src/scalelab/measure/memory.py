@@ -8,16 +8,15 @@ import sys
 import torch
 
 
-def release_cuda_cache(device: torch.device) -> None:
-    """Give what this process's caching allocator holds on `device` back to the GPU once a run here has ended
-    (its tensors collected first: a failed run's may sit in reference cycles), so that the next run in this
-    process starts from an empty cache, as a fresh process would."""
+def release_cuda_cache() -> None:
+    """Give what this process's caching allocator holds back to the GPU once a run here has ended (its tensors
+    collected first: a failed run's may sit in reference cycles), so that the next run in this process starts from
+    an empty cache, as a fresh process would (its peak counters are reset by the run itself: `reset_peak`)."""
     gc.collect()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # private: absent, the workspaces stay cached
     if clear is not None:  # cuBLAS keeps its workspaces (32 MiB a handle and stream on Hopper) allocated: a fresh
         clear()  # process pays them inside its memory cap, so the next run here pays them inside its own
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
 
 
 def reset_peak(device: torch.device) -> None:

@@ -199,7 +199,7 @@ class TrainKind:
             raise
         finally:
             if device.type == "cuda":  # the next run here starts from an empty cache, as a fresh process would
-                release_cuda_cache(device)
+                release_cuda_cache()
 
     def launcher(self, cfg: TrainConfig, given: Launcher) -> Launcher:
         chosen = LAUNCHERS[engines.get(cfg.engine).launcher] if given is torchrun_launch else given
