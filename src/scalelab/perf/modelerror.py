@@ -12,14 +12,17 @@ The rule (part of the model code a frozen protocol hashes; every prediction prin
     training runs never crossed that link.
 - the error of a prediction over the calibrated kind of link (a shaped link, or loopback) is estimated from the
   leave-one-batch-out residuals alone, regression-style (`pooled`): per strategy a bias b_s (the mean of its
-  residuals: the model misses one strategy systematically, e.g. bucketed, whose buckets gloo runs two at a time
-  on its worker threads while the model serves them one at a time, so its overlap fit stops at 1), moved into
-  the point (point·e^b_s); around it the pooled within-strategy spread s², n residuals and k strategies, n − k
-  degrees of freedom. Residuals are per launch, the target is the median of a point's `launches`: the spread
-  within a cell (launches of one run, predicted by the same fit) is launch noise, which a median of m launches
-  divides by m, so the target's variance is max(s² − w², 0) + w²/m with w² the within-cell variance; the bias's
-  own uncertainty adds s²/n_s. A strategy the calibration did not run has no bias of its own: b = 0, and the
-  biases' spread (mean b_s²) adds to its variance.
+  residuals: the model may miss one strategy systematically, e.g. bucketed, whose buckets gloo runs two at a time
+  on its worker threads while the model serves them one at a time, so its overlap fit stops at 1), moved into the
+  point (point·e^b_s) only when the residuals tell it from noise: |b_s| > t(0.975, n − k)·s_k/√n_s, s_k² the
+  spread around all k means (`spreads`). A bias estimated from a few residuals and moved anyway turns a chance
+  into a systematic error (2 residuals once moved a tiny calibration's prediction 26 % off its known truth); one
+  that fails the test stays 0 and its residuals count as error around 0. Around the biases the pooled spread s²,
+  n residuals and k' biases moved, n − k' degrees of freedom. Residuals are per launch, the target is the median
+  of a point's `launches`: the spread within a cell (launches of one run, predicted by the same fit) is launch
+  noise, which a median of m launches divides by m, so the target's variance is max(s² − w², 0) + w²/m with w²
+  the within-cell variance; a moved bias's own uncertainty adds s²/n_s. A strategy the calibration did not run has
+  no bias of its own: the mean of its regime's biases, and their spread around it adds to its variance.
 - a link the training did not cross, with residuals of its own (the unshaped runs), is predicted from those
   alone (`own`: bias 0, σ̂² = mean r², n degrees of freedom), unless refused.
 - the assumption: a prediction's error ln(measured / predicted), the bias taken out, is normal with the variance
@@ -146,43 +149,73 @@ def _group(row: dict) -> tuple[str, bool]:
     return row["sync"], bool(row.get("concurrent", False))
 
 
-def spreads(rows: list[dict]) -> tuple[dict[tuple[str, bool], float], float, float, int]:
-    """(bias per group, pooled within-group variance s², within-cell variance w², degrees of freedom n − k) of
-    leave-one-batch-out residual rows, a group being a strategy in one regime (`concurrent`; module docstring);
-    s² NaN when n − k < 1, w² 0 without a cell of two launches."""
+@dataclass(frozen=True)
+class Spread:
+    """Leave-one-batch-out residuals summed up (module docstring): each group's mean residual, its bias (the mean,
+    or 0 where the residuals do not tell it from noise), the groups whose bias is moved into the point, the pooled
+    variance s² around the biases, the within-cell variance w² and the degrees of freedom n − (biases moved)."""
+
+    means: dict[tuple[str, bool], float]
+    bias: dict[tuple[str, bool], float]
+    moved: frozenset
+    s2: float
+    w2: float
+    dof: int
+
+
+def _pooled_variance(by_group: dict[tuple[str, bool], list[float]], bias: dict, dof: int) -> float:
+    sse = sum((x - bias.get(g, 0.0)) ** 2 for g, r in by_group.items() for x in r)
+    return sse / dof if dof >= 1 else math.nan
+
+
+def spreads(rows: list[dict]) -> Spread:
+    """The biases, their gate, s², w² and degrees of freedom of leave-one-batch-out residual rows, a group being a
+    strategy in one regime (`concurrent`; module docstring); s² NaN without a degree of freedom, w² 0 without a
+    cell of two launches."""
     by_group: dict[tuple[str, bool], list[float]] = {}
     for r in rows:
         by_group.setdefault(_group(r), []).append(r["residual"])
-    bias = {g: float(np.mean(r)) for g, r in by_group.items()}
-    dof = len(rows) - len(by_group)
-    sse = sum((x - bias[g]) ** 2 for g, r in by_group.items() for x in r)
+    means = {g: float(np.mean(r)) for g, r in by_group.items()}
+    # the gate: each bias tested against the spread around all of them (n − k d.f.); a bias the residuals cannot
+    # tell from noise at 5 % stays out of the point, and its residuals count as error around 0
+    full_dof = len(rows) - len(by_group)
+    full = _pooled_variance(by_group, means, full_dof)
+    moved = frozenset(g for g, b in means.items()
+                      if math.isfinite(full) and abs(b) > _t(0.95, full_dof) * math.sqrt(full / len(by_group[g])))
+    bias = {g: (b if g in moved else 0.0) for g, b in means.items()}
+    dof = len(rows) - len(moved)
     cells = _groups(rows, "sync", "per_rank_batch", "link").values()
     within_dof = sum(len(c) - 1 for c in cells)
     within = sum(float(np.sum(np.square(np.subtract(c, np.mean(c))))) for c in cells)
-    within = within / within_dof if within_dof else 0.0
-    return bias, (sse / dof if dof >= 1 else math.nan), within, dof
+    # below strategies + 1 residuals no bias can be tested: no term at all (describe says so)
+    s2 = _pooled_variance(by_group, bias, dof) if full_dof >= 1 else math.nan
+    return Spread(means, bias, moved, s2, within / within_dof if within_dof else 0.0, dof)
 
 
 def pooled(rows: list[dict], strategy: str | None, launches: int = 1, in_flight: bool = False) -> ErrorTerm:
     """The error term of a prediction of `strategy` (several collectives `in_flight` or one at a time) whose target
     is the median of `launches` launches, from leave-one-batch-out residual rows (module docstring)."""
-    bias, s2, w2, dof = spreads(rows)
-    if not math.isfinite(s2):
+    sp = spreads(rows)
+    if not math.isfinite(sp.s2):
         return NONE
-    target = max(s2 - w2, 0.0) + w2 / max(1, launches)
+    target = max(sp.s2 - sp.w2, 0.0) + sp.w2 / max(1, launches)
     group = (strategy, in_flight)
-    if group in bias:
-        n_g = sum(_group(r) == group for r in rows)
-        return ErrorTerm(bias[group], math.sqrt(target + s2 / n_g), dof, len(rows))
+
+    def count(groups) -> int:
+        return sum(_group(r) in groups for r in rows)
+
+    if group in sp.bias:  # a moved bias adds its own uncertainty, s²/n_g
+        extra = sp.s2 / count({group}) if group in sp.moved else 0.0
+        return ErrorTerm(sp.bias[group], math.sqrt(target + extra), sp.dof, len(rows))
     # a strategy not run in this regime: the mean bias of the strategies that were, and their spread around it;
     # none in this regime: bias 0, and every group's bias counts as error
-    same = [g for g in bias if g[1] == in_flight]
+    same = [g for g in sp.bias if g[1] == in_flight]
     if same:
-        b = float(np.mean([bias[g] for g in same]))
-        n = sum(_group(r) in same for r in rows)
-        return ErrorTerm(b, math.sqrt(target + float(np.mean([(bias[g] - b) ** 2 for g in same])) + s2 / n), dof,
-                         len(rows))
-    return ErrorTerm(0.0, math.sqrt(target + float(np.mean(np.square(list(bias.values()))))), dof, len(rows))
+        b = float(np.mean([sp.bias[g] for g in same]))
+        extra = sp.s2 / count(set(same)) if sp.moved & set(same) else 0.0
+        return ErrorTerm(b, math.sqrt(target + float(np.mean([(sp.bias[g] - b) ** 2 for g in same])) + extra),
+                         sp.dof, len(rows))
+    return ErrorTerm(0.0, math.sqrt(target + float(np.mean(np.square(list(sp.bias.values()))))), sp.dof, len(rows))
 
 
 def own(residuals: list[float]) -> ErrorTerm:
@@ -246,7 +279,7 @@ def normality_p(rows: list[dict]) -> float:
     residuals or when all are equal)."""
     from scipy.stats import shapiro
 
-    bias = spreads(rows)[0] if rows else {}
+    bias = spreads(rows).bias if rows else {}
     values = [r["residual"] - bias[_group(r)] for r in rows]
     if len(values) < 3 or np.ptp(values) == 0:
         return math.nan
@@ -282,20 +315,28 @@ def combine(point: float, sampling: tuple[float, float, float, float], term: Err
 def describe(cal: Calibration) -> str:
     """The error terms in words: from what, the biases, how wide, whether normality held, which link is refused."""
     rows = _calibrated(cal)
-    bias, s2, w2, dof = spreads(rows) if rows else ({}, math.nan, 0.0, 0)
-    if not math.isfinite(s2):
+    sp = spreads(rows) if rows else None
+    if sp is None or not math.isfinite(sp.s2):
         return ("no model-error term (fewer in-calibration residuals than strategies + 1: one rank, one batch, or "
                 "runs measured elsewhere), so no prediction interval")
     p = normality_p(rows)
-    biases = ", ".join(f"{sync}{' (several buckets in flight)' if flight else ''} {100 * (math.exp(b) - 1):+.1f} %"
-                       for (sync, flight), b in bias.items())
-    one = pooled(rows, *next(iter(bias)))
-    text = (f"model error from {len(rows)} leave-one-batch-out residuals over the calibrated link: bias per strategy "
-            f"({biases}) moved into the point; within-strategy spread s = {100 * math.sqrt(s2):.1f} % in log step "
-            f"({dof} d.f.), of it launch noise within a cell w = {100 * math.sqrt(w2):.1f} %; a one-launch "
-            f"prediction of {next(iter(bias))[0]} ±{100 * math.sinh(one.half(0.95)):.1f} % at 95 %, "
-            f"±{100 * math.sinh(one.half(0.5)):.1f} % at 50 % (Student t, {dof} d.f.; normality "
-            f"{'not rejected' if not p < 0.05 else 'REJECTED'}, Shapiro-Wilk p = {p:.2f})")
+
+    def named(groups) -> str:
+        return ", ".join(f"{sync}{' (several buckets in flight)' if flight else ''} "
+                         f"{100 * (math.exp(sp.means[(sync, flight)]) - 1):+.1f} %" for sync, flight in groups)
+
+    kept = [g for g in sp.means if g not in sp.moved]
+    biases = (f"bias per strategy moved into the point where its residuals tell it from noise at 5 % "
+              f"({named(sp.moved) if sp.moved else 'none'}); not moved ({named(kept) if kept else 'none'}), "
+              f"their residuals count as error around 0")
+    first = next(iter(sp.means))
+    one = pooled(rows, *first)
+    text = (f"model error from {len(rows)} leave-one-batch-out residuals over the calibrated link: {biases}; "
+            f"spread s = {100 * math.sqrt(sp.s2):.1f} % in log step ({sp.dof} d.f.), of it launch noise within a "
+            f"cell w = {100 * math.sqrt(sp.w2):.1f} %; a one-launch prediction of {first[0]} "
+            f"±{100 * math.sinh(one.half(0.95)):.1f} % at 95 %, ±{100 * math.sinh(one.half(0.5)):.1f} % at 50 % "
+            f"(Student t, {sp.dof} d.f.; normality {'not rejected' if not p < 0.05 else 'REJECTED'}, Shapiro-Wilk "
+            f"p = {p:.2f})")
     for key in sorted({r["link"] for r in cal.residuals if r["check"] == OTHER_LINK}):
         line = refusal(cal, key)
         other = own([r["residual"] for r in _other(cal, key)])

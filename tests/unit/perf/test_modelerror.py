@@ -1,6 +1,6 @@
 """The model-error term (perf/modelerror.py) against known truths: residuals of a known normal spread give its
 quantile; a known bias per strategy is moved into the point and the spread pooled around it, with n − k degrees of
-freedom, by hand; launch noise within a cell shrinks for a target that is the median of several launches, by
+freedom, by hand, and one the residuals cannot tell from noise is not; launch noise within a cell shrinks for a target that is the median of several launches, by
 hand; a strategy not run in a regime borrows that regime's biases; a leave-one-batch-out residual computable by
 hand; a link whose in-calibration runs miss beyond the bound is refused (and one that does not is predicted from
 its own residuals); several buckets in flight are a regime of their own; the shares seen mark extrapolation."""
@@ -42,7 +42,7 @@ def test_residuals_of_a_known_normal_spread_give_its_quantiles():
     3 %), and new draws from the same law fall inside them 95 % and 50 % of the time."""
     rng = np.random.default_rng(0)
     term = pooled(singles(rng.normal(0.0, 0.05, 2000)), "allreduce")
-    assert term.bias == pytest.approx(0.0, abs=0.005) and term.dof == 1999
+    assert term.bias == 0.0 and term.dof == 2000  # a mean of about 0: not told from noise, not moved
     assert term.half(0.95) == pytest.approx(1.95996 * 0.05, rel=0.03)
     assert term.half(0.5) == pytest.approx(0.67449 * 0.05, rel=0.03)
     new = rng.normal(0.0, 0.05, 20_000)
@@ -51,14 +51,17 @@ def test_residuals_of_a_known_normal_spread_give_its_quantiles():
 
 
 def test_a_bias_per_strategy_moves_into_the_point_and_the_spread_is_pooled_by_hand():
-    """bucketed −0.25, −0.15 (bias −0.2), allreduce +0.05, −0.05 (bias 0): SSE = 0.01 over 4 − 2 = 2 d.f.,
-    s² = 0.005; a prediction of bucketed: bias −0.2, σ² = s²(1 + 1/2), half-width t(0.975, 2)·σ."""
-    rows = singles([-0.25, -0.15], "bucketed") + singles([0.05, -0.05])
+    """bucketed −0.22, −0.18 (mean −0.2), allreduce +0.02, −0.02 (mean 0): around both means SSE = 0.0016 over
+    4 − 2 = 2 d.f., s_k² = 0.0008; bucketed's −0.2 beats t(0.975, 2)·s_k/√2 = 0.086 and is moved, allreduce's 0 is
+    not: the same SSE over 4 − 1 = 3 d.f.; a prediction of bucketed: bias −0.2, σ² = s²(1 + 1/2)."""
+    rows = singles([-0.22, -0.18], "bucketed") + singles([0.02, -0.02])
+    assert t.ppf(0.975, 2) * math.sqrt(0.0008 / 2) == pytest.approx(0.086, abs=0.001)
+    s2 = 0.0016 / 3
     term = pooled(rows, "bucketed")
-    assert term.bias == pytest.approx(-0.2) and term.dof == 2 and term.n == 4
-    assert term.sigma == pytest.approx(math.sqrt(0.005 * 1.5))
-    assert term.half(0.95) == pytest.approx(t.ppf(0.975, 2) * math.sqrt(0.0075))
-    assert pooled(rows, "allreduce").bias == pytest.approx(0.0, abs=1e-12)
+    assert term.bias == pytest.approx(-0.2) and term.dof == 3 and term.n == 4
+    assert term.sigma == pytest.approx(math.sqrt(s2 * 1.5))
+    assert term.half(0.95) == pytest.approx(t.ppf(0.975, 3) * math.sqrt(s2 * 1.5))
+    assert pooled(rows, "allreduce").bias == 0.0 and pooled(rows, "allreduce").sigma == pytest.approx(math.sqrt(s2))
     # a known bias and spread, drawn: the bias is found and the spread is not inflated by it
     rng = np.random.default_rng(3)
     big = singles(rng.normal(-0.2, 0.05, 1000), "bucketed") + singles(rng.normal(0.0, 0.05, 1000))
@@ -67,33 +70,50 @@ def test_a_bias_per_strategy_moves_into_the_point_and_the_spread_is_pooled_by_ha
     assert math.isnan(pooled(singles([0.1]), "allreduce").half(0.95))  # one residual estimates nothing
 
 
+def test_a_bias_the_residuals_cannot_tell_from_noise_stays_out_of_the_point_by_hand():
+    """Two residuals, −0.3 and −0.2 (mean −0.25, s_k² = 0.005 over 1 d.f.): −0.25 is inside
+    t(0.975, 1)·√(0.005/2) = 0.635, so it is not moved (CI once saw such a pair move a tiny calibration's
+    prediction 26 % off its known truth); the error is counted around 0: s² = (0.09 + 0.04)/2 over 2 d.f."""
+    term = pooled(singles([-0.3, -0.2]), "allreduce")
+    assert term.bias == 0.0 and term.dof == 2 and term.sigma == pytest.approx(math.sqrt(0.065))
+    # the same mean from many residuals is told from noise: moved
+    rng = np.random.default_rng(4)
+    many = pooled(singles(rng.normal(-0.25, 0.05, 40)), "allreduce")
+    assert many.bias == pytest.approx(-0.25, abs=0.03) and many.dof == 39
+
+
 def test_launch_noise_within_a_cell_is_divided_by_the_targets_launches_by_hand():
-    """Cells (0.1, 0) at batch 16 and (−0.1, 0) at 32: bias 0, s² = 0.02/3, within-cell w² = 0.01/2. A target of
-    m launches: σ² = (s² − w²) + w²/m + s²/4."""
+    """Cells (0.1, 0) at batch 16 and (−0.1, 0) at 32: mean 0, not moved, s² = 0.02/4 over 4 d.f., within-cell
+    w² = 0.01/2. A target of m launches: σ² = (s² − w²) + w²/m."""
     rows = [row(0.1), row(0.0), row(-0.1, batch=32.0), row(0.0, batch=32.0)]
-    s2, w2 = 0.02 / 3, 0.005
+    s2, w2 = 0.02 / 4, 0.005
     for m in (1, 2, 4):
-        assert pooled(rows, "allreduce", launches=m).sigma == pytest.approx(math.sqrt(s2 - w2 + w2 / m + s2 / 4))
+        assert pooled(rows, "allreduce", launches=m).sigma == pytest.approx(math.sqrt(s2 - w2 + w2 / m))
     # launch noise larger than the whole spread (a chance of few launches): nothing between cells, not less
     noisy = [row(0.1), row(-0.1), row(0.01, batch=32.0), row(-0.01, batch=32.0)]
-    s2, w2 = 0.0202 / 3, 0.0202 / 2
-    assert pooled(noisy, "allreduce", launches=2).sigma == pytest.approx(math.sqrt(w2 / 2 + s2 / 4))
+    w2 = 0.0202 / 2
+    assert pooled(noisy, "allreduce", launches=2).sigma == pytest.approx(math.sqrt(w2 / 2))
+    # a moved bias adds its own uncertainty, s²/n_s
+    shifted = [dict(r, residual=r["residual"] - 1.0) for r in rows]
+    s2, w2 = 0.02 / 3, 0.005
+    assert pooled(shifted, "allreduce", launches=2).sigma == pytest.approx(math.sqrt(s2 - w2 + w2 / 2 + s2 / 4))
 
 
 def test_a_strategy_not_run_in_a_regime_borrows_its_biases_by_hand():
     """allreduce (bias 0.1) and gather_scatter (bias −0.1) one collective at a time; bucketed with several buckets
-    in flight (bias −0.3). ddp with one bucket: the mean of the one-at-a-time biases (0) and their spread around it
-    (0.01) added; a regime nobody ran: bias 0, every bias² counting."""
-    rows = (singles([0.15, 0.05]) + singles([-0.05, -0.15], "gather_scatter")
-            + singles([-0.25, -0.35], "bucketed", in_flight=True))
-    s2 = 6 * 0.05**2 / 3
+    in flight (bias −0.3); each ±0.01, so every bias is told from noise and moved (s² = 0.0002, 3 d.f.). ddp with
+    one bucket: the mean of the one-at-a-time biases (0) and their spread around it (0.01) added; a regime nobody
+    ran: bias 0, every bias² counting."""
+    rows = (singles([0.11, 0.09]) + singles([-0.09, -0.11], "gather_scatter")
+            + singles([-0.29, -0.31], "bucketed", in_flight=True))
+    s2 = 6 * 0.01**2 / 3
     one = pooled(rows, "ddp", in_flight=False)
-    assert one.bias == pytest.approx(0.0, abs=1e-12)
+    assert one.bias == pytest.approx(0.0, abs=1e-12) and one.dof == 3
     assert one.sigma == pytest.approx(math.sqrt(s2 + 0.01 + s2 / 4))
     several = pooled(rows, "bucketed", in_flight=True)
     assert several.bias == pytest.approx(-0.3) and several.sigma == pytest.approx(math.sqrt(s2 * 1.5))
-    nobody = pooled(singles([0.15, 0.05]), "ddp", in_flight=True)
-    assert nobody.bias == 0.0 and nobody.sigma == pytest.approx(math.sqrt(0.005 + 0.01))
+    nobody = pooled(singles([0.11, 0.09, 0.1, 0.1]), "ddp", in_flight=True)
+    assert nobody.bias == 0.0 and nobody.sigma == pytest.approx(math.sqrt(0.0002 / 3 + 0.01))
 
 
 def test_normality_is_tested_on_the_residuals_less_their_bias():
