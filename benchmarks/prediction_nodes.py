@@ -8,19 +8,21 @@ the run (benchmarks/protocols/prediction_nodes.json; scalelab.perf.protocol):
   unshaped and one on loopback, and the in-situ strategies at the largest batch once more over the unshaped link
   (predicted, not fitted on); the intervals' sampling part comes from resampling all of it, their model-error
   part from in-calibration residuals (scalelab.perf.modelerror: each in-situ launch predicted by a fit without its
-  batch, and the unshaped runs by the whole fit);
+  batch, and the unshaped runs by the whole fit): a bias per strategy and regime moved into the point, the pooled
+  spread around it matched to a point's launches (a regression-style interval, n − k degrees of freedom);
 - compute without sync again at each held-out node count (the nodes share this host's cores, so compute at 3 or 4
   nodes is not what is predicted): those rows say "compute in-sample";
 - held-out points: 3 and 4 nodes, other links, a per-rank batch the calibration never ran, every sync strategy,
   each launched several times in interleaved rounds (a point is the median step of its launches, with their
   interval). The unshaped link's cost was measured by the calibration's unshaped bench: those rows are held out in
-  node count and batch only, and are reported apart; when the calibration's own unshaped runs missed beyond the
-  bound its other residuals set, the link is refused in one line (`modelerror.refusal`) and not predicted.
+  node count and batch only, and are reported apart; they are predicted from the unshaped runs' own residuals, or,
+  when one of those runs lies outside the 95 % interval the calibrated link's error term gives it, the link is
+  refused in one line (`modelerror.refusal`) and not predicted.
 - the preset path, checked: a hardware file describing each shaped held-out link (latency: the calibration
   bench's α; bandwidth: the link's rate), predicting the same points as a user's `--hardware-file` would.
 The run refuses a working tree with changes or model code other than the protocol's (its figures would be
 development figures). It prints the residuals behind the model-error term, every point (point, sampling part,
-model-error part) and, per node count, link and strategy, the median and max |error|, the coverage of the 95 %
+model-error part, and the bias moved into it) and, per node count, link and strategy, the median and max |error|, the coverage of the 95 %
 and the 50 % interval (measured median inside) and the 95 % interval's median half-width; the same for the preset
 path; the goals; and writes OUT/prediction_nodes.csv, OUT/residuals.csv and OUT/run.json.
 
@@ -48,10 +50,12 @@ DEFAULT = {
     "calibration": {"nodes": 2, "link_gbps": 1.0, "batches": [16, 32], "repeats": 2,
                     "strategies": ["allreduce", "bucketed", "gather_scatter"]},
     "compute_in_sample": {"nodes": [3, 4], "batches": [16, 32], "repeats": 2},
-    # batch 20: no run of an earlier protocol used it (24 was looked at twice)
-    "held_out": {"nodes": [3, 4], "links": [0.5, 0.2, None], "batch": 20,
+    # batch 26 and 0.6, 0.25 Gbit/s: no run of an earlier protocol used them (24; 20 over 0.5 and 0.2 Gbit/s; 28
+    # over 0.5 and 0.3 Gbit/s; 22 over 0.7 and 0.4 Gbit/s: each looked at twice; the calibration's 16, 32 and
+    # 1 Gbit/s)
+    "held_out": {"nodes": [3, 4], "links": [0.6, 0.25, None], "batch": 26,
                  "strategies": ["gather_scatter", "allreduce", "bucketed", "ddp"], "repeats": 2},
-    "preset_check": {"links": [0.5, 0.2]},
+    "preset_check": {"links": [0.6, 0.25]},
 }
 
 
@@ -233,14 +237,16 @@ def main() -> int:
     print(f"\n{modelerror.describe(cal)}; residuals (r = ln measured/predicted):")
     residuals = pd.DataFrame(cal.residuals)
     print(residuals.to_string(index=False, float_format="{:,.3f}".format) if len(residuals) else "  none")
-    cols = ["nodes", "link", "sync", "sample", "launches", "compute(ms)", "exposed_comm(ms)", "predicted",
+    cols = ["nodes", "link", "sync", "sample", "launches", "compute(ms)", "exposed_comm(ms)", "model(ms)", "bias(%)",
+            "predicted",
             "sampling_half_width(%)", "model_half_width(%)", "predicted_ci_low", "predicted_ci_high",
             "predicted_ci50_low", "predicted_ci50_high", "measured", "ci_low", "ci_high", "error(%)", "inside",
             "inside50", "half_width(%)", "extrapolation", "preset_predicted", "preset_error(%)", "preset_inside",
             "preset_inside50", "preset_half_width(%)"]
     print(f"\n{kind} run, protocol frozen {protocol.frozen}; every point (ms; measured = median step over its "
-          "launches, with their interval; predicted with its 95 % and 50 % intervals and the 95 % half-width's two "
-          "parts in % of the point: the calibration's sampling noise and the model's own error):")
+          "launches, with their interval; predicted = the model's step with its strategy's calibration bias, with its "
+          "95 % and 50 % intervals and the 95 % half-width's two parts in % of the point: the calibration's sampling "
+          "noise and the model's own error):")
     print(table[[c for c in cols if c in table]].to_string(index=False, float_format="{:,.1f}".format))
     lines, goals = summary_lines(table)
     print("\n" + "\n".join(lines))

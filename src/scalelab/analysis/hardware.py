@@ -8,6 +8,11 @@ S follows nccl-tests (PERFORMANCE.md): the buffer for allreduce and broadcast, t
 allgather, reduce_scatter, gather and scatter. Reduction arithmetic (MPICH's γ term) is left out: on GPUs and at
 gradient sizes it is far below the transfer time. Every formula gives 0 for n = 1.
 
+The ring allreduce runs segmented (`segmented_ring_allreduce`): gloo's ring (gloo/allreduce.cc) cuts S into p ≥ 2
+segments per rank (at most 1 MiB each) and keeps two in flight on each link, so while one segment's latency runs
+the other is on the wire. Its time is the α-β ring's (`cost_terms`) less the latency hidden behind the wire; at
+n = 2 (and S ≤ 4 MiB) nothing can be hidden and the two agree, so α and β are fitted on `cost_terms` there.
+
 Sources:
 - Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1).
 - Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 69(2).
@@ -52,7 +57,8 @@ OPS = tuple(FORMULAS)
 def cost_terms(op: str, n: int, algorithm: str | None = None) -> tuple[float, float]:
     """(A(n), B(n)) with t = A·α + B·S·β (α s, β s/B, S bytes) for `op` on n ranks; (0, 0) for n = 1.
 
-    allreduce ring           2(n−1)α + 2(n−1)/n·Sβ        Patarasuk & Yuan 2009 (bandwidth-optimal)
+    allreduce ring           2(n−1)α + 2(n−1)/n·Sβ        Patarasuk & Yuan 2009 (bandwidth-optimal); its cost
+                                                          (`collective_cost`) is segmented, as gloo runs it
     allreduce rabenseifner   2⌈log2 n⌉α + 2(n−1)/n·Sβ     Thakur et al. 2005 (recursive halving + doubling)
     allreduce recursive_doubling  ⌈log2 n⌉(α + Sβ)       Thakur et al. 2005
     allreduce binomial_tree  2⌈log2 n⌉(α + Sβ)            binomial reduce then broadcast, Thakur et al. 2005
@@ -77,10 +83,37 @@ def cost_terms(op: str, n: int, algorithm: str | None = None) -> tuple[float, fl
     return float(a), float(b)
 
 
+GLOO_MAX_SEGMENT_BYTES = 1024 * 1024  # gloo's AllreduceOptions kMaxSegmentSize: the largest segment of its ring
+
+
+def segmented_ring_allreduce(nbytes: float, n: int, alpha: float, beta: float,
+                             max_segment: float = GLOO_MAX_SEGMENT_BYTES) -> float:
+    """Seconds of gloo's ring allreduce (gloo/allreduce.cc `ring`) of S bytes on n ranks: p = max(2, ⌈⌈S/seg⌉/n⌉)
+    segments per rank of c = S·β/(n·p) seconds on the wire each; reduce-scatter, then allgather, each m = (n−1)·p
+    sends per rank, issued two at a time: send i waits for receive i−2. A send reaches the wire α after it is
+    issued and the link carries one segment at a time, so its arrival is a_i = max(a_{i−2} + α, a_{i−1}) + c, with
+    a_0 = α + c, a_1 = α + 2c. That gives a phase a_{m−1} = α + m·c + ⌊(m−1)/2⌋·max(0, α − c):
+
+        T = 2α + 2(n−1)/n·S·β + 2⌊(m−1)/2⌋·max(0, α − c)
+
+    Bandwidth-bound (c ≥ α) only one latency per phase shows, the rest runs while the other segment is on the
+    wire; latency-bound (c < α, small S) each pair of sends pays α. With p = 2 it is the α-β ring less the hidden
+    part, 2(n−1)α + 2(n−1)/n·S·β − 2(n−2)·min(α, c); at n = 2 they agree. Receiving and reducing a segment are
+    left out (part of α and β as fitted), and so are gloo's empty segments of a tiny S."""
+    if n <= 1:
+        return 0.0
+    p = max(2, math.ceil(math.ceil(nbytes / max_segment) / n))
+    m, c = (n - 1) * p, nbytes * beta / (n * p)
+    return 2 * alpha + 2 * (n - 1) / n * nbytes * beta + 2 * ((m - 1) // 2) * max(0.0, alpha - c)
+
+
 def collective_cost(op: str, nbytes: float, n: int, alpha: float, beta: float,
                     algorithm: str | None = None) -> float:
-    """Seconds of one collective on one kind of link: A(n)·α + B(n)·S·β (see `cost_terms`)."""
+    """Seconds of one collective on one kind of link: A(n)·α + B(n)·S·β (see `cost_terms`); the ring allreduce
+    segmented as gloo runs it (`segmented_ring_allreduce`)."""
     a, b = cost_terms(op, n, algorithm)
+    if op == "allreduce" and (algorithm or "ring") == "ring":
+        return segmented_ring_allreduce(nbytes, n, alpha, beta)
     return a * alpha + b * nbytes * beta
 
 
@@ -89,7 +122,8 @@ def hierarchical_allreduce(nbytes: float, nodes: int, per_node: int, hw: "Hardwa
 
     1. ring reduce-scatter inside each node:  (g−1)α_intra + (g−1)/g·S·β_intra
     2. ring allreduce across nodes, each of the g ranks on its S/g shard at the same time; the g flows share the
-       node's inter-node link (β_inter is per node), so together they move S:  2(N−1)α_inter + 2(N−1)/N·S·β_inter
+       node's inter-node link (β_inter is per node), so together they move S: the segmented ring of S bytes
+       (`segmented_ring_allreduce`), 2(N−1)α_inter + 2(N−1)/N·S·β_inter less the latency hidden behind the wire
     3. ring allgather inside each node:       (g−1)α_intra + (g−1)/g·S·β_intra
     With N = 1 it is the intra-node ring allreduce; with g = 1 the inter-node ring (as in NCCL / Horovod's
     hierarchical allreduce, and Thakur et al.'s reduce-scatter + allgather decomposition).

@@ -1,14 +1,16 @@
 """A prediction's 95 % and 50 % intervals (docs/model.md, "Prediction intervals"): the sampling part from the
 calibration's replicas (`uncertainty`), the model-error part from its in-calibration residuals (`modelerror`),
-added in quadrature in log step (`modelerror.combine`)."""
+added in quadrature in log step around the point with its strategy's calibration bias (`modelerror.combine`)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from scalelab.perf.calibration import Calibration
+from scalelab.perf.links import NodeLink
 from scalelab.perf.modelerror import combine, error_term
 
 
@@ -22,17 +24,22 @@ def step_quantiles(cal: Calibration, steps: Callable[[Calibration], Sequence[flo
     return [tuple(q) for q in np.nanpercentile(values, [2.5, 25, 75, 97.5], axis=0).T.tolist()]
 
 
-def intervals(cal: Calibration, points: Sequence[float],
-              quantiles: Sequence[tuple[float, float, float, float]]) -> dict[str, list[float]]:
-    """Per point, its 95 % (low, high) and 50 % (low50, high50) intervals and the 95 % half-widths of their
-    sampling and model-error parts (`modelerror.combine`, the calibration's `error_term`)."""
-    term = error_term(cal)
-    out: dict[str, list[float]] = {k: [] for k in ("low", "high", "low50", "high50", "sampling_half_width(%)",
-                                                   "model_half_width(%)")}
+def intervals(cal: Calibration, points: Sequence[float], quantiles: Sequence[tuple[float, float, float, float]], *,
+              strategy: str | None = None, link: NodeLink | None = None, launches: int = 1,
+              in_flight: bool = False, bias: bool = True) -> dict[str, list[float]]:
+    """Per point of `strategy` (several collectives `in_flight`: `modelerror.concurrent`) over `link` (None: the
+    calibrated one), whose target is the median of `launches` launches: the point with the strategy's calibration
+    bias (`point`; `bias` False: none, for hardware the calibration did not measure), its 95 % (low, high) and 50 %
+    (low50, high50) intervals, the bias and the 95 % half-widths of their sampling and model-error parts
+    (`modelerror.combine`, `modelerror.error_term`)."""
+    term = error_term(cal, strategy, link, launches, in_flight)
+    if not bias:
+        term = dataclasses.replace(term, bias=0.0)
+    names = ("point", "low", "high", "low50", "high50", "bias(%)", "sampling_half_width(%)", "model_half_width(%)")
+    out: dict[str, list[float]] = {k: [] for k in names}
     for point, q in zip(points, quantiles):
         c = combine(point, q, term)
-        for k, v in zip(("low", "high", "low50", "high50"), (*c[0.95], *c[0.5])):
+        for k, v in zip(names, (c["point"], *c[0.95], *c[0.5], c["bias(%)"], c["sampling_half_width(%)"],
+                                c["model_half_width(%)"])):
             out[k].append(v)
-        out["sampling_half_width(%)"].append(c["sampling_half_width(%)"])
-        out["model_half_width(%)"].append(c["model_half_width(%)"])
     return out

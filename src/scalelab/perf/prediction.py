@@ -125,8 +125,19 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
                               **batches)
 
         frame = steps(cal)
+        # the strategy's calibration bias belongs to this machine's own figures (perf/modelerror.py): a preset
+        # or a hardware file gets the spread alone; one worker does not communicate, so it has no bias
         parts = intervals(cal, frame["step(ms)"].tolist(),
-                          step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)))
+                          step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)),
+                          strategy=strategy, bias=hardware_checked(cal, hw) == CHECKED,
+                          in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+        factor = pd.Series([p / s if n > 1 else 1.0 for p, s, n in
+                            zip(parts["point"], frame["step(ms)"], frame["workers"])], index=frame.index)
+        unbiased = factor * frame["step(ms)"] / pd.Series(parts["point"], index=frame.index)  # 1 but for one worker
+        for k in ("low", "high", "low50", "high50"):
+            parts[k] = (pd.Series(parts[k], index=frame.index) * unbiased).tolist()
+        frame = frame.assign(**{"step(ms)": frame["step(ms)"] * factor, pm.THROUGHPUT: frame[pm.THROUGHPUT] / factor,
+                                "speedup": frame["speedup"] / factor, "efficiency": frame["efficiency"] / factor})
         frames.append(frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
                                       "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
                                       "sampling_half_width(%)": parts["sampling_half_width(%)"],
@@ -142,9 +153,12 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
 UNVALIDATED = "unvalidated (preset or file: compute scale 1, no in-situ scales)"
 
 
+CHECKED = "calibrated here"
+
+
 def hardware_checked(cal: Calibration, hw: Hardware) -> str:
-    """The `checked` column: "calibrated here" for the calibration's own hardware, else UNVALIDATED."""
-    return "calibrated here" if hw.name == cal.hardware().name else UNVALIDATED
+    """The `checked` column: CHECKED for the calibration's own hardware, else UNVALIDATED."""
+    return CHECKED if hw.name == cal.hardware().name else UNVALIDATED
 
 
 def efficiency_threshold(table: pd.DataFrame, threshold: float = 0.5) -> dict[str, int | None]:

@@ -14,13 +14,15 @@ from scalelab.perf.calibration import Calibration
 from scalelab.perf.horizon import unseen_share
 from scalelab.perf.intervals import intervals, step_quantiles
 from scalelab.perf.links import NodeLink, network_label
-from scalelab.perf.modelerror import refusal, seen_shares
+from scalelab.perf.modelerror import concurrent, refusal, seen_shares
 from scalelab.perf.runmodel import predict_run
 
+# predicted: the model's step (model(ms)) with its strategy's calibration bias (bias(%), perf/modelerror.py)
 VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
                       "net_latency_ms", "net_bandwidth_gbps", "sample", "compute(ms)", "comm(ms)",
-                      "exposed_comm(ms)", "predicted", "predicted_ci_low", "predicted_ci_high", "predicted_ci50_low",
-                      "predicted_ci50_high", "measured", "measured_comm(ms)", "error(%)", "inside", "inside50",
+                      "exposed_comm(ms)", "model(ms)", "bias(%)", "predicted", "predicted_ci_low", "predicted_ci_high",
+                      "predicted_ci50_low", "predicted_ci50_high", "measured", "measured_comm(ms)", "error(%)",
+                      "inside", "inside50",
                       "half_width(%)", "sampling_half_width(%)", "model_half_width(%)", "refused", "extrapolation",
                       "measured_speedup",
                       "measured_efficiency"]
@@ -68,16 +70,20 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         step = summary[keys.STEP_MEDIAN_MS]
         refused = refusal(cal, NodeLink.of(cfg))
         q = step_quantiles(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
-        c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"]], q).items()}
+        strategy = "ddp" if cfg.get("sync", "auto") == "auto" else cfg["sync"]
+        c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"]], q, strategy=strategy, link=NodeLink.of(cfg),
+                                           launches=int(run.get("launches", 1)),
+                                           in_flight=concurrent(cal, cfg)).items()}
         if refused:  # a refused link has no interval: the model was checked there and missed
-            c = {k: math.nan for k in c}
-        pred.append({"run_id": run["run_id"], "predicted": p["step(ms)"], "compute(ms)": p["compute(ms)"],
+            c = {**{k: math.nan for k in c}, "point": p["step(ms)"], "bias(%)": 0.0}
+        pred.append({"run_id": run["run_id"], "predicted": c["point"], "model(ms)": p["step(ms)"],
+                     "bias(%)": c["bias(%)"], "compute(ms)": p["compute(ms)"],
                      "comm(ms)": p["comm(ms)"], "exposed_comm(ms)": p["exposed_comm(ms)"],
                      "predicted_ci_low": c["low"], "predicted_ci_high": c["high"], "predicted_ci50_low": c["low50"],
                      "predicted_ci50_high": c["high50"], "sample": sample_of(cal, cfg), "refused": refused,
                      "inside": bool(c["low"] <= step <= c["high"]) if math.isfinite(c["low"]) else None,
                      "inside50": bool(c["low50"] <= step <= c["high50"]) if math.isfinite(c["low50"]) else None,
-                     "half_width(%)": 50 * (c["high"] - c["low"]) / p["step(ms)"],
+                     "half_width(%)": 50 * (c["high"] - c["low"]) / c["point"],
                      "sampling_half_width(%)": c["sampling_half_width(%)"],
                      "model_half_width(%)": c["model_half_width(%)"],
                      "extrapolation": unseen_share(p["exposed_comm(ms)"] / p["step(ms)"], seen_shares(cal))})
@@ -105,7 +111,8 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
 # what an interval means, for every prediction row (the report's line)
 INTERVALS = ("each predicted step has a 95 % and a 50 % interval that should hold the measured median step that "
              "often: the calibration's sampling noise (refits on resampled runs; on a preset or a hardware file only "
-             "the compute varies) and the model's own error, added in log step; ")
+             "the compute varies) and the model's own error (its in-calibration misses: a bias per strategy, moved "
+             "into this machine's predicted steps, and the spread around it), added in log step; ")
 
 
 def validation_text(val: pd.DataFrame, where: str) -> str:

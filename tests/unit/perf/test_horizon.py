@@ -79,7 +79,8 @@ def test_namespace_nodes_are_not_capped_at_the_cores():
 def test_a_communication_share_above_the_residual_runs_is_extrapolation_too():
     """Residual runs whose exposed communication was at most 1 % of the step: the calibrated hardware's rows with
     more (2 and 4 workers of a 4 x 4 MB gradient) are marked, the one-worker row (compute only) is not."""
-    rows = [{"check": "leave batch out", "link": "loopback", "residual": r, "comm_share": 0.01} for r in (0.1, -0.1)]
+    rows = [{"check": "leave batch out", "link": "loopback", "sync": "allreduce", "per_rank_batch": b, "residual": r,
+             "comm_share": 0.01} for b, r in ((16, 0.1), (32, -0.1))]
     t = result(presets=(), residuals=rows).tables["prediction"]
     shares = t["exposed_comm(ms)"] / t["step(ms)"]
     assert list(t["extrapolation"]) == [bool(s > 0.01) for s in shares] == [False, True, True]

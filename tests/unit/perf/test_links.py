@@ -78,7 +78,9 @@ def test_the_in_training_scale_over_a_shaped_link_is_fitted_on_the_hosts_part():
     """In-situ allreduce runs over the calibrated 1 Gbit/s link whose communication is the model's with the hosts'
     part × 3: the fit finds 3 (the ratio to the unscaled model, 1.07, would blame the wire for the hosts)."""
     cal = calibration()
-    truth = 1e3 * (4 * 3e-4 + 4 / 3 * 1_000_000 * ONE_GBIT / 0.95)  # ms: ring on 3 ranks, the wire unscaled
+    # ms: gloo's segmented ring on 3 ranks, the wire unscaled; bandwidth-bound (a segment, 1e6/6 bytes, takes 1.4 ms
+    # on the wire, more than α), so one latency per phase shows (analysis/hardware.py segmented_ring_allreduce)
+    truth = 1e3 * (2 * 3e-4 + 4 / 3 * 1_000_000 * ONE_GBIT / 0.95)
     points = pd.DataFrame([{"per_rank_batch": float(b), "forward(ms)": 1.0, "backward(ms)": 1.0,
                             "optimizer(ms)": 1.0, "step(ms)": 3.0} for b in (4, 8)])
     runs = [{"run_id": f"r{b}", "config": {"global_batch": 3 * b, "ranks": 1, "nnodes": 3},
@@ -86,7 +88,7 @@ def test_the_in_training_scale_over_a_shaped_link_is_fitted_on_the_hosts_part():
              | {"time/step_median(ms)": 3.0 + truth}} for b in (4, 8)]
     compute, comm, rows = insitu_scales(points, runs, cal)
     assert compute == 1.0 and comm == pytest.approx(3.0, rel=1e-5)
-    assert rows[0]["bench_comm(ms)"] == pytest.approx(truth - 1e3 * 4 * 2e-4)  # the model at scale 1
+    assert rows[0]["bench_comm(ms)"] == pytest.approx(truth - 1e3 * 2 * 2e-4)  # the model at scale 1
     assert scale_to_match(lambda k: 5.0 + k, 4.0) == 0.0  # the unscaled part alone is longer
 
 
@@ -105,17 +107,19 @@ def test_a_shaped_calibration_without_the_hosts_bench_cannot_predict_another_lin
 
 def test_a_run_over_a_slower_link_is_predicted_with_the_ring_over_that_link():
     """3 nodes of one rank, per-parameter allreduce of one 1 MB tensor over 0.2 Gbit/s: the step is compute plus
-    the ring, 2(n−1)·α + 2(n−1)/n·S·β, β the calibrated wire × 1/0.2."""
+    gloo's segmented ring, bandwidth-bound here (a segment of S/6 takes 7 ms on the wire, α 0.1 ms), so
+    2α + 2(n−1)/n·S·β, β the calibrated wire × 1/0.2."""
     cal = calibration()
     config = {"ranks": 1, "nnodes": 3, "local_nodes": 3, "link_gbps": 0.2, "global_batch": 3, "sync": "allreduce",
               "bucket_mb": 25.0}
     beta = ONE_GBIT / 0.95 / 0.2
-    ring_ms = 1e3 * (4 * 1e-4 + 4 / 3 * 1_000_000 * beta)
+    ring_ms = 1e3 * (2 * 1e-4 + 4 / 3 * 1_000_000 * beta)
     row = predict_run(cal, config)
     assert row["comm(ms)"] == pytest.approx(ring_ms)
     assert row["step(ms)"] == pytest.approx(1.0 + ring_ms)  # blocking: nothing hidden
     loopback = predict_run(cal, {**config, "local_nodes": 0, "nnodes": 1, "ranks": 3, "link_gbps": None})
-    assert loopback["comm(ms)"] == pytest.approx(1e3 * (4 * 5e-5 + 4 / 3 * 1_000_000 * 1.25e-9))
+    # loopback: a segment takes 0.21 ms, above the host's α of 0.05 ms: bandwidth-bound as well
+    assert loopback["comm(ms)"] == pytest.approx(1e3 * (2 * 5e-5 + 4 / 3 * 1_000_000 * 1.25e-9))
 
 
 def test_the_network_label_names_the_link_and_marks_padding_approximate():
@@ -151,7 +155,8 @@ def test_gather_scatter_gets_its_own_in_training_scale_without_a_floor():
     gs = predict_run(cal, {**config, "sync": "gather_scatter"})
     assert gs["comm(ms)"] == pytest.approx(1e3 * 2 * (0.5 * 1e-4 + 2 * 1_000_000 * 0.5 * 1.25e-9))
     ring = predict_run(cal, {**config, "sync": "allreduce"})
-    assert ring["comm(ms)"] == pytest.approx(1e3 * (4 * 2e-4 + 4 / 3 * 1_000_000 * 2 * 1.25e-9))
+    # the segmented ring, bandwidth-bound (a segment 0.42 ms on the wire, α 0.2 ms): one latency per phase
+    assert ring["comm(ms)"] == pytest.approx(1e3 * (2 * 2e-4 + 4 / 3 * 1_000_000 * 2 * 1.25e-9))
     # a calibration file written before strategies had their own scale reads back with none
     old = {k: v for k, v in cal.to_dict().items() if k != "sync_scales"}
     assert Calibration.from_dict(old).scale_for("gather_scatter") == 2.0

@@ -59,13 +59,16 @@ def test_a_resampled_bench_keeps_the_loop_mean_scaled_by_the_drawn_iterations():
 
 
 def residual_rows(values, share=0.0):
-    return [{"check": "leave batch out", "link": "loopback", "residual": r, "comm_share": share} for r in values]
+    """allreduce residuals, one launch per cell (each at its own batch)."""
+    return [{"check": "leave batch out", "link": "loopback", "sync": "allreduce", "per_rank_batch": float(b),
+             "residual": r, "comm_share": share} for b, r in enumerate(values)]
 
 
 def test_the_interval_is_the_replicas_percentiles_and_the_model_error_in_quadrature():
     """Replicas whose compute is ×0.8 ... ×1.2 the point's, no communication (1 worker): the sampling part is the
-    2.5 and 97.5 (25 and 75) percentiles of those steps; residuals ±0.1 give σ = 0.1 and the model-error part
-    t(0.975, 4)·0.1 = 0.2776 (t(0.75, 4)·0.1 = 0.0741) in log step; the two add in quadrature, by hand."""
+    2.5 and 97.5 (25 and 75) percentiles of those steps; residuals ±0.1 of one strategy (mean 0: no bias moved,
+    one launch per cell) give σ² = s² = 0.04/4 over 4 d.f., the model-error part t(0.975, 4)·σ = 0.27764 (t(0.75,
+    4)·σ = 0.07407) in log step; the two add in quadrature, by hand."""
     cal = synthetic_calibration(residuals=residual_rows([0.1, -0.1, 0.1, -0.1]))
     factors = np.linspace(0.8, 1.2, 41)
     cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}} for f in factors]
@@ -73,12 +76,14 @@ def test_the_interval_is_the_replicas_percentiles_and_the_model_error_in_quadrat
     step = table["step(ms)"].iloc[0]
     q025, q25, q75, q975 = np.percentile(step * factors, [2.5, 25, 75, 97.5])
     s95, s50 = np.log(q975 / q025) / 2, np.log(q75 / q25) / 2
-    h95, h50 = np.hypot(s95, 0.27764451), np.hypot(s50, 0.0740697084)
+    sigma = np.sqrt(0.04 / 4)
+    m95, m50 = 2.776445105 * sigma, 0.7406971100 * sigma
+    h95, h50 = np.hypot(s95, m95), np.hypot(s50, m50)
     assert table["step_ci_low(ms)"].iloc[0] == pytest.approx(step * np.exp(-h95), rel=1e-5)
     assert table["step_ci_high(ms)"].iloc[0] == pytest.approx(step * np.exp(h95), rel=1e-5)
     assert table["step_ci50_low(ms)"].iloc[0] == pytest.approx(step * np.exp(-h50), rel=1e-4)
     assert table["sampling_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(s95))
-    assert table["model_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(0.27764451), rel=1e-6)
+    assert table["model_half_width(%)"].iloc[0] == pytest.approx(100 * np.sinh(m95), rel=1e-6)
     assert table["checked"].iloc[0] == "calibrated here"
     no_replicates = predict_table(dataclasses.replace(cal, replicates=[]), cal.hardware(), [1], batch=10)
     assert no_replicates["step_ci_low(ms)"].isna().all()  # never a made-up interval
