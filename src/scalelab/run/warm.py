@@ -96,6 +96,10 @@ class Pool:
         self.procs: list[subprocess.Popen] = []
         self.busy = False  # a job is running: closing then stops the ranks at once
         self.closed = False
+        # unix times of this pool's start, per rank: asked, spawned (here), main, imported, warmed (the rank's),
+        # ready (here): where a new layout's start goes (benchmarks/cell_cost.py --layouts)
+        self.start_phases: list[dict[str, float]] = []
+        asked = time.time()
         try:
             for local_rank in range(nproc):
                 mine, theirs = socket.socketpair()
@@ -105,6 +109,7 @@ class Pool:
                     [sys.executable, "-m", "scalelab.run.warm_rank", str(fd), str(local_rank),
                      *(["--fork"] if fork else [])],
                     env={**os.environ, **env}, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+                self.start_phases.append({"asked": asked, "spawned": time.time()})
                 theirs.close()
             self._wait_ready()
         except BaseException:
@@ -121,7 +126,7 @@ class Pool:
                     raise LaunchFailed(f"warm rank {local_rank} ended while starting: {died(local_rank, code)}", "")
                 if time.monotonic() > deadline:
                     raise LaunchFailed(f"warm rank {local_rank} did not start in {START_TIMEOUT_S:g} s", "")
-            conn.recv()
+            self.start_phases[local_rank].update(conn.recv(), ready=time.time())
 
     @property
     def pids(self) -> list[int]:

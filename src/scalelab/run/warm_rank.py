@@ -21,6 +21,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -30,11 +31,12 @@ from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's rank
 class WarmRank:
     """One warm rank: says it is ready, then runs jobs until the pool closes the connection."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, stamps: dict[str, float]):
         self.conn = Connection(fd)
+        self.stamps = stamps  # unix times of this process's start (main, imported, warmed), sent as it is ready
 
     def serve(self) -> None:
-        self.conn.send("ready")
+        self.conn.send(self.stamps)
         while True:
             # Ctrl-C reaches every process of the terminal: between jobs the launching process handles it (it
             # closes the pool); during a job the worker gets it as torchrun's ranks do
@@ -190,6 +192,7 @@ def _release_memory() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    stamps = {"main": time.time()}
     # imported before the first job: what a warm rank saves each later cell
     import scalelab.measure.commbench_worker  # noqa: F401
     import scalelab.run.worker  # noqa: F401
@@ -200,15 +203,18 @@ def main(argv: list[str] | None = None) -> None:
         # and starts no thread, so it is done once here and the children inherit it.
         import torch._dynamo  # noqa: F401
 
-        server: WarmRank = ForkServer(int(args[0]))
+        stamps["imported"] = stamps["warmed"] = time.time()
+        server: WarmRank = ForkServer(int(args[0]), stamps)
     else:
         from scalelab.config import TrainConfig
         from scalelab.run.worker import warm_up_runtime
 
+        stamps["imported"] = time.time()
         # torch's one-time allocations before the first job, so that the first job's memory figures (what training
         # added to its baseline) equal a later job's: the first job of a pool is no different from the others
         warm_up_runtime(TrainConfig())
-        server = WarmRank(int(args[0]))
+        stamps["warmed"] = time.time()
+        server = WarmRank(int(args[0]), stamps)
     server.serve()
     _exit_served()
 
