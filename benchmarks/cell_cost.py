@@ -28,11 +28,13 @@ Phases, in order (a rank's are rank 0's):
     python benchmarks/cell_cost.py --layouts 3          # what a NEW layout's rank processes cost mid-study
 
 --layouts N: after a 1-rank cell in this process (torch has run here, as mid-study), N times a new layout of 2 ranks
-(a warm pool, then a fork pool), each running two cells. From "a pool is needed" to "its first job can start",
-split from the pool's `start_phases` (the slower rank's): spawn (the launching process starts the process), exec
-(to the rank's main: the interpreter and its first imports), imports (torch, scalelab, and for a fork server
-torch._dynamo), warm-up (a warm rank's torch one-time allocations), handshake (to the pool reading it ready); then
-the first job's process group (pg) and what its fixed cost exceeds the second job's (first-job).
+of each kind (a warm pool and a fork pool, their rank processes started by exec or forked from a zygote:
+run/warm_zygote.py), interleaved, each running two cells. From "a pool is needed" to "its first job can start",
+split from the pool's `start_phases` (the slower rank's): spawn (the launching process starts the process, or the
+zygote's fork returns), exec (to the rank's main: the interpreter and its first imports; for a fork, the child's
+first line), imports (torch, scalelab, torch._dynamo; none in a fork), warm-up (a warm rank's torch one-time
+allocations), handshake (to the pool reading it ready); then the first job's process group (pg) and what its fixed
+cost exceeds the second job's (first-job). The zygote's own start, paid once a study, is printed apart.
 """
 from __future__ import annotations
 
@@ -142,17 +144,22 @@ def layout_starts(n: int) -> dict[str, list[dict[str, float]]]:
     from scalelab.run import warm
     from scalelab.run.execute import execute
     from scalelab.run.launch import worker_env
+    from scalelab.run.warm_zygote import Zygote
     from scalelab.store import Store
 
     one, two = (c.config for c in cells(2))
-    out: dict[str, list[dict[str, float]]] = {"warm": [], "fork": []}
+    out: dict[str, list[dict[str, float]]] = {"exec warm": [], "exec fork": [], "zygote warm": [], "zygote fork": []}
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "store")
         execute(one, store, say=lambda _line: None)  # a 1-rank cell here first: torch has run in this process
+        zygote = Zygote()
+        zygote.wait_ready()
+        print(f"the zygote's own start (once a study): {1e3 * (time.time() - zygote.started):.0f} ms")
         for i in range(n):
             for mode in out:
-                # a layout no pool had: a variable of its own in the ranks' environment
-                pool = warm.Pool(2, {**worker_env(two), "SCALELAB_LAYOUT_PROBE": f"{i}"}, fork=mode == "fork")
+                # a layout no pool had: a variable of its own in the ranks' environment (read late: forkable)
+                pool = warm.Pool(2, {**worker_env(two), "SCALELAB_LAYOUT_PROBE": f"{i}"}, fork=mode.endswith("fork"),
+                                 zygote=zygote if mode.startswith("zygote") else None)
                 try:
                     runs = [execute(with_fields(two, seed=100 + 2 * i + j), store, launcher=pool.run,
                                     say=lambda _line: None) for j in (0, 1)]
@@ -162,6 +169,7 @@ def layout_starts(n: int) -> dict[str, list[dict[str, float]]]:
                 out[mode].append({**start_split(pool.start_phases), "pg": first["pg"],
                                   "first-job": sum(first[p] for p in FIXED) - sum(second[p] for p in FIXED)})
                 out[mode][-1]["layout"] = out[mode][-1]["start"] + out[mode][-1]["first-job"]
+        zygote.close()
     return out
 
 

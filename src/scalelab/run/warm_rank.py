@@ -190,33 +190,43 @@ def _release_memory() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    stamps = {"main": time.time()}
-    # imported before the first job: what a warm rank saves each later cell
+def import_for_jobs() -> None:
+    """What every job needs, imported before the first: what a warm rank saves each later cell. No torch op runs
+    here and no thread starts (numpy's OpenBLAS pool aside, which shuts itself down before a fork), so a process
+    that did only this may fork (a fork server, the zygote: scalelab.run.warm_zygote)."""
     import scalelab.measure.commbench_worker  # noqa: F401
     import scalelab.run.worker  # noqa: F401
 
-    if "--fork" in args:
-        # Building an optimizer imports torch._dynamo (sympy and some 800 modules: ~0.9 s on a 2-core machine),
-        # which each fresh child would pay before its first step. It is a Python import that runs no torch op
-        # and starts no thread, so it is done once here and the children inherit it.
-        import torch._dynamo  # noqa: F401
+    # Building an optimizer imports torch._dynamo (sympy and some 800 modules: ~0.9 s on a 2-core machine), which
+    # each job of a fresh process would pay before its first step. A Python import that runs no torch op.
+    import torch._dynamo  # noqa: F401
 
-        stamps["imported"] = stamps["warmed"] = time.time()
-        server: WarmRank = ForkServer(int(args[0]), stamps)
+
+def serve(fd: int, fork: bool, stamps: dict[str, float]) -> None:
+    """Serve the pool on FD until it closes the connection, this process's imports done (`import_for_jobs`, here or
+    in the zygote this process was forked from); never returns."""
+    if fork:
+        stamps["warmed"] = time.time()
+        server: WarmRank = ForkServer(fd, stamps)
     else:
         from scalelab.config import TrainConfig
         from scalelab.run.worker import warm_up_runtime
 
-        stamps["imported"] = time.time()
         # torch's one-time allocations before the first job, so that the first job's memory figures (what training
         # added to its baseline) equal a later job's: the first job of a pool is no different from the others
         warm_up_runtime(TrainConfig())
         stamps["warmed"] = time.time()
-        server = WarmRank(int(args[0]), stamps)
+        server = WarmRank(fd, stamps)
     server.serve()
     _exit_served()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    stamps = {"main": time.time()}
+    import_for_jobs()
+    stamps["imported"] = time.time()
+    serve(int(args[0]), "--fork" in args, stamps)
 
 
 def _exit_served() -> None:
