@@ -3,8 +3,10 @@ processes that stay up between cells, instead of a torchrun launch per cell.
 
 Why: a cold 2-rank cell starts torchrun's agent and a Python process per rank, each importing torch and scalelab
 (seconds on a 2-core machine, most of a short cell; benchmarks/cell_cost.py). Inside `with ranks():` the first
-cell of a layout (ranks per node, the launch environment: threads, interfaces) starts that many rank processes
-(`python -m scalelab.run.warm`); each later cell with the same layout is a job sent to them. A job runs the same
+cell of a layout (ranks per node, the launch environment: threads, interfaces) starts that many rank processes,
+forked from the block's zygote, which imported torch and scalelab once and never runs a torch op
+(scalelab.run.warm_zygote; `python -m scalelab.run.warm_rank` for a layout it cannot fork); each later cell with the
+same layout is a job sent to them. A job runs the same
 worker entry point torchrun would (`scalelab.run.worker`, `scalelab.measure.commbench_worker`) with the same
 environment torchrun gives a rank, and a fresh rendezvous store on loopback, hosted here as for a torchrun run
 (launch.loopback_store). The worker builds everything a cell measures from its config: process group, model,
@@ -53,7 +55,8 @@ from scalelab.store import RunDir
 START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
 MAX_POOLS = 6  # layouts kept at once: a study has about 6 (1 and 2 threads per rank, 1 and 2 ranks, warm and forked;
-# an idle fork server holds its imports, about 250 MB; an idle warm rank more, its warm-up and allocator cache)
+# an idle fork server holds its imports, about 250 MB, shared with the zygote it was forked from until written; an
+# idle warm rank more, its warm-up and allocator cache)
 
 
 def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:

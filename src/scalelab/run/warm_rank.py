@@ -1,4 +1,5 @@
-"""The rank process of a warm pool (scalelab.run.warm): `python -m scalelab.run.warm_rank FD LOCAL_RANK [--fork]`.
+"""The rank process of a warm pool (scalelab.run.warm): `python -m scalelab.run.warm_rank FD LOCAL_RANK [--fork]`,
+or (most pools) a child of the block's zygote, which did those imports once (scalelab.run.warm_zygote, `serve`).
 
 It imports what its jobs need, says it is ready on FD (its end of a socket pair with the pool), then runs one job
 per message until the pool closes the connection. Two modes:
