@@ -210,6 +210,7 @@ def _child(fd: int, request: dict) -> None:
     """A forked rank process: the rank's environment and malloc settings, then serve its pool; never returns."""
     from scalelab.run import warm_rank
 
+    code = 1
     try:
         stamps = {"main": time.time()}
         libc = ctypes.CDLL("libc.so.6")
@@ -218,11 +219,19 @@ def _child(fd: int, request: dict) -> None:
                 libc.mallopt(option, int(request["env"][key]))
         warm_rank.apply_env(request["env"])
         stamps["imported"] = stamps["main"]  # the zygote's imports
-        warm_rank.serve(fd, request["fork"], stamps)
-    except BaseException:  # noqa: BLE001 - said on stderr; the pool reads this process's end as a failed start
+        warm_rank.serve(fd, request["fork"], stamps)  # ends the process itself when its pool closes
+    # what the interpreter of a `python -m scalelab.run.warm_rank` process does with an exception it did not catch
+    except SystemExit as err:
+        code = err.code if isinstance(err.code, int) else int(err.code is not None)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # noqa: BLE001 - said on stderr; the pool reads the end of this process
         traceback.print_exc()
     finally:
-        os._exit(1)  # serve() ends the process itself; reaching here, it raised
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
