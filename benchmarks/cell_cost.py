@@ -34,7 +34,8 @@ split from the pool's `start_phases` (the slower rank's): spawn (the launching p
 zygote's fork returns), exec (to the rank's main: the interpreter and its first imports; for a fork, the child's
 first line), imports (torch, scalelab, torch._dynamo; none in a fork), warm-up (a warm rank's torch one-time
 allocations), handshake (to the pool reading it ready); then the first job's process group (pg) and what its fixed
-cost exceeds the second job's (first-job). The zygote's own start, paid once a study, is printed apart.
+cost exceeds the second job's (first-job). The zygote's own start, paid once a study, is printed apart. A forked
+rank starts before the zygote's answer reaches the pool, so its exec part can be a few ms below 0.
 """
 from __future__ import annotations
 
