@@ -25,6 +25,17 @@ Phases, in order (a rank's are rank 0's):
     python benchmarks/cell_cost.py --launch both        # cold then warm, one table each and the ratio
     python benchmarks/cell_cost.py --fresh              # cells that need a fresh process (a memory cap, here
                                                         # one that fits): torchrun cold, a fork pool's child warm
+    python benchmarks/cell_cost.py --layouts 3          # what a NEW layout's rank processes cost mid-study
+
+--layouts N: after a 1-rank cell in this process (torch has run here, as mid-study), N times a new layout of 2 ranks
+of each kind (a warm pool and a fork pool, their rank processes started by exec or forked from a zygote:
+run/warm_zygote.py), interleaved, each running two cells. From "a pool is needed" to "its first job can start",
+split from the pool's `start_phases` (the slower rank's): spawn (the launching process starts the process, or the
+zygote's fork returns), exec (to the rank's main: the interpreter and its first imports; for a fork, the child's
+first line), imports (torch, scalelab, torch._dynamo; none in a fork), warm-up (a warm rank's torch one-time
+allocations), handshake (to the pool reading it ready); then the first job's process group (pg) and what its fixed
+cost exceeds the second job's (first-job). The zygote's own start, paid once a study, is printed apart. A forked
+rank starts before the zygote's answer reaches the pool, so its exec part can be a few ms below 0.
 """
 from __future__ import annotations
 
@@ -125,12 +136,73 @@ def table(launch: str, by_world: dict[int, list[dict[str, float]]]) -> dict[int,
     return fixed
 
 
+LAYOUT_PHASES = ("spawn", "exec", "imports", "warm-up", "handshake", "start", "pg", "first-job", "layout")
+
+
+def layout_starts(n: int) -> dict[str, list[dict[str, float]]]:
+    """`n` new 2-rank layouts, warm and forked, started mid-study (module docstring): their phases in ms."""
+    from scalelab.lab.cells import with_fields
+    from scalelab.run import warm
+    from scalelab.run.execute import execute
+    from scalelab.run.launch import worker_env
+    from scalelab.run.warm_zygote import Zygote
+    from scalelab.store import Store
+
+    one, two = (c.config for c in cells(2))
+    out: dict[str, list[dict[str, float]]] = {"exec warm": [], "exec fork": [], "zygote warm": [], "zygote fork": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "store")
+        execute(one, store, say=lambda _line: None)  # a 1-rank cell here first: torch has run in this process
+        zygote = Zygote()
+        zygote.wait_ready()
+        print(f"the zygote's own start (once a study): {1e3 * (time.time() - zygote.started):.0f} ms")
+        for i in range(n):
+            for mode in out:
+                # a layout no pool had: a variable of its own in the ranks' environment (read late: forkable)
+                pool = warm.Pool(2, {**worker_env(two), "SCALELAB_LAYOUT_PROBE": f"{i}"}, fork=mode.endswith("fork"),
+                                 zygote=zygote if mode.startswith("zygote") else None)
+                try:
+                    runs = [execute(with_fields(two, seed=100 + 2 * i + j), store, launcher=pool.run,
+                                    say=lambda _line: None) for j in (0, 1)]
+                finally:
+                    pool.close()
+                first, second = (phases_of(r.run_dir) for r in runs)
+                out[mode].append({**start_split(pool.start_phases), "pg": first["pg"],
+                                  "first-job": sum(first[p] for p in FIXED) - sum(second[p] for p in FIXED)})
+                out[mode][-1]["layout"] = out[mode][-1]["start"] + out[mode][-1]["first-job"]
+        zygote.close()
+    return out
+
+
+def start_split(stamps: list[dict[str, float]]) -> dict[str, float]:
+    """A pool's start in ms, from its ranks' unix stamps (warm.Pool.start_phases): the slower rank's parts."""
+    last = max(stamps, key=lambda r: r["ready"])
+    edges = ("asked", "spawned", "main", "imported", "warmed", "ready")
+    parts = {name: 1e3 * (last[b] - last[a]) for name, a, b in zip(LAYOUT_PHASES, edges, edges[1:])}
+    return {**parts, "start": 1e3 * (last["ready"] - last["asked"])}
+
+
+def layout_table(by_mode: dict[str, list[dict[str, float]]]) -> None:
+    print("\nnew layout of 2 ranks mid-study: median ms (min-max)")
+    print(f"{'phase':<10}" + "".join(f"{f'{mode}, n={len(rows)}':>26}" for mode, rows in by_mode.items()))
+    for phase in LAYOUT_PHASES:
+        line = f"{phase:<10}"
+        for rows in by_mode.values():
+            values = [r[phase] for r in rows]
+            line += f"{statistics.median(values):>12.0f} ({min(values):>5.0f}-{max(values):>5.0f})"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launch", choices=("cold", "warm", "both"), default="both")
     parser.add_argument("--cells", type=int, default=8, help="cells per launch mode (alternating 1 and 2 ranks)")
     parser.add_argument("--fresh", action="store_true", help="cells that need a fresh process (a memory cap)")
+    parser.add_argument("--layouts", type=int, default=0, help="instead: N new layouts' start-up, warm and fork")
     args = parser.parse_args()
+    if args.layouts:
+        layout_table(layout_starts(args.layouts))
+        return
     modes = ("cold", "warm") if args.launch == "both" else (args.launch,)
     fixed = {mode: table(mode, run(mode, args.cells, args.fresh)) for mode in modes}
     if len(fixed) == 2:

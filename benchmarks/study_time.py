@@ -26,6 +26,7 @@ from pathlib import Path
 DONE = re.compile(r"^== (\w+) (?:done in (\d+) s|failed)")
 ETA = re.compile(r"^== \[(\d+)/(\d+)\] (\w+) \(study ETA (\d+):(\d+)\)")
 CUT = re.compile(r"^== budget: (.*)")
+WARM = re.compile(r"(warm ranks: .*)")  # how the multi-rank runs started (run/warm.py, Pools.tally)
 
 
 def run_study(src: str | None, args: list[str]) -> dict:
@@ -43,7 +44,8 @@ def run_study(src: str | None, args: list[str]) -> dict:
     seconds = {m.group(1): float(m.group(2) or "nan") for _, line in lines if (m := DONE.match(line))}
     etas = [(t, 60 * int(m.group(4)) + int(m.group(5)), m.group(3)) for t, line in lines if (m := ETA.match(line))]
     cuts = [m.group(1) for _, line in lines if (m := CUT.match(line))]
-    return {"rc": proc.returncode, "wall": wall, "seconds": seconds, "etas": etas, "cuts": cuts,
+    starts = [m.group(1) for _, line in lines if (m := WARM.search(line))]
+    return {"rc": proc.returncode, "wall": wall, "seconds": seconds, "etas": etas, "cuts": cuts, "starts": starts,
             "tail": [line for _, line in lines[-3:]]}
 
 
@@ -77,6 +79,8 @@ def main() -> None:
             print("    " + ", ".join(f"{k} {v:.0f}" for k, v in s["seconds"].items()))
             for cut in s["cuts"]:
                 print(f"    cut: {cut}")
+            for line in s["starts"]:
+                print(f"    {line}")
             errors = eta_errors(s)
             if errors:
                 worst = max(errors, key=lambda e: abs(e[3]))

@@ -106,8 +106,11 @@ def test_a_data_delay_is_data_wait(tmp_path, scenario_runs):
     data = _part(table, "data")
     _say("data delay", runs["real"]["summary"]["steps/timed"], data, injected)
     print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
-    # the data part is already a difference against a run without the delay (the 1-worker run's data wait)
-    assert 0.8 * injected <= data["value(ms)"] <= 1.5 * injected + 3, table
+    # the data part is already a difference against a run without the delay (the 1-worker run's data wait); its
+    # noise is that of the loader's own work, which the control's data stage measures on this machine (no constant)
+    own = scenario_runs(sense.data_wait(scenario_runs.folder, sleep_s=0.0))["summary"][keys.stage_ms("data")]
+    print(f"control's data stage {own:.2f} ms")
+    assert 0.8 * injected <= data["value(ms)"] <= 1.5 * injected + own, (own, table)
     # both ranks wait for their own data alike: the delay is not a peer's wait. What ranks wait for each other is
     # the ordinary imbalance of 2 ranks on 2 shared cores, a figure of the machine and its load (1.5-3 ms on a quiet
     # machine, 2-17 ms at load 7 on 2 cores), which the control measures; the 16 ms would come on top of it if the

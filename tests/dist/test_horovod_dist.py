@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import CONTROL_RATIO, TINY_MLP, cli_env, run_cli, wait_for_steps
+from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
 from scalelab.analysis import hvdcomm, keys
 from scalelab.config import TrainConfig
 from scalelab.engines import registry
@@ -107,23 +107,27 @@ def test_collective_times_come_from_horovods_timeline(hvd):
 
 def test_a_straggler_is_waiting_for_peers_as_for_ddp(scenario_runs):
     """Known truth (issue 43): rank 1's forward sleeps 40 ms more a step (tests/dist/sense_scenarios.py), so its
-    gradients are enqueued 40 ms after rank 0's and rank 0 waits for them: >= 80 % of 40 ms is waiting for peers.
-    The control is the same config without the sleep, identical ranks: their waiting is the ordinary imbalance of 2
-    ranks on shared cores, bounded by DDP's on that config (a figure of the machine and its load)."""
+    gradients are enqueued 40 ms after rank 0's and rank 0 waits for them: >= 80 % of 40 ms is waiting for peers,
+    as test_sense_dist asserts for DDP. The control is the same Horovod config without the sleep, identical ranks:
+    their waiting is the ordinary imbalance of 2 ranks on shared cores (a figure of the machine and its load, and
+    of Horovod's background thread: above DDP's on the same config, 10.2 ms against DDP's 1 ms once in CI), which
+    the straggler's waiting holds too. So no constant and no other engine's figure bounds it: the straggler's
+    waiting less the control's is the sleep, at least half of it and at most 1.3 times it (issue 38)."""
     import sense_scenarios as sense
 
     folder = scenario_runs.folder
     hvd_of = {delay: scenario_runs(with_engine(sense.straggler(folder, delay_s=delay))) for delay in (sense.STRAGGLER_S,
                                                                                                       0.0)}
-    ddp_control = scenario_runs(sense.straggler(folder, delay_s=0.0))["summary"][keys.COMM_PEERS_WAIT_MS]
     injected = 1e3 * sense.STRAGGLER_S
     waiting = {delay: run["summary"][keys.COMM_PEERS_WAIT_MS] for delay, run in hvd_of.items()}
     low, high = (hvd_of[sense.STRAGGLER_S]["summary"][k] for k in keys.ci_keys(keys.COMM_PEERS_WAIT_MS))
-    shown = {"injected(ms)": injected, "horovod(ms)": waiting, "interval": (low, high), "ddp control(ms)": ddp_control}
+    shown = {"injected(ms)": injected, "horovod(ms)": waiting, "interval": (low, high)}
     print(f"\nhorovod straggler: n={hvd_of[sense.STRAGGLER_S]['summary']['steps/timed']} {shown}")
-    assert 0.8 * injected <= waiting[sense.STRAGGLER_S] <= waiting[0.0] + 1.3 * injected, shown
+    assert waiting[sense.STRAGGLER_S] >= 0.8 * injected, shown
     assert 0 <= low <= waiting[sense.STRAGGLER_S] <= high, shown
-    assert waiting[0.0] <= CONTROL_RATIO * ddp_control + 0.2 * injected, shown
+    # the separation of the cause from its absence: the control's waiting lies well below the straggler's, by
+    # about the sleep (both hold the same imbalance, so it cancels whatever the machine's speed)
+    assert 0.5 * injected <= waiting[sense.STRAGGLER_S] - waiting[0.0] <= 1.3 * injected, shown
 
 
 def with_engine(cfg: TrainConfig) -> TrainConfig:

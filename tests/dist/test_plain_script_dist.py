@@ -1,22 +1,24 @@
 """Known truths on a plain training script (its own argparse, torchrun's environment, DDP, not a line of scalelab),
 run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's forward (scalelab.run.found_steps):
 - a sleep in rank 1 before its forward: `explain` names rank 1; waiting for peers >= 80 % of the sleep; data wait +
-  waiting <= 1.2 x the sleep (not counted twice); |rest| <= 20 % of the gap; no --global-batch was given, so the
-  ideal step is the 1-rank run's scaled by the batch read at the forward;
+  waiting <= the control's + 1.2 x the sleep (not counted twice); |rest| <= 20 % of the gap; no --global-batch was
+  given, so the ideal step is the 1-rank run's scaled by the batch read at the forward;
 - a sleep in rank 1 between its forward and backward: the straggler loses its time in forward_backward (the trace
   draws that span);
-- a sleep in every rank's data loading: data wait, not waiting for peers;
+- a sleep in every rank's data loading: data wait, not waiting for peers (no more than the control's);
 - no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none);
 - a script with neither a DDP model nor an optimizer has no steps: `explain` says so and names the straggler from
   its collectives alone.
-Each prints n, the figure with its interval and the injected value."""
+Each prints n, the figure with its interval and the injected value. The control is the same script without a sleep:
+what ranks wait for each other there is the ordinary imbalance of 2 ranks on shared cores, a figure of the machine
+and its load that no constant bounds (conftest's CONTROL_RATIO, issue 38)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import CONTROL_RATIO, run_cli
 
 from scalelab.analysis import keys
 from scalelab.analysis.stragglers import run_straggler, straggler_lines
@@ -123,12 +125,19 @@ def plain_run(tmp_path: Path, store: Path, *args: str, ranks: int = 2, boundary:
     return run
 
 
+@pytest.fixture(scope="module")
+def control(tmp_path_factory) -> dict:
+    """The script without a sleep, on 2 ranks: its summary (its data wait and ordinary imbalance)."""
+    folder = tmp_path_factory.mktemp("control")
+    return plain_run(folder, folder / "store", "--steps", "24")["summary"]
+
+
 def ci(summary: dict, key: str) -> str:
     low, high = (summary.get(k) for k in keys.ci_keys(key))
     return f"{summary[key]:.1f} ms (95 % interval {low:.1f}-{high:.1f})"
 
 
-def test_a_sleep_before_one_ranks_forward_is_waiting_for_peers_named_by_explain(tmp_path):
+def test_a_sleep_before_one_ranks_forward_is_waiting_for_peers_named_by_explain(tmp_path, control):
     store = tmp_path / "store"
     args = ("--steps", "24", "--sleep-before-forward", str(SLEEP_S))
     real = plain_run(tmp_path, store, *args)
@@ -145,7 +154,11 @@ def test_a_sleep_before_one_ranks_forward_is_waiting_for_peers_named_by_explain(
     data, waiting = table.loc["data", "value(ms)"], table.loc["waiting", "value(ms)"]
     print(f"data wait {data:.2f} ms + waiting {waiting:.2f} ms = {data + waiting:.1f} ms; rest "
           f"{table.loc['rest', 'value(ms)']:.2f} ms of a {table.attrs['gap(ms)']:.1f} ms gap")
-    assert data + waiting <= 1.2 * 1e3 * SLEEP_S  # the sleep is the others' waiting, not also data wait
+    # the sleep is the others' waiting, not also data wait (that would be 2 x the sleep), on top of what the
+    # control's ranks wait for data and for each other
+    base = control[keys.DATA_WAIT_ALL_RANKS_MS] + control[keys.COMM_PEERS_WAIT_MS]
+    print(f"control: data wait + waiting {base:.2f} ms")
+    assert data + waiting <= CONTROL_RATIO * base + 1.2 * 1e3 * SLEEP_S
     assert abs(table.loc["rest", "value(ms)"]) <= 0.2 * table.attrs["gap(ms)"]
     # no --global-batch: the ideal step is the 1-rank step scaled by the batch read at the forward (16 / 32)
     assert real["config"]["global_batch"] is None and s[keys.SAMPLES_PER_STEP] == 32
@@ -163,13 +176,16 @@ def test_a_sleep_between_forward_and_backward_is_lost_in_forward_backward(tmp_pa
     assert sum(e["name"] == "forward_backward" for e in trace) == 2 * 20
 
 
-def test_a_sleep_in_every_ranks_data_loading_is_data_wait_not_waiting(tmp_path):
+def test_a_sleep_in_every_ranks_data_loading_is_data_wait_not_waiting(tmp_path, control):
     run = plain_run(tmp_path, tmp_path / "store", "--steps", "20", "--sleep-data", str(SLEEP_S))
     s = run["summary"]
     print(f"n = {s[keys.STEPS_TIMED]} steps; data wait every rank had {ci(s, keys.DATA_WAIT_ALL_RANKS_MS)}, "
           f"waiting for peers {ci(s, keys.COMM_PEERS_WAIT_MS)}; injected {1e3 * SLEEP_S:.0f} ms")
     assert s[keys.DATA_WAIT_ALL_RANKS_MS] >= 0.9 * 1e3 * SLEEP_S
-    assert s[keys.COMM_PEERS_WAIT_MS] <= 0.25 * 1e3 * SLEEP_S
+    # every rank sleeps alike: what they wait for each other is the control's imbalance; the sleep would come on top
+    base = control[keys.COMM_PEERS_WAIT_MS]
+    print(f"control: waiting for peers {ci(control, keys.COMM_PEERS_WAIT_MS)}")
+    assert s[keys.COMM_PEERS_WAIT_MS] <= CONTROL_RATIO * base + 0.25 * 1e3 * SLEEP_S
 
 
 def test_no_sync_accumulation_is_one_step_per_optimizer_step(tmp_path):

@@ -187,3 +187,62 @@ def test_an_interrupted_warm_cell_is_marked_and_leaves_no_rank(tmp_path, sleepy_
     assert not alive, f"left behind: {alive}"
     runs = Store(root).list_runs().sort_values("created")
     assert list(runs["status"]) == ["completed", "interrupted"], err[-1500:]
+
+
+def test_every_pool_is_forked_from_one_zygote_and_trains_as_a_cold_launch(store):
+    """Known truths of the zygote (run/warm_zygote.py): every rank process of a block's pools, warm ranks and fork
+    servers alike, is a child of the one zygote (its parent pid), which the launching process started; a cell in
+    those ranks trains its 20 steps bit for bit as the same cell launched cold; and when the block ends, no process
+    of it is left, the zygote included."""
+    cfg = _cfg(model="mlp")
+    capped = _cfg(model="mlp", model_options="depth=1,width=16", memory_limit=256 * 2**20, steps=6)
+    with warm.paused():
+        cold, cold_capped = _run(store, cfg), _run(store, capped)
+    with warm.ranks() as pools:
+        forked, forked_capped = _run(store, cfg), _run(store, capped)
+        zygote = pools.zygote.proc.pid
+        assert psutil.Process(zygote).ppid() == psutil.Process().pid
+        ranks = [pid for pool in pools.pools.values() for pid in pool.pids]
+        assert len(pools.pools) == 2 and pools.zygote_forked == 2, pools.tally()
+        assert {psutil.Process(pid).ppid() for pid in ranks} == {zygote}, "each rank process forked by the zygote"
+        assert "(2 forked from the zygote)" in pools.tally()
+    for rank in (0, 1):
+        assert step_losses(forked.run_dir, rank) == step_losses(cold.run_dir, rank)
+        assert len(step_losses(forked.run_dir, rank)) == 20
+        assert step_losses(forked_capped.run_dir, rank) == step_losses(cold_capped.run_dir, rank)
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in (zygote, *ranks) if psutil.pid_exists(p)], timeout=10)
+    assert not alive, f"left behind: {alive}"
+
+
+def test_a_layout_whose_start_variables_differ_starts_its_own_process(store, monkeypatch):
+    """A variable read when a process starts (here PYTHONHASHSEED, the interpreter's) set after the zygote started:
+    the next new layout's ranks are started by exec, not forked with the zygote's value; the zygote's own pools go
+    on forking. A variable read late (OMP_NUM_THREADS, per layout) does not stop a fork."""
+    with warm.ranks() as pools:
+        _run(store, _cfg(model="mlp", steps=2))
+        monkeypatch.setenv("PYTHONHASHSEED", "7")
+        _run(store, _cfg(model="mlp", steps=2, threads=2))
+        assert pools.started == 2 and pools.zygote_forked == 1, pools.tally()
+        newest = list(pools.pools.values())[-1]
+        assert newest.zygote is None and {psutil.Process(p).ppid() for p in newest.pids} == {psutil.Process().pid}
+
+
+def test_a_killed_zygote_is_replaced_and_leaves_nothing(store):
+    """SIGKILL to the zygote mid-block: the ranks it forked end too, as a rank whose launching process died does
+    (worker.end_with_parent watches a rank's parent, here the zygote); the next cell of the same layout runs in new
+    ranks forked from a new zygote, and closing the block ends every process of it."""
+    with warm.ranks() as pools:
+        _run(store, _cfg(model="mlp", steps=2))
+        first = pools.zygote.proc
+        ranks = list(next(iter(pools.pools.values())).pids)
+        first.kill()
+        first.wait()
+        _, alive = psutil.wait_procs([psutil.Process(p) for p in ranks if psutil.pid_exists(p)], timeout=15)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], f"orphans of the zygote: {alive}"
+        again = _run(store, _cfg(model="mlp", steps=4, seed=4))
+        assert again.summary["steps/timed"] > 0
+        assert pools.zygote.proc.pid != first.pid and pools.zygote_forked == 2, pools.tally()
+        newer = [pools.zygote.proc.pid, *(p for pool in pools.pools.values() for p in pool.pids)]
+        assert not set(newer) & set(ranks)
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in newer if psutil.pid_exists(p)], timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], f"left behind: {alive}"

@@ -3,8 +3,10 @@ processes that stay up between cells, instead of a torchrun launch per cell.
 
 Why: a cold 2-rank cell starts torchrun's agent and a Python process per rank, each importing torch and scalelab
 (seconds on a 2-core machine, most of a short cell; benchmarks/cell_cost.py). Inside `with ranks():` the first
-cell of a layout (ranks per node, the launch environment: threads, interfaces) starts that many rank processes
-(`python -m scalelab.run.warm`); each later cell with the same layout is a job sent to them. A job runs the same
+cell of a layout (ranks per node, the launch environment: threads, interfaces) starts that many rank processes,
+forked from the block's zygote, which imported torch and scalelab once and never runs a torch op
+(scalelab.run.warm_zygote; `python -m scalelab.run.warm_rank` for a layout it cannot fork); each later cell with the
+same layout is a job sent to them. A job runs the same
 worker entry point torchrun would (`scalelab.run.worker`, `scalelab.measure.commbench_worker`) with the same
 environment torchrun gives a rank, and a fresh rendezvous store on loopback, hosted here as for a torchrun run
 (launch.loopback_store). The worker builds everything a cell measures from its config: process group, model,
@@ -47,12 +49,14 @@ from typing import Any
 from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
 from scalelab.run.launch import LOOPBACK, Launcher, LaunchFailed, LaunchSpec, bound_store, torchrun_launch
 from scalelab.run.warm_rank import died
+from scalelab.run.warm_zygote import Forked, Zygote, forks
 from scalelab.store import RunDir
 
 START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
 MAX_POOLS = 6  # layouts kept at once: a study has about 6 (1 and 2 threads per rank, 1 and 2 ranks, warm and forked;
-# an idle fork server holds its imports, about 250 MB; an idle warm rank more, its warm-up and allocator cache)
+# an idle fork server holds its imports, about 250 MB, shared with the zygote it was forked from until written; an
+# idle warm rank more, its warm-up and allocator cache)
 
 
 def cold_reason(cfg: Any, spec: LaunchSpec | None = None) -> str | None:
@@ -88,23 +92,33 @@ class Pool:
     """`nproc` rank processes of one launch environment, waiting for jobs; each talks to this process over its own
     socket pair (a private descriptor: nothing else can send it a job)."""
 
-    def __init__(self, nproc: int, env: dict[str, str], *, fork: bool = False):
+    def __init__(self, nproc: int, env: dict[str, str], *, fork: bool = False, zygote: Zygote | None = None):
         self.nproc = nproc
         self.fork = fork  # a fork pool: each job in a child forked for it (module docstring)
         self.children: list[int] = []  # a fork pool's children of the job running
         self.conns: list[Connection] = []
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | Forked] = []
         self.busy = False  # a job is running: closing then stops the ranks at once
         self.closed = False
+        # unix times of this pool's start, per rank: asked, spawned (here), main, imported, warmed (the rank's),
+        # ready (here): where a new layout's start goes (benchmarks/cell_cost.py --layouts)
+        self.start_phases: list[dict[str, float]] = []
+        asked = time.time()
+        # forked from the zygote (imports done) unless a variable read at a process's start differs from its
+        env = {**os.environ, **env}
+        self.zygote = zygote if zygote is not None and forks(zygote.env, env) is None else None
         try:
             for local_rank in range(nproc):
                 mine, theirs = socket.socketpair()
                 self.conns.append(Connection(mine.detach()))
                 fd = theirs.fileno()
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "scalelab.run.warm_rank", str(fd), str(local_rank),
-                     *(["--fork"] if fork else [])],
-                    env={**os.environ, **env}, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+                if self.zygote is not None:
+                    self.procs.append(self.zygote.fork(fd, fork=fork, env=env))
+                else:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "scalelab.run.warm_rank", str(fd), str(local_rank),
+                         *(["--fork"] if fork else [])], env=env, stdin=subprocess.DEVNULL, pass_fds=(fd,)))
+                self.start_phases.append({"asked": asked, "spawned": time.time()})
                 theirs.close()
             self._wait_ready()
         except BaseException:
@@ -121,7 +135,7 @@ class Pool:
                     raise LaunchFailed(f"warm rank {local_rank} ended while starting: {died(local_rank, code)}", "")
                 if time.monotonic() > deadline:
                     raise LaunchFailed(f"warm rank {local_rank} did not start in {START_TIMEOUT_S:g} s", "")
-            conn.recv()
+            self.start_phases[local_rank].update(conn.recv(), ready=time.time())
 
     @property
     def pids(self) -> list[int]:
@@ -260,6 +274,9 @@ class Pools:
         self.forked: list[str] = []  # why runs needed a fresh process (forked for them)
         self.warm = 0  # runs that ran in warm ranks
         self.started = 0  # pools started
+        self.zygote: Zygote | None = None  # forks the pools' rank processes (run/warm_zygote.py); started with the
+        # first pool, closed after the last
+        self.zygote_forked = 0  # pools whose rank processes the zygote forked
 
     def tally(self) -> str:
         """One line: how many multi-rank runs went warm, forked or cold, and why."""
@@ -270,7 +287,8 @@ class Pools:
             return f" ({text})" if text else ""
 
         return (f"warm ranks: {self.warm} run(s) warm, {len(self.forked)} in fresh forks{why(self.forked)}, "
-                f"in {self.started} start(s) of rank processes; {len(self.cold)} cold{why(self.cold)}")
+                f"in {self.started} start(s) of rank processes ({self.zygote_forked} forked from the zygote); "
+                f"{len(self.cold)} cold{why(self.cold)}")
 
     def launcher(self, cfg: Any, fallback: Launcher) -> Launcher:
         def launch(spec: LaunchSpec) -> None:
@@ -288,8 +306,10 @@ class Pools:
             if pool is None:
                 while len(self.pools) >= MAX_POOLS:  # idle ranks hold memory (torch, the allocator's cache)
                     self.pools.pop(next(iter(self.pools))).close()
-                pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env, fork=fresh is not None)
+                pool = self.pools[key] = Pool(spec.nproc_per_node, spec.env, fork=fresh is not None,
+                                              zygote=self._zygote())
                 self.started += 1
+                self.zygote_forked += pool.zygote is not None
             self.pools[key] = self.pools.pop(key)  # the most recently used last
             if fresh is not None:
                 self.forked.append(fresh)
@@ -305,10 +325,25 @@ class Pools:
                 self.warm += 1
         return launch
 
+    def _zygote(self) -> Zygote:
+        """The block's zygote, started now if none runs (the first pool, or after it died)."""
+        if self.zygote is not None and not self.zygote.alive():
+            self.zygote.close()
+            self.zygote = None
+        if self.zygote is None:
+            self.zygote = Zygote()
+        return self.zygote
+
     def close(self) -> None:
-        for pool in self.pools.values():
-            pool.close()
-        self.pools.clear()
+        """End every pool's ranks, then the zygote (their parent, which reaps them)."""
+        try:
+            for pool in self.pools.values():
+                pool.close()
+            self.pools.clear()
+        finally:
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
 
 
 _ACTIVE: Pools | None = None

@@ -1,4 +1,5 @@
-"""The rank process of a warm pool (scalelab.run.warm): `python -m scalelab.run.warm_rank FD LOCAL_RANK [--fork]`.
+"""The rank process of a warm pool (scalelab.run.warm): `python -m scalelab.run.warm_rank FD LOCAL_RANK [--fork]`,
+or (most pools) a child of the block's zygote, which did those imports once (scalelab.run.warm_zygote, `serve`).
 
 It imports what its jobs need, says it is ready on FD (its end of a socket pair with the pool), then runs one job
 per message until the pool closes the connection. Two modes:
@@ -21,6 +22,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -30,11 +32,12 @@ from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's rank
 class WarmRank:
     """One warm rank: says it is ready, then runs jobs until the pool closes the connection."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, stamps: dict[str, float]):
         self.conn = Connection(fd)
+        self.stamps = stamps  # unix times of this process's start (main, imported, warmed), sent as it is ready
 
     def serve(self) -> None:
-        self.conn.send("ready")
+        self.conn.send(self.stamps)
         while True:
             # Ctrl-C reaches every process of the terminal: between jobs the launching process handles it (it
             # closes the pool); during a job the worker gets it as torchrun's ranks do
@@ -188,19 +191,24 @@ def _release_memory() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    # imported before the first job: what a warm rank saves each later cell
+def import_for_jobs() -> None:
+    """What every job needs, imported before the first: what a warm rank saves each later cell. No torch op runs
+    here and no thread starts (numpy's OpenBLAS pool aside, which shuts itself down before a fork), so a process
+    that did only this may fork (a fork server, the zygote: scalelab.run.warm_zygote)."""
     import scalelab.measure.commbench_worker  # noqa: F401
     import scalelab.run.worker  # noqa: F401
 
-    if "--fork" in args:
-        # Building an optimizer imports torch._dynamo (sympy and some 800 modules: ~0.9 s on a 2-core machine),
-        # which each fresh child would pay before its first step. It is a Python import that runs no torch op
-        # and starts no thread, so it is done once here and the children inherit it.
-        import torch._dynamo  # noqa: F401
+    # Building an optimizer imports torch._dynamo (sympy and some 800 modules: ~0.9 s on a 2-core machine), which
+    # each job of a fresh process would pay before its first step. A Python import that runs no torch op.
+    import torch._dynamo  # noqa: F401
 
-        server: WarmRank = ForkServer(int(args[0]))
+
+def serve(fd: int, fork: bool, stamps: dict[str, float]) -> None:
+    """Serve the pool on FD until it closes the connection, this process's imports done (`import_for_jobs`, here or
+    in the zygote this process was forked from); never returns."""
+    if fork:
+        stamps["warmed"] = time.time()
+        server: WarmRank = ForkServer(fd, stamps)
     else:
         from scalelab.config import TrainConfig
         from scalelab.run.worker import warm_up_runtime
@@ -208,9 +216,18 @@ def main(argv: list[str] | None = None) -> None:
         # torch's one-time allocations before the first job, so that the first job's memory figures (what training
         # added to its baseline) equal a later job's: the first job of a pool is no different from the others
         warm_up_runtime(TrainConfig())
-        server = WarmRank(int(args[0]))
+        stamps["warmed"] = time.time()
+        server = WarmRank(fd, stamps)
     server.serve()
     _exit_served()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    stamps = {"main": time.time()}
+    import_for_jobs()
+    stamps["imported"] = time.time()
+    serve(int(args[0]), "--fork" in args, stamps)
 
 
 def _exit_served() -> None:
