@@ -49,10 +49,9 @@ from typing import Any
 from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
 from scalelab.run.launch import LOOPBACK, Launcher, LaunchFailed, LaunchSpec, bound_store, torchrun_launch
 from scalelab.run.warm_rank import died
-from scalelab.run.warm_zygote import Forked, Zygote, forks
+from scalelab.run.warm_zygote import START_TIMEOUT_S, Forked, Zygote, forks, ready_message
 from scalelab.store import RunDir
 
-START_TIMEOUT_S = 120.0  # for a rank process to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0  # SIGTERM to SIGKILL, as torchrun's agent and the watchdog
 MAX_POOLS = 6  # layouts kept at once: a study has about 6 (1 and 2 threads per rank, 1 and 2 ranks, warm and forked;
 # an idle fork server holds its imports, about 250 MB, shared with the zygote it was forked from until written; an
@@ -129,13 +128,9 @@ class Pool:
         """Each rank says it is ready once it has imported what its jobs need."""
         deadline = time.monotonic() + START_TIMEOUT_S
         for local_rank, conn in enumerate(self.conns):
-            while not conn.poll(0.2):
-                code = self.procs[local_rank].poll()
-                if code is not None:
-                    raise LaunchFailed(f"warm rank {local_rank} ended while starting: {died(local_rank, code)}", "")
-                if time.monotonic() > deadline:
-                    raise LaunchFailed(f"warm rank {local_rank} did not start in {START_TIMEOUT_S:g} s", "")
-            self.start_phases[local_rank].update(conn.recv(), ready=time.time())
+            stamps = ready_message(conn, self.procs[local_rank], f"warm rank {local_rank}",
+                                   lambda code, rank=local_rank: died(rank, code), deadline)
+            self.start_phases[local_rank].update(stamps, ready=time.time())
 
     @property
     def pids(self) -> list[int]:

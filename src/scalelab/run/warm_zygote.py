@@ -34,12 +34,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 
 from scalelab.run.launch import LaunchFailed
 
-START_TIMEOUT_S = 120.0  # imports on a loaded 2-core machine, as a warm rank's
+START_TIMEOUT_S = 120.0  # for a rank process or the zygote to start and connect (imports on a loaded 2-core machine)
 STOP_GRACE_S = 5.0
 UNKNOWN_EXIT = 255  # a child's status once its zygote is gone (its new parent reaped it)
 
@@ -61,6 +62,18 @@ def forks(start_env: dict[str, str], env: dict[str, str]) -> str | None:
     return None
 
 
+def ready_message(conn: Connection, proc, name: str, why: Callable[[int], str], deadline: float):
+    """What a starting process (a warm rank, the zygote) sends once it is ready; LaunchFailed if `proc` ends first
+    (`why` its exit code in words) or nothing came by `deadline` (time.monotonic)."""
+    while not conn.poll(0.2):
+        code = proc.poll()
+        if code is not None:
+            raise LaunchFailed(f"{name} ended while starting: {why(code)}", "")
+        if time.monotonic() > deadline:
+            raise LaunchFailed(f"{name} did not start in {START_TIMEOUT_S:g} s", "")
+    return conn.recv()
+
+
 class Zygote:
     """The launching process's side: starts the zygote, asks it for rank processes and their exit statuses."""
 
@@ -77,13 +90,8 @@ class Zygote:
         self.ready: dict[str, float] | None = None  # its stamps (main, imported), once it said it is ready
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.conn.poll(0.2):
-            if self.proc.poll() is not None:
-                raise LaunchFailed(f"the warm ranks' zygote ended while starting (exit {self.proc.returncode})", "")
-            if time.monotonic() > deadline:
-                raise LaunchFailed(f"the warm ranks' zygote did not start in {START_TIMEOUT_S:g} s", "")
-        self.ready = self.conn.recv()
+        self.ready = ready_message(self.conn, self.proc, "the warm ranks' zygote", lambda code: f"exit {code}",
+                                   time.monotonic() + START_TIMEOUT_S)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
