@@ -60,14 +60,17 @@ def test_a_warm_cell_reads_its_own_peak_memory(store):
     small = _cfg(model="mlp", global_batch=8, steps=4)
     with warm.ranks():
         first = _run(store, small)
-        big = _run(store, _cfg(model="mlp", global_batch=2048, samples=4096, steps=4, seed=5))
+        big = _run(store, _cfg(model="mlp", global_batch=8192, samples=16384, steps=4, seed=5))
         after = _run(store, small)
     peak, added = "memory/peak_rss(GiB)", "memory/train_added(bytes)"
     print({k: (first.summary[k], big.summary[k], after.summary[k]) for k in (peak, added)})
-    # what a warm rank carries over is a small part of what the big cell added (measured: 21 and 32 MB of the
-    # 111 MB the big cell added over the small one; docs/distributed.md, "Warm ranks")
-    assert after.summary[added] - first.summary[added] < 0.5 * (big.summary[added] - first.summary[added])
-    assert after.summary[peak] == pytest.approx(first.summary[peak], rel=0.15)
+    # What a warm rank carries over is a small part of what the big cell added, and does not grow with it: measured
+    # 20-30 MB of the ~600 MB the big cell added (4 runs), against 20-60 MB of ~110 MB with a 4x smaller big cell,
+    # which is why the big cell is this big (the carry-over is glibc's heap and torch's small caches, see
+    # docs/distributed.md "Warm ranks"; a bound relative to the small cell's own peak read the machine's noise).
+    for key in (peak, added):
+        carried = after.summary[key] - first.summary[key]
+        assert carried < 0.2 * (big.summary[key] - first.summary[key]), key
 
 
 def test_a_failed_warm_cell_names_its_rank_and_the_next_cell_starts_fresh_ranks(store, tmp_path):
