@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.distenv import dist_context
+from scalelab.measure.memory import freeze_alive
 from scalelab.measure.commbench import (
     DTYPES, PROBE_ITERS, CommBenchConfig, build_table, choose_iters, message_count)
 from scalelab.store.rundir import RunDir
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    freeze_alive()  # no full collection of the imports' objects inside a timed loop
     run_rank(CommBenchConfig.from_dict(RunDir(args.run_dir).read_config()), args.run_dir)
 
 

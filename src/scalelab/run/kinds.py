@@ -19,7 +19,7 @@ from scalelab.engines import registry as engines
 from scalelab.errors import ConfigError, StoreError
 from scalelab.measure import commbench
 from scalelab.measure.commbench import CommBenchConfig
-from scalelab.measure.memory import release_cuda_cache
+from scalelab.measure.memory import freeze_alive, release_cuda_cache
 from scalelab.run.exports import plot_busbw, write_scalars, write_trace
 from scalelab.run import warm
 from scalelab.run.hvdnode import horovod_launch
@@ -191,6 +191,7 @@ class TrainKind:
         from scalelab.run.worker import run_rank
 
         device = torch.device("cuda", 0) if cfg.resolved_device == "cuda" else torch.device("cpu")
+        freeze_alive()  # what this process made before (imports, earlier runs, the study) is not this run's to scan
         try:
             run_rank(cfg, run_dir, DistContext(0, 1, 0, 1, device), resume=resume)
         except BaseException as err:

@@ -182,9 +182,10 @@ def _release_memory() -> None:
     """Hand what the job freed back to the OS, so that the next job's resident set (and its peak, which the worker
     reads from the kernel's mark) starts where a fresh process's would, not at the last job's high-water mark."""
     import ctypes
-    import gc
 
-    gc.collect()
+    from scalelab.measure.memory import freeze_alive
+
+    freeze_alive()  # the job's garbage collected; what it left alive (its lazy imports) out of the next job's scans
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages mapped otherwise
     except (OSError, AttributeError):  # not glibc: the next job's peak may include this job's freed heap
@@ -201,6 +202,9 @@ def import_for_jobs() -> None:
     # Building an optimizer imports torch._dynamo (sympy and some 800 modules: ~0.9 s on a 2-core machine), which
     # each job of a fresh process would pay before its first step. A Python import that runs no torch op.
     import torch._dynamo  # noqa: F401
+    from scalelab.measure.memory import freeze_alive
+
+    freeze_alive()  # the imports' objects out of every later full collection's scan
 
 
 def serve(fd: int, fork: bool, stamps: dict[str, float]) -> None:
@@ -211,11 +215,13 @@ def serve(fd: int, fork: bool, stamps: dict[str, float]) -> None:
         server: WarmRank = ForkServer(fd, stamps)
     else:
         from scalelab.config import TrainConfig
+        from scalelab.measure.memory import freeze_alive
         from scalelab.run.worker import warm_up_runtime
 
         # torch's one-time allocations before the first job, so that the first job's memory figures (what training
         # added to its baseline) equal a later job's: the first job of a pool is no different from the others
         warm_up_runtime(TrainConfig())
+        freeze_alive()  # and torch's one-time state with them
         stamps["warmed"] = time.time()
         server = WarmRank(fd, stamps)
     server.serve()

@@ -24,7 +24,8 @@ from scalelab.distenv import DistContext, dist_context
 from scalelab.engines import registry as engines
 from scalelab.measure.clocks import estimate_in_run
 from scalelab.measure.machine import RunCpu, local_rank_pids
-from scalelab.measure.memory import added_since, cap_address_space, cap_cuda_memory, training_baseline
+from scalelab.measure.memory import (
+    added_since, cap_address_space, cap_cuda_memory, freeze_alive, training_baseline)
 from scalelab.measure.system import SystemSampler
 from scalelab.store.rundir import RunDir
 from scalelab.train import checkpoint
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = TrainConfig.from_dict(RunDir(args.run_dir).read_config())
     # the process's start (before Python imported torch and scalelab) and this call: a cold rank's start-up
     phases = {"process": psutil.Process().create_time(), "start": time.time()}
+    freeze_alive()  # as a warm rank does after its imports: no full collection rescans them mid-step
     run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume, phases=phases)
 
 
