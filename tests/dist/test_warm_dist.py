@@ -217,6 +217,34 @@ def test_every_pool_is_forked_from_one_zygote_and_trains_as_a_cold_launch(store)
     assert not alive, f"left behind: {alive}"
 
 
+def test_a_zygote_started_ahead_forks_the_blocks_ranks_and_one_that_died_is_replaced(store, monkeypatch):
+    """`scalelab study` starts the zygote before its own start-up (lab/study.py `_start_up`): the block's ranks are
+    forked from that zygote although this process meanwhile made torch's one-time allocations (inductor then sets
+    TORCHINDUCTOR_CACHE_DIR in its environment, a variable read late); `zygote_ready` waits for its imports. A
+    zygote that died before it was ready is dropped, and the first pool starts another."""
+    from scalelab.run.worker import warm_up_runtime
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with warm.ranks() as pools:
+        pools.start_zygote()
+        warm_up_runtime(_cfg())
+        pools.zygote_ready()
+        ahead = pools.zygote
+        assert ahead.ready is not None and ahead.ready["imported"] >= ahead.ready["main"]
+        _run(store, _cfg(model="mlp", steps=2))
+        ranks = [pid for pool in pools.pools.values() for pid in pool.pids]
+        assert pools.zygote is ahead and pools.zygote_forked == 1, pools.tally()
+        assert {psutil.Process(pid).ppid() for pid in ranks} == {ahead.proc.pid}
+    with warm.ranks() as pools:
+        pools.start_zygote()
+        dead = pools.zygote
+        dead.proc.kill()
+        pools.zygote_ready()
+        assert pools.zygote is None and dead.proc.poll() is not None
+        _run(store, _cfg(model="mlp", steps=2))
+        assert pools.zygote is not None and pools.zygote is not dead and pools.zygote_forked == 1, pools.tally()
+
+
 def test_a_layout_whose_start_variables_differ_starts_its_own_process(store, monkeypatch):
     """A variable read when a process starts (here PYTHONHASHSEED, the interpreter's) set after the zygote started:
     the next new layout's ranks are started by exec, not forked with the zygote's value; the zygote's own pools go

@@ -21,6 +21,7 @@ from scalelab.lab.study import default_spec, load_spec, read_spec, run_experimen
 from scalelab.provenance import collect_provenance
 from scalelab.report.build import build_report, system_section
 from scalelab.report.render import write_report
+from scalelab.run import warm
 from scalelab.store import Store, open_store, read_json, write_json_atomic
 
 app = typer.Typer()
@@ -76,6 +77,12 @@ def study_cmd(quick: bool = typer.Option(False, "--quick", help="A reduced study
             if e not in experiment_names():
                 raise ConfigError("only", e, f"allowed: {', '.join(experiment_names())}")
         spec.experiments = chosen
+    with warm.ranks() as pools:  # the block run_experiments' cells share
+        pools.start_zygote()  # it imports on the other core while this process reads the store and provenance
+        _study(spec, store, out, budget_s)
+
+
+def _study(spec, store: Optional[Path], out: Optional[Path], budget_s: Optional[float]) -> None:
     st = open_store(store)
     out_dir = out or st.root / "studies" / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)

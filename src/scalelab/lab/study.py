@@ -209,12 +209,27 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
             plan.finished("reference", time.monotonic() - began)
 
     with warm.ranks() as pools:  # one set of warm ranks for every experiment's cells (run/warm.py)
+        if not reuse_saved:
+            _start_up(pools)
         answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved, plan)
         if pools.warm or pools.cold:
             progress.say(pools.tally())
     if not reuse_saved or results.load_study(folder) is None:
         results.save_study(folder, noise_floor(spec, store), budget=plan.notes(), budget_s=budget_s)
     return held_to_host_peak(answered)
+
+
+def _start_up(pools: warm.Pools) -> None:
+    """The study's one-time costs side by side before its first cell: the warm ranks' zygote imports torch and
+    scalelab (~2 s on a 2-core machine) while this process makes torch's one-time allocations, which its first run
+    here would make (~1 s: torch._dynamo's import, the thread pools); then it waits for the zygote, so that no cell
+    is measured while another process imports. Before, the zygote started with the first multi-rank cell, alone."""
+    from scalelab.config import TrainConfig
+    from scalelab.run.worker import warm_up_runtime
+
+    pools.start_zygote()  # unless the block's caller already did (`scalelab study`, before reading the store)
+    warm_up_runtime(TrainConfig())
+    pools.zygote_ready()
 
 
 def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference, reuse_saved: bool,

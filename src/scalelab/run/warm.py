@@ -320,6 +320,24 @@ class Pools:
                 self.warm += 1
         return launch
 
+    def start_zygote(self) -> None:
+        """Start the block's zygote now, without waiting for it: it imports on another core while this process does
+        its own start-up. Call `zygote_ready` before measuring anything."""
+        if self.zygote is None:
+            self.zygote = Zygote()
+
+    def zygote_ready(self) -> None:
+        """Wait until the zygote started by `start_zygote` has made its imports (a process importing on the other
+        core would slow what this process measures). One that fails to start is dropped: the first pool starts
+        another (and fails there, naming why, if it fails again)."""
+        if self.zygote is None or self.zygote.ready is not None:
+            return
+        try:
+            self.zygote.wait_ready()
+        except LaunchFailed:
+            self.zygote.close()
+            self.zygote = None
+
     def _zygote(self) -> Zygote:
         """The block's zygote, started now if none runs (the first pool, or after it died)."""
         if self.zygote is not None and not self.zygote.alive():

@@ -44,9 +44,11 @@ START_TIMEOUT_S = 120.0  # for a rank process or the zygote to start and connect
 STOP_GRACE_S = 5.0
 UNKNOWN_EXIT = 255  # a child's status once its zygote is gone (its new parent reaped it)
 
-# read after a process starts, by torch (OMP_NUM_THREADS at the first parallel op), gloo/NCCL (at the process
-# group) or scalelab's Python code (SCALELAB_*): a child that sets them in its environment gets their effect
-LATE_ENV = ("OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+# read after a process starts, by torch (OMP_NUM_THREADS at the first parallel op; TORCHINDUCTOR_CACHE_DIR at each
+# look-up of inductor's cache, which sets it to its default in the environment of the process that first looks:
+# the study's own process, once it built an optimizer), gloo/NCCL (at the process group) or scalelab's Python code
+# (SCALELAB_*): a child that sets them in its environment gets their effect
+LATE_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 LATE_PREFIXES = ("SCALELAB_",)
 # glibc's malloc settings from the environment, read at the first allocation; mallopt sets the same (malloc.h)
 MALLOPT = {"MALLOC_ARENA_MAX": -8, "MALLOC_MMAP_THRESHOLD_": -3}  # M_ARENA_MAX, M_MMAP_THRESHOLD
@@ -71,7 +73,14 @@ def ready_message(conn: Connection, proc, name: str, why: Callable[[int], str], 
             raise LaunchFailed(f"{name} ended while starting: {why(code)}", "")
         if time.monotonic() > deadline:
             raise LaunchFailed(f"{name} did not start in {START_TIMEOUT_S:g} s", "")
-    return conn.recv()
+    try:
+        return conn.recv()
+    except (EOFError, OSError):  # it ended (its end of the connection closed) between two polls
+        try:
+            code = proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            raise LaunchFailed(f"{name} closed its connection while starting", "") from None
+        raise LaunchFailed(f"{name} ended while starting: {why(code)}", "") from None
 
 
 class Zygote:

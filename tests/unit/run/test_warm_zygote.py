@@ -6,7 +6,8 @@ START = {"PATH": "/usr/bin", "HOME": "/home/u", "OMP_NUM_THREADS": "2"}
 
 def test_variables_read_late_do_not_stop_a_fork():
     env = {**START, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-           "SCALELAB_LOCAL_RANK_PIDS": "1,2", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+           "SCALELAB_LOCAL_RANK_PIDS": "1,2",
+           "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_u", "MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     assert forks(START, env) is None
     assert forks(START, dict(START)) is None
 
