@@ -36,10 +36,10 @@ from scalelab.errors import ConfigError
 REFERENCE_S: dict[str, tuple[float, float]] = {
     "reference": (1.0, 1.0),  # one launch of the reference cell
     "report": (2.0, 2.0),  # after the last experiment: the pools closed, the report written, the command's exit
-    "profile": (3.0, 2.5), "threads": (2.0, 1.0), "batch_sweep": (2.0, 1.0), "max_batch": (16.0, 0.0),
-    "model_grid": (7.0, 3.0), "scale": (15.0, 5.0), "strategies": (9.0, 1.0), "bucket_sweep": (5.0, 0.0),
-    "backends": (0.5, 0.3), "engines": (7.5, 0.0), "comm": (5.0, 2.0), "loader": (7.0, 2.0), "amp": (10.0, 3.0),
-    "checkpointing": (10.0, 4.0), "lr_scaling": (30.0, 3.0), "predict": (13.5, 8.0),
+    "profile": (1.0, 0.4), "threads": (2.5, 1.0), "batch_sweep": (3.0, 1.0), "max_batch": (18.0, 0.0),
+    "model_grid": (6.0, 3.0), "scale": (12.0, 4.0), "strategies": (8.0, 1.0), "bucket_sweep": (4.0, 0.0),
+    "backends": (0.5, 0.3), "engines": (8.5, 0.0), "comm": (6.0, 2.0), "loader": (7.0, 2.0), "amp": (9.0, 3.0),
+    "checkpointing": (11.0, 4.0), "lr_scaling": (28.5, 2.5), "predict": (11.5, 7.7),
 }
 # The plan's launches of each experiment on the reference machine (a user's study file may set others).
 REFERENCE_LAUNCHES: dict[str, tuple[int, int]] = {
