@@ -20,9 +20,10 @@ def release_cuda_cache() -> None:
 
 
 def freeze_alive() -> None:
-    """Collect, then put every object still alive out of the cyclic collector's reach (`gc.freeze`): called before
-    each run a process makes (a rank after its imports, a warm rank after each job, the caller's process before a
-    run in it), so that the run's full collections scan only the run's own objects.
+    """Collect, then put every object still alive out of the cyclic collector's reach (`gc.freeze`): called at the
+    start of each run (a worker's `main`, cold or in a warm rank; the caller's process before a run in it), so that
+    the run's full collections scan only the run's own objects, and once a rank process or the zygote has made its
+    imports (and a warm rank torch's one-time allocations), so that its first run's call finds little to collect.
 
     Why: torch, scalelab and torch._dynamo's sympy leave some 300 k tracked objects after import, and each full
     collection scans them all (~150 ms on a 2-core machine): a warm rank paid that after every job, and any run

@@ -182,10 +182,9 @@ def _release_memory() -> None:
     """Hand what the job freed back to the OS, so that the next job's resident set (and its peak, which the worker
     reads from the kernel's mark) starts where a fresh process's would, not at the last job's high-water mark."""
     import ctypes
+    import gc
 
-    from scalelab.measure.memory import freeze_alive
-
-    freeze_alive()  # the job's garbage collected; what it left alive (its lazy imports) out of the next job's scans
+    gc.collect()  # cheap: the imports are frozen, and the next job's worker freezes what this one left (freeze_alive)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages mapped otherwise
     except (OSError, AttributeError):  # not glibc: the next job's peak may include this job's freed heap
