@@ -137,6 +137,19 @@ def test_a_one_rank_run_says_it_has_no_lost_speedup_in_one_line(runs, capsys):
     assert code == 0 and len(out.splitlines()) == 1 and "has 1 rank: it has no lost speedup" in out, out
 
 
+def test_a_one_rank_script_run_without_a_batch_says_it_has_no_lost_speedup(tmp_path, capsys):
+    """A plain script run on one rank that gave no batch and had none read at a forward (no DDP model): the same
+    one line, not a traceback from dividing an unknown batch."""
+    store = Store(tmp_path / "store")
+    config = {"command": ["python", "plain.py"], "ranks": 1, "nnodes": 1, "global_batch": None,
+              "model": "script:plain.py", "dataset": "script"}
+    rid = store.create_run(config, {}, kind="script")
+    store.finish_run(rid, "completed", summary=summary(3.0), reason=None)
+    code = cli(["explain", rid, "--store", str(store.root)])
+    out = capsys.readouterr().out.strip()
+    assert code == 0 and len(out.splitlines()) == 1 and "(script) has 1 rank: it has no lost speedup" in out, out
+
+
 def test_the_variants_point_to_the_real_run_they_serve(runs, capsys):
     store, ids = runs
     code = cli(["explain", ids["noop"], "--store", str(store.root)])

@@ -151,7 +151,8 @@ def explain(store: Store, run_id: str) -> Explanation:
     none = dict.fromkeys(("one", "nosync", "noop"))
     if workers_of(run) < 2:
         timed = (run.get("summary") or {}).get(keys.STEP_MEDIAN_MS)
-        table = breakdown_of_runs(with_work(run), one=with_work(run), commands=commands(run)) if timed else None
+        work = with_work(run)
+        table = breakdown_of_runs(work, one=_ideal(work, work), commands=commands(run)) if timed else None
         return Explanation(run, {**none, "one": run}, table, brief=True, notes=[
             f"run {run['run_id']} ({run['kind']}) has 1 rank: it has no lost speedup (it is the ideal a run of N "
             "ranks is measured against; `scalelab explain` a run of 2 or more ranks)."])
@@ -165,11 +166,18 @@ def explain(store: Store, run_id: str) -> Explanation:
             "steps, which scalelab finds at a DDP model's training forward or an optimizer's step, or the script "
             "marks (scalelab.probe); below, the straggler read from the collectives alone."])
     named = named_runs(store, run)
-    real, one = (with_work(r) for r in (run, named["one"]))
-    if one is not None and not (real["config"].get("global_batch") and one["config"].get("global_batch")):
-        named["one"] = one = None  # no batch given and none read at a forward: the ideal step is not known
+    real = with_work(run)
+    named["one"] = one = _ideal(real, with_work(named["one"]))
     table = breakdown_of_runs(real, **{**named, "one": one}, commands=commands(run))
     return Explanation(run, named, table, suggestions(store, run, table), notes)
+
+
+def _ideal(real: dict, one: dict | None) -> dict | None:
+    """`one`, the 1-worker run `real` is measured against, or None where either has no global batch (a script's
+    run that gave none and had none read at a forward): the ideal step, scaled by the batches, is not known."""
+    if one is None or not (real["config"].get("global_batch") and one["config"].get("global_batch")):
+        return None
+    return one
 
 
 def with_work(run: dict | None) -> dict | None:
