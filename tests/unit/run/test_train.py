@@ -42,7 +42,9 @@ def test_injected_forward_delay_is_measured_in_the_forward_stage(store, sleepy_m
     # outside its wall time, and is reported on its own
     last = steps[-1]
     assert "eval(s)" not in last and last["evaluation(s)"] >= 0.05 * 0.98
-    assert rest(last) < median(fast_steps, rest) + 0.025
+    # one step against the control's slowest (a single step's load noise is not a median's): the eval's 50 ms
+    # would still show
+    assert rest(last) < max(rest(r) for r in fast_steps) + 0.025
     assert out.summary["time/eval(ms)"] == pytest.approx(1e3 * last["evaluation(s)"])
     assert out.summary["evals/count"] == 1
     for stage in ("data", "h2d", "backward", "comm", "optimizer", "other"):
