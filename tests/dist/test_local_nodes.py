@@ -396,15 +396,21 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
                                                                                   namespaces_restored):
     """Known truth: the kernel's tbf at 0.2 Gbit/s. Calibrating over 2 namespace nodes fits β from a bench over that
     link (each byte 40 ns on the wire; tbf delivers ~0.19 Gbit/s here) and β_hosts from a loopback bench, which is
-    far faster; another link is then predicted from the same hosts (perf/links.py)."""
+    far faster; another link is then predicted from the same hosts (perf/links.py). The bench is the default sweep
+    (1 KiB-4 MiB) with 2 warm-up and 10 timed iterations a size instead of 5 and 30: over the shaped link one round
+    of the sweep takes ~0.24 s and the timed ones run twice (as a loop and one by one), so the default bench alone
+    took 22 s of the test's 75; the rate it fits is the link's, whatever the count."""
+    import dataclasses
+
     from scalelab.config import TrainConfig
     from scalelab.lab.cells import Cells
-    from scalelab.perf.calibrate import calibrate
+    from scalelab.perf.calibrate import bench_config, calibrate, gradient_sizes
     from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
                        global_batch=8, steps=4, warmup_steps=1, eval_every=1000, hang_timeout_s=120)
-    cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], say=lambda _: None)
+    bench = dataclasses.replace(bench_config(base, gradient_sizes(base)[0]), warmup=2, iters=10)
+    cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], bench=bench, say=lambda _: None)
     assert (cal.nodes, cal.link_gbps, cal.ranks) == (2, 0.2, 2)
     gbps = 8 / cal.beta_s_per_byte / 1e9
     print(f"\nfitted over a 0.2 Gbit/s tbf link: {gbps:.3f} Gbit/s")
