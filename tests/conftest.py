@@ -208,11 +208,14 @@ def make(spec):
 @pytest.fixture
 def sleepy_model(tmp_path):
     """Path ref 'file.py:make' of a model whose forward sleeps 50 ms."""
-    def write(delay_s: float = 0.05) -> str:
-        path = tmp_path / f"sleepy_{int(delay_s * 1e6)}.py"
-        path.write_text(textwrap.dedent(SLEEPY_MODEL.format(delay=delay_s)))
-        return f"{path}:make"
-    return write
+    return lambda delay_s=0.05: write_sleepy(tmp_path, delay_s)
+
+
+def write_sleepy(folder: Path, delay_s: float) -> str:
+    """Path ref 'file.py:make' of a model in `folder` whose forward sleeps `delay_s` (for module-scoped fixtures)."""
+    path = folder / f"sleepy_{int(delay_s * 1e6)}.py"
+    path.write_text(textwrap.dedent(SLEEPY_MODEL.format(delay=delay_s)))
+    return f"{path}:make"
 
 
 def namespaces_unusable() -> str | None:
