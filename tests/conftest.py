@@ -402,6 +402,18 @@ def cuda_sleep_cycles(seconds: float) -> int:
     return int(probe * seconds / (start.elapsed_time(end) / 1e3))
 
 
+def kill_rank(proc, pid: int, timeout: float) -> tuple[str, float]:
+    """SIGKILL the rank process `pid` of the CLI run `proc` and wait for the run to end: (its stderr, seconds from
+    the kill to its end)."""
+    import signal
+    import time
+
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=timeout)
+    return err, time.monotonic() - killed_at
+
+
 def wait_for_steps(proc, root: Path, rank: int, timeout: float = 120) -> Path:
     """The run directory of the CLI run `proc` (storing under `root`) once rank `rank` has recorded a step;
     fails the test, killing `proc`, when it ends or `timeout` s pass first."""

@@ -8,17 +8,14 @@ checkpoint both write at step CHECKPOINT_AT). Skips, with the reason, where Horo
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 import torch
 
-from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps, write_sleepy
+from conftest import TINY_MLP, cli_env, kill_rank, run_cli, wait_for_steps, write_sleepy
 from scalelab.analysis import hvdcomm, keys
 from scalelab.config import TrainConfig
 from scalelab.engines import registry
@@ -186,10 +183,7 @@ def killed_rank(tmp_path_factory) -> dict:
         held = {inode for p in family for inode in socket_inodes(p.pid)}
         victim = _rank_pid(proc, 1)
         assert victim is not None
-        killed_at = time.monotonic()
-        os.kill(victim, signal.SIGKILL)
-        _, err = proc.communicate(timeout=120)
-        ended_after = time.monotonic() - killed_at
+        err, ended_after = kill_rank(proc, victim, timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
