@@ -208,11 +208,14 @@ def make(spec):
 @pytest.fixture
 def sleepy_model(tmp_path):
     """Path ref 'file.py:make' of a model whose forward sleeps 50 ms."""
-    def write(delay_s: float = 0.05) -> str:
-        path = tmp_path / f"sleepy_{int(delay_s * 1e6)}.py"
-        path.write_text(textwrap.dedent(SLEEPY_MODEL.format(delay=delay_s)))
-        return f"{path}:make"
-    return write
+    return lambda delay_s=0.05: write_sleepy(tmp_path, delay_s)
+
+
+def write_sleepy(folder: Path, delay_s: float) -> str:
+    """Path ref 'file.py:make' of a model in `folder` whose forward sleeps `delay_s` (for module-scoped fixtures)."""
+    path = folder / f"sleepy_{int(delay_s * 1e6)}.py"
+    path.write_text(textwrap.dedent(SLEEPY_MODEL.format(delay=delay_s)))
+    return f"{path}:make"
 
 
 def namespaces_unusable() -> str | None:
@@ -397,6 +400,18 @@ def cuda_sleep_cycles(seconds: float) -> int:
         end.record()
         end.synchronize()
     return int(probe * seconds / (start.elapsed_time(end) / 1e3))
+
+
+def kill_rank(proc, pid: int, timeout: float) -> tuple[str, float]:
+    """SIGKILL the rank process `pid` of the CLI run `proc` and wait for the run to end: (its stderr, seconds from
+    the kill to its end)."""
+    import signal
+    import time
+
+    killed_at = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=timeout)
+    return err, time.monotonic() - killed_at
 
 
 def wait_for_steps(proc, root: Path, rank: int, timeout: float = 120) -> Path:

@@ -6,17 +6,14 @@ and the records flushed before the fault are kept.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import cli_env, faulty_model, wait_for_steps
+from conftest import cli_env, faulty_model, kill_rank, wait_for_steps
 from scalelab.store import Store, read_jsonl
 
 pytestmark = pytest.mark.timeout(240)
@@ -53,10 +50,7 @@ def test_sigkill_of_one_rank_mid_epoch_fails_the_run_cleanly(tmp_path, sleepy_mo
     assert len(family) >= 1 + 2 + 2 * 2, [p.cmdline() for p in family]  # agent, 2 ranks, their loader workers
     victim = _rank_pid(proc, 1)
     assert victim is not None
-    killed_at = time.monotonic()
-    os.kill(victim, signal.SIGKILL)
-    _, err = proc.communicate(timeout=90)
-    elapsed = time.monotonic() - killed_at
+    err, elapsed = kill_rank(proc, victim, timeout=90)
     assert proc.returncode != 0
     assert elapsed < 60, f"took {elapsed:.1f} s to end after the kill"
     _, alive = psutil.wait_procs(family, timeout=10)

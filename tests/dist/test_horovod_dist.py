@@ -8,17 +8,14 @@ checkpoint both write at step CHECKPOINT_AT). Skips, with the reason, where Horo
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 import torch
 
-from conftest import TINY_MLP, cli_env, run_cli, wait_for_steps
+from conftest import TINY_MLP, cli_env, kill_rank, run_cli, wait_for_steps, write_sleepy
 from scalelab.analysis import hvdcomm, keys
 from scalelab.config import TrainConfig
 from scalelab.engines import registry
@@ -165,29 +162,58 @@ def _rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
     return None
 
 
-def test_a_killed_rank_fails_the_run_named_and_leaves_nothing(tmp_path, sleepy_model):
-    root = tmp_path / "store"
+@pytest.fixture(scope="module")
+def killed_rank(tmp_path_factory) -> dict:
+    """A 2-rank Horovod run of a model sleeping 50 ms a step: the listening sockets its processes hold once both
+    ranks train, then rank 1 SIGKILLed and what the run does about it. One run for the two tests below, each
+    asserting its own property."""
+    from dist.test_reliability_launch import listening_sockets, socket_inodes
+
+    folder = tmp_path_factory.mktemp("killed_rank")
+    root = folder / "store"
     proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
-                             sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
+                             write_sleepy(folder, 0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
                              "--epochs", "3", "--store", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    run_dir = wait_for_steps(proc, root, rank=0, timeout=180)
-    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    victim = _rank_pid(proc, 1)
-    assert victim is not None
-    killed_at = time.monotonic()
-    os.kill(victim, signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0
-    assert time.monotonic() - killed_at < 90
+    try:
+        wait_for_steps(proc, root, rank=1, timeout=180)
+        run_dir = wait_for_steps(proc, root, rank=0, timeout=60)
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        listening = listening_sockets()
+        held = {inode for p in family for inode in socket_inodes(p.pid)}
+        victim = _rank_pid(proc, 1)
+        assert victim is not None
+        err, ended_after = kill_rank(proc, victim, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     _, alive = psutil.wait_procs(family, timeout=20)
+    return {"addresses": {listening[i] for i in held if i in listening}, "returncode": proc.returncode,
+            "err": err, "ended_after": ended_after, "alive": alive, "runs": Store(root).list_runs(),
+            "run_dir": run_dir}
+
+
+def test_a_killed_rank_fails_the_run_named_and_leaves_nothing(killed_rank):
+    assert killed_rank["returncode"] != 0
+    assert killed_rank["ended_after"] < 90
+    alive = killed_rank["alive"]
     assert not alive, f"left behind: {[(p.pid, p.cmdline()) for p in alive if p.is_running()]}"
-    runs = Store(root).list_runs()
+    runs = killed_rank["runs"]
     assert list(runs["status"]) == ["failed"]
     reason = runs["reason"][0]
     assert reason == "rank 1 killed by signal SIGKILL", reason
+    err = killed_rank["err"]
     assert "rank 1" in err and "SIGKILL" in err, err[-800:]
-    assert read_jsonl(run_dir / "steps.rank0.jsonl")
+    assert read_jsonl(killed_rank["run_dir"] / "steps.rank0.jsonl")
+
+
+def test_every_listening_socket_of_the_run_is_on_loopback(killed_rank):
+    """horovodrun's rendezvous server (every interface in Horovod), the side store and gloo: loopback only (read
+    while both ranks train)."""
+    addresses = killed_rank["addresses"]
+    assert len(addresses) >= 3, addresses  # the side store, horovodrun's rendezvous, gloo's listeners
+    assert all(host in ("127.0.0.1", "::1") for host, _ in addresses), addresses
 
 
 def test_accumulation_syncs_once_per_step_and_keeps_the_weights(tmp_path, mlp, ddp):
@@ -247,23 +273,3 @@ def test_a_failed_run_names_the_error_and_resumes_from_its_checkpoint(tmp_path):
     assert row["status"] == "completed"
     steps = read_jsonl(root / "runs" / row["run_id"] / "steps.rank1.jsonl")
     assert [r["step"] for r in steps] == list(range(1, 9))
-
-
-def test_every_listening_socket_of_the_run_is_on_loopback(tmp_path, sleepy_model):
-    """horovodrun's rendezvous server (every interface in Horovod), the side store and gloo: loopback only."""
-    from dist.test_reliability_launch import listening_sockets, socket_inodes
-
-    root = tmp_path / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
-                             sleepy_model(0.05), "--samples", "512", "--global-batch", "8", "--ranks", "2",
-                             "--steps", "40", "--store", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    wait_for_steps(proc, root, rank=1, timeout=180)
-    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    listening = listening_sockets()
-    held = {inode for p in family for inode in socket_inodes(p.pid)}
-    addresses = {listening[i] for i in held if i in listening}
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err[-1500:]
-    assert len(addresses) >= 3, addresses  # the side store, horovodrun's rendezvous, gloo's listeners
-    assert all(host in ("127.0.0.1", "::1") for host, _ in addresses), addresses

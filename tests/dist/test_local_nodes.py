@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import TINY_MLP, cli_env, namespaces_unusable, run_cli, wait_for_steps
+from conftest import TINY_MLP, cli_env, namespaces_unusable, run_cli, wait_for_steps, write_sleepy
 
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
@@ -150,56 +150,65 @@ def _socket_inodes(pids: list[int]) -> set[int]:
     return inodes
 
 
-def test_nothing_of_the_run_listens_on_the_host(tmp_path, sleepy_model, namespaces_restored):
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory) -> dict:
+    """A 2-node run of a model sleeping 20 ms a step: what its processes listen on while it trains (the host's TCP
+    tables, and each of its namespaces' tables and addresses), then SIGKILLed, scalelab only, so it cannot tear
+    anything down. One run for the two tests below, each asserting its own property; what they leave of it is
+    removed at the module's end."""
+    folder = tmp_path_factory.mktemp("killed")
+    root = folder / "store"
+    proc = _start(_train_args(write_sleepy(folder, 0.02), root, "--steps", "300"))
+    try:
+        wait_for_steps(proc, root, rank=1)
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        names = _owned(proc.pid)
+        seen = {"family": family, "names": names, "ours": _socket_inodes([p.pid for p in family]),
+                "host": _listening(Path("/proc/net/tcp").read_text() + Path("/proc/net/tcp6").read_text()),
+                "inside": {name: (subprocess.run(["ip", "netns", "exec", name, "cat", "/proc/net/tcp",
+                                                  "/proc/net/tcp6"], capture_output=True, text=True,
+                                                 check=True).stdout,
+                                  subprocess.run(["ip", "-n", name, "-o", "addr"], capture_output=True,
+                                                 text=True).stdout) for name in names}}
+    finally:
+        proc.kill()
+        proc.communicate()
+    yield seen
+    subprocess.run([sys.executable, "-c", "from scalelab.run import netns; netns.sweep_leftovers()"],
+                   env=cli_env(), check=True)
+
+
+def test_nothing_of_the_run_listens_on_the_host(killed_run, namespaces_restored):
     """During a 2-node run, every listening socket of the run's processes is inside a node namespace and bound to
     that node's private address (10.213.x.y) or to loopback (127.0.0.1 / ::1); on the host's tables no listening
     socket belongs to a process of the run. A wildcard bind (0.0.0.0 / ::) is refused too, although inside a node
     namespace it would reach only lo and the private eth0: nothing binds one today (node 0's store is bound to its
     private address, gloo to eth0's), and on a real machine a wildcard bind is exactly what exposes the store."""
-    root = tmp_path / "store"
-    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
-    try:
-        wait_for_steps(proc, root, rank=1)
-        family = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-        ours = _socket_inodes(family)
-        host = _listening(Path("/proc/net/tcp").read_text() + Path("/proc/net/tcp6").read_text())
-        assert not [s for s in host if s[2] in ours], f"listening on the host: {host}"
-        names = _owned(proc.pid)
-        assert len(names) == 3, names  # two nodes and the switch
-        seen = []
-        for name in names:
-            tables = subprocess.run(["ip", "netns", "exec", name, "cat", "/proc/net/tcp", "/proc/net/tcp6"],
-                                    capture_output=True, text=True, check=True).stdout
-            addrs = subprocess.run(["ip", "-n", name, "-o", "addr"], capture_output=True, text=True).stdout
-            private = {w.split("/")[0] for w in addrs.split() if w.startswith("10.213.")}
-            allowed = private | {"127.0.0.1", "::1"}
-            for address, port, inode in _listening(tables):
-                address = address.removeprefix("::ffff:")
-                assert address in allowed, f"{name}: listening on {address}:{port}"
-                seen.append((name, address, port, inode in ours))
-        assert any(port == 29500 and mine for _, _, port, mine in seen), seen  # node 0's rendezvous store
-    finally:
-        proc.kill()
-        proc.communicate()
-        subprocess.run([sys.executable, "-c", "from scalelab.run import netns; netns.sweep_leftovers()"],
-                       env=cli_env(), check=True)
+    ours, host = killed_run["ours"], killed_run["host"]
+    assert not [s for s in host if s[2] in ours], f"listening on the host: {host}"
+    names = killed_run["names"]
+    assert len(names) == 3, names  # two nodes and the switch
+    seen = []
+    for name in names:
+        tables, addrs = killed_run["inside"][name]
+        private = {w.split("/")[0] for w in addrs.split() if w.startswith("10.213.")}
+        allowed = private | {"127.0.0.1", "::1"}
+        for address, port, inode in _listening(tables):
+            address = address.removeprefix("::ffff:")
+            assert address in allowed, f"{name}: listening on {address}:{port}"
+            seen.append((name, address, port, inode in ours))
+    assert any(port == 29500 and mine for _, _, port, mine in seen), seen  # node 0's rendezvous store
 
 
-def test_after_scalelab_is_sigkilled_the_next_command_removes_the_leftovers(tmp_path, sleepy_model, mlp,
+def test_after_scalelab_is_sigkilled_the_next_command_removes_the_leftovers(tmp_path, killed_run, mlp,
                                                                              namespaces_restored):
-    root = tmp_path / "store"
-    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
-    wait_for_steps(proc, root, rank=1)
-    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    left = _owned(proc.pid)
+    left = killed_run["names"]
     assert len(left) == 3
-    os.kill(proc.pid, signal.SIGKILL)  # scalelab only: it cannot tear anything down
-    proc.communicate()
-    assert set(left) <= set(netns.list_namespaces())
+    assert set(left) <= set(netns.list_namespaces())  # the killed run could not remove them
     res = run_cli(_train_args(mlp, tmp_path / "next", "--steps", "2"), timeout=200)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not set(left) & set(netns.list_namespaces())
-    _, alive = psutil.wait_procs(family, timeout=10)
+    _, alive = psutil.wait_procs(killed_run["family"], timeout=10)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
 
 
@@ -396,15 +405,21 @@ def test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_on
                                                                                   namespaces_restored):
     """Known truth: the kernel's tbf at 0.2 Gbit/s. Calibrating over 2 namespace nodes fits β from a bench over that
     link (each byte 40 ns on the wire; tbf delivers ~0.19 Gbit/s here) and β_hosts from a loopback bench, which is
-    far faster; another link is then predicted from the same hosts (perf/links.py)."""
+    far faster; another link is then predicted from the same hosts (perf/links.py). The bench is the default sweep
+    (1 KiB-4 MiB) with 2 warm-up and 10 timed iterations a size instead of 5 and 30: over the shaped link one round
+    of the sweep takes ~0.24 s and the timed ones run twice (as a loop and one by one), so the default bench alone
+    took 22 s of the test's 75; the rate it fits is the link's, whatever the count."""
+    import dataclasses
+
     from scalelab.config import TrainConfig
     from scalelab.lab.cells import Cells
-    from scalelab.perf.calibrate import calibrate
+    from scalelab.perf.calibrate import bench_config, calibrate, gradient_sizes
     from scalelab.perf.links import NodeLink, wire_beta
 
     base = TrainConfig(model=mlp, samples=256, eval_samples=16, ranks=1, local_nodes=2, link_gbps=0.2,
                        global_batch=8, steps=4, warmup_steps=1, eval_every=1000, hang_timeout_s=120)
-    cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], say=lambda _: None)
+    bench = dataclasses.replace(bench_config(base, gradient_sizes(base)[0]), warmup=2, iters=10)
+    cal = calibrate(base, Cells(Store(tmp_path / "store"), "cal"), batches=[4, 8], bench=bench, say=lambda _: None)
     assert (cal.nodes, cal.link_gbps, cal.ranks) == (2, 0.2, 2)
     gbps = 8 / cal.beta_s_per_byte / 1e9
     print(f"\nfitted over a 0.2 Gbit/s tbf link: {gbps:.3f} Gbit/s")

@@ -21,7 +21,9 @@ from conftest import CONTROL_RATIO, cli_env, namespaces_unusable, run_cli
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, straggler_lines
+from scalelab.config import TrainConfig
 from scalelab.lab.stragglers import explain_lines, straggler_sentences, straggler_table
+from scalelab.run.execute import execute
 from scalelab.store import RunDir, Store
 
 pytestmark = pytest.mark.timeout(300)
@@ -56,9 +58,18 @@ def _model(tmp_path: Path, *, rank: int = 1, delay: float = 0.0) -> str:
     return f"{path}:make"
 
 
+RUN = {"samples": 2048, "global_batch": 32, "steps": 24}  # every run of this module, 1 host or 2 nodes
+
+
 def _train_args(model: str, root: Path, *more: str) -> list[str]:
-    return ["train", "--model", model, "--samples", "2048", "--global-batch", "32", "--steps", "24",
-            "--store", str(root), *more]
+    flags = [x for name, value in RUN.items() for x in (f"--{name.replace('_', '-')}", str(value))]
+    return ["train", "--model", model, *flags, "--store", str(root), *more]
+
+
+def _train(model: str, root: Path) -> None:
+    """`_train_args`' run of 2 ranks on one host, from this process: in the module's warm ranks (conftest), as a
+    study's cell runs; the CLI's own launch is what the --local-nodes tests below run."""
+    execute(TrainConfig(model=model, ranks=2, **RUN), Store(root), say=lambda _: None)
 
 
 def _verdict(root: Path) -> tuple[dict, dict]:
@@ -80,15 +91,13 @@ def _verdict(root: Path) -> tuple[dict, dict]:
 
 def test_a_sleep_in_one_ranks_forward_names_that_rank_and_forward(tmp_path):
     root = tmp_path / "store"
-    res = run_cli(_train_args(_model(tmp_path, rank=1, delay=0.02), root, "--ranks", "2"), timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _train(_model(tmp_path, rank=1, delay=0.02), root)
     verdict, run = _verdict(root)
     assert verdict["rank"] == 1 and verdict["stage"] == "forward", verdict
     # the control: the same config without the sleep; what rank 1 makes rank 0 wait there is the ordinary imbalance
     # of 2 ranks on shared cores, a figure of the machine and its load that the sleep's wait comes on top of
     control_root = tmp_path / "control"
-    res = run_cli(_train_args(_model(tmp_path, rank=1, delay=0.0), control_root, "--ranks", "2"), timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _train(_model(tmp_path, rank=1, delay=0.0), control_root)
     table = _verdict(control_root)[0]["table"]
     control = float(table[table["rank"] == 1]["caused(ms)"].iloc[0])
     print(f"caused {verdict['caused(ms)']:.1f} ms, control {control:.1f} ms, injected 20 ms")

@@ -18,7 +18,9 @@ options:
   profile: {{set: {{ranks: 1}}}}
   batch_sweep: {{batches: [16, 32], launches: 1}}
   max_batch: {{memory_limit: {int(4.5 * 8 * 2**20)}, variants: [base], set: {{model: "{model}"}}}}
-  scale: {{workers: [1, 2], batches: [16], mode: [strong], set: {{model: mlp}}}}
+  model_grid: {{widths: [1024]}}  # one width still holds both outcomes: depth 2 fits under the cap, depth 8 does not
+  scale: {{workers: [1, 2], batches: [16], mode: [strong], launches: 1, set: {{model: mlp}}}}
+  bucket_sweep: {{launches: 1}}  # one launch a cell, as batch_sweep: this test checks the sections, not intervals
   strategies: {{strategies: [allreduce, ddp, noop], set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
   backends: {{set: {{model: mlp, ranks: 2, bucket_mb: 25.0}}}}
   comm: {{begin: 4K, end: 16K, iters: 2, warmup: 1, ops: allreduce, ranks: 2}}
