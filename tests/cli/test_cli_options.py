@@ -167,3 +167,26 @@ def test_steps_takes_a_number_or_auto_and_its_help_says_so():
     assert steps.kind is str and "auto" in steps.help and "time_budget_s" in steps.help
     assert merge({"steps": 20}, None, None, {"steps": "auto"}).steps == "auto"
     assert merge(None, None, None, {"steps": "20"}).steps == 20
+
+
+def test_an_experiment_commands_cells_share_one_warm_block(tmp_path, monkeypatch):
+    """Every Cells.run of one experiment command runs inside the same `warm.ranks()` block (a block per call would
+    start a zygote for each, e.g. each trial of a max-batch search), and the block is closed when it ends."""
+    from types import SimpleNamespace
+
+    from scalelab.lab.base import Result
+    from scalelab.run import warm
+
+    seen = []
+
+    def execute(ctx, base, opts):
+        for _ in range(2):
+            with warm.ranks() as pools:  # what each Cells.run opens
+                seen.append(pools)
+        return Result(name="fake", tables={})
+
+    experiment = SimpleNamespace(name="fake", help="", options=[], base=False, takes_command=False,
+                                 option_values=lambda given: {}, execute=execute)
+    command_for(experiment)(store=tmp_path / "store", study="s", out=tmp_path / "out")
+    assert len(seen) == 2 and seen[0] is seen[1]
+    assert warm._ACTIVE is None

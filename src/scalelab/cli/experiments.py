@@ -22,6 +22,7 @@ import yaml
 from scalelab.cli.common import experiment_context, show_result, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, place_params
 from scalelab.lab.registry import experiments
+from scalelab.run import warm
 from scalelab.run.script import SCRIPT_FLAGS, ScriptConfig
 
 app = typer.Typer()
@@ -59,7 +60,11 @@ def command_for(experiment):
             flags = {k: v for k, v in config_values(kw).items() if k not in own}
             base = merge(experiment.defaults, kw["config"], kw["set_"], flags)
         st, out_dir = store_and_out(kw["store"], kw["study"], kw["out"])
-        show_result(experiment.execute(experiment_context(st, kw["study"], out_dir), base, opts))
+        # one warm block for the command's cells, as a study's: a block per Cells.run would start a zygote for each
+        # (a max-batch search's every trial)
+        with warm.ranks():
+            result = experiment.execute(experiment_context(st, kw["study"], out_dir), base, opts)
+        show_result(result)
 
     params = [option_param(o) for o in experiment.options]
     if experiment.base:
