@@ -137,25 +137,14 @@ def _listening(tcp_tables: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def _socket_inodes(pids: list[int]) -> set[int]:
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(int(target[8:-1]))
-        except OSError:
-            continue
-    return inodes
-
-
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory) -> dict:
     """A 2-node run of a model sleeping 20 ms a step: what its processes listen on while it trains (the host's TCP
     tables, and each of its namespaces' tables and addresses), then SIGKILLed, scalelab only, so it cannot tear
     anything down. One run for the two tests below, each asserting its own property; what they leave of it is
     removed at the module's end."""
+    from dist.test_reliability_launch import socket_inodes
+
     folder = tmp_path_factory.mktemp("killed")
     root = folder / "store"
     proc = _start(_train_args(write_sleepy(folder, 0.02), root, "--steps", "300"))
@@ -163,7 +152,7 @@ def killed_run(tmp_path_factory) -> dict:
         wait_for_steps(proc, root, rank=1)
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         names = _owned(proc.pid)
-        seen = {"family": family, "names": names, "ours": _socket_inodes([p.pid for p in family]),
+        seen = {"family": family, "names": names, "ours": set().union(*(socket_inodes(p.pid) for p in family)),
                 "host": _listening(Path("/proc/net/tcp").read_text() + Path("/proc/net/tcp6").read_text()),
                 "inside": {name: (subprocess.run(["ip", "netns", "exec", name, "cat", "/proc/net/tcp",
                                                   "/proc/net/tcp6"], capture_output=True, text=True,
