@@ -8,6 +8,7 @@ Skipped, with the reason, where namespaces cannot be made (no root / CAP_NET_ADM
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import signal
 import statistics
@@ -84,18 +85,46 @@ def _owned(pid: int) -> list[str]:
     return [n for n in netns.list_namespaces() if n.startswith(f"{netns.PREFIX}{pid}-")]
 
 
-def test_two_node_train_completes_and_removes_its_namespaces(tmp_path, mlp, namespaces_restored):
-    root = tmp_path / "store"
-    res = run_cli(_train_args(mlp, root, "--steps", "6"), timeout=200)
-    assert res.returncode == 0, res.stderr[-2000:]
+def test_two_node_train_completes_each_rank_forked_by_its_agent_as_ranks_on_one_host(tmp_path, mlp,
+                                                                                     namespaces_restored):
+    """Both nodes' ranks write into the one run directory; the namespaces are gone afterwards (the fixture).
+    A node agent forks its rank after importing torch and the worker (no second interpreter importing them): while
+    the run trains, each rank's parent is its node's agent and it runs the agent's command line (forked, not
+    started by exec). The known truth of what it measures: the same losses, to the bit, as 2 ranks started cold on
+    one host (same seed, data, threads; a sum of two gradients does not depend on the order of its terms)."""
+    root, host = tmp_path / "store", tmp_path / "host"
+    fixed = ["--steps", "8", "--threads", "1"]
+    proc = _start(_train_args(mlp, root, *fixed))
+    forked = {}
+    try:
+        while proc.poll() is None and len(forked) < 2:
+            for beat in root.glob("runs/*/heartbeat.rank*.json"):
+                try:
+                    rank = psutil.Process(json.loads(beat.read_text())["pid"])
+                    forked[beat.name] = (rank.cmdline(), rank.parent().cmdline())
+                except (ValueError, KeyError, OSError, psutil.Error, AttributeError):
+                    continue  # being written, or ended meanwhile
+            time.sleep(0.02)
+        _, err = proc.communicate(timeout=200)
+    finally:
+        _reap([proc])
+    assert proc.returncode == 0, err[-2000:]
     runs = Store(root).list_runs()
     assert list(runs["status"]) == ["completed"] and list(runs["ranks"]) == [2]  # world size: 1 rank x 2 nodes
     run = Store(root).get(runs["run_id"][0])
     assert (run["config"]["local_nodes"], run["config"]["nnodes"]) == (2, 2)
     assert run["summary"]["ranks/reported"] == 2
-    run_dir = Path(run["dir"])
     for rank in (0, 1):  # each node's rank wrote its steps into the one shared run directory
-        assert len(read_jsonl(run_dir / f"steps.rank{rank}.jsonl")) == 6
+        assert len(read_jsonl(Path(run["dir"]) / f"steps.rank{rank}.jsonl")) == 8
+    assert len(forked) == 2, forked
+    for own, parent in forked.values():
+        assert own == parent and "scalelab.run.nodeagent" in own, (own, parent)
+    res = run_cli(["train", "--model", mlp, "--samples", "256", "--global-batch", "16", "--ranks", "2",
+                   "--store", str(host), *fixed], timeout=200)
+    assert res.returncode == 0, res.stderr[-2000:]
+    losses = [[r["loss"] for r in read_jsonl(Path(Store(store).get(Store(store).list_runs()["run_id"][0])["dir"])
+                                             / "steps.rank0.jsonl")] for store in (root, host)]
+    assert len(losses[0]) == 8 and losses[0] == losses[1], losses
 
 
 def _busbw(root: Path) -> float:

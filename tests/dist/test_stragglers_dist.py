@@ -122,17 +122,15 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (v2: cpu.m
 
 
 def _rank_process(root: Path, rank: int, timeout: float = 120) -> psutil.Process:
-    """The worker process of `rank` of the run stored under `root`, as soon as it exists."""
+    """The worker process of `rank` of the run stored under `root`, as soon as it exists: the pid its heartbeat
+    names (a node agent forks its ranks, so a rank's command line and /proc environment are the agent's)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for proc in psutil.process_iter(["cmdline"]):
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if "scalelab.run.worker" in cmd and str(root) in cmd:
-                try:
-                    if proc.environ().get("RANK") == str(rank):
-                        return proc
-                except psutil.Error:
-                    continue
+        for beat in root.glob(f"runs/*/heartbeat.rank{rank}.json"):
+            try:
+                return psutil.Process(json.loads(beat.read_text())["pid"])
+            except (ValueError, KeyError, OSError, psutil.Error):
+                continue  # being written, or the rank ended meanwhile
         time.sleep(0.05)
     raise AssertionError(f"rank {rank}'s worker did not start within {timeout:g} s")
 

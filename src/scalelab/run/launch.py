@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import functools
+import importlib
 import logging
 import os
 import shlex
@@ -95,10 +97,21 @@ def torchrun_args(spec: LaunchSpec, *, port: int | None = None) -> list[str]:
     ]
 
 
-def torchrun_launch(spec: LaunchSpec) -> None:
-    """The default launcher: torchrun's elastic agent in this process, with the spec's environment."""
+# Worker modules whose whole rank is `main(argv)`: a node agent may fork their ranks (`torchrun_launch(fork=True)`)
+FORKABLE = (TRAIN_WORKER, "scalelab.measure.commbench_worker")
+
+
+def torchrun_launch(spec: LaunchSpec, *, fork: bool = False) -> None:
+    """The default launcher: torchrun's elastic agent in this process, with the spec's environment.
+
+    `fork`: the ranks are forked from this process after it imported the worker module, instead of started as
+    fresh interpreters that import torch and scalelab again (about a second of each namespaced launch on 2 cores).
+    Only for a process that never ran a torch op (OpenMP's thread pool is not fork-safe) and started with the
+    spec's environment (variables a C library reads once at start, e.g. glibc's malloc settings, are then already
+    the ranks'): a node agent (run/nodeagent.py). A module not in FORKABLE is started fresh whatever `fork` says.
+    """
     with environ(spec.env), _agent_log_level(logging.CRITICAL if spec.quiet else None):
-        run_torchrun(torchrun_args(spec))
+        run_torchrun(torchrun_args(spec), fork_module=spec.module if fork and spec.module in FORKABLE else None)
 
 
 @contextlib.contextmanager
@@ -159,17 +172,20 @@ def environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def run_torchrun(argv: list[str]) -> None:
-    """Run the elastic agent in this process; raises ChildFailedError when a rank fails.
+def run_torchrun(argv: list[str], *, fork_module: str | None = None) -> None:
+    """Run the elastic agent in this process; raises ChildFailedError when a rank fails. `fork_module`: its ranks
+    are forked from this process and run that module's `main(argv)` (`torchrun_launch`).
 
     One node (static rendezvous on 127.0.0.1): this process hosts the rendezvous store itself, on loopback only
     (`loopback_store`); the endpoint's port is a wish, another free one is taken when it is in use. Several
     nodes: node 0 hosts torchrun's store on the shared endpoint; a port already in use there is PortInUse.
     """
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as run_fresh
 
     args = get_args_parser().parse_args(argv)
+    run = run_fresh if fork_module is None else functools.partial(_run_forked, fork_module)
     if args.rdzv_backend != "static" or not args.rdzv_endpoint:
         run(args)
         return
@@ -186,6 +202,17 @@ def run_torchrun(argv: list[str]) -> None:
             raise PortInUse(f"rdzv_endpoint {host}:{port} is already in use on this host (node 0 hosts the "
                             f"rendezvous store there): stop what holds port {port} or choose another port") from err
         raise
+
+
+def _run_forked(module: str, args) -> None:
+    """torchrun's `run(args)` with ranks forked from this process, each calling `module.main(script args)`."""
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args
+
+    main = importlib.import_module(module).main  # imported here, once: every forked rank has it already
+    args.start_method = "fork"
+    config, _, _ = config_from_args(args)
+    elastic_launch(config=config, entrypoint=main)(list(args.training_script_args))
 
 
 def loopback_store(port: int) -> contextlib.AbstractContextManager[int]:

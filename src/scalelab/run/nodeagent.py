@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         elif spec.node_rank == 0:
             host, port = spec.endpoint.rsplit(":", 1)
             with bound_store(host, int(port)):
-                torchrun_launch(spec)
+                torchrun_launch(spec, fork=True)
                 sys.stdin.read()  # until the launcher closes it (or dies): the other nodes are done with the store
         else:
-            torchrun_launch(spec)
+            torchrun_launch(spec, fork=True)
     except BaseException as err:  # noqa: BLE001 - every failure of this node is recorded for the launcher
         from scalelab.run.execute import failure_reason, is_consequence
 
