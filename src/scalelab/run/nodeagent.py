@@ -10,6 +10,7 @@ every other node has ended, so no node finds the store gone in torchrun's exit b
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,4 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # the node's outcome is recorded by now (its ranks' files, failure.node<k>.json)
+    # end without the interpreter's teardown of torch: a few tenths of a second that every launch waits for, node 0's
+    # agent after the other nodes' (it keeps the store up until they have ended)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
