@@ -162,7 +162,8 @@ def test_a_real_ddp_model_under_the_probe_leaves_one_record_per_update(group, tm
     probe.close()
     steps = RunDir(tmp_path).read_steps(0)
     assert [r["samples"] for r in steps] == [20, 20, 20]
-    assert all(r["collectives"] == 1 and r[f"{SPAN}(s)"] > 0 and r["optimizer(s)"] > 0 for r in steps)
+    assert all(r["collectives"] == 1 and r[f"{SPAN}(s)"] > 0 and r["optimizer(s)"] > 0 for r in steps), [
+        {k: r[k] for k in ("collectives", f"{SPAN}(s)", "optimizer(s)")} for r in steps]
     assert RunDir(tmp_path).read_aggregates()[0]["boundary"] == "ddp_forward"
 
 
