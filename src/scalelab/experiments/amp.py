@@ -118,22 +118,26 @@ def plot_loss_curves(curves: pd.DataFrame, path: Path, *, hue: str) -> Path:
 def precision_decisions(table: pd.DataFrame) -> list[Decision]:
     """The precision chosen on the median step among every precision (lab.decision: beyond noise over the whole
     family, by a material effect; fp32 is kept when none wins), recommended only where every precision learned
-    and the chosen one ends within 1 point of fp32's accuracy (else nothing is recommended, and the card says
-    why)."""
+    (fp32 too, when it is the faster) and the chosen one ends within 1 point of fp32's accuracy (else nothing is
+    recommended, and the card says why)."""
     if len(table) < 2 or "fp32" not in set(table["precision"]):
         return []
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     rows = table.to_dict("records")
     sides = [step_side(r, r["precision"], value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
     decision = pick(sides, question="precision", default="fp32", action=None)
-    if decision is None or not decision.recommends or decision.chosen.label == "fp32":
+    if decision is None or not decision.recommends:
         return [decision] if decision is not None else []
     chosen = next(r for r in rows if r["precision"] == decision.chosen.label)
     base = next(r for r in rows if r["precision"] == "fp32")
+    # fp32 faster is a recommendation too ("Use fp32: ... faster than bf16"): it names a precision whose runs may
+    # not have learned, so it needs every precision to have learned as much as a lower precision does
     if not all(bool(r.get("learned")) for r in rows):
-        why = f"faster beyond noise, but accuracy is not compared: {COMPARE_ONLY_LEARNED}"
+        why = f"{decision.chosen.label} is faster beyond noise, but accuracy is not compared: {COMPARE_ONLY_LEARNED}"
+    elif decision.chosen.label == "fp32":
+        return [decision]
     elif chosen[keys.EVAL_ACC] < base[keys.EVAL_ACC] - 0.01:
-        why = "faster beyond noise, but its accuracy ends more than 1 point below fp32's"
+        why = f"{decision.chosen.label} is faster beyond noise, but its accuracy ends more than 1 point below fp32's"
     else:
         return [replace(decision, action=f"{decision.chosen.label} (accuracy within 1 point of fp32's)")]
     return [replace(decision, verdict=NOT_ENOUGH_DATA, why=why, keep="fp32, the default")]
