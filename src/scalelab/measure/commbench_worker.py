@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from scalelab.distenv import dist_context
+from scalelab.distenv import dist_context, exit_without_teardown
 from scalelab.measure.memory import freeze_alive
 from scalelab.measure.commbench import (
     DTYPES, PROBE_ITERS, CommBenchConfig, build_table, choose_iters, message_count)
@@ -263,7 +263,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-    # done and recorded: end without the interpreter's teardown, as a training rank does (run/worker.end_done_rank)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()  # done and recorded, as a training rank

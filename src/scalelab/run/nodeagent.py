@@ -10,11 +10,11 @@ every other node has ended, so no node finds the store gone in torchrun's exit b
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from scalelab.distenv import exit_without_teardown
 from scalelab.run.launch import LaunchSpec, bound_store, torchrun_launch
 from scalelab.store.rundir import RunDir
 
@@ -49,9 +49,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()  # the node's outcome is recorded by now (its ranks' files, failure.node<k>.json)
-    # end without the interpreter's teardown of torch: a few tenths of a second that every launch waits for, node 0's
-    # agent after the other nodes' (it keeps the store up until they have ended)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # the node's outcome is recorded by now (its ranks' files, failure.node<k>.json); the teardown skipped is time
+    # every launch waits for, node 0's agent's after the other nodes' (it keeps the store up until they have ended)
+    exit_without_teardown(main())

@@ -26,6 +26,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from scalelab.distenv import exit_without_teardown
 from scalelab.measure.machine import RANK_PIDS_ENV as PIDS_ENV  # the job's ranks, for local_rank_pids
 
 
@@ -132,9 +133,7 @@ def _child(job: dict, go_r: int, result_w: int) -> None:
             os.write(result_w, pickle.dumps(answer))
         code = 0 if answer["ok"] else 1
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # not the server's atexit handlers, nor its buffered output twice
+        exit_without_teardown(code)  # not the server's atexit handlers, nor its buffered output twice
 
 
 def run_job(job: dict) -> dict:
@@ -224,7 +223,7 @@ def serve(fd: int, fork: bool, stamps: dict[str, float]) -> None:
         stamps["warmed"] = time.time()
         server = WarmRank(fd, stamps)
     server.serve()
-    _exit_served()
+    exit_without_teardown()  # the pool closed: every job's files written, its answer sent
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,15 +232,6 @@ def main(argv: list[str] | None = None) -> None:
     import_for_jobs()
     stamps["imported"] = time.time()
     serve(int(args[0]), "--fork" in args, stamps)
-
-
-def _exit_served() -> None:
-    """End a rank whose pool closed, skipping the interpreter's teardown: every job's files were written and its
-    answer sent, and nothing else is left to flush, while tearing down torch, torch._dynamo and sympy took 0.5-0.8 s
-    a process on 2 cores, paid one rank after another as a study closes its pools."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

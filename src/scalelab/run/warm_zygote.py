@@ -38,6 +38,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle, send_handle
 
+from scalelab.distenv import exit_without_teardown
 from scalelab.run.launch import LaunchFailed
 
 START_TIMEOUT_S = 120.0  # for a rank process or the zygote to start and connect (imports on a loaded 2-core machine)
@@ -202,9 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             _child(fd, request)
         os.close(fd)  # the pool sees the child's end, not a copy held here
         conn.send(pid)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no teardown of torch and sympy (warm_rank._exit_served); children left are reaped by init
+    exit_without_teardown()  # children left are reaped by init
 
 
 def _wait(pid: int, timeout: float, codes: dict[int, int]) -> int | None:
@@ -246,9 +245,7 @@ def _child(fd: int, request: dict) -> None:
     except BaseException:  # noqa: BLE001 - said on stderr; the pool reads the end of this process
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_without_teardown(code)
 
 
 if __name__ == "__main__":

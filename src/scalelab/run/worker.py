@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from scalelab.config import TrainConfig, default_threads
-from scalelab.distenv import DistContext, dist_context
+from scalelab.distenv import DistContext, dist_context, exit_without_teardown
 from scalelab.engines import registry as engines
 from scalelab.measure.clocks import estimate_in_run
 from scalelab.measure.machine import RunCpu, local_rank_pids
@@ -171,17 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     run_rank(cfg, args.run_dir, dist_context(cfg.resolved_device), resume=args.resume, phases=phases)
 
 
-def end_done_rank() -> None:
-    """End a rank whose work is done and recorded without the interpreter's teardown, as a rank forked by a node
-    agent or a warm rank's job ends (os._exit): nothing of its records is left to flush by then, and the teardown
-    of torch's C++ state at exit is where a namespaced rank was once seen to abort after writing its result
-    ("terminate called without an active exception", then SIGSEGV in the fault handler), failing a finished run.
-    A rank that failed is not ended here: its exception takes the normal way (torchrun's error file)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 if __name__ == "__main__":
     main()
-    end_done_rank()
+    exit_without_teardown()  # done and recorded; a failed rank raised above and takes torchrun's error file
