@@ -414,6 +414,22 @@ def kill_rank(proc, pid: int, timeout: float) -> tuple[str, float]:
     return err, time.monotonic() - killed_at
 
 
+def heartbeat_process(root: Path, rank: int):
+    """The process of rank `rank` of the run stored under `root`, by the pid its heartbeat names (a node agent forks
+    its ranks, so a rank's command line and /proc environment are the agent's); None before the heartbeat is
+    written or once that process has ended."""
+    import json
+
+    import psutil
+
+    for beat in root.glob(f"runs/*/heartbeat.rank{rank}.json"):
+        try:
+            return psutil.Process(json.loads(beat.read_text())["pid"])
+        except (ValueError, KeyError, OSError, psutil.Error):
+            continue  # being written, or the rank ended meanwhile
+    return None
+
+
 def wait_for_steps(proc, root: Path, rank: int, timeout: float = 120) -> Path:
     """The run directory of the CLI run `proc` (storing under `root`) once rank `rank` has recorded a step;
     fails the test, killing `proc`, when it ends or `timeout` s pass first."""

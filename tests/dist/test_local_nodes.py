@@ -8,7 +8,6 @@ Skipped, with the reason, where namespaces cannot be made (no root / CAP_NET_ADM
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import signal
 import statistics
@@ -20,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import TINY_MLP, cli_env, namespaces_unusable, run_cli, wait_for_steps, write_sleepy
+from conftest import (TINY_MLP, cli_env, heartbeat_process, namespaces_unusable, run_cli, wait_for_steps,
+                      write_sleepy)
 
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
@@ -98,12 +98,12 @@ def test_two_node_train_completes_each_rank_forked_by_its_agent_as_ranks_on_one_
     forked = {}
     try:
         while proc.poll() is None and len(forked) < 2:
-            for beat in root.glob("runs/*/heartbeat.rank*.json"):
+            for k in (0, 1):
+                rank = heartbeat_process(root, k)
                 try:
-                    rank = psutil.Process(json.loads(beat.read_text())["pid"])
-                    forked[beat.name] = (rank.cmdline(), rank.parent().cmdline())
-                except (ValueError, KeyError, OSError, psutil.Error, AttributeError):
-                    continue  # being written, or ended meanwhile
+                    forked[k] = (rank.cmdline(), rank.parent().cmdline())
+                except (psutil.Error, AttributeError):
+                    continue  # not started yet, or ended meanwhile
             time.sleep(0.02)
         _, err = proc.communicate(timeout=200)
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CONTROL_RATIO, cli_env, namespaces_unusable, run_cli
+from conftest import CONTROL_RATIO, cli_env, heartbeat_process, namespaces_unusable, run_cli
 
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
@@ -122,15 +122,12 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (v2: cpu.m
 
 
 def _rank_process(root: Path, rank: int, timeout: float = 120) -> psutil.Process:
-    """The worker process of `rank` of the run stored under `root`, as soon as it exists: the pid its heartbeat
-    names (a node agent forks its ranks, so a rank's command line and /proc environment are the agent's)."""
+    """The worker process of `rank` of the run stored under `root`, as soon as it exists (`heartbeat_process`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for beat in root.glob(f"runs/*/heartbeat.rank{rank}.json"):
-            try:
-                return psutil.Process(json.loads(beat.read_text())["pid"])
-            except (ValueError, KeyError, OSError, psutil.Error):
-                continue  # being written, or the rank ended meanwhile
+        proc = heartbeat_process(root, rank)
+        if proc is not None:
+            return proc
         time.sleep(0.05)
     raise AssertionError(f"rank {rank}'s worker did not start within {timeout:g} s")
 
