@@ -11,7 +11,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.perf import perfmodel as pm
 from scalelab.perf.calibration import Calibration
-from scalelab.perf.horizon import unseen_share
+from scalelab.perf.horizon import faster_link, unseen_share
 from scalelab.perf.intervals import intervals, step_quantiles
 from scalelab.perf.links import NodeLink, network_label
 from scalelab.perf.modelerror import concurrent, refusal, seen_shares
@@ -86,7 +86,8 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
                      "half_width(%)": 50 * (c["high"] - c["low"]) / c["point"],
                      "sampling_half_width(%)": c["sampling_half_width(%)"],
                      "model_half_width(%)": c["model_half_width(%)"],
-                     "extrapolation": unseen_share(p["exposed_comm(ms)"] / p["step(ms)"], seen_shares(cal))})
+                     "extrapolation": unseen_share(p["exposed_comm(ms)"] / p["step(ms)"], seen_shares(cal))
+                     or (NodeLink.of(cfg).namespaced and faster_link(NodeLink.of(cfg).gbps, cal.link_gbps))})
         meas.append({"run_id": run["run_id"], "measured": step, "measured_comm(ms)": summary.get(keys.COMM_TIME_MS),
                      "sync": cfg.get("sync"), "per_rank_batch": cfg["global_batch"] / n, "workers": n,
                      "accumulate": cfg.get("accumulate", 1), "bucket_mb": cfg.get("bucket_mb"),

@@ -15,7 +15,7 @@ from scipy.stats import t
 
 from scalelab.perf.fit import BenchTimes, Measured, fit
 from scalelab.perf.hardware import cost_terms
-from scalelab.perf.horizon import unseen_share
+from scalelab.perf.horizon import faster_link, unseen_share
 from scalelab.perf.links import NodeLink
 from scalelab.perf.modelerror import (LEAVE_BATCH_OUT, OTHER_LINK, ErrorTerm, combine, concurrent, describe,
                                       error_term, pooled, refusal, residuals, seen_shares)
@@ -211,6 +211,11 @@ def test_a_share_outside_the_seen_range_is_extrapolation():
     assert not unseen_share(0.9, None)  # nothing seen: no interval to qualify
 
 
+def test_a_shaped_link_faster_than_the_calibrated_one_is_extrapolation():
+    assert faster_link(0.8, 0.5) and not faster_link(0.5, 0.5) and not faster_link(0.35, 0.5)
+    assert not faster_link(None, 0.5) and not faster_link(0.8, None)  # unshaped: its own residuals, or refused
+
+
 def test_validation_refuses_a_refused_link_without_an_interval_and_moves_the_bias_into_the_point():
     from scalelab.perf.validation import validate_measured
 
@@ -225,8 +230,11 @@ def test_validation_refuses_a_refused_link_without_an_interval_and_moves_the_bia
             {"run_id": "s", "config": {**cfg, "link_gbps": 0.5}, "summary": {"time/step_median(ms)": 10.0},
              "launches": 2},
             {"run_id": "b", "config": {**cfg, "link_gbps": 0.5, "sync": "bucketed", "bucket_mb": 4.0},
-             "summary": {"time/step_median(ms)": 10.0}}]
+             "summary": {"time/step_median(ms)": 10.0}},
+            {"run_id": "f", "config": {**cfg, "link_gbps": 2.0}, "summary": {"time/step_median(ms)": 10.0}}]
     table = validate_measured(cal, runs, say=lambda _: None).set_index("run_id")
+    # a link faster than the calibrated 1 Gbit/s is predicted, with its interval, and marked extrapolation
+    assert table.loc["f", "extrapolation"] and table.loc["f", "inside"] in (True, False)
     assert table.loc["u", "refused"].startswith("refused over an unshaped link") and table.loc["u", "inside"] is None
     assert table.loc["u", "predicted"] == table.loc["u", "model(ms)"]  # no interval, no bias
     assert pd.isna(table.loc["s", "refused"]) and table.loc["s", "inside"] in (True, False)
