@@ -9,8 +9,7 @@ the run (benchmarks/protocols/prediction_nodes.json; scalelab.perf.protocol):
   (predicted, not fitted on); the intervals' sampling part comes from resampling all of it, their model-error
   part from in-calibration residuals (scalelab.perf.modelerror: each in-situ launch predicted by a fit without its
   batch, and the unshaped runs by the whole fit): a bias per strategy and regime moved into the point, the pooled
-  spread around it matched to a point's launches (a regression-style interval, n − k degrees of freedom); the
-  interval's half-width is the larger of the two parts (they are not added: the residuals hold a fit's noise too);
+  spread around it matched to a point's launches (a regression-style interval, n − k degrees of freedom);
 - compute without sync again at each held-out node count (the nodes share this host's cores, so compute at 3 or 4
   nodes is not what is predicted): those rows say "compute in-sample";
 - held-out points: 3 and 4 nodes, other links, a per-rank batch the calibration never ran, every sync strategy,
@@ -56,6 +55,7 @@ DEFAULT = {
     "calibration": {"nodes": 2, "link_gbps": 0.5, "batches": [16, 24, 32], "repeats": 2,
                     "strategies": ["allreduce", "bucketed", "gather_scatter"]},
     "compute_in_sample": {"nodes": [3, 4], "batches": [16, 32], "repeats": 2},
+    # round 7's held-out values, used by its two runs: the next protocol holds out values no run used
     # batch 21 and 0.38, 0.18 Gbit/s: no run of an earlier protocol used them (24; 20 over 0.5 and 0.2 Gbit/s; 28
     # over 0.5 and 0.3 Gbit/s; 22 over 0.7 and 0.4 Gbit/s; 26 over 0.6 and 0.25 Gbit/s; 30 over 0.8 and 0.35 Gbit/s;
     # 18 over 0.45 and 0.15 Gbit/s: each looked at two or three times; the calibration's 16, 24, 32 and 1 or

@@ -1,6 +1,6 @@
 """A prediction's 95 % and 50 % intervals (docs/model.md, "Prediction intervals"): the sampling part from the
 calibration's replicas (`uncertainty`), the model-error part from its in-calibration residuals (`modelerror`),
-the larger of the two in log step, around the point with its strategy's calibration bias (`modelerror.combine`)."""
+added in quadrature in log step around the point with its strategy's calibration bias (`modelerror.combine`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -29,13 +29,9 @@ The rule (part of the model code a frozen protocol hashes; every prediction prin
   above; with d degrees of freedom the model-error part of the P interval is ± t((1 + P)/2, d)·σ̂ in log step
   (`ErrorTerm.half`). It is tested on the residuals less their strategy's bias (Shapiro-Wilk, `normality_p`);
   with 6-20 residuals that test sees only gross departures.
-- the interval: the larger of the sampling part (the replicas' percentiles) and the model-error part in log step,
-  h = max(s, m), around the point with its bias: [p·e^(b−h), p·e^(b+h)] for the 95 % and the 50 % interval
-  (`combine`). Not the two added: each residual is a prediction by a fit on part of the calibration (two of its
-  three batches), so their spread already holds a fit's sampling noise, and adding the replicas' spread counted it
-  twice (rounds 4-6 of the protocol: the 50 % interval held 88 % of the held-out points in five of six fresh runs).
-  The replicas' part is kept where it is the wider: far from the calibration, where refits spread more than the
-  residuals did.
+- the interval: the sampling part (the replicas' percentiles) and the model-error part add in quadrature in log
+  step, h = √(s² + m²), around the point with its bias: [p·e^(b−h), p·e^(b+h)] for the 95 % and the 50 %
+  interval (`combine`).
 - where it cannot hold: a regime the residual runs never had. They ran at the calibration's node count, its
   links and batches, with a share of exposed communication in the step between the smallest and the largest in
   `seen_shares`; a prediction outside that share range is marked `extrapolation` (perf/horizon.py `unseen_share`).
@@ -299,7 +295,7 @@ def seen_shares(cal: Calibration) -> tuple[float, float] | None:
 
 def combine(point: float, sampling: tuple[float, float, float, float], term: ErrorTerm) -> dict:
     """The 95 % and 50 % intervals of a prediction `point` from its sampling percentiles (2.5, 25, 75, 97.5 over
-    the replicas) and its model-error term: around point·e^bias (`point`), the larger part in log step;
+    the replicas) and its model-error term: around point·e^bias (`point`), the parts in quadrature in log step;
     the half-widths in % of that point of the 95 % interval's two parts and the bias in %. NaN where either part
     is missing (never a made-up interval)."""
     q025, q25, q75, q975 = sampling
@@ -308,7 +304,7 @@ def combine(point: float, sampling: tuple[float, float, float, float], term: Err
     for level, (low, high) in zip(LEVELS, ((q025, q975), (q25, q75))):
         s = math.log(high / low) / 2 if low > 0 and high > 0 else math.nan
         m = term.half(level)
-        h = max(s, m) if math.isfinite(s) and math.isfinite(m) else math.nan
+        h = math.hypot(s, m) if math.isfinite(s) and math.isfinite(m) else math.nan
         out[level] = (center * math.exp(-h), center * math.exp(h))
         if level == 0.95:
             out["sampling_half_width(%)"] = 100 * math.sinh(s)

@@ -113,7 +113,7 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
 INTERVALS = ("each predicted step has a 95 % and a 50 % interval that should hold the measured median step that "
              "often: the calibration's sampling noise (refits on resampled runs; on a preset or a hardware file only "
              "the compute varies) and the model's own error (its in-calibration misses: a bias per strategy, moved "
-             "into this machine's predicted steps, and the spread around it), the larger of the two in log step; ")
+             "into this machine's predicted steps, and the spread around it), added in log step; ")
 
 
 def validation_text(val: pd.DataFrame, where: str) -> str:
