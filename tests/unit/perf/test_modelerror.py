@@ -216,6 +216,24 @@ def test_a_shaped_link_faster_than_the_calibrated_one_is_extrapolation():
     assert not faster_link(None, 0.5) and not faster_link(0.8, None)  # unshaped: its own residuals, or refused
 
 
+def test_validation_marks_a_link_faster_than_the_calibrated_one_extrapolation_and_still_predicts_it():
+    """Residual runs with every share of communication up to the whole step, so no share is unseen: only the
+    link's rate tells a faster link (2 Gbit/s against the calibrated 1) from a slower one (0.5)."""
+    from scalelab.perf.validation import validate_measured
+
+    cal = synthetic_calibration(nodes=2, link_gbps=1.0, host_alpha_s=1e-5, host_beta_s_per_byte=1e-9,
+                                residuals=[row(r, batch=b, share=x) for r, b, x in
+                                           ((0.02, 16.0, 0.0), (-0.02, 32.0, 1.0), (0.03, 16.0, 0.5), (-0.01, 32.0, 0.5))])
+    cal.replicates = [{"compute": cal.compute}] * 3
+    cfg = {"model": "m", "dataset": "d", "ranks": 1, "nnodes": 3, "local_nodes": 3, "global_batch": 60,
+           "sync": "allreduce"}
+    runs = [{"run_id": g, "config": {**cfg, "link_gbps": g}, "summary": {"time/step_median(ms)": 10.0}}
+            for g in (2.0, 0.5)]
+    table = validate_measured(cal, runs, say=lambda _: None).set_index("run_id")
+    assert bool(table.loc[2.0, "extrapolation"]) and not bool(table.loc[0.5, "extrapolation"])
+    assert table.loc[2.0, "inside"] in (True, False)  # predicted, with its interval: marked, not refused
+
+
 def test_validation_refuses_a_refused_link_without_an_interval_and_moves_the_bias_into_the_point():
     from scalelab.perf.validation import validate_measured
 
@@ -230,11 +248,8 @@ def test_validation_refuses_a_refused_link_without_an_interval_and_moves_the_bia
             {"run_id": "s", "config": {**cfg, "link_gbps": 0.5}, "summary": {"time/step_median(ms)": 10.0},
              "launches": 2},
             {"run_id": "b", "config": {**cfg, "link_gbps": 0.5, "sync": "bucketed", "bucket_mb": 4.0},
-             "summary": {"time/step_median(ms)": 10.0}},
-            {"run_id": "f", "config": {**cfg, "link_gbps": 2.0}, "summary": {"time/step_median(ms)": 10.0}}]
+             "summary": {"time/step_median(ms)": 10.0}}]
     table = validate_measured(cal, runs, say=lambda _: None).set_index("run_id")
-    # a link faster than the calibrated 1 Gbit/s is predicted, with its interval, and marked extrapolation
-    assert table.loc["f", "extrapolation"] and table.loc["f", "inside"] in (True, False)
     assert table.loc["u", "refused"].startswith("refused over an unshaped link") and table.loc["u", "inside"] is None
     assert table.loc["u", "predicted"] == table.loc["u", "model(ms)"]  # no interval, no bias
     assert pd.isna(table.loc["s", "refused"]) and table.loc["s", "inside"] in (True, False)
