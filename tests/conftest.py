@@ -11,9 +11,14 @@ per step as theory says): a new figure that breaks arithmetic fails the suite he
 The runs are found on disk after the last test: every folder that a tests/dist module created under pytest's base
 temporary directory (its tests' tmp_path and its module fixtures' tmp_path_factory folders: a module-scoped
 autouse fixture sees them appear, so runs that unit tests plant on purpose are not read), searched for run
-directories (a config.json beside a summary.json). The terminal summary says how many runs were read."""
+directories (a config.json beside a summary.json). The terminal summary says how many runs were read.
+
+`run_cli` (a `scalelab ...` command with its output captured) forks each call from one process that has imported
+the CLI (tests/cli_server.py says what of a fresh process it keeps); the tests that signal the CLI or watch its
+processes start `python -m scalelab` with Popen."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -237,11 +242,88 @@ def cli_env(extra: dict | None = None) -> dict:
     return env
 
 
+# rich reads them at each layout when they were not set as its consoles were built (the server starts without them)
+SCREEN = ("COLUMNS", "LINES")
+
+
+class CliServer:
+    """The tests' end of tests/cli_server.py: started at the first `run_cli`, ended with the session."""
+
+    def __init__(self):
+        import subprocess
+
+        self.env = {k: v for k, v in cli_env().items() if k not in SCREEN}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=self.env)
+        self.pending = b""
+
+    def answer(self, timeout: float | None = None) -> dict | None:
+        """The server's next answer line, or None when none came within `timeout` s (read unbuffered: a buffered
+        reader could hold the second answer where select cannot see it)."""
+        import select
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise RuntimeError(f"the CLI server ended (exit {self.proc.wait()})")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def takes(self, env: dict) -> bool:
+        from scalelab.run.warm_zygote import forks
+
+        return self.proc.poll() is None and forks(self.env, {k: v for k, v in env.items() if k not in SCREEN}) is None
+
+    def run(self, args: list[str], env: dict, cwd: Path, timeout: float):
+        import signal
+        import subprocess
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="scalelab-cli-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            pid = self.answer()["pid"]
+            done = self.answer(timeout)
+            if done is None:  # as subprocess.run: the call is killed, then TimeoutExpired
+                os.kill(pid, signal.SIGKILL)
+                self.answer()
+                raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
+            return subprocess.CompletedProcess(args, done["status"], out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_CLI: list[CliServer] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cli_server():
+    yield
+    for server in _CLI:
+        server.close()
+
+
 def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, env: dict | None = None):
+    """`python -m scalelab ARGS` with its output captured (a CompletedProcess), forked from tests/cli_server.py when
+    its environment allows (that module says what it keeps of a fresh process), else as that subprocess."""
     import subprocess
 
+    full = cli_env(env)
+    if not _CLI:
+        _CLI.append(CliServer())
+    if _CLI[0].takes(full):
+        return _CLI[0].run(list(args), full, Path(cwd or os.getcwd()), timeout)
     return subprocess.run([sys.executable, "-m", "scalelab", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=cli_env(env))
+                          timeout=timeout, cwd=cwd, env=full)
 
 
 PER_SAMPLE = 8 * 2**20
