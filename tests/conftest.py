@@ -244,6 +244,8 @@ def cli_env(extra: dict | None = None) -> dict:
 
 # rich reads them at each layout when they were not set as its consoles were built (the server starts without them)
 SCREEN = ("COLUMNS", "LINES")
+# not read when a process starts, though `warm_zygote.forks` cannot know it: pytest's name of the running test
+NOT_AT_START = (*SCREEN, "PYTEST_CURRENT_TEST")
 
 
 class CliServer:
@@ -252,7 +254,7 @@ class CliServer:
     def __init__(self):
         import subprocess
 
-        self.env = {k: v for k, v in cli_env().items() if k not in SCREEN}
+        self.env = {k: v for k, v in cli_env().items() if k not in SCREEN}  # its consoles' width: each call's
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py"))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=self.env)
         self.pending = b""
@@ -278,7 +280,10 @@ class CliServer:
     def takes(self, env: dict) -> bool:
         from scalelab.run.warm_zygote import forks
 
-        return self.proc.poll() is None and forks(self.env, {k: v for k, v in env.items() if k not in SCREEN}) is None
+        def start(variables: dict) -> dict:
+            return {k: v for k, v in variables.items() if k not in NOT_AT_START}
+
+        return self.proc.poll() is None and forks(start(self.env), start(env)) is None
 
     def run(self, args: list[str], env: dict, cwd: Path, timeout: float):
         import signal
