@@ -303,8 +303,9 @@ class CliServer:
             return subprocess.CompletedProcess(args, done["status"], out.read_text(), err.read_text())
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
 
 
 _CLI: list[CliServer] = []
@@ -319,11 +320,14 @@ def _cli_server():
 
 def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, env: dict | None = None):
     """`python -m scalelab ARGS` with its output captured (a CompletedProcess), forked from tests/cli_server.py when
-    its environment allows (that module says what it keeps of a fresh process), else as that subprocess."""
+    its environment allows (that module says what it keeps of a fresh process; the server is started again when
+    this process's environment changed in a variable read at a process start), else as that subprocess."""
     import subprocess
 
     full = cli_env(env)
-    if not _CLI:
+    if not _CLI or not _CLI[0].takes(full):  # a test before this one may have changed this process's environment
+        if _CLI:
+            _CLI.pop().close()
         _CLI.append(CliServer())
     if _CLI[0].takes(full):
         return _CLI[0].run(list(args), full, Path(cwd or os.getcwd()), timeout)
