@@ -4,9 +4,10 @@ and imports (about 2.7 s here, 4.6 s on a slow machine of this kind; some 50 cal
 
 The child is what `python -m scalelab ARGS` runs once its imports are done: the call's `sys.argv`, working directory
 and environment, its stdout and stderr in the call's files, stdin empty, and an exit with main()'s status as the
-interpreter's (`exit_as_the_interpreter`). It is forked before any torch op, for the reasons `scalelab.run.warm_zygote` gives (OpenMP's pool
-and CUDA are not fork-safe), and a call whose environment differs from this server's in a variable read when a
-process starts (`warm_zygote.forks`) is not sent here: conftest runs it as a subprocess. What only a fresh process
+interpreter's (`exit_as_the_interpreter`). It is forked before any torch op, for the reasons
+`scalelab.run.warm_zygote` gives (OpenMP's pool and CUDA are not fork-safe). conftest starts the server again when
+pytest's own environment changed in a variable read when a process starts (`warm_zygote.forks`), and runs a call
+whose own variables differ in one as a subprocess. What only a fresh process
 shows (signals to the CLI, its process tree, its start-up) is tested by the tests that start it with Popen.
 
     python tests/cli_server.py    # one JSON request a line on stdin; answers {"pid": N}, then {"status": N}

@@ -325,7 +325,7 @@ def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, e
     import subprocess
 
     full = cli_env(env)
-    if not _CLI or not _CLI[0].takes(full):  # a test before this one may have changed this process's environment
+    if not _CLI or not _CLI[0].takes(cli_env()):  # a test before this one may have changed this process's environment
         if _CLI:
             _CLI.pop().close()
         _CLI.append(CliServer())
