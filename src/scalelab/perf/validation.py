@@ -49,6 +49,14 @@ def sample_of(cal: Calibration, config: dict) -> str:
     return "held out: " + ", ".join(differs) + ("; compute in-sample" if cal.compute_nodes == nodes > 1 else "")
 
 
+def unpadded(config: dict) -> dict:
+    """`config` without scalelab's network emulation (`net_latency_ms`, `net_bandwidth_gbps`): the step the
+    calibration's runs measured; `config` itself when it has none."""
+    if not config.get("net_latency_ms") and config.get("net_bandwidth_gbps") is None:
+        return config
+    return {**config, "net_latency_ms": 0.0, "net_bandwidth_gbps": None}
+
+
 def validate_measured(cal: Calibration, runs: Sequence[dict], *,
                       say: Callable[[str], None] = print) -> pd.DataFrame:
     """Predicted vs measured median step time for every completed run in `runs` of the calibrated model and
@@ -69,11 +77,18 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
         step = summary[keys.STEP_MEDIAN_MS]
         refused = refusal(cal, NodeLink.of(cfg))
-        q = step_quantiles(cal, lambda c, cfg=cfg: [predict_run(c, cfg)["step(ms)"]], 1)
+        # the bias and both parts of the interval belong to the step the calibration ran (it never pads): they go
+        # on the run's step without its padding, and what the padding adds to the point is added as it is
+        plain = unpadded(cfg)
+        padding = p["step(ms)"] - predict_run(cal, plain)["step(ms)"] if plain is not cfg else 0.0
+        q = step_quantiles(cal, lambda c, cfg=plain: [predict_run(c, cfg)["step(ms)"]], 1)
         strategy = "ddp" if cfg.get("sync", "auto") == "auto" else cfg["sync"]
-        c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"]], q, strategy=strategy, link=NodeLink.of(cfg),
-                                           launches=int(run.get("launches", 1)),
+        c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"] - padding], q, strategy=strategy,
+                                           link=NodeLink.of(cfg), launches=int(run.get("launches", 1)),
                                            in_flight=concurrent(cal, cfg)).items()}
+        share = c["point"] / (c["point"] + padding) if padding else 1.0  # the half-widths in % of the padded point
+        c.update({k: c[k] + padding for k in ("point", "low", "high", "low50", "high50")})
+        c.update({k: c[k] * share for k in ("sampling_half_width(%)", "model_half_width(%)")})
         if refused:  # a refused link has no interval: the model was checked there and missed
             c = {**{k: math.nan for k in c}, "point": p["step(ms)"], "bias(%)": 0.0}
         pred.append({"run_id": run["run_id"], "predicted": c["point"], "model(ms)": p["step(ms)"],

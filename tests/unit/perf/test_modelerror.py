@@ -284,3 +284,29 @@ def test_the_prediction_table_moves_the_bias_into_this_machines_rows_only():
     assert lo < table["step(ms)"][1] < hi and math.log(hi / table["step(ms)"][1]) == pytest.approx(
         math.log(table["step(ms)"][1] / lo))
     assert table["step_ci_low(ms)"][0] < plain["step(ms)"][0] < table["step_ci_high(ms)"][0]
+
+
+def test_validation_moves_the_bias_into_the_step_the_calibration_ran_not_into_its_padding():
+    """allreduce calibrated 40 % fast (bias ln 0.6) on unpadded runs; a run padded to 20 ms a collective: the bias
+    goes on the model's unpadded step and the padding is added as it is, where the whole padded step × 0.6 (what CI
+    once printed) would put the 10 collectives' 200 ms of padding alone at 120 ms."""
+    from scalelab.perf.validation import validate_measured
+
+    b = math.log(0.6)
+    cal = synthetic_calibration(residuals=singles([b + 0.01, b - 0.01, b + 0.02, b - 0.02]) +
+                                singles([0.01, -0.01], "bucketed"))
+    cal.replicates = [{"compute": cal.compute}] * 3
+    cfg = {"model": "m", "dataset": "d", "ranks": 2, "global_batch": 32, "sync": "allreduce"}
+    padded = {**cfg, "net_latency_ms": 20.0}
+    runs = [{"run_id": "plain", "config": cfg, "summary": {"time/step_median(ms)": 10.0}},
+            {"run_id": "padded", "config": padded, "summary": {"time/step_median(ms)": 210.0}}]
+    table = validate_measured(cal, runs, say=lambda _: None).set_index("run_id")
+    model, model_padded = predict_run(cal, cfg)["step(ms)"], predict_run(cal, padded)["step(ms)"]
+    assert model_padded >= 200  # the padding: 10 collectives of at least 20 ms each
+    assert table.loc["plain", "predicted"] == pytest.approx(0.6 * model, rel=1e-3)
+    assert table.loc["padded", "predicted"] == pytest.approx(0.6 * model + (model_padded - model), rel=1e-3)
+    assert table.loc["padded", "bias(%)"] == pytest.approx(-40, abs=0.5)
+    lo, hi = table.loc["padded", ["predicted_ci_low", "predicted_ci_high"]]
+    plain_lo, plain_hi = table.loc["plain", ["predicted_ci_low", "predicted_ci_high"]]
+    assert hi - lo == pytest.approx(plain_hi - plain_lo)  # the same interval, shifted by the padding
+    assert table.loc["padded", "model_half_width(%)"] < table.loc["plain", "model_half_width(%)"]
