@@ -1,16 +1,19 @@
-"""A fork server for the tests' `run_cli` (conftest.py): one process that has imported scalelab's CLI, and torch
-through it, and forks each `scalelab ARGS` call from there, so that a call does not pay a fresh interpreter's start
-and imports (about 2.7 s here, 4.6 s on a slow machine of this kind; some 50 calls a suite).
+"""A fork server for the tests' `run_cli` and `start_cli` (conftest.py): one process that has imported scalelab's
+CLI, and torch through it, and forks each `scalelab ARGS` call from there, so that a call does not pay a fresh
+interpreter's start and imports (about 1.9 s here, 4.6 s on a slow machine of this kind; some 80 calls a suite).
 
 The child is what `python -m scalelab ARGS` runs once its imports are done: the call's `sys.argv`, working directory
-and environment, its stdout and stderr in the call's files, stdin empty, and an exit with main()'s status as the
-interpreter's (`exit_as_the_interpreter`). It is forked before any torch op, for the reasons
-`scalelab.run.warm_zygote` gives (OpenMP's pool and CUDA are not fork-safe). conftest starts the server again when
-pytest's own environment changed in a variable read when a process starts (`warm_zygote.forks`), and runs a call
-whose own variables differ in one as a subprocess. What only a fresh process
-shows (signals to the CLI, its process tree, its start-up) is tested by the tests that start it with Popen.
+and environment, its stdout and stderr in the call's files, stdin empty, the signal handlers a fresh interpreter
+has (this process changes none), and an exit with main()'s status as the interpreter's (`exit_as_the_interpreter`).
+It is forked before any torch op, for the reasons `scalelab.run.warm_zygote` gives (OpenMP's pool and CUDA are not
+fork-safe), from a process with one thread (a lock another thread held at the fork would stay held in the child).
+Calls may overlap (two CLIs at once, a test that signals one while it runs): each answer names its child.
+conftest starts the server again when pytest's own environment changed in a variable read when a process starts
+(`warm_zygote.forks`), and runs a call whose own variables differ in one as a subprocess. What only a fresh
+interpreter shows (its start-up, its imports) is tested by the tests that ask `start_cli` for `fresh=True`.
 
-    python tests/cli_server.py    # one JSON request a line on stdin; answers {"pid": N}, then {"status": N}
+    python tests/cli_server.py    # one JSON request a line on stdin; answers {"pid": N} at the fork, then
+                                  # {"pid": N, "status": S} when that child has ended, S as Popen's returncode
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 import types
 from pathlib import Path
@@ -76,19 +80,38 @@ def exit_as_the_interpreter(code: int) -> None:
 
 
 def serve() -> None:
+    import select
+
     from scalelab.cli import main  # torch and all of scalelab; no torch op runs here
 
-    answers = sys.stdout
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            exit_as_the_interpreter(child(request, main))
-        answers.write(json.dumps({"pid": pid}) + "\n")
-        answers.flush()
-        _, status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
-        answers.flush()
+    def say(answer: dict) -> None:
+        os.write(1, (json.dumps(answer) + "\n").encode())  # unbuffered: no Python lock for a child to inherit
+
+    pending, children, open_ = b"", set(), True
+    while open_ or children:
+        # block for a request when no child runs; else look for ended children every 20 ms
+        if open_ and select.select([0], [], [], 0.02 if children else None)[0]:
+            chunk = os.read(0, 65536)
+            open_ = bool(chunk)
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                pid = os.fork()
+                if pid == 0:
+                    exit_as_the_interpreter(child(json.loads(line), main))
+                children.add(pid)
+                say({"pid": pid})
+            if not open_:  # the tests ended: a call still running was left by a failed test
+                for pid in children:
+                    os.kill(pid, 9)
+        elif not open_:
+            time.sleep(0.02)
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            say({"pid": pid, "status": os.waitstatus_to_exitcode(status)})
 
 
 if __name__ == "__main__":

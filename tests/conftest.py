@@ -13,9 +13,10 @@ temporary directory (its tests' tmp_path and its module fixtures' tmp_path_facto
 autouse fixture sees them appear, so runs that unit tests plant on purpose are not read), searched for run
 directories (a config.json beside a summary.json). The terminal summary says how many runs were read.
 
-`run_cli` (a `scalelab ...` command with its output captured) forks each call from one process that has imported
-the CLI (tests/cli_server.py says what of a fresh process it keeps); the tests that signal the CLI or watch its
-processes start `python -m scalelab` with Popen."""
+`run_cli` (a `scalelab ...` command run to its end, output captured) and `start_cli` (one started, to signal or watch
+while it runs: a Popen's interface) fork each call from one process that has imported the CLI
+(tests/cli_server.py says what of a fresh process it keeps); a test of the interpreter's own start-up asks
+`start_cli` for a fresh `python -m scalelab`."""
 from __future__ import annotations
 
 import json
@@ -249,7 +250,7 @@ NOT_AT_START = (*SCREEN, "PYTEST_CURRENT_TEST")
 
 
 class CliServer:
-    """The tests' end of tests/cli_server.py: started at the first `run_cli`, ended with the session."""
+    """The tests' end of tests/cli_server.py: started at the first CLI call, ended with the session."""
 
     def __init__(self):
         import subprocess
@@ -258,6 +259,7 @@ class CliServer:
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("cli_server.py"))],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=self.env)
         self.pending = b""
+        self.ended: dict[int, int] = {}  # child pid -> its status, as the server reported it
 
     def answer(self, timeout: float | None = None) -> dict | None:
         """The server's next answer line, or None when none came within `timeout` s (read unbuffered: a buffered
@@ -285,27 +287,86 @@ class CliServer:
 
         return self.proc.poll() is None and forks(start(self.env), start(env)) is None
 
-    def run(self, args: list[str], env: dict, cwd: Path, timeout: float):
-        import signal
-        import subprocess
-        import tempfile
+    def fork(self, request: dict) -> int:
+        """The pid of the child the server forked for `request`; the calls still running are unaffected."""
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        while True:
+            answer = self.answer()
+            if "status" in answer:
+                self.ended[answer["pid"]] = answer["status"]
+            else:
+                return answer["pid"]
 
-        with tempfile.TemporaryDirectory(prefix="scalelab-cli-") as tmp:
-            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            request = {"args": args, "env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            pid = self.answer()["pid"]
-            done = self.answer(timeout)
-            if done is None:  # as subprocess.run: the call is killed, then TimeoutExpired
-                os.kill(pid, signal.SIGKILL)
-                self.answer()
-                raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text())
-            return subprocess.CompletedProcess(args, done["status"], out.read_text(), err.read_text())
+    def status(self, pid: int, timeout: float | None) -> int | None:
+        """Child `pid`'s exit status, once it has ended within `timeout` s (0: only look), else None."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self.ended:
+            answer = self.answer(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if answer is None:
+                return None
+            self.ended[answer["pid"]] = answer["status"]
+        return self.ended.pop(pid)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+
+
+class ServedProcess:
+    """`subprocess.Popen([python, -m, scalelab, *args], stdout=PIPE, stderr=PIPE, text=True)` as the tests use it
+    (pid, poll, wait, communicate, send_signal, kill, terminate, returncode), for a call the CLI server forked: a
+    process of its own, with its own pid and process tree, that signals reach as they reach a fresh one. Its output
+    is read from its files once it has ended (no test reads a running CLI's output)."""
+
+    def __init__(self, server: CliServer, args: list[str], env: dict, cwd: Path):
+        import tempfile
+
+        self.server, self.args, self.returncode = server, args, None
+        self.folder = Path(tempfile.mkdtemp(prefix="scalelab-cli-"))
+        self.out, self.err = self.folder / "stdout", self.folder / "stderr"
+        self.pid = server.fork({"args": args, "env": env, "cwd": str(cwd), "stdout": str(self.out),
+                                "stderr": str(self.err)})
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.status(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        if self.returncode is None:
+            self.returncode = self.server.status(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        import shutil
+
+        self.wait(timeout)
+        if not self.folder.exists():
+            return "", ""  # read once, as Popen's pipes
+        out, err = self.out.read_text(), self.err.read_text()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never signal a pid that ended (it may have been reused)
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
 
 
 _CLI: list[CliServer] = []
@@ -318,21 +379,38 @@ def _cli_server():
         server.close()
 
 
-def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, env: dict | None = None):
-    """`python -m scalelab ARGS` with its output captured (a CompletedProcess), forked from tests/cli_server.py when
-    its environment allows (that module says what it keeps of a fresh process; the server is started again when
-    this process's environment changed in a variable read at a process start), else as that subprocess."""
+def start_cli(args: list[str], *, env: dict | None = None, cwd: Path | None = None, fresh: bool = False):
+    """`python -m scalelab ARGS` started with its output captured (text): a `ServedProcess` forked from
+    tests/cli_server.py when its environment allows (that module says what it keeps of a fresh process; the server
+    is started again when this process's environment changed in a variable read at a process start), else, or with
+    `fresh` (a test of the interpreter's own start-up), that subprocess."""
     import subprocess
 
     full = cli_env(env)
-    if not _CLI or not _CLI[0].takes(cli_env()):  # a test before this one may have changed this process's environment
-        if _CLI:
-            _CLI.pop().close()
-        _CLI.append(CliServer())
-    if _CLI[0].takes(full):
-        return _CLI[0].run(list(args), full, Path(cwd or os.getcwd()), timeout)
-    return subprocess.run([sys.executable, "-m", "scalelab", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env=full)
+    if not fresh:
+        if not _CLI or not _CLI[0].takes(cli_env()):  # a test before this one may have changed our environment
+            if _CLI:
+                _CLI.pop().close()
+            _CLI.append(CliServer())
+        if _CLI[0].takes(full):
+            return ServedProcess(_CLI[0], list(args), full, Path(cwd or os.getcwd()))
+    return subprocess.Popen([sys.executable, "-m", "scalelab", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=full)
+
+
+def run_cli(args: list[str], *, timeout: float = 180, cwd: Path | None = None, env: dict | None = None):
+    """`python -m scalelab ARGS` run to its end (a CompletedProcess, output captured), as `start_cli` starts it; as
+    subprocess.run, a call still running after `timeout` s is killed and raises TimeoutExpired."""
+    import subprocess
+
+    proc = start_cli(args, env=env, cwd=cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(args, timeout, out, err) from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 PER_SAMPLE = 8 * 2**20

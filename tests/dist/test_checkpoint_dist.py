@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import cli_env, run_cli, step_losses as _losses
+from conftest import run_cli, start_cli, step_losses as _losses
 from scalelab.store import RunDir, Store, read_json, read_jsonl
 from scalelab.train import checkpoint
 
@@ -26,8 +24,7 @@ def test_two_ranks_killed_then_resumed_reach_the_uninterrupted_loss(tmp_path, sl
     ref = run_cli(["train", *common], timeout=240)
     assert ref.returncode == 0, ref.stderr[-1500:]
 
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", *common, "--checkpoint-every", "8"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = start_cli(["train", *common, "--checkpoint-every", "8"])
     deadline = time.monotonic() + 120
     latest = None
     while time.monotonic() < deadline and proc.poll() is None:

@@ -7,21 +7,19 @@ and the records flushed before the fault are kept.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import cli_env, faulty_model, kill_rank, wait_for_steps
+from conftest import faulty_model, kill_rank, start_cli, wait_for_steps
 from scalelab.store import Store, read_jsonl
 
 pytestmark = pytest.mark.timeout(240)
 
 
-def _start(args: list[str], root: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scalelab", "train", *args, "--store", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+def _start(args: list[str], root: Path):
+    return start_cli(["train", *args, "--store", str(root)])
 
 
 def _run_processes(proc: subprocess.Popen) -> list[psutil.Process]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import psutil
 import pytest
 import torch
 
-from conftest import TINY_MLP, cli_env, kill_rank, run_cli, wait_for_steps, write_sleepy
+from conftest import TINY_MLP, kill_rank, run_cli, start_cli, wait_for_steps, write_sleepy
 from scalelab.analysis import hvdcomm, keys
 from scalelab.config import TrainConfig
 from scalelab.engines import registry
@@ -171,10 +170,8 @@ def killed_rank(tmp_path_factory) -> dict:
 
     folder = tmp_path_factory.mktemp("killed_rank")
     root = folder / "store"
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--engine", "horovod", "--model",
-                             write_sleepy(folder, 0.05), "--samples", "4096", "--global-batch", "8", "--ranks", "2",
-                             "--epochs", "3", "--store", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = start_cli(["train", "--engine", "horovod", "--model", write_sleepy(folder, 0.05), "--samples", "4096",
+                      "--global-batch", "8", "--ranks", "2", "--epochs", "3", "--store", str(root)])
     try:
         wait_for_steps(proc, root, rank=1, timeout=180)
         run_dir = wait_for_steps(proc, root, rank=0, timeout=60)

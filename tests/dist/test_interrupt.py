@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import cli_env
+from conftest import start_cli
 from scalelab.store import Store
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,9 +16,9 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.mark.parametrize("ranks,sig", [(2, signal.SIGINT), (2, signal.SIGTERM), (1, signal.SIGINT)])
 def test_signal_marks_the_run_interrupted_and_leaves_no_process(tmp_path, sleepy_model, ranks, sig):
     root = tmp_path / "store"
-    args = [sys.executable, "-m", "scalelab", "train", "--model", sleepy_model(0.05), "--samples", "4096",
-            "--global-batch", "8", "--ranks", str(ranks), "--epochs", "5", "--store", str(root)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    # Ctrl-C on 2 ranks reaches a fresh interpreter, as a user's does; the others a call the CLI server forked
+    proc = start_cli(["train", "--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks",
+                      str(ranks), "--epochs", "5", "--store", str(root)], fresh=(ranks, sig) == (2, signal.SIGINT))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until steps are being recorded
         if list(root.glob("runs/*/steps.rank0.jsonl")):

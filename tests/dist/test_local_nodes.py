@@ -19,9 +19,8 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from conftest import (TINY_MLP, cli_env, heartbeat_process, namespaces_unusable, run_cli, wait_for_steps,
+from conftest import (TINY_MLP, cli_env, heartbeat_process, namespaces_unusable, run_cli, start_cli, wait_for_steps,
                       write_sleepy)
-
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.noise import timed_window
@@ -53,11 +52,6 @@ def namespaces_restored():
 def _train_args(model: str, root: Path, *more: str) -> list[str]:
     return ["train", "--model", model, "--samples", "256", "--global-batch", "16", "--ranks", "1",
             "--local-nodes", "2", "--store", str(root), *more]
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scalelab", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cli_env())
 
 
 def _failed_cleanly(proc: subprocess.Popen, family: list, root: Path) -> str:
@@ -94,7 +88,7 @@ def test_two_node_train_completes_each_rank_forked_by_its_agent_as_ranks_on_one_
     one host (same seed, data, threads; a sum of two gradients does not depend on the order of its terms)."""
     root, host = tmp_path / "store", tmp_path / "host"
     fixed = ["--steps", "8", "--threads", "1"]
-    proc = _start(_train_args(mlp, root, *fixed))
+    proc = start_cli(_train_args(mlp, root, *fixed))
     forked = {}
     try:
         while proc.poll() is None and len(forked) < 2:
@@ -176,7 +170,7 @@ def killed_run(tmp_path_factory) -> dict:
 
     folder = tmp_path_factory.mktemp("killed")
     root = folder / "store"
-    proc = _start(_train_args(write_sleepy(folder, 0.02), root, "--steps", "300"))
+    proc = start_cli(_train_args(write_sleepy(folder, 0.02), root, "--steps", "300"))
     try:
         wait_for_steps(proc, root, rank=1)
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -242,7 +236,7 @@ def test_a_delay_without_netem_is_refused_in_one_line(tmp_path, mlp, namespaces_
 
 def test_ctrl_c_marks_the_run_interrupted_and_removes_the_cluster(tmp_path, sleepy_model, namespaces_restored):
     root = tmp_path / "store"
-    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
+    proc = start_cli(_train_args(sleepy_model(0.02), root, "--steps", "300"))
     wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     proc.send_signal(signal.SIGINT)
@@ -259,7 +253,7 @@ def test_every_process_of_one_node_killed_fails_the_run_naming_the_node(tmp_path
     """Issue 14 item 3: node 1's agent and rank SIGKILLed mid-epoch -> the run ends within 60 s, failed, its
     reason names node 1 and its rank; no process, namespace or listening port of the run is left."""
     root = tmp_path / "store"
-    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300"))
+    proc = start_cli(_train_args(sleepy_model(0.02), root, "--steps", "300"))
     wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     node1 = next(n for n in _owned(proc.pid) if n.endswith("-1"))
@@ -284,7 +278,7 @@ def test_a_link_taken_down_mid_run_fails_the_run_naming_the_unreachable_node(tmp
     so the ranks block in the collective; the hang watchdog (10 s here) ends the run and its verdict leads with
     the node the switch cannot reach."""
     root = tmp_path / "store"
-    proc = _start(_train_args(sleepy_model(0.02), root, "--steps", "300", "--hang-timeout", "10"))
+    proc = start_cli(_train_args(sleepy_model(0.02), root, "--steps", "300", "--hang-timeout", "10"))
     wait_for_steps(proc, root, rank=1)
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     switch = next(n for n in _owned(proc.pid) if n.endswith("-sw"))
@@ -299,7 +293,7 @@ def test_a_node_that_never_joins_fails_the_run_in_one_line(tmp_path, mlp, namesp
     The hang watchdog (10 s here; it covers start-up) stops every node agent and the run fails with one line
     leading with the node the switch cannot reach."""
     root = tmp_path / "store"
-    proc = _start(_train_args(mlp, root, "--steps", "6", "--hang-timeout", "10"))
+    proc = start_cli(_train_args(mlp, root, "--steps", "6", "--hang-timeout", "10"))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         switch = next((n for n in _owned(proc.pid) if n.endswith("-sw")), None)

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import cli_env, run_cli, start_cli
 from scalelab.run import launch
 from scalelab.config import TrainConfig
 from scalelab.lab.cells import cell_key
@@ -141,8 +141,7 @@ def cells_of(store: Store, status: str) -> dict[str, list[str]]:
 def test_signal_during_a_study_then_the_study_resumes(tmp_path, sleepy_model, sig):
     spec = study_yaml(tmp_path / "study.yaml", sleepy_model(0.05), steps=60, batches=[8, 16])
     root, out = tmp_path / "store", tmp_path / "out"
-    args = [sys.executable, "-m", "scalelab", "study", "--config", str(spec), "--out", str(out), "--store", str(root)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(WIDE))
+    proc = start_cli(["study", "--config", str(spec), "--out", str(out), "--store", str(root)], env=WIDE)
     store = Store(root)
 
     def second_cell_training():
@@ -255,10 +254,8 @@ def test_two_studies_at_once_on_one_store(tmp_path, sleepy_model, same_name):
     spec = study_yaml(tmp_path / "study.yaml", sleepy_model(0.0), steps=3, batches=[8, 16])
     root = tmp_path / "store"
     names = ["twin", "twin"] if same_name else ["left", "right"]
-    procs = [subprocess.Popen([sys.executable, "-m", "scalelab", "study", "--config", str(spec), "--name", name,
-                               "--out", str(tmp_path / f"out{i}"), "--store", str(root)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(WIDE))
-             for i, name in enumerate(names)]
+    procs = [start_cli(["study", "--config", str(spec), "--name", name, "--out", str(tmp_path / f"out{i}"),
+                        "--store", str(root)], env=WIDE) for i, name in enumerate(names)]
     outs = [p.communicate(timeout=280) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[0][-1500:] + o[1][-1500:] for o in outs]
     store = Store(root)
@@ -347,9 +344,8 @@ def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path):
 @pytest.mark.timeout(180)
 def test_single_node_run_listens_only_on_loopback(tmp_path, sleepy_model):
     root = tmp_path / "store"
-    args = [sys.executable, "-m", "scalelab", "train", "--model", sleepy_model(0.05), "--samples", "4096",
-            "--global-batch", "8", "--ranks", "2", "--epochs", "1", "--store", str(root)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = start_cli(["train", "--model", sleepy_model(0.05), "--samples", "4096", "--global-batch", "8", "--ranks",
+                      "2", "--epochs", "1", "--store", str(root)])
     try:
         wait_for(lambda: len(list(root.glob("runs/*/steps.rank*.jsonl"))) == 2, 150, proc, "both ranks training")
         procs = tree(proc.pid)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CONTROL_RATIO, cli_env, heartbeat_process, namespaces_unusable, run_cli
-
+from conftest import CONTROL_RATIO, heartbeat_process, namespaces_unusable, run_cli, start_cli
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, straggler_lines
@@ -150,9 +147,7 @@ def _release(group: Path) -> None:
 def test_a_node_with_less_cpu_is_named(tmp_path):
     root = tmp_path / "store"
     group = CPU_CGROUP / f"scalelab-test-{os.getpid()}"
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", *_train_args(
-        _model(tmp_path), root, "--ranks", "1", "--local-nodes", "2")], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = start_cli(_train_args(_model(tmp_path), root, "--ranks", "1", "--local-nodes", "2"))
     try:
         group.mkdir()
         (group / "cpu.cfs_period_us").write_text("10000")  # a short period: many small stalls, not a few long ones

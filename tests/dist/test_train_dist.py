@@ -3,12 +3,10 @@ that raises."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import cli_env, run_cli
+from conftest import run_cli, start_cli
 from scalelab.config import TrainConfig
 from scalelab.run.execute import RunFailed, execute
 from scalelab.store import read_jsonl
@@ -44,10 +42,10 @@ def test_two_agents_as_two_nodes_on_loopback(tmp_path):
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []
     for node in (0, 1):
-        args = [sys.executable, "-m", "scalelab", "train", "--model", "mlp", "--samples", "128", "--eval-samples",
-                "32", "--global-batch", "16", "--steps", "4", "--nnodes", "2", "--node-rank", str(node), "--ranks", "1",
-                "--rdzv-endpoint", endpoint, "--run-id", "twonode", "--store", str(tmp_path / f"node{node}")]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()))
+        procs.append(start_cli(["train", "--model", "mlp", "--samples", "128", "--eval-samples", "32", "--global-batch",
+                                "16", "--steps", "4", "--nnodes", "2", "--node-rank", str(node), "--ranks", "1",
+                                "--rdzv-endpoint", endpoint, "--run-id", "twonode", "--store",
+                                str(tmp_path / f"node{node}")]))
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
     assert (tmp_path / "node0/runs/twonode/steps.rank0.jsonl").exists()

@@ -2,14 +2,12 @@
 that rank."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
-from conftest import cli_env, faulty_model
+from conftest import faulty_model, start_cli
 from scalelab.store import Store
 
 
@@ -21,10 +19,8 @@ def test_a_sleeping_rank_fails_the_run_within_the_timeout_naming_it(tmp_path, ra
     model = faulty_model(tmp_path, "stuck", call=5, fault="time.sleep(3600)", rank=stuck_rank)
     root = tmp_path / "store"
     timeout = 8
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab", "train", "--model", model,
-                             "--samples", "512", "--global-batch", "8", "--ranks", str(ranks), "--steps", "50",
-                             "--hang-timeout", str(timeout), "--store", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    proc = start_cli(["train", "--model", model, "--samples", "512", "--global-batch", "8", "--ranks", str(ranks),
+                      "--steps", "50", "--hang-timeout", str(timeout), "--store", str(root)])
     started = time.monotonic()
     family = [psutil.Process(proc.pid)]
     while proc.poll() is None and time.monotonic() - started < 30 and len(family) < 1 + (ranks if ranks > 1 else 0):
