@@ -1,11 +1,10 @@
 """horovodrun as a launcher (the Horovod engine): the ranks of a LaunchSpec on this node, gloo, loopback only.
 
-    python -m scalelab.run.horovodrun --gloo -np N -H 127.0.0.1:N --network-interfaces lo \\
+    python -m scalelab.run.hvdrun --gloo -np N -H 127.0.0.1:N --network-interfaces lo \\
         python -m scalelab.run.worker --run-dir DIR
 
-`python -m scalelab.run.horovodrun` is horovodrun itself (horovod.runner.launch) with one change: its rendezvous
-HTTP server, an unauthenticated key-value store the ranks meet at, binds 127.0.0.1 instead of every interface
-(Horovod has no option for it; `loopback_only`). gloo's sockets stay on `lo` (--network-interfaces).
+`python -m scalelab.run.hvdrun` is horovodrun itself with its rendezvous HTTP server on 127.0.0.1 (run/hvdrun.py
+says why it is a module of its own). gloo's sockets stay on `lo` (--network-interfaces).
 
 horovodrun's output (the ranks' lines prefixed "[r]<stdout>:" / "[r]<stderr>:", and its own) goes to the run's
 logs/horovodrun.log, and to the terminal unless the spec is quiet. This process hosts, on 127.0.0.1 only, the store
@@ -25,7 +24,7 @@ from scalelab.engines.horovod import STORE_ENV
 from scalelab.run.launch import LOOPBACK, LaunchFailed, LaunchSpec, bound_store
 from scalelab.store.rundir import RunDir
 
-HOROVODRUN = "scalelab.run.horovodrun"  # horovodrun, its rendezvous server on loopback (`main`)
+HOROVODRUN = "scalelab.run.hvdrun"  # horovodrun, its rendezvous server on loopback
 LOG_NAME = "horovodrun.log"
 _EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.", re.MULTILINE)
 _RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(?:\[rank\d+\]:)?(.*)$")  # torch prefixes "[rankN]:"
@@ -126,24 +125,3 @@ def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def loopback_only() -> None:
-    """Make horovodrun's rendezvous HTTP server bind 127.0.0.1 (it binds every interface: `find_port` tries
-    ('', port)). One node on loopback needs nothing else; the ranks reach it at the `lo` address."""
-    from horovod.runner.http import http_server
-
-    find_port = http_server.find_port
-    http_server.find_port = lambda factory: find_port(lambda addr: factory((LOOPBACK, addr[1])))
-
-
-def main() -> None:
-    """horovodrun's command line, with its rendezvous server on loopback."""
-    from horovod.runner.launch import run_commandline
-
-    loopback_only()
-    run_commandline()
-
-
-if __name__ == "__main__":
-    main()

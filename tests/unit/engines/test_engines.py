@@ -95,9 +95,23 @@ def test_the_train_kind_picks_the_engines_launcher_unless_one_is_given():
 def test_horovodrun_argv_is_gloo_on_loopback(tmp_path):
     spec = LaunchSpec(module="scalelab.run.worker", run_dir=tmp_path, nproc_per_node=2, env={}, args=("--resume",))
     assert horovodrun_args(spec, python="py") == [
-        "py", "-m", "scalelab.run.horovodrun", "--gloo", "-np", "2", "-H", "127.0.0.1:2", "--network-interfaces", "lo",
+        "py", "-m", "scalelab.run.hvdrun", "--gloo", "-np", "2", "-H", "127.0.0.1:2", "--network-interfaces", "lo",
         "py", "-m", "scalelab.run.worker", "--run-dir", str(tmp_path), "--resume"]
 
+
+
+def test_the_horovodrun_entry_imports_no_torch():
+    """horovodrun imports its entry module again in a spawned helper per rank: torch there would be paid 1 + N
+    times a launch (run/hvdrun.py). Its loopback address is the launcher's."""
+    import subprocess
+    import sys
+
+    from scalelab.run import hvdrun, launch
+
+    probe = "import sys, scalelab.run.hvdrun; print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "[]"
+    assert hvdrun.LOOPBACK == launch.LOOPBACK
 
 KILLED = """[0]<stdout>:epoch 1/3 step 4/100
 Process 1 exit with status code 137.
