@@ -34,6 +34,8 @@ def test_two_gloo_ranks_end_to_end_through_the_cli(tmp_path):
     config = json.loads((run_dir / "config.json").read_text())
     assert (config["wrapper"], config["backend"], config["device"]) == ("ddp", "gloo", "cpu")
     assert "throughput" in proc.stdout
+    # torchrun's own files are the run's (its rank error files), not a folder left in /tmp at every launch
+    assert sorted(p.name for p in (run_dir / "logs").glob("*/attempt_0/*")) == ["0", "1"]
 
 
 def test_two_agents_as_two_nodes_on_loopback(tmp_path):

@@ -89,8 +89,10 @@ def torchrun_args(spec: LaunchSpec, *, port: int | None = None) -> list[str]:
         "--rdzv-endpoint", endpoint,
         "--max-restarts", "0",
         "--monitor-interval", "0.2",
-        # quiet: the ranks' stdout/stderr go to files under the run directory instead of the terminal
-        *(["--redirects", "3", "--log-dir", str(RunDir(spec.run_dir).logs)] if spec.quiet else []),
+        # torchrun's files (each rank's error file; quiet: its stdout and stderr too, instead of the terminal) under
+        # the run directory: without a log dir it makes a temporary folder a launch that it never removes
+        "--log-dir", str(RunDir(spec.run_dir).logs),
+        *(["--redirects", "3"] if spec.quiet else []),
         "--module", spec.module,
         "--run-dir", str(spec.run_dir),
         *spec.args,

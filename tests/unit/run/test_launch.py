@@ -11,7 +11,7 @@ def test_one_node_argv_is_a_static_loopback_rendezvous(tmp_path):
     argv = torchrun_argv(cfg, tmp_path, port=29999)
     assert argv == ["--nnodes", "1", "--nproc-per-node", "2", "--node-rank", "0", "--rdzv-backend", "static",
                     "--rdzv-endpoint", "127.0.0.1:29999", "--max-restarts", "0", "--monitor-interval", "0.2",
-                    "--module", "scalelab.run.worker", "--run-dir", str(tmp_path)]
+                    "--log-dir", str(tmp_path / "logs"), "--module", "scalelab.run.worker", "--run-dir", str(tmp_path)]
 
 
 def test_multi_node_argv_passes_the_endpoint_and_node_rank_through(tmp_path):
