@@ -286,7 +286,8 @@ def test_argv_is_a_static_loopback_rendezvous_running_the_bench_worker(tmp_path)
     argv = commbench_argv(CommBenchConfig(ranks=3), tmp_path, port=29999)
     assert argv == ["--nnodes", "1", "--nproc-per-node", "3", "--node-rank", "0", "--rdzv-backend", "static",
                     "--rdzv-endpoint", "127.0.0.1:29999", "--max-restarts", "0", "--monitor-interval", "0.2",
-                    "--module", "scalelab.measure.commbench_worker", "--run-dir", str(tmp_path)]
+                    "--log-dir", str(tmp_path / "logs"), "--module", "scalelab.measure.commbench_worker",
+                    "--run-dir", str(tmp_path)]
 
 
 @pytest.mark.cuda
