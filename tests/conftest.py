@@ -11,7 +11,8 @@ per step as theory says): a new figure that breaks arithmetic fails the suite he
 The runs are found on disk after the last test: every folder that a tests/dist module created under pytest's base
 temporary directory (its tests' tmp_path and its module fixtures' tmp_path_factory folders: a module-scoped
 autouse fixture sees them appear, so runs that unit tests plant on purpose are not read), searched for run
-directories (a config.json beside a summary.json). The terminal summary says how many runs were read.
+directories (a config.json beside a summary.json), by each xdist worker for the modules it ran. The terminal
+summary says how many runs were read.
 
 `run_cli` (a `scalelab ...` command run to its end, output captured) and `start_cli` (one started, to signal or watch
 while it runs: a Popen's interface) fork each call from one process that has imported the CLI
@@ -27,16 +28,22 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["alone"]  # tests that run with no other beside them, the rest in two workers (tests/alone.py)
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 DIST = Path(__file__).resolve().parent / "dist"
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test under tests/dist is a `dist` test: real process groups or several processes."""
+    """Every test under tests/dist is a `dist` test: real process groups or several processes. They run before the
+    rest (after the `alone` tests: tests/alone.py), in the order the workers take them (pyproject's
+    `--no-loadscope-reorder`): the long modules first and the many short unit modules last, so that the two workers
+    end together."""
     for item in items:
         if DIST in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.dist)
+    items.sort(key=lambda item: item.get_closest_marker("dist") is None)  # stable: each module stays in one piece
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,7 +67,7 @@ def _no_leftover_process_group():
         dist.destroy_process_group()
 
 
-CHECKED: dict = {"runs": 0, "failures": []}  # the invariant check's outcome, printed by pytest_terminal_summary
+CHECKED: dict = {"done": False, "runs": 0, "failures": []}  # the invariant check's outcome, for the summary line
 _DIST_FOLDERS: list[Path] = []  # what the tests/dist modules created under the base temp
 
 
@@ -97,11 +104,13 @@ def check_runs(folders) -> tuple[int, list[str]]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _every_dist_run_obeys_its_arithmetic():
+def _every_dist_run_obeys_its_arithmetic(request):
     yield
     if not _DIST_FOLDERS:
         return
-    CHECKED["runs"], CHECKED["failures"] = check_runs(_DIST_FOLDERS)
+    CHECKED["done"], (CHECKED["runs"], CHECKED["failures"]) = True, check_runs(_DIST_FOLDERS)
+    if hasattr(request.config, "workeroutput"):  # an xdist worker: its controller prints the summary line
+        request.config.workeroutput["invariant_check"] = dict(CHECKED)
     failures = CHECKED["failures"]
     if failures:
         shown = "\n  ".join(failures[:20]) + (f"\n  ... and {len(failures) - 20} more" if len(failures) > 20 else "")
@@ -109,8 +118,17 @@ def _every_dist_run_obeys_its_arithmetic():
                     f"(scalelab.analysis.checks.run_failures):\n  {shown}", pytrace=False)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown with `-p no:xdist`
+def pytest_testnodedown(node, error):
+    """An xdist worker ended: add its invariant check to this (the controller's) summary."""
+    checked = getattr(node, "workeroutput", {}).get("invariant_check")
+    if checked:
+        CHECKED["done"], CHECKED["runs"] = True, CHECKED["runs"] + checked["runs"]
+        CHECKED["failures"] += checked["failures"]
+
+
 def pytest_terminal_summary(terminalreporter):
-    if _DIST_FOLDERS:
+    if CHECKED["done"]:
         terminalreporter.write_line(f"invariant check: read {CHECKED['runs']} stored runs of the dist tests, "
                                     f"{len(CHECKED['failures'])} broken invariant(s)")
 

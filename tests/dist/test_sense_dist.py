@@ -67,7 +67,7 @@ def test_no_collective_beats_a_kernel_shaped_link(tmp_path):
     before = set(netns.list_namespaces())
     cfg = sense.shaped_link(tmp_path)
     out = execute(cfg, Store(tmp_path / "store"), say=lambda _: None)
-    assert set(netns.list_namespaces()) == before
+    assert set(netns.list_namespaces()) <= before  # (making its cluster, the run removes dead runs' leftovers)
     run = {"config": {"link_gbps": cfg.link_gbps, "local_nodes": cfg.local_nodes, "ranks": cfg.ranks},
            "summary": out.summary}
     assert faster_than_link(run) is None, out.summary
