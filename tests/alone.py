@@ -10,7 +10,7 @@ How: a readers-writer lock of two flock()ed files in the folder the workers' tem
 the gate, then the lock (exclusively when alone, else shared), then lets the gate go; an alone test waiting for the
 lock holds the gate, so no test starts ahead of it. The lock spans the test's whole pytest_runtest_protocol, so the
 module fixtures it sets up or tears down (the runs a module measures once) are alone too. The kernel lets a dead
-worker's locks go. Without workers (`-n 0`, `-p no:xdist`) every test runs alone already and nothing is locked.
+worker's locks go. Without workers (`-n 0`) every test runs alone already and nothing is locked.
 
 Where: the alone tests are one work unit, scheduled first (`Scheduling`): they run one after the other in one
 worker, which keeps the lock from the first to the last, so the wait for the other worker's running test is paid

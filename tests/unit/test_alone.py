@@ -82,8 +82,9 @@ def test_alone_tests_run_first_in_one_worker_with_nothing_beside_them_and_the_ot
     spans = tmp_path / "spans.jsonl"
     args = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder", "-o",
             "markers=alone: alone", "-o", "addopts=", "--basetemp", str(tmp_path / "basetemp"), str(suite)]
+    env = {**os.environ, "SPANS": str(spans), "PYTHONPATH": str(TESTS), "PYTEST_ADDOPTS": ""}
     res = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tmp_path, capture_output=True, text=True,
-                         check=False, timeout=100, env={**os.environ, "SPANS": str(spans), "PYTHONPATH": str(TESTS)})
+                         check=False, timeout=100, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = sorted((json.loads(line) for line in spans.read_text().splitlines()), key=lambda s: s[2])
     alone = [s for s in got if s[0].startswith("alone")]
