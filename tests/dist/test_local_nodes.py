@@ -48,13 +48,8 @@ def namespaces_restored():
     before = set(netns.list_namespaces())
     yield
     family = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    assert not {n for n in set(netns.list_namespaces()) - before if netns.is_leftover(n) or _owner(n) in family}
-
-
-def _owner(name: str) -> int | None:
-    """The pid in a scalelab namespace's name (netns.owner_tag), else None."""
-    pid = name.removeprefix(netns.PREFIX).split("-")[0]
-    return int(pid) if name.startswith(netns.PREFIX) and pid.isdigit() else None
+    made_by = {n: netns.owner(n) for n in set(netns.list_namespaces()) - before}
+    assert not {n for n, pid_start in made_by.items() if netns.is_leftover(n) or pid_start and pid_start[0] in family}
 
 
 def _train_args(model: str, root: Path, *more: str) -> list[str]:

@@ -153,10 +153,16 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def owner(name: str, prefix: str = PREFIX) -> tuple[int, str] | None:
+    """(pid, start time) of the process whose `owner_tag` namespace `name` carries, or None for a name not ours."""
+    match = _name_re(prefix).match(name)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
 def is_leftover(name: str, prefix: str = PREFIX) -> bool:
     """A namespace of ours whose owner process is gone (dead, or its pid reused by another process)."""
-    match = _name_re(prefix).match(name)
-    return bool(match) and _start_time(int(match.group(1))) != match.group(2)
+    made_by = owner(name, prefix)
+    return made_by is not None and _start_time(made_by[0]) != made_by[1]
 
 
 def sweep_leftovers(prefix: str = PREFIX) -> list[str]:

@@ -69,6 +69,8 @@ def test_leftovers_are_namespaces_whose_owner_is_gone():
     assert netns.is_leftover(f"{netns.PREFIX}{pid}-{int(start) + 1}-1")  # same pid, another process
     assert not netns.is_leftover(f"{netns.PREFIX}{dead.pid}-123-x")  # not a name we make
     assert not netns.is_leftover("someone-else")
+    assert netns.owner(f"{netns.PREFIX}{dead.pid}-123-sw") == (dead.pid, "123")
+    assert netns.owner(f"{netns.PREFIX}{dead.pid}-123-x") is None and netns.owner("someone-else") is None
 
 
 def test_a_prefix_of_its_own_keeps_a_family_of_namespaces_apart():
