@@ -131,6 +131,26 @@ def pytest_terminal_summary(terminalreporter):
     if CHECKED["done"]:
         terminalreporter.write_line(f"invariant check: read {CHECKED['runs']} stored runs of the dist tests, "
                                     f"{len(CHECKED['failures'])} broken invariant(s)")
+    for line in horovod_skips(terminalreporter.stats.get("skipped", []), os.environ.get(HOROVOD_SETUP_FAILED)):
+        terminalreporter.write_line(line, yellow=True, bold=True)
+
+
+# .ci/run sets it to the one line of a failed `scalelab setup horovod`, so that the run's last lines say Horovod went
+# untested, and why, next to the count of tests that skipped for it (not only a warning far above pytest's output)
+HOROVOD_SETUP_FAILED = "SCALELAB_HOROVOD_SETUP_FAILED"
+
+
+def horovod_skips(skipped, setup_failed: str | None) -> list[str]:
+    """The summary's lines on Horovod: how many tests skipped for it and why; the set-up's failure when known."""
+    reasons = [rep.longrepr[2] for rep in skipped if isinstance(getattr(rep, "longrepr", None), tuple)
+               and "horovod" in str(rep.longrepr[2]).lower()]
+    lines = []
+    if setup_failed:
+        lines.append(f"HOROVOD UNTESTED: the set-up failed: {setup_failed}")
+    if reasons:
+        common = max(set(reasons), key=reasons.count).removeprefix("Skipped: ")
+        lines.append(f"horovod: {len(reasons)} test(s) skipped ({common})")
+    return lines
 
 
 # Dist test modules whose runs start cold, one torchrun launch each: they test that path itself (torchrun, faults,

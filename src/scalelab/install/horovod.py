@@ -8,6 +8,13 @@ takes 5-8 minutes on 2 cores (448 s measured through this command), so the wheel
 checkout, keyed by the Horovod, torch and Python versions; a later setup installs the kept wheel (13 s measured).
 NCCL builds are out of scope.
 
+CMake: Horovod asks for 3.13 or newer, and its bundled gloo declares `cmake_minimum_required(VERSION 2.8.12)`, which
+CMake 4 refuses ("Compatibility with CMake < 3.5 has been removed"). The build's environment sets
+CMAKE_POLICY_VERSION_MINIMUM=3.5 (CMake >= 3.31 reads it, older ones ignore it), so CMake 3.13 to 4.x all build. With
+no CMake, or one older than 3.13, the newest is installed with pip into this environment. The set-up's first line and
+its log say which CMake it uses and from where. A failed build's one line names its cause when the log shows a
+known one (`diagnose`).
+
     python -m scalelab setup horovod            # build or reuse, install, check hvd.gloo_built()
     python -m scalelab setup horovod --rebuild  # ignore the kept wheel
 
@@ -16,9 +23,11 @@ Every step writes its output to one log file; a failure is one line naming the s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -32,7 +41,24 @@ VERSION = "0.28.1"
 CMAKE_FILES = ("CMakeLists.txt", "horovod/torch/CMakeLists.txt")
 CXX14, CXX17 = "set(CMAKE_CXX_STANDARD 14)", "set(CMAKE_CXX_STANDARD 17)"
 BUILD_ENV = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITH_GLOO": "1", "HOROVOD_WITHOUT_MPI": "1",
-             "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_CPU_OPERATIONS": "gloo"}
+             "HOROVOD_WITHOUT_TENSORFLOW": "1", "HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_CPU_OPERATIONS": "gloo",
+             # CMake 4 refuses gloo's `cmake_minimum_required(VERSION 2.8.12)` without this floor
+             "CMAKE_POLICY_VERSION_MINIMUM": "3.5"}
+# known causes of a failed build, read from its log: (pattern, the cause and what to do); the first match is named
+KNOWN_CAUSES = (
+    (r"Compatibility with CMake < 3\.5 has been removed",
+     "CMake is too new for Horovod's bundled gloo: set CMAKE_POLICY_VERSION_MINIMUM=3.5 (scalelab sets it unless "
+     "the environment overrides it) or use CMake 3.13-3.31"),
+    (r"CMake 3\.\d+ or higher is required|cmake_minimum_required.*\n.*You are running version",
+     "CMake is too old: Horovod needs 3.13 or newer (`pip install cmake`, then run this again)"),
+    (r"No CMAKE_CXX?_COMPILER could be found|CMAKE_CXX?_COMPILER not set|unable to execute '(gcc|g\+\+|c\+\+)'"
+     r"|command '(gcc|g\+\+|c\+\+)' failed|is not a full path and was not found in the PATH",
+     "no C/C++ compiler was found: install one (e.g. `apt-get install g++`), then run this again"),
+    (r"No module named '?torch'?|Could NOT find Pytorch",
+     "the build's Python cannot import torch: install torch in this environment first "
+     "(`pip install torch==2.13.0`), then run this again"),
+)
+CMAKE_FLOOR = (3, 13)  # Horovod's CMakeLists.txt: cmake_minimum_required(VERSION 3.13)
 # what the wheel needs at run time besides torch (its setup.py's require_list); installed apart so that
 # `--no-deps` keeps pip away from torch
 RUNTIME_DEPS = ("cloudpickle", "psutil", "pyyaml", "packaging", "cffi")
@@ -110,6 +136,31 @@ def installed_version(log: Path | None = None) -> str | None:
     return proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
 
 
+def diagnose(log_text: str) -> str | None:
+    """The known cause of a failed build, from its log, with what to do; None when none matches."""
+    for pattern, cause in KNOWN_CAUSES:
+        if re.search(pattern, log_text):
+            return cause
+    return None
+
+
+def cmake_found() -> tuple[str, tuple[int, ...], str] | None:
+    """(path, version, origin) of the `cmake` on PATH; None when there is none or it does not run."""
+    path = shutil.which("cmake", path=_search_path())
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"version\s+(\d+(?:\.\d+)*)", out)
+    if match is None:
+        return None
+    inside = Path(path).resolve().is_relative_to(Path(sys.prefix).resolve())
+    origin = "pip, in this environment" if inside else "this machine's PATH"
+    return path, tuple(int(part) for part in match.group(1).split(".")), origin
+
+
 def setup_horovod(*, rebuild: bool = False, root: Path | None = None, steps: Steps | None = None,
                   say: Callable[[str], None] = print, check: Callable[[Path], str | None] = installed_version) -> Path:
     """Build (or reuse the kept) Horovod wheel, install it with `--no-deps`, check it; returns the wheel's path."""
@@ -120,17 +171,21 @@ def setup_horovod(*, rebuild: bool = False, root: Path | None = None, steps: Ste
     log.write_text(f"scalelab setup horovod {VERSION}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
 
     def step(name: str, action: Callable[[], None]) -> None:
+        before = log.stat().st_size
         try:
             action()
         except subprocess.CalledProcessError as err:
-            raise HorovodSetupError(name, log, f"exit code {err.returncode}") from None
+            with log.open() as text:  # what this step wrote: its known cause, if any, is the one line's detail
+                text.seek(before)
+                cause = diagnose(text.read())
+            raise HorovodSetupError(name, log, cause or f"exit code {err.returncode}") from None
         except (OSError, ValueError, tarfile.TarError) as err:
             raise HorovodSetupError(name, log, str(err).splitlines()[0] if str(err) else type(err).__name__) \
                 from None
 
     wheel = None if rebuild else cached_wheel(directory)
     if wheel is not None:
-        say(f"reusing {wheel}")
+        say(f"reusing the kept wheel {wheel} (no build; --rebuild builds it again)")
     else:
         began = time.monotonic()
         wheel = _build(directory, log, steps, step, say)
@@ -146,9 +201,20 @@ def setup_horovod(*, rebuild: bool = False, root: Path | None = None, steps: Ste
 
 def _build(directory: Path, log: Path, steps: Steps, step, say) -> Path:
     """Download the sdist, patch it to C++17, build the wheel into `directory`."""
-    if shutil.which("cmake") is None:
-        say("installing cmake (pip)")
+    found = cmake_found()
+    if found is None or found[1] < CMAKE_FLOOR:
+        why = "none on PATH" if found is None else f"{_dotted(found[1])} at {found[0]} is older than " \
+                                                   f"{_dotted(CMAKE_FLOOR)}"
+        say(f"installing cmake with pip ({why})")
         step("cmake", lambda: steps.pip(["install", "-q", "cmake"], log))
+        found = cmake_found()
+    if found is None:
+        raise HorovodSetupError("cmake", log, "no cmake runs after `pip install cmake`: install CMake 3.13 or newer")
+    used = f"using CMake {_dotted(found[1])} ({found[0]}, from {found[2]}); " \
+           f"CMAKE_POLICY_VERSION_MINIMUM={_build_env()['CMAKE_POLICY_VERSION_MINIMUM']}"
+    say(used)
+    with log.open("a") as out:
+        out.write(f"\n{used}\n")
     with tempfile.TemporaryDirectory(prefix="scalelab-horovod-") as tmp:
         work = Path(tmp)
         say(f"downloading horovod {VERSION} (source)")
@@ -167,8 +233,24 @@ def _build(directory: Path, log: Path, steps: Steps, step, say) -> Path:
         step("patch", lambda: patch_cxx17(source))
         say("building the wheel (about 5 minutes on 2 cores)")
         step("build", lambda: steps.pip(["wheel", "--no-deps", "--no-build-isolation", "-w", str(directory), "."],
-                                        log, cwd=source, env=BUILD_ENV))
+                                        log, cwd=source, env=_build_env()))
     wheel = cached_wheel(directory)
     if wheel is None:
         raise HorovodSetupError("build", log, "no wheel was written")
     return wheel
+
+
+def _search_path() -> str:
+    """PATH with this interpreter's scripts folder first: a cmake pip put there is found (and used by Horovod's
+    setup.py) also when the environment was not activated."""
+    return os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", os.defpath)])
+
+
+def _build_env() -> dict[str, str]:
+    """BUILD_ENV with the search path above, and the user's own CMAKE_POLICY_VERSION_MINIMUM kept when set."""
+    floor = os.environ.get("CMAKE_POLICY_VERSION_MINIMUM") or BUILD_ENV["CMAKE_POLICY_VERSION_MINIMUM"]
+    return {**BUILD_ENV, "CMAKE_POLICY_VERSION_MINIMUM": floor, "PATH": _search_path()}
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
