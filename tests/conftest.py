@@ -127,6 +127,7 @@ def pytest_testnodedown(node, error):
         CHECKED["failures"] += checked["failures"]
 
 
+@pytest.hookimpl(trylast=True)  # after the durations table: these lines stand right above pytest's last line
 def pytest_terminal_summary(terminalreporter):
     if CHECKED["done"]:
         terminalreporter.write_line(f"invariant check: read {CHECKED['runs']} stored runs of the dist tests, "
