@@ -284,9 +284,10 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
 
 def launches_needed(c: Contrast, n: int, delta: float, alpha: float, power: float = 0.8) -> int:
     """Launches per side for a two-sided 1 - alpha interval to exclude 0 with probability `power` when the true
-    |ln ratio| is `delta` (and, at a true ratio of 1, to lie within +-delta about as often): n se^2 scaled."""
-    from scipy.stats import norm, t
+    |ln ratio| is `delta` (and, at a true ratio of 1, to lie within +-delta about as often): n se^2 scaled. The
+    normal quantile: by then the pooled degrees of freedom are many (an estimate, "about k more")."""
+    from scipy.stats import norm
 
     per_launch = c.se * math.sqrt(n)  # the standard error of one launch per side
-    q = t.ppf(1 - alpha / 2, c.dof) if math.isfinite(c.dof) else norm.ppf(1 - alpha / 2)
+    q = norm.ppf(1 - alpha / 2)
     return max(n + 1, math.ceil((per_launch * (q + norm.ppf(power)) / delta) ** 2))

@@ -199,9 +199,12 @@ class Decision:
         else:
             n = min(self.chosen.n, self.against.n)
             head = f"Undecided after {plural(n, self.count)} each: {self.why}"
-            if self.more is not None:
-                run = f"`{self.command} --launches {self.more}`" if self.command else f"--launches {self.more}"
-                head += (f"; about {self.more - n} more {self.count} each would decide a difference of "
+            run = f"`{self.command} --launches {self.more}`" if self.command else f"--launches {self.more}"
+            if self.more is not None and n < MIN_LAUNCHES:
+                head += f" ({run})"
+            elif self.more is not None:
+                k = self.more - n
+                head += (f"; about {k} more {plural(k, self.count).split(' ', 1)[1]} each would decide a difference of "
                          f"{self.margin_words().lstrip('±')} ({run})")
             keep = f"Keep {self.keep} meanwhile" if self.keep else f"No {self.question} is recommended yet"
             text = f"{head}. {keep}. {both}"
@@ -249,8 +252,8 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     if n < MIN_LAUNCHES:
         few = "each" if a.n == b.n else f"of {(a if a.n < b.n else b).label}"
         return {"verdict": UNDECIDED, "more": MIN_LAUNCHES,
-                "why": f"{plural(n, count)} {few}; a comparison between configurations needs {MIN_LAUNCHES} or "
-                       f"more {count} each"}
+                "why": f"a comparison between configurations needs {MIN_LAUNCHES} or more {count} each"
+                       + ("" if few == "each" else f", and {(a if a.n < b.n else b).label} has {plural(n, count)}")}
     if not (known(a.interval) and known(b.interval)):
         return {"verdict": UNDECIDED, "why": "a side has no interval"}
     alpha = level(family)
@@ -278,7 +281,7 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     needed = launches_needed(c, n, margin, alpha)
     return {**out, "verdict": UNDECIDED, "more": needed,
             "why": f"the {100 * (1 - alpha):.3g} % interval of the {'speed ratio' if speed else 'difference'} "
-                   f"reaches both sides of 1 and beyond the {MARGIN_POINTS if not speed else 100 * MARGIN:g}"
+                   f"reaches both sides of {1 if speed else 0} and beyond the {MARGIN_POINTS if not speed else 100 * MARGIN:g}"
                    f"{' points' if not speed else ' %'} margin ({each})"}
 
 

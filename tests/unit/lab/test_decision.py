@@ -71,13 +71,16 @@ def test_undecided_says_how_many_more_launches_would_decide_and_the_command():
         pytest.approx(s2)
     assert (f"Undecided after 2 launches each: the 98.3 % interval of the speed ratio reaches both sides of 1"
             in d.card())
+    # (z(1 - 0.0167/2) + z(0.8))^2 x 2 s^2 / ln(1.1)^2 launches each, rounded up
+    assert d.more == math.ceil((2.394 + 0.8416) ** 2 * 2 * s2 / math.log(1.1) ** 2)
     assert f"about {d.more - 2} more launches each would decide a difference of 10 % " \
            f"(`scalelab threads --launches {d.more}`). No thread count is recommended yet." in d.card()
 
 
 def test_too_few_launches_or_a_flagged_side_are_undecided_with_the_reason():
     d = decide(side("a", [30.0]), side("b", [40.0]), question="loader setting")
-    assert d.verdict == UNDECIDED and "1 launch each; a comparison between configurations needs 2" in d.card()
+    assert d.verdict == UNDECIDED and "Undecided after 1 launch each: a comparison between configurations needs 2 " \
+        "or more launches each (--launches 2)." in d.card()
     d = decide(side("a", [30.0, 30.1]), side("b", [40.0, 40.1], quality="noisy: 0.4 cores busy"), question="x")
     assert d.verdict == UNDECIDED and "b is flagged (noisy: 0.4 cores busy)" in d.card()
 
