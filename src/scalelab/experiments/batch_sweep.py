@@ -81,8 +81,8 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    # 2 launches in the default study: choosing a batch compares launches (scalelab.analysis.interpret.beats)
-    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256], "launches": 1 if q else 2}
+    # 2 launches, in the quick study too: a comparison between configurations needs 2 or more (lab.decision)
+    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256], "launches": 2}
 
 
 EXPERIMENT = Experiment(

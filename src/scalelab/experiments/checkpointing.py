@@ -129,7 +129,7 @@ def _ratio(value: float, base: float) -> str:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"segments": [0, 2, 4], "launches": 1 if q else 2,
+    return {"segments": [0, 2, 4], "launches": 2,
             "set": {"model": "resnet18", "global_batch": 8 if q else 16, "steps": 3 if q else 4,
                     "warmup_steps": 1}}
 

@@ -166,7 +166,7 @@ def loader(table: pd.DataFrame) -> tuple[list[str], str | None]:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"workers": [0, 2] if q else [0, 2, 4], "launches": 1 if q else 2,
+    return {"workers": [0, 2] if q else [0, 2, 4], "launches": 2,
             "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}}
 
 

@@ -313,7 +313,7 @@ def efficiency_interval(low: float, high: float) -> str:
 
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. Compared cells: launched 3 times in interleaved rounds in the default
-    study; the quick one launches each once (its intervals then come from the steps of one launch: the tables'
+    study, twice in the quick one (a comparison needs 2 launches or more: lab.decision; the tables'
     `launches` column says so) the buckets of strategies' DDP: its 2-worker cell and baseline are then one cell with
     the DDP row and baseline of strategies and backends, measured once and reused (6 launches fewer in the default
     study)."""
@@ -321,7 +321,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     comm_model = plan.comm_model
     top = max(2, min(plan.gpus, 8)) if plan.gpus else 2
     workers = sorted({1, 2, top})
-    return {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
+    return {"workers": workers, "batches": [64], "launches": 2 if q else 3,  # batch effects: batch_sweep
             "set": {**comm_model, "bucket_mb": 4.0}}
 
 

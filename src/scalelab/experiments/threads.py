@@ -113,7 +113,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
     # default: 1, 2, 4 (oversubscribed) on 2 cores; 2 launches: recommending a thread count compares launches
-    return {"threads": [1, 2] if q else None, "launches": 1 if q else 2}
+    return {"threads": [1, 2] if q else None, "launches": 2}
 
 
 EXPERIMENT = Experiment(

@@ -69,6 +69,11 @@ def pooled(model: NoiseModel | None) -> Iterator[None]:
         _MODEL.reset(token)
 
 
+def use_model(model: NoiseModel | None) -> None:
+    """From here on in this context (the study's process), decisions read `model` (lab.study sets the study's)."""
+    _MODEL.set(model)
+
+
 @dataclass(frozen=True)
 class Side:
     """One configuration of a comparison: its label, figure, interval, n (launches or seeds), the lowest and
