@@ -19,6 +19,7 @@ reference cell between a study's start and end.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -220,7 +221,9 @@ def fit(cells: Sequence[tuple[str, Sequence[float], float, int]]) -> NoiseModel:
 
 
 def model_of_tables(tables: Sequence) -> NoiseModel:
-    """The model fitted to every row of `tables` (DataFrames) that keeps its launch medians (analysis.repeats)."""
+    """The model fitted to every trusted row of `tables` (DataFrames) that keeps its launch medians
+    (analysis.repeats)."""
+    from scalelab.analysis.compare import trusted
     from scalelab.analysis.repeats import LAUNCH_MEDIANS, WITHIN_DOF, WITHIN_VAR
 
     cells = []
@@ -230,6 +233,8 @@ def model_of_tables(tables: Sequence) -> NoiseModel:
         label = table.columns[1] if table.columns[0] == "run_id" else table.columns[0]
         for row in table.to_dict("records"):
             medians = row.get(LAUNCH_MEDIANS)
+            if not trusted(row.get("quality")):  # a flagged row (noisy, implausible) says nothing of the machine's
+                continue                         # usual launch noise: left out of the pool, as of the decisions
             if isinstance(medians, (list, tuple)) and medians:
                 wvar, wdof = row.get(WITHIN_VAR), row.get(WITHIN_DOF)
                 cells.append((str(row.get(label)), medians, float(wvar) if _number(wvar) else math.nan,
@@ -249,11 +254,14 @@ class Contrast:
     se: float
     dof: float
     paired: bool = False
+    chosen_of_two: bool = False  # the narrower of the paired and the unpaired interval: each at alpha / 2
 
     def interval(self, alpha: float) -> tuple[float, float]:
-        """The two-sided 1 - alpha interval of ln(a / b) (Student's t; normal for infinite dof)."""
+        """The two-sided 1 - alpha interval of ln(a / b) (Student's t; normal for infinite dof); when it was chosen
+        as the narrower of two, at alpha / 2 (Bonferroni over the two: choosing cannot inflate the error rate)."""
         from scipy.stats import t
 
+        alpha = alpha / 2 if self.chosen_of_two else alpha
         q = t.ppf(1 - alpha / 2, self.dof) if math.isfinite(self.dof) else t.ppf(1 - alpha / 2, 1e9)
         return self.estimate - q * self.se, self.estimate + q * self.se
 
@@ -263,7 +271,8 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
     """ln(a / b) = `estimate` (from the cells' headline figures) with the standard error of the launch component:
     unpaired, each side's variance from the model (pooled, or its own where kept apart; Welch-Satterthwaite dof
     when they differ); paired, the per-round differences of ln launch medians (n - 1 dof), used where its
-    1 - alpha interval is the narrower. None when a side has fewer than 2 launches or the model no estimate."""
+    interval is the narrower; where both exist, each is judged at alpha / 2 (`Contrast.chosen_of_two`). None when
+    a side has fewer than 2 launches or the model no estimate."""
     from scipy.stats import t
 
     if len(a) < 2 or len(b) < 2:
@@ -277,8 +286,12 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
     if len(a) == len(b) >= 3:
         d = np.log(np.asarray(a, dtype=float)) - np.log(np.asarray(b, dtype=float))
         paired = Contrast(estimate, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
-        if paired.se > 0 and (out is None or t.ppf(1 - alpha / 2, paired.dof) * paired.se < t.ppf(1 - alpha / 2, out.dof) * out.se):
+        if paired.se > 0 and out is None:
             out = paired
+        elif paired.se > 0:
+            two = alpha / 2
+            narrower = t.ppf(1 - two / 2, paired.dof) * paired.se < t.ppf(1 - two / 2, out.dof) * out.se
+            out = dataclasses.replace(paired if narrower else out, chosen_of_two=True)
     return out
 
 

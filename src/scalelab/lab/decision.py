@@ -249,6 +249,19 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
     return Contrast(d, math.hypot(*((s.interval[1] - s.interval[0]) / (2 * Z95) for s in (a, b))), math.inf)
 
 
+def _model_side(side: Side, model: NoiseModel) -> Side:
+    """The side with its figure's 95 % interval from the noise model: value x exp(+-t(dof) sqrt(s^2 / n)), s^2 the
+    pool's (or the cell's own, kept apart), rather than the table's interval, which from 2 launches is their range
+    (a 50 % interval) and which one slow launch stretches. Unchanged without a model estimate."""
+    from scipy.stats import t
+
+    var, dof = model.variance(side.launch_values)
+    if not dof or not var == var or len(side.launch_values) < MIN_LAUNCHES:
+        return side
+    half = t.ppf(0.975, dof) * math.sqrt(var / len(side.launch_values))
+    return replace(side, interval=(side.value * math.exp(-half), side.value * math.exp(half)), values=None)
+
+
 def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str, speed: bool) -> dict:
     bad = [s for s in (a, b) if not trusted(s.quality)]
     if bad:
@@ -267,6 +280,10 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
         return {"verdict": UNDECIDED, "why": "no noise estimate for these sides"}
     lo, hi = c.interval(alpha)
     shown = (lo, hi) if not speed else (math.exp(lo), math.exp(hi))
+    out = {"interval": shown, "confidence": 1 - alpha}
+    if speed and a.launch_values and b.launch_values:  # each side's own 95 % interval from the model
+        a, b = (_model_side(s, model_for([a, b])) for s in (a, b))
+        out.update(chosen=a, against=b)
     disjoint = separated(a.interval, b.interval)
     margin = MARGIN_POINTS if not speed else math.log(1 + MARGIN)
     big = material(a, b, share)
@@ -276,7 +293,6 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
            "the two sides' own intervals")
     dof = f", {c.dof:.0f} degrees of freedom" if math.isfinite(c.dof) else ""
     each = f"{how}{dof}{fam}, n = {plural(n, count)} each"
-    out = {"interval": shown, "confidence": 1 - alpha}
     apart = lo > 0 or hi < 0 or disjoint
     if apart and (big or not -margin < lo <= hi < margin):
         up = lo > 0 or (disjoint and c.estimate > 0)
