@@ -239,7 +239,11 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
             return None
         g = math.log(b.value / a.value) if lower else math.log(a.value / b.value)
         if a.launch_values and b.launch_values:
-            c = contrast(g, a.launch_values, b.launch_values, model_for([a, b]), alpha)
+            # centred on the geometric mean of the launch medians, the estimator whose variance the model gives
+            # (a median of 4 or 8 launch medians varies more, and would make the interval too narrow); for a
+            # rate (ln rate = ln work - ln step) the step's shift counts with the opposite sign: g - shift alike
+            shift = _geometric_shift(a) - _geometric_shift(b)
+            c = contrast(g - shift, a.launch_values, b.launch_values, model_for([a, b]), alpha)
             if c is not None:
                 return c
         ses = [(math.log(s.interval[1]) - math.log(s.interval[0])) / (2 * Z95) for s in (a, b)
@@ -247,6 +251,15 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
         return Contrast(g, math.hypot(*ses), math.inf) if len(ses) == 2 else None
     d = (b.value - a.value) if lower else (a.value - b.value)
     return Contrast(d, math.hypot(*((s.interval[1] - s.interval[0]) / (2 * Z95) for s in (a, b))), math.inf)
+
+
+def _geometric_shift(side: Side) -> float:
+    """ln(geometric mean) - ln(median) of a side's launch medians (0 for 1 or 2 equal launches)."""
+    values = [math.log(v) for v in side.launch_values]
+    ordered = sorted(side.launch_values)
+    k = len(ordered)
+    median = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
+    return sum(values) / k - math.log(median)
 
 
 def _model_side(side: Side, model: NoiseModel) -> Side:

@@ -38,7 +38,7 @@ def test_a_clear_win_beats_with_its_ratio_interval_and_both_sides():
     d = decide(side("2 workers", [30.0, 30.6, 29.7]), side("0 workers", [40.0, 40.4, 39.2]), question="loader")
     assert d.verdict == BETTER and d.recommends
     assert d.card().startswith("Use 2 workers: 2 workers beats 0 workers: 1.33× faster than 0 workers (98.3 % "
-                               "interval of the speed ratio 1.29–1.38×)")
+                               "interval of the speed ratio 1.28–1.37×)")
     assert "n = 3 launches each" in d.card() and "of 0 workers: 40 ms" in d.card()
     assert d.interval[0] > 1.0 and d.confidence == pytest.approx(1 - 0.05 / 3)
 
