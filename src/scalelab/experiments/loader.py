@@ -143,7 +143,8 @@ def loader_decisions(table: pd.DataFrame) -> list[Decision]:
     sides = [step_side(r, setting(r), value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
     default = next((setting(r) for r in rows if r["num_workers"] == 0 and not r["pin_memory"]), None)
     workers = {setting(r): int(r["num_workers"]) for r in rows}
-    decision = pick(sides, question="loader setting", default=default, cheaper=lambda s: workers[s.label])
+    decision = pick(sides, question="loader setting", default=default, cheaper=lambda s: workers[s.label],
+                    command="scalelab loader-sweep")
     return [decision] if decision is not None else []
 
 

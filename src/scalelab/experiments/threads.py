@@ -60,7 +60,8 @@ def threads_decisions(result: Result) -> list[Decision]:
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     sides = [step_side(r, f"{int(r['threads'])} thread{'s' if r['threads'] != 1 else ''}",
                        value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
-    decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]))
+    decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]),
+                    command="scalelab threads")
     if decision is None:
         return []
     return [replace(decision, action=f"{decision.chosen.label.split()[0]} torch threads per process")]

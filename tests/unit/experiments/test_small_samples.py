@@ -31,7 +31,7 @@ def test_threads_from_one_launch_recommend_nothing():
                         "1 thread (2 cores here).")
     assert rec == lines[-1] == (
         "Undecided after 1 launch each: a comparison between configurations needs 2 or more launches each "
-        "(--launches 2). No thread count is recommended yet. Median step of 2 threads: 60 ms (87.5 % interval (range of 4) 59–61 ms, n = 1 launch); of 1 "
+        "(`scalelab threads --launches 2`). No thread count is recommended yet. Median step of 2 threads: 60 ms (87.5 % interval (range of 4) 59–61 ms, n = 1 launch); of 1 "
         "thread: 100 ms (87.5 % interval (range of 4) 99–101 ms, n = 1 launch).")
 
 
