@@ -16,6 +16,10 @@ reference cell between a study's start and end.
 - Noise floor of a study: drift = (end median step - start median step) / start median step of one reference
   cell measured before the first experiment and after the last; its 95 % interval is the ratio interval of the
   two medians' intervals (scalelab.analysis.intervals.ratio_interval) minus 1.
+- The study's noise model (`fit`, `model_of_tables`): the launch-to-launch variance of ln(launch median step) pooled
+  over the study's cells, with its degrees of freedom, the step-to-step component beside it, heterogeneous cells
+  kept apart; `contrast` turns it into the standard error of one comparison (unpaired or paired by round) and
+  `launches_needed` into the launches that would decide it (docs/definitions.md, "Noise model and decisions").
 """
 from __future__ import annotations
 
