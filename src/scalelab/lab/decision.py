@@ -262,17 +262,20 @@ def _geometric_shift(side: Side) -> float:
     return sum(values) / k - math.log(median)
 
 
-def _model_side(side: Side, model: NoiseModel) -> Side:
-    """The side with its figure's 95 % interval from the noise model: value x exp(+-t(dof) sqrt(s^2 / n)), s^2 the
-    pool's (or the cell's own, kept apart), rather than the table's interval, which from 2 launches is their range
-    (a 50 % interval) and which one slow launch stretches. Unchanged without a model estimate."""
+def _model_side(side: Side, model: NoiseModel, time: bool) -> Side:
+    """The side with its figure's 95 % interval from the noise model: G x exp(+-t(dof) sqrt(s^2 / n)), s^2 the
+    pool's (or the cell's own, kept apart) and G the figure at the geometric mean of the launch medians (the
+    estimator s^2 / n is the variance of; `time`: the figure is a time, else a rate), rather than the table's
+    interval, which from 2 launches is their range (a 50 % interval) and which one slow launch stretches.
+    Unchanged without a model estimate."""
     from scipy.stats import t
 
     var, dof = model.variance(side.launch_values)
     if not dof or not var == var or len(side.launch_values) < MIN_LAUNCHES:
         return side
     half = t.ppf(0.975, dof) * math.sqrt(var / len(side.launch_values))
-    return replace(side, interval=(side.value * math.exp(-half), side.value * math.exp(half)), values=None)
+    centre = side.value * math.exp(_geometric_shift(side) if time else -_geometric_shift(side))
+    return replace(side, interval=(centre * math.exp(-half), centre * math.exp(half)), values=None)
 
 
 def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str, speed: bool) -> dict:
@@ -295,7 +298,7 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     shown = (lo, hi) if not speed else (math.exp(lo), math.exp(hi))
     out = {"interval": shown, "confidence": 1 - alpha}
     if speed and a.launch_values and b.launch_values:  # each side's own 95 % interval from the model
-        a, b = (_model_side(s, model_for([a, b])) for s in (a, b))
+        a, b = (_model_side(s, model_for([a, b]), lower) for s in (a, b))
         out.update(chosen=a, against=b)
     disjoint = separated(a.interval, b.interval)
     margin = MARGIN_POINTS if not speed else math.log(1 + MARGIN)
