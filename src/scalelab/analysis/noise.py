@@ -308,3 +308,27 @@ def launches_needed(c: Contrast, n: int, delta: float, alpha: float, power: floa
     per_launch = c.se * math.sqrt(n)  # the standard error of one launch per side
     q = norm.ppf(1 - alpha / 2)
     return max(n + 1, math.ceil((per_launch * (q + norm.ppf(power)) / delta) ** 2))
+
+
+def geometric_shift(launches: Sequence[float]) -> float:
+    """ln(geometric mean) - ln(median) of launch medians: what moves a headline median to the estimator whose
+    variance the model gives (a median of 4 or 8 launch medians varies more than their mean of logs)."""
+    ordered = sorted(float(v) for v in launches)
+    k = len(ordered)
+    median = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
+    return float(np.mean(np.log(ordered))) - math.log(median)
+
+
+def figure_interval(value: float, launches: Sequence[float], model: NoiseModel,
+                    time: bool = True) -> tuple[float, float] | None:
+    """A cell's 95 % interval from the model: G x exp(+-t(dof) sqrt(s^2 / n)), G the figure `value` moved to the
+    geometric mean of its launch medians (`time`: a time; else a rate, ln rate = ln work - ln step), s^2 the
+    pool's or the cell's own. None without an estimate."""
+    from scipy.stats import t
+
+    var, dof = model.variance(launches)
+    if not dof or not var == var:
+        return None
+    half = t.ppf(0.975, dof) * math.sqrt(var / len(launches))
+    centre = value * math.exp(geometric_shift(launches) if time else -geometric_shift(launches))
+    return centre * math.exp(-half), centre * math.exp(half)

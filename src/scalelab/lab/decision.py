@@ -39,7 +39,8 @@ from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import (MIN_LAUNCHES, flagged, fmt, interval, launch_range, launches, ratio_words,
                                          span, steps)
 from scalelab.analysis.intervals import known, separated
-from scalelab.analysis.noise import Contrast, NoiseModel, contrast, fit, launches_needed
+from scalelab.analysis.noise import (Contrast, NoiseModel, contrast, figure_interval, fit, geometric_shift,
+                                     launches_needed)
 from scalelab.analysis.repeats import LAUNCH_MEDIANS
 from scalelab.analysis.stragglers import MATERIAL as STRAGGLER_MATERIAL
 
@@ -242,7 +243,7 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
             # centred on the geometric mean of the launch medians, the estimator whose variance the model gives
             # (a median of 4 or 8 launch medians varies more, and would make the interval too narrow); for a
             # rate (ln rate = ln work - ln step) the step's shift counts with the opposite sign: g - shift alike
-            shift = _geometric_shift(a) - _geometric_shift(b)
+            shift = geometric_shift(a.launch_values) - geometric_shift(b.launch_values)
             c = contrast(g - shift, a.launch_values, b.launch_values, model_for([a, b]), alpha)
             if c is not None:
                 return c
@@ -253,29 +254,13 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
     return Contrast(d, math.hypot(*((s.interval[1] - s.interval[0]) / (2 * Z95) for s in (a, b))), math.inf)
 
 
-def _geometric_shift(side: Side) -> float:
-    """ln(geometric mean) - ln(median) of a side's launch medians (0 for 1 or 2 equal launches)."""
-    values = [math.log(v) for v in side.launch_values]
-    ordered = sorted(side.launch_values)
-    k = len(ordered)
-    median = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
-    return sum(values) / k - math.log(median)
-
-
 def _model_side(side: Side, model: NoiseModel, time: bool) -> Side:
-    """The side with its figure's 95 % interval from the noise model: G x exp(+-t(dof) sqrt(s^2 / n)), s^2 the
-    pool's (or the cell's own, kept apart) and G the figure at the geometric mean of the launch medians (the
-    estimator s^2 / n is the variance of; `time`: the figure is a time, else a rate), rather than the table's
-    interval, which from 2 launches is their range (a 50 % interval) and which one slow launch stretches.
-    Unchanged without a model estimate."""
-    from scipy.stats import t
-
-    var, dof = model.variance(side.launch_values)
-    if not dof or not var == var or len(side.launch_values) < MIN_LAUNCHES:
+    """The side with its figure's 95 % interval from the noise model (noise.figure_interval), rather than the
+    table's, which from 2 launches is their range (a 50 % interval) and which one slow launch stretches."""
+    if len(side.launch_values) < MIN_LAUNCHES:
         return side
-    half = t.ppf(0.975, dof) * math.sqrt(var / len(side.launch_values))
-    centre = side.value * math.exp(_geometric_shift(side) if time else -_geometric_shift(side))
-    return replace(side, interval=(centre * math.exp(-half), centre * math.exp(half)), values=None)
+    iv = figure_interval(side.value, side.launch_values, model, time)
+    return side if iv is None else replace(side, interval=iv, values=None)
 
 
 def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str, speed: bool) -> dict:
