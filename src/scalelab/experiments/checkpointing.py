@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import fmt, ratio_words
+from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, ratio_words
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.lab.decision import BETTER, NOT_ENOUGH_DATA, decide, step_side
+from scalelab.lab.decision import BETTER, EQUIVALENT, decide, step_side
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
@@ -108,7 +108,9 @@ def _noise_note(row: dict, reference) -> str:
     if BETTER in verdicts:
         return ""
     n = min(a.n, b.n)
-    return f" (indicative: {n} launch{'es' if n != 1 else ''})" if NOT_ENOUGH_DATA in verdicts else " (within noise)"
+    if n < MIN_LAUNCHES:
+        return f" (indicative: {n} launch{'es' if n != 1 else ''})"
+    return " (equivalent within ±10 %)" if EQUIVALENT in verdicts else " (within noise)"
 
 
 def _speed(row: dict, reference) -> str:

@@ -88,4 +88,5 @@ def test_checkpointing_calls_a_step_ratio_indicative_from_one_launch():
     off, on = step(100.0, 1), step(130.0, 1)
     assert _noise_note(on, off) == " (indicative: 1 launch)"
     assert _noise_note(step(130.0, 2), step(100.0, 2)) == ""
-    assert _noise_note(step(100.5, 2), step(100.0, 2)) == " (within noise)"
+    assert _noise_note(step(100.5, 2), step(100.0, 2)) == " (equivalent within ±10 %)"
+    assert _noise_note({**step(110.0, 2), LO: 80.0, HI: 140.0}, step(100.0, 2)) == " (within noise)"
