@@ -37,9 +37,10 @@ every run the distributed tests make to it, so a new figure that breaks arithmet
   backward (memory/gradients(bytes)); a no-op sync or no-op collectives send nothing.
 
 Two more hold the report's words to its numbers: `decision_faults` reads every decision of a study (plain records
-of scalelab.lab.decision) and lists a winner whose two sides' intervals meet or that rests on fewer than 2
-launches, a card worded as a winner whose verdict is not "better", and a card that does not state both sides with
-their figures and n; `ratio_faults` lists a ratio sentence whose size or direction ("× faster" / "× the speed of
+of scalelab.lab.decision) and lists a winner whose ratio interval and sides' intervals both fail to separate, two
+sides with disjoint 95 % intervals left undecided, a winner that rests on fewer than 2 launches, a card worded as
+a winner whose verdict is not "better", a card keeping a setting it did not compare, and a card that does not state
+both sides with their figures and n; `ratio_faults` lists a ratio sentence whose size or direction ("× faster" / "× the speed of
 ... (× slower)") the table's figures do not give.
 """
 from __future__ import annotations
@@ -356,9 +357,12 @@ def _apart(a, b) -> bool:
 
 
 def decision_faults(records: list[Mapping]) -> list[str]:
-    """Every decision worded as a winner that the rule cannot carry, or a card that hides its comparison: a winner
-    whose two sides' intervals meet, a winner from fewer than 2 launches (seeds) a side, a card worded as a
-    winner whose verdict is not "better", a card without both sides' labels, figures and n."""
+    """Every decision worded beyond what the rule carries, or a card that hides its comparison (scalelab.lab.decision:
+    four answers): a winner ("better") whose ratio interval does not exclude 1 while its sides' own intervals meet;
+    two sides whose own 95 % intervals are disjoint left undecided (or called equivalent for an effect of
+    `material` or more); a winner from fewer than 2 launches (seeds) a side; a card worded as a winner whose
+    verdict is not "better"; a card that keeps a setting it did not compare; a card without both sides' labels,
+    figures and n."""
     out = []
     for d in records:
         chosen, against, card, verdict = d["chosen"], d["against"], d["card"], d["verdict"]
@@ -366,16 +370,38 @@ def decision_faults(records: list[Mapping]) -> list[str]:
         worded_winner = card.startswith(WINNER_WORDS)
         if worded_winner and verdict != "better":
             out.append(f"worded as a winner, verdict {verdict!r}: {said}")
+        apart = _apart(chosen["interval"], against["interval"])
         if verdict == "better" or worded_winner:
-            if not _apart(chosen["interval"], against["interval"]):
-                out.append(f"a winner whose intervals meet ({chosen['interval']} against {against['interval']}): "
-                           f"{said}")
+            if not apart and not _excludes_one(d.get("interval"), d.get("speed", True)):
+                out.append(f"a winner whose intervals meet ({chosen['interval']} against {against['interval']}) "
+                           f"and whose ratio interval {d.get('interval')} does not exclude no difference: {said}")
             if min(chosen["n"], against["n"]) < 2:
                 out.append(f"a winner from {min(chosen['n'], against['n'])} {d.get('count', 'launches')}: {said}")
+        if apart and _trusted_pair(chosen, against) and min(chosen["n"], against["n"]) >= 2:
+            effect = abs(chosen["value"] - against["value"]) / abs(against["value"] or 1)
+            if verdict not in ("better", "worse") and not (verdict == "equivalent"
+                                                           and effect < d.get("material", 0.02)):
+                out.append(f"disjoint 95 % intervals ({chosen['interval']} against {against['interval']}) with "
+                           f"verdict {verdict!r}, not beats or worse: {said}")
+        keep = (d.get("keep") or "").split(", ")[0]
+        if keep and keep not in (chosen["label"], against["label"]):
+            out.append(f"a card that keeps {keep!r}, which it did not compare: {said}")
         missing = [s["label"] for s in (chosen, against) if s["label"] not in card]
         if missing or card.count("n = ") < 2:
             out.append(f"the card does not state its comparison (both sides, their figures and n): {said}")
     return out
+
+
+def _excludes_one(interval, speed: bool) -> bool:
+    """Whether a decision's interval (of a speed ratio, or of a difference) excludes no difference."""
+    if not interval or any(v is None or (isinstance(v, float) and math.isnan(v)) for v in interval):
+        return False
+    null = 1.0 if speed else 0.0
+    return interval[0] > null or interval[1] < null
+
+
+def _trusted_pair(chosen: Mapping, against: Mapping) -> bool:
+    return trusted(chosen.get("quality")) and trusted(against.get("quality"))
 
 
 _RATIO = re.compile(r"(\d+(?:\.\d+)?)× (faster than|the speed of) ([^,;()]+?)(?: \((\d+(?:\.\d+)?)× slower\))?"

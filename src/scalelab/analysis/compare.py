@@ -35,7 +35,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.bandwidth import busbw_ceiling
 from scalelab.analysis.intervals import difference_interval
-from scalelab.analysis.repeats import LAUNCHES
+from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR
 
 BACKENDS = ("gloo", "nccl", "mpi")
 # The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
@@ -65,11 +65,13 @@ SUMMARY_COLUMNS = {
     "algbw(GB/s)": keys.COMM_ALGBW, "busbw(GB/s)": keys.COMM_BUSBW,
     "loopback_bytes_per_step": keys.COMM_LOOPBACK_BYTES_PER_STEP, "train_loss": keys.TRAIN_LOSS,
     "timed_steps": keys.STEPS_TIMED, "launches": LAUNCHES,
+    # the noise model's inputs (scalelab.analysis.noise): each launch's median step, the within-launch spread
+    LAUNCH_MEDIANS: LAUNCH_MEDIANS, WITHIN_VAR: WITHIN_VAR, WITHIN_DOF: WITHIN_DOF,
 }
 # the columns of a comparison table after its first one (the compared value: `comparison_table`)
 COMPARISON_COLUMNS = ["status", "reason", "sync_config", "ddp_hook", "accumulate", "micro_batch_per_rank",
                       "global_batch", "launches", "timed_steps", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)",
-                      "step_min(ms)", "step_max(ms)", "step_launch_min(ms)", "step_launch_max(ms)", "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
+                      "step_min(ms)", "step_max(ms)", "step_launch_min(ms)", "step_launch_max(ms)", LAUNCH_MEDIANS, WITHIN_VAR, WITHIN_DOF, "compute(ms)", "comm(ms)", "comm_sum(ms)", "comm_wait(ms)",
                       "comm_blocking(ms)", "comm_critical(ms)", "comm_critical_ci_high(ms)",
                       "waiting_for_peers(ms)", "blocks", *EXPOSED_COLUMNS, "collectives_per_step", "bytes_per_step",
                       "bytes_forward_per_step", "bytes_backward_per_step", "bytes_optimizer_per_step",

@@ -16,10 +16,17 @@ reference cell between a study's start and end.
 - Noise floor of a study: drift = (end median step - start median step) / start median step of one reference
   cell measured before the first experiment and after the last; its 95 % interval is the ratio interval of the
   two medians' intervals (scalelab.analysis.intervals.ratio_interval) minus 1.
+- The study's noise model (`fit`, `model_of_tables`): the launch-to-launch variance of ln(launch median step) pooled
+  over the study's cells, with its degrees of freedom, the step-to-step component beside it, heterogeneous cells
+  kept apart; `contrast` turns it into the standard error of one comparison (unpaired or paired by round) and
+  `launches_needed` into the launches that would decide it (docs/definitions.md, "Noise model and decisions").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -128,3 +135,200 @@ def drift_sentence(d: dict, start_ms: float, end_ms: float) -> str:
     """The noise floor in one line, e.g. "+4.1 % (95 % interval -2.0 .. +9.8 %): reference step 96.0 -> 100.0 ms"."""
     return (f"{100 * d['drift']:+.1f} % (95 % interval {100 * d['ci_low']:+.1f} .. {100 * d['ci_high']:+.1f} %): "
             f"reference step {start_ms:.1f} ms at the start, {end_ms:.1f} ms at the end")
+
+
+# ---------------------------------------------------------------- the study's pooled noise model
+#
+# Two variance components of ln(step time), as in Kalibera & Jones ("Rigorous benchmarking in reasonable time",
+# 2013): step to step within one launch, and launch to launch (each launch's median around its cell's mean). On a
+# log scale both are relative, so cells of 5 ms and of 500 ms share them. The launch component is what a
+# comparison between configurations rests on; it is pooled over every cell of the study that has two launches or
+# more (sum of squares over sum of degrees of freedom), so that a comparison of two cells of 2 launches each rests
+# on tens of degrees of freedom, not one. The pooling is checked, not assumed: a cell whose own launch variance
+# exceeds the pool of the others beyond an F test at HETEROGENEITY_ALPHA (Bonferroni over the cells) is kept apart
+# and keeps its own estimate and degrees of freedom (docs/definitions.md, "Noise model and decisions").
+
+HETEROGENEITY_ALPHA = 0.05  # family-wise over the cells tested
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """The pooled launch-to-launch variance of ln(launch median) and its degrees of freedom, the step-to-step
+    variance of ln(step) within launches beside it, the cells pooled, and the cells kept apart with their own
+    (variance, dof), keyed by their launch medians (a cell shared by two experiments is one cell)."""
+    launch_var: float
+    dof: int
+    within_var: float = math.nan
+    within_dof: int = 0
+    cells: int = 0
+    apart: dict = field(default_factory=dict)  # tuple of launch medians -> (variance, dof, label)
+
+    def variance(self, launches: Sequence[float]) -> tuple[float, int]:
+        """(variance of one launch's ln median, its dof) for a cell with these launch medians: its own when it
+        was kept apart, else the pool's."""
+        own = self.apart.get(_key(launches))
+        return (own[0], own[1]) if own else (self.launch_var, self.dof)
+
+    def kept_apart(self, launches: Sequence[float]) -> bool:
+        return _key(launches) in self.apart
+
+    def words(self) -> str:
+        """The model in one line, for the report and the cards' notes."""
+        if not self.dof:
+            return "no cell with two launches or more: no launch-to-launch noise estimate"
+        text = (f"launch-to-launch noise {100 * math.sqrt(self.launch_var):.1f} % (standard deviation of ln "
+                f"launch median, {self.dof} degrees of freedom, pooled over {self.cells} cells)")
+        if self.within_dof:
+            text += (f"; step-to-step within a launch {100 * math.sqrt(self.within_var):.1f} % "
+                     f"({self.within_dof} degrees of freedom)")
+        if self.apart:
+            text += "; kept apart (their own launch spread beyond the pool's): " + ", ".join(
+                f"{label} ({100 * math.sqrt(v):.1f} %, {d} dof)" for v, d, label in self.apart.values())
+        return text
+
+
+def _key(launches: Sequence[float]) -> tuple:
+    return tuple(round(float(x), 9) for x in launches)
+
+
+def fit(cells: Sequence[tuple[str, Sequence[float], float, int]]) -> NoiseModel:
+    """The model from the study's cells: (label, launch medians in ms, within-launch variance of ln step, its dof)
+    each. Cells with identical launch medians are one cell (shared across experiments); cells of one launch add
+    to the within component only."""
+    from scipy.stats import f as f_dist
+
+    seen, launch, within = set(), [], []
+    for label, medians, wvar, wdof in cells:
+        values = [float(x) for x in medians or () if x is not None and float(x) > 0]
+        if not values or _key(values) in seen:
+            continue
+        seen.add(_key(values))
+        if wdof and not math.isnan(wvar):
+            within.append((wvar * wdof, wdof))
+        if len(values) >= 2:
+            logs = np.log(values)
+            launch.append((label, tuple(values), float(((logs - logs.mean()) ** 2).sum()), len(values) - 1))
+    ss, dof = sum(c[2] for c in launch), sum(c[3] for c in launch)
+    apart = {}
+    for label, values, squares, d in launch:
+        rest_ss, rest_dof = ss - squares, dof - d
+        if rest_dof < 1 or rest_ss <= 0:
+            continue
+        ratio = (squares / d) / (rest_ss / rest_dof)
+        if f_dist.sf(ratio, d, rest_dof) < HETEROGENEITY_ALPHA / len(launch):
+            apart[_key(values)] = (squares / d, d, label)
+    kept = [c for c in launch if _key(c[1]) not in apart]
+    pool_ss, pool_dof = sum(c[2] for c in kept), sum(c[3] for c in kept)
+    wss, wdof = sum(w[0] for w in within), sum(w[1] for w in within)
+    return NoiseModel(pool_ss / pool_dof if pool_dof else math.nan, pool_dof, wss / wdof if wdof else math.nan,
+                      wdof, len(kept), apart)
+
+
+def model_of_tables(tables: Sequence) -> NoiseModel:
+    """The model fitted to every trusted row of `tables` (DataFrames) that keeps its launch medians
+    (analysis.repeats)."""
+    from scalelab.analysis.compare import trusted
+    from scalelab.analysis.repeats import LAUNCH_MEDIANS, WITHIN_DOF, WITHIN_VAR
+
+    cells = []
+    for table in tables:
+        if LAUNCH_MEDIANS not in getattr(table, "columns", ()):
+            continue
+        label = table.columns[1] if table.columns[0] == "run_id" else table.columns[0]
+        for row in table.to_dict("records"):
+            medians = row.get(LAUNCH_MEDIANS)
+            if not trusted(row.get("quality")):  # a flagged row (noisy, implausible) says nothing of the machine's
+                continue                         # usual launch noise: left out of the pool, as of the decisions
+            if isinstance(medians, (list, tuple)) and medians:
+                wvar, wdof = row.get(WITHIN_VAR), row.get(WITHIN_DOF)
+                cells.append((str(row.get(label)), medians, float(wvar) if _number(wvar) else math.nan,
+                              int(wdof) if _number(wdof) else 0))
+    return fit(cells)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """ln(a / b) of two cells' figures with its standard error and degrees of freedom; `paired`: from the
+    per-round differences (drift between rounds cancels) rather than from the two sets of launches."""
+    estimate: float
+    se: float
+    dof: float
+    paired: bool = False
+    chosen_of_two: bool = False  # the narrower of the paired and the unpaired interval: each at alpha / 2
+
+    def interval(self, alpha: float) -> tuple[float, float]:
+        """The two-sided 1 - alpha interval of ln(a / b) (Student's t; normal for infinite dof); when it was chosen
+        as the narrower of two, at alpha / 2 (Bonferroni over the two: choosing cannot inflate the error rate)."""
+        from scipy.stats import t
+
+        alpha = alpha / 2 if self.chosen_of_two else alpha
+        q = t.ppf(1 - alpha / 2, self.dof) if math.isfinite(self.dof) else t.ppf(1 - alpha / 2, 1e9)
+        return self.estimate - q * self.se, self.estimate + q * self.se
+
+
+def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: NoiseModel,
+             alpha: float) -> Contrast | None:
+    """ln(a / b) = `estimate` (from the cells' headline figures) with the standard error of the launch component:
+    unpaired, each side's variance from the model (pooled, or its own where kept apart; Welch-Satterthwaite dof
+    when they differ); paired, the per-round differences of ln launch medians (n - 1 dof), used where its
+    interval is the narrower; where both exist, each is judged at alpha / 2 (`Contrast.chosen_of_two`). None when
+    a side has fewer than 2 launches or the model no estimate."""
+    from scipy.stats import t
+
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (va, da), (vb, db) = model.variance(a), model.variance(b)
+    out = None
+    if da and db and va == va and vb == vb:
+        wa, wb = va / len(a), vb / len(b)
+        dof = da if (va, da) == (vb, db) else (wa + wb) ** 2 / (wa ** 2 / da + wb ** 2 / db)
+        out = Contrast(estimate, math.sqrt(wa + wb), dof)
+    if len(a) == len(b) >= 3:
+        d = np.log(np.asarray(a, dtype=float)) - np.log(np.asarray(b, dtype=float))
+        paired = Contrast(estimate, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
+        if paired.se > 0 and out is None:
+            out = paired
+        elif paired.se > 0:
+            two = alpha / 2
+            narrower = t.ppf(1 - two / 2, paired.dof) * paired.se < t.ppf(1 - two / 2, out.dof) * out.se
+            out = dataclasses.replace(paired if narrower else out, chosen_of_two=True)
+    return out
+
+
+def launches_needed(c: Contrast, n: int, delta: float, alpha: float, power: float = 0.8) -> int:
+    """Launches per side for a two-sided 1 - alpha interval to exclude 0 with probability `power` when the true
+    |ln ratio| is `delta` (and, at a true ratio of 1, to lie within +-delta about as often): n se^2 scaled. The
+    normal quantile: by then the pooled degrees of freedom are many (an estimate, "about k more")."""
+    from scipy.stats import norm
+
+    per_launch = c.se * math.sqrt(n)  # the standard error of one launch per side
+    q = norm.ppf(1 - alpha / 2)
+    return max(n + 1, math.ceil((per_launch * (q + norm.ppf(power)) / delta) ** 2))
+
+
+def geometric_shift(launches: Sequence[float]) -> float:
+    """ln(geometric mean) - ln(median) of launch medians: what moves a headline median to the estimator whose
+    variance the model gives (a median of 4 or 8 launch medians varies more than their mean of logs)."""
+    ordered = sorted(float(v) for v in launches)
+    k = len(ordered)
+    median = ordered[k // 2] if k % 2 else (ordered[k // 2 - 1] + ordered[k // 2]) / 2
+    return float(np.mean(np.log(ordered))) - math.log(median)
+
+
+def figure_interval(value: float, launches: Sequence[float], model: NoiseModel,
+                    time: bool = True) -> tuple[float, float] | None:
+    """A cell's 95 % interval from the model: G x exp(+-t(dof) sqrt(s^2 / n)), G the figure `value` moved to the
+    geometric mean of its launch medians (`time`: a time; else a rate, ln rate = ln work - ln step), s^2 the
+    pool's or the cell's own. None without an estimate."""
+    from scipy.stats import t
+
+    var, dof = model.variance(launches)
+    if not dof or not var == var:
+        return None
+    half = t.ppf(0.975, dof) * math.sqrt(var / len(launches))
+    centre = value * math.exp(geometric_shift(launches) if time else -geometric_shift(launches))
+    return centre * math.exp(-half), centre * math.exp(half)

@@ -15,7 +15,11 @@ with the cells it is compared with, and its headline figures come from all launc
   than ok when any launch had one;
 - `launches` says how many there were, and the lowest and highest of the launches' own median steps are kept
   (keys.STEP_LAUNCH_MEDIAN_MIN_MS / _MAX_MS): a finding between two cells needs their launches not to interleave
-  (scalelab.analysis.interpret.ranking), and a finding between configurations counts launches, not steps.
+  (scalelab.analysis.interpret.ranking), and a finding between configurations counts launches, not steps;
+- the launches' own median steps, in launch order (LAUNCH_MEDIANS), and the step-to-step variance of log step times
+  within a launch, pooled over its launches, with its degrees of freedom (WITHIN_VAR, WITHIN_DOF): the inputs of
+  the study's noise model (scalelab.analysis.noise.fit), which pools the launch-to-launch component over cells.
+  A single launch keeps them too (its one median: no launch spread, but its steps' spread).
 """
 from __future__ import annotations
 
@@ -28,13 +32,17 @@ from scalelab.analysis import keys
 from scalelab.analysis.intervals import median_interval
 
 LAUNCHES = "launches"
+# a summary's keys and a table's columns alike (tables.SPREAD, compare.SUMMARY_COLUMNS carry them to the rows)
+LAUNCH_MEDIANS = "step_launch_medians(ms)"  # list of each launch's median step, in launch order
+WITHIN_VAR = "step_log_var_within"  # variance of ln(step) around its launch's mean, pooled over launches
+WITHIN_DOF = "step_log_var_within_dof"
 
 
 def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict:
     """The summary of a cell measured in `len(summaries)` launches; `steps_ms[i]` are launch i's timed step
     times (ms, in order)."""
     if len(summaries) == 1:
-        return {**summaries[0], LAUNCHES: 1}
+        return {**summaries[0], LAUNCHES: 1, **launch_spread(steps_ms)}
     out: dict = {}
     for key in dict.fromkeys(k for s in summaries for k in s):  # in order: the same table in every process
         values = [s[key] for s in summaries if key in s]
@@ -69,7 +77,23 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
         out[keys.STEPS_TIMED] = len(series)
         out[keys.STEP_LAUNCH_MEDIAN_MIN_MS], out[keys.STEP_LAUNCH_MEDIAN_MAX_MS] = min(medians), max(medians)
     out[LAUNCHES] = len(summaries)
+    out.update(launch_spread(steps_ms))
     return out
+
+
+def launch_spread(steps_ms: Sequence[Sequence[float]]) -> dict:
+    """Each launch's median step (LAUNCH_MEDIANS) and the within-launch variance of ln(step) pooled over the
+    launches with its degrees of freedom (sum of steps - 1 per launch); {} without timed steps."""
+    times = [np.asarray(launch, dtype=float) for launch in steps_ms]
+    times = [t[np.isfinite(t) & (t > 0)] for t in times]
+    times = [t for t in times if len(t)]
+    if not times:
+        return {}
+    logs = [np.log(t) for t in times]
+    dof = sum(len(x) - 1 for x in logs)
+    squares = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
+    return {LAUNCH_MEDIANS: [float(np.median(t)) for t in times],
+            WITHIN_VAR: squares / dof if dof else math.nan, WITHIN_DOF: dof}
 
 
 def _finite(value) -> bool:

@@ -17,7 +17,7 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.compare import exposed_with_interval, faster_than_link, run_quality, worst_quality
 from scalelab.analysis.intervals import ratio_interval
-from scalelab.analysis.repeats import LAUNCHES
+from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR
 
 COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_CRITICAL_MS,
                 keys.COMM_PEERS_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
@@ -53,6 +53,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
                      **{column: s.get(k) for column, k in zip(RATE_CI, (*keys.ci_keys(keys.EPOCH_S),
                                                                         *keys.ci_keys(keys.THROUGHPUT)))},
                      "compute(ms)": None, "skew(slowest/median)": s.get(keys.SKEW),
+                     **{k: s.get(k) for k in (LAUNCH_MEDIANS, WITHIN_VAR, WITHIN_DOF)},  # the noise model's inputs
                      **{m: s.get(m) for m in COMM_METRICS}})
     frame = pd.DataFrame(rows)
     if not len(frame):

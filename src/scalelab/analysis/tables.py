@@ -12,10 +12,11 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import run_quality
-from scalelab.analysis.repeats import LAUNCHES
+from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR
 
+# the launch medians and within-launch spread: the noise model's inputs (scalelab.analysis.noise)
 SPREAD = [keys.STEP_MIN_MS, keys.STEP_MEDIAN_MS, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS,
-          keys.STEP_MAX_MS]
+          keys.STEP_MAX_MS, LAUNCH_MEDIANS, WITHIN_VAR, WITHIN_DOF]
 
 
 HEADLINE = ["n", "ci_low", "ci_high"]

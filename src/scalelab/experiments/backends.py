@@ -65,7 +65,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
     comm_model = plan.comm_model
-    return {"launches": 1 if q else 3,  # shares cells with strategies
+    return {"launches": 2 if q else 3,  # shares cells with strategies
             "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
 
 

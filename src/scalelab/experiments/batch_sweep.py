@@ -1,6 +1,7 @@
 """Batch size: epoch time with and without data loading, throughput and peak memory per global batch (seed 000 Q1)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,15 +25,21 @@ def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
 
 
 def batch_decisions(table: pd.DataFrame) -> list[Decision]:
-    """The batch chosen for throughput among every batch (lab.decision, higher is better: beyond noise over the
-    whole family, by a material effect); none wins: the smallest batch within noise of the best is kept (it
-    costs the least memory and generalises best)."""
+    """The batch chosen for throughput (lab.decision, higher is better, over the whole family of batches): the
+    highest when it beats every other beyond noise; else the smallest batch equivalent to the highest within the
+    margin (it costs the least memory and generalises best) that no other batch beats beyond noise, said so;
+    undecided when a batch is neither beaten by nor equivalent to the highest."""
     if len(table) < 2:
         return []
     sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT)
              for r in table.to_dict("records")]
     decision = pick(sides, question="batch size", figure="throughput", unit=" samples/s", lower_is_better=False,
-                    cheaper=lambda s: int(s.label.split()[1]))
+                    cheaper=lambda s: int(s.label.split()[1]), command="scalelab batch-sweep")
+    if decision is not None and decision.keep and decision.keep.endswith("the cheapest equivalent to the best"):
+        decision = replace(decision, keep=f"{decision.chosen.label}, the smallest batch equivalent to the highest "
+                                          f"throughput ({decision.against.label})")
+    elif decision is not None and decision.keep and decision.keep.endswith(", the best"):
+        decision = replace(decision, keep=f"{decision.chosen.label}, the highest throughput")
     return [decision] if decision is not None else []
 
 
@@ -74,8 +81,8 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    # 2 launches in the default study: choosing a batch compares launches (scalelab.analysis.interpret.beats)
-    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256], "launches": 1 if q else 2}
+    # 2 launches, in the quick study too: a comparison between configurations needs 2 or more (lab.decision)
+    return {"batches": [16, 64, 256] if q else [16, 32, 64, 128, 256], "launches": 2}
 
 
 EXPERIMENT = Experiment(

@@ -141,7 +141,7 @@ def _ranked(result: Result) -> tuple[list[str], Decision | None]:
         return [], None
     base = str(result.notes.get("default bucket", "")).split(" (")[0]
     return rank(done, "bucket", "bucket size", default=base if base in set(done["bucket"]) else None,
-                action=lambda label: f"bucket_cap_mb {label}")
+                action=lambda label: f"bucket_cap_mb {label}", command="scalelab bucket-sweep")
 
 
 def interpret(result: Result) -> tuple[list[str], str | None]:

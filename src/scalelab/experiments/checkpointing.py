@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis import keys
-from scalelab.analysis.interpret import fmt, ratio_words
+from scalelab.analysis.interpret import MIN_LAUNCHES, fmt, ratio_words
 from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
-from scalelab.lab.decision import BETTER, NOT_ENOUGH_DATA, decide, step_side
+from scalelab.lab.decision import BETTER, EQUIVALENT, decide, step_side
 from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
 
 
@@ -108,7 +108,9 @@ def _noise_note(row: dict, reference) -> str:
     if BETTER in verdicts:
         return ""
     n = min(a.n, b.n)
-    return f" (indicative: {n} launch{'es' if n != 1 else ''})" if NOT_ENOUGH_DATA in verdicts else " (within noise)"
+    if n < MIN_LAUNCHES:
+        return f" (indicative: {n} launch{'es' if n != 1 else ''})"
+    return " (equivalent within ±10 %)" if EQUIVALENT in verdicts else " (within noise)"
 
 
 def _speed(row: dict, reference) -> str:
@@ -129,7 +131,7 @@ def _ratio(value: float, base: float) -> str:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"segments": [0, 2, 4], "launches": 1 if q else 2,
+    return {"segments": [0, 2, 4], "launches": 2,
             "set": {"model": "resnet18", "global_batch": 8 if q else 16, "steps": 3 if q else 4,
                     "warmup_steps": 1}}
 

@@ -108,13 +108,17 @@ def comm_figures(name: str, label: str):
     return draw
 
 
+PLURAL = {"strategy": "strategies"}  # an axis -> its `scalelab compare` sub-command
+
+
 def ranked(table, axis: str, what: str, default: str | None = None) -> tuple[list[str], Decision | None]:
     """The completed rows as one choice (scalelab.lab.decision.rank: a winner only beyond noise, by a material
     effect, over the whole family of rows): sentences and the decision; `default` is kept when none wins."""
     done = table[table["status"] == "completed"] if len(table) else table
     if len(done) < 2:
         return [], None
-    return rank(done, axis, what, default=default, action=lambda label: f"the {label} {what}")
+    return rank(done, axis, what, default=default, action=lambda label: f"the {label} {what}",
+                command=f"scalelab compare {PLURAL.get(axis, axis + 's')}")
 
 
 def decisions_of(name: str, axis: str, default: str | None = None) -> Callable[[Result], list[Decision]]:

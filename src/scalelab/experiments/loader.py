@@ -11,7 +11,7 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.interpret import fmt, ratio_words
-from scalelab.analysis.tables import runs_frame
+from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.config import TrainConfig
 from scalelab.distenv import DistContext
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bool_list, int_list, launches_option
@@ -26,7 +26,7 @@ from scalelab.train.setup import build_bundle
 def loader_table(runs: list[dict]) -> pd.DataFrame:
     """DataLoader settings vs data-wait share of training steps and throughput (seed 001 part 2a)."""
     metrics = [keys.stage_ms("data"), keys.STEP_MEDIAN_MS, keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS,
-               keys.EPOCH_S, keys.THROUGHPUT]
+               keys.EPOCH_S, keys.THROUGHPUT, *SPREAD[-3:]]  # the last: the noise model's inputs
     frame = runs_frame(runs, ["num_workers", "pin_memory", "prefetch_factor"], metrics, headline=keys.THROUGHPUT)
     if len(frame):
         shares = {run["run_id"]: 100.0 * data_share(run["summary"] or {}) for run in runs}
@@ -143,7 +143,8 @@ def loader_decisions(table: pd.DataFrame) -> list[Decision]:
     sides = [step_side(r, setting(r), value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
     default = next((setting(r) for r in rows if r["num_workers"] == 0 and not r["pin_memory"]), None)
     workers = {setting(r): int(r["num_workers"]) for r in rows}
-    decision = pick(sides, question="loader setting", default=default, cheaper=lambda s: workers[s.label])
+    decision = pick(sides, question="loader setting", default=default, cheaper=lambda s: workers[s.label],
+                    command="scalelab loader-sweep")
     return [decision] if decision is not None else []
 
 
@@ -166,7 +167,7 @@ def loader(table: pd.DataFrame) -> tuple[list[str], str | None]:
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
-    return {"workers": [0, 2] if q else [0, 2, 4], "launches": 1 if q else 2,
+    return {"workers": [0, 2] if q else [0, 2, 4], "launches": 2,
             "set": {"dataset": "synthetic_jpeg", "augment": True, "steps": 8 if q else 20}}
 
 

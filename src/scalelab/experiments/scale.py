@@ -37,7 +37,7 @@ from scalelab.lab.base import (
 )
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
-from scalelab.lab.decision import BETTER, NOT_MATERIAL, WITHIN_NOISE, Decision, card, decide, step_side
+from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
 from scalelab.report.figures import ci, plt, save
 from scalelab.sync import registry as syncs
@@ -289,20 +289,21 @@ def workers_decision(table: pd.DataFrame, fair: pd.DataFrame) -> Decision | None
     if not len(ones) or int(best["workers"]) < 2:
         return None
     chosen, one = step_side(best, f"{int(best['workers'])} workers"), step_side(ones.iloc[0], "1 worker")
-    decision = decide(chosen, one, question="worker count", keep=None,
+    decision = decide(chosen, one, question="worker count", keep=None, command="scalelab scale",
                       action=f"{int(best['workers'])} workers at global batch {int(best['global_batch'])}")
     if decision.verdict != BETTER:
         return decision
     low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
     efficiency = f"strong-scaling efficiency {100 * best['efficiency']:.0f} %{efficiency_interval(low, high)}"
+    # faster beyond noise is the answer; whether it pays off is said beside it, never as another verdict
     if not pd.isna(low) and low < 0.5 <= high:
-        return replace(decision, verdict=WITHIN_NOISE, keep="1 worker",
-                       why=f"faster beyond noise, but whether it pays off is within noise: {efficiency} straddles 50 %")
+        return replace(decision, caveat=f"whether it pays off is within noise: {efficiency} straddles 50 %")
     if best["efficiency"] < 0.5:
         exposed = best.get("exposed_comm(ms)", float("nan"))
-        return replace(decision, verdict=NOT_MATERIAL, keep="fewer workers or a larger batch per worker",
-                       why=f"faster beyond noise, but {int(best['workers'])} workers do not pay off: {efficiency}, "
-                           f"exposed communication {100 * exposed / best['step(ms)']:.0f} % of the step")
+        return replace(decision, action=f"{decision.action} only where wall time matters more than cores",
+                       caveat=f"{int(best['workers'])} workers do not pay off: {efficiency}, exposed "
+                              f"communication {100 * exposed / best['step(ms)']:.0f} % of the step; fewer workers "
+                              "or a larger batch per worker use them better")
     return replace(decision, action=f"{decision.action} ({efficiency})")
 
 
@@ -312,7 +313,7 @@ def efficiency_interval(low: float, high: float) -> str:
 
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. Compared cells: launched 3 times in interleaved rounds in the default
-    study; the quick one launches each once (its intervals then come from the steps of one launch: the tables'
+    study, twice in the quick one (a comparison needs 2 launches or more: lab.decision; the tables'
     `launches` column says so) the buckets of strategies' DDP: its 2-worker cell and baseline are then one cell with
     the DDP row and baseline of strategies and backends, measured once and reused (6 launches fewer in the default
     study)."""
@@ -320,7 +321,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     comm_model = plan.comm_model
     top = max(2, min(plan.gpus, 8)) if plan.gpus else 2
     workers = sorted({1, 2, top})
-    return {"workers": workers, "batches": [64], "launches": 1 if q else 3,  # batch effects: batch_sweep
+    return {"workers": workers, "batches": [64], "launches": 2 if q else 3,  # batch effects: batch_sweep
             "set": {**comm_model, "bucket_mb": 4.0}}
 
 

@@ -145,7 +145,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     q = plan.quick
     comm_model = plan.comm_model
     return {"strategies": ["allreduce", "ddp"] if q else ["gather_scatter", "allreduce", "ddp"],
-            "launches": 1 if q else 3,
+            "launches": 2 if q else 3,
             "set": {**comm_model, "ranks": 2, "bucket_mb": 4.0}}
 
 

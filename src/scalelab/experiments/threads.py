@@ -60,7 +60,8 @@ def threads_decisions(result: Result) -> list[Decision]:
     low, high = keys.STEP_MEDIAN_CI_LOW_MS, keys.STEP_MEDIAN_CI_HIGH_MS
     sides = [step_side(r, f"{int(r['threads'])} thread{'s' if r['threads'] != 1 else ''}",
                        value=keys.STEP_MEDIAN_MS, low=low, high=high) for r in rows]
-    decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]))
+    decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]),
+                    command="scalelab threads")
     if decision is None:
         return []
     return [replace(decision, action=f"{decision.chosen.label.split()[0]} torch threads per process")]
@@ -113,7 +114,7 @@ def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study."""
     q = plan.quick
     # default: 1, 2, 4 (oversubscribed) on 2 cores; 2 launches: recommending a thread count compares launches
-    return {"threads": [1, 2] if q else None, "launches": 1 if q else 2}
+    return {"threads": [1, 2] if q else None, "launches": 2}
 
 
 EXPERIMENT = Experiment(

@@ -97,6 +97,7 @@ class Budget:
         self.decisions: list[Decision] = []
         self.reduced: set[str] = set()
         self.left_out: set[str] = set()
+        self.took: dict[str, float] = {}  # seconds each experiment took here (its top-ups added: lab.study.top_up)
 
     # ------------------------------------------------------------ pace
 

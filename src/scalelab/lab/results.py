@@ -21,7 +21,7 @@ from scalelab.lab.base import Experiment, Result
 from scalelab.store import read_json, write_text_atomic
 from scalelab.store.files import dumps
 
-ANALYSIS_VERSION = 2  # raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
+ANALYSIS_VERSION = 3  # raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
 STUDY_FILE = "study.json"
 
 
@@ -77,10 +77,14 @@ def load(experiment: Experiment, folder: Path) -> Result | None:
 
 
 def save_study(folder: Path, noise_floor: str | None, *, budget: list[str] | None = None,
-               budget_s: float | None = None) -> None:
-    """The study-wide figures: the noise floor, and the time budget with what it reduced or left out."""
+               budget_s: float | None = None, noise_model: str | None = None) -> None:
+    """The study-wide figures: the noise floor, the pooled noise model the decisions read (in words: shown beside
+    the noise floor), and the time budget with what it reduced or left out."""
+    if noise_model:
+        noise_floor = f"{noise_floor or 'no reference drift'}; pooled noise model: {noise_model}"
     write_text_atomic(Path(folder) / STUDY_FILE, dumps({"analysis_version": ANALYSIS_VERSION,
                                                         "noise_floor": noise_floor, "budget_s": budget_s,
+                                                        "noise_model": noise_model,
                                                         "budget": budget or []}, indent=1) + "\n")
 
 

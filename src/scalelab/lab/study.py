@@ -5,21 +5,33 @@ options, each of which may override base fields with `set:`. `default_spec()` is
 on a CPU-only box, small models, gloo, 1 and 2 ranks, minutes not hours; `quick` shrinks it further.
 Its cells keep fixed `steps`, not `steps: auto`: with dozens of timing cells each taking up to its time budget on a
 noisy machine, the quick study would not stay under 150 s (docs/definitions.md, "Run length").
+
+Its decisions read one noise model pooled over every cell of the study (scalelab.analysis.noise.fit, set for the
+rest of the process by `run_experiments`: the report's cards read it too). After the last experiment, the time
+left in the budget goes to the comparisons still undecided (`top_up`): most promising first (the fewest launches
+still needed), each experiment with open questions launched again with more launches per cell (the engine adds
+only the missing ones), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
+rate), while the time left covers it. The grown launch counts are saved in the study's spec, so that a report
+re-derived from the stored runs reads the same launches.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.analysis import checks, keys
-from scalelab.analysis.noise import drift, drift_sentence
+from scalelab.analysis.noise import NoiseModel, drift, drift_sentence, model_of_tables
 from scalelab.config import TrainConfig, cuda_device_count, load_yaml
 from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
-from scalelab.lab.budget import Budget
+from scalelab.lab.budget import REFERENCE_S, Budget
+from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, use_model
+
+MAX_LAUNCHES = 12  # the most launches per cell a top-up asks for (the option's own limit is 20)
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.run import warm
 from scalelab.run.execute import RunFailed
@@ -212,11 +224,71 @@ def run_experiments(spec: StudySpec, store: Store, out_dir: Path, progress: Prog
         if not reuse_saved:
             _start_up(pools)
         answered = _run_each(spec, ctx, folder, progress, reference, reuse_saved, plan)
+        if not reuse_saved and budget_s is not None and top_up(spec, ctx, answered, plan, progress):
+            save_spec(spec, out_dir, store)  # the grown launch counts, for a report re-derived from the runs
         if pools.warm or pools.cold:
             progress.say(pools.tally())
+    model = study_model(answered)
+    use_model(model)  # every decision from here on (the report's cards included) reads the study's pool
+    progress.say(f"noise model: {model.words()}")
     if not reuse_saved or results.load_study(folder) is None:
-        results.save_study(folder, noise_floor(spec, store), budget=plan.notes(), budget_s=budget_s)
+        results.save_study(folder, noise_floor(spec, store), budget=plan.notes(), budget_s=budget_s,
+                           noise_model=model.words())
     return held_to_host_peak(answered)
+
+
+def study_model(answered: list[tuple]) -> NoiseModel:
+    """The noise model pooled over every table row of the study that keeps its launch medians."""
+    return model_of_tables([t for _, r in answered for t in r.tables.values()])
+
+
+def top_up(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: Progress) -> bool:
+    """Spend the budget left on the decisions still open (module docstring); True when any experiment grew.
+    `answered` is updated in place; each grown result is saved, its notes say so."""
+    grew = False
+    for look in range(2, MAX_LOOKS + 1):
+        use_model(study_model(answered))
+        wanted = []
+        for i, (experiment, result) in enumerate(answered):
+            launches = (spec.options.get(experiment.name) or {}).get("launches")
+            if experiment.decide is None or not result.tables or not isinstance(launches, int):
+                continue
+            open_ = [d for d in experiment.decide(result) if d.verdict == UNDECIDED and d.more]
+            if open_:  # most promising: the fewest launches still needed
+                need = min(d.more for d in open_)
+                wanted.append((need - launches, i, min(need, 2 * launches, MAX_LAUNCHES), open_))
+        spent = False
+        for _, i, target, open_ in sorted(wanted, key=lambda w: (w[0], w[1])):
+            experiment, result = answered[i]
+            now = spec.options[experiment.name]["launches"]
+            per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
+            spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
+                1 if spec.quick else 0])
+            target = min(target, now + int(spare // per_launch) if per_launch > 0 else target)
+            if target <= now:
+                continue
+            progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
+                         f"({'; '.join(d.question for d in open_)}): {now} -> {target} launches per cell")
+            began = time.monotonic()
+            opts = {**(spec.options.get(experiment.name) or {}), "launches": target}
+            try:
+                grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
+                                           experiment.option_values(opts))
+            except (RunFailed, ScalelabError, RuntimeError) as err:
+                progress.say(f"== look {look} at {experiment.name} failed: {str(err).strip()[:200]}")
+                continue
+            took = time.monotonic() - began
+            plan.took[experiment.name] = plan.took.get(experiment.name, 0.0) + took
+            spec.options[experiment.name] = opts
+            grown.notes = {**result.notes, **grown.notes,
+                           "topped up": f"look {look}: {now} -> {target} launches per cell for the question(s) "
+                                        f"still open, in {took:.0f} s of the budget left"}
+            results.save(experiment, grown, ctx.out_dir)
+            answered[i] = (experiment, grown)
+            grew = spent = True
+        if not spent:
+            break
+    return grew
 
 
 def _start_up(pools: warm.Pools) -> None:
@@ -268,6 +340,7 @@ def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference,
             progress.experiment_done(name, time.monotonic() - began, failure=reason)
             result = Result(name, {}, notes={"failed": reason})
         plan.finished(name, time.monotonic() - began)
+        plan.took[name] = time.monotonic() - began
         if decision.action == "reduced":
             result.notes["reduced"] = f"by the study's time budget: {decision.why}"
         answered.append((experiment, result))

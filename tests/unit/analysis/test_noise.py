@@ -102,3 +102,18 @@ def test_drift_and_its_interval():
     assert d["ci_low"] == pytest.approx(104 / 105 - 1) and d["ci_high"] == pytest.approx(114 / 95 - 1)
     assert math.isnan(drift((0.0, (0.0, 0.0)), (1.0, (1.0, 1.0)))["drift"])
     assert drift_sentence(d, 100.0, 110.0).startswith("+10.0 % (95 % interval -1.0 .. +20.0 %)")
+
+
+def test_the_pooled_model_of_a_study_s_tables_counts_a_shared_cell_once_and_leaves_flagged_rows_out():
+    import pandas as pd
+
+    from scalelab.analysis.noise import model_of_tables
+
+    row = lambda label, launches, q="ok": {"x": label, "step_launch_medians(ms)": launches,  # noqa: E731
+                                           "step_log_var_within": 0.01, "step_log_var_within_dof": 10, "quality": q}
+    a = pd.DataFrame([row("ddp", [10.0, 11.0]), row("gather", [20.0, 22.0]), row("bad", [5.0, 50.0], "noisy: x")])
+    b = pd.DataFrame([row("ddp", [10.0, 11.0])])  # the same cell in a second experiment
+    model = model_of_tables([a, b])
+    assert model.cells == 2 and model.dof == 2
+    assert model.launch_var == pytest.approx((math.log(11 / 10) ** 2 / 2 + math.log(22 / 20) ** 2 / 2) / 2)
+    assert model.within_var == pytest.approx(0.01) and model.within_dof == 20

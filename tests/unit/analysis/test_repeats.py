@@ -1,10 +1,13 @@
 """A cell launched several times is one figure: pooled steps, an interval that covers the launches' spread."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from scalelab.analysis import keys
-from scalelab.analysis.repeats import LAUNCHES, pool
+from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR, pool
 
 
 def summary(median, comm):
@@ -13,7 +16,9 @@ def summary(median, comm):
 
 def test_one_launch_is_its_own_summary():
     s = summary(10.0, 2.0)
-    assert pool([s], [[9.0, 10.0, 11.0]]) == {**s, LAUNCHES: 1}
+    within = float(np.var(np.log([9.0, 10.0, 11.0]), ddof=1))
+    assert pool([s], [[9.0, 10.0, 11.0]]) == {**s, LAUNCHES: 1, LAUNCH_MEDIANS: [10.0],
+                                              WITHIN_VAR: pytest.approx(within), WITHIN_DOF: 2}
 
 
 def test_launches_pool_their_steps_and_the_interval_covers_the_drift_between_them():

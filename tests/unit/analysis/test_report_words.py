@@ -86,14 +86,30 @@ def test_a_planted_within_noise_winner_fails_the_check():
     planted = replace(honest, verdict=BETTER, why="planted")
     faults = checks.decision_faults([planted.record()])
     assert len(faults) == 1 and faults[0].startswith("a winner whose intervals meet ((45.0, 56.0) against (50.0, "
-                                                     "60.0)): gradient sync: Use a: 1.10× faster than b")
+                                                     "60.0)) and whose ratio interval (0.92")
+    assert "gradient sync: Use a: a beats b: 1.10× faster than b" in faults[0]
     worded = {**honest.record(), "card": "Use a: " + honest.card()}
-    assert any(f.startswith("worded as a winner, verdict 'within noise'") for f in checks.decision_faults([worded]))
+    assert any(f.startswith("worded as a winner, verdict 'undecided'") for f in checks.decision_faults([worded]))
     one_launch = replace(decide(Side("a", 50.0, (49.0, 51.0), 1), Side("b", 60.0, (59.0, 61.0), 1),
                                 question="x"), verdict=BETTER)
     assert any("a winner from 1 launches" in f for f in checks.decision_faults([one_launch.record()]))
     hidden = {**honest.record(), "card": "Keep b."}
     assert any("does not state its comparison" in f for f in checks.decision_faults([hidden]))
+
+
+def test_planted_disjoint_intervals_left_undecided_and_a_kept_setting_not_compared_fail_the_check():
+    """The issue's scaling card: 50.7 ms (48.7–56.2) against 19.8 ms (16.3–33): disjoint, so beats or worse."""
+    a, b = Side("2 workers", 50.7, (48.7, 56.2), 3), Side("1 worker", 19.8, (16.3, 33.0), 3)
+    honest = decide(a, b, question="worker count")
+    assert honest.verdict == "worse" and checks.decision_faults([honest.record()]) == []
+    for verdict in ("undecided", "equivalent"):
+        planted = replace(honest, verdict=verdict, why="planted")
+        faults = checks.decision_faults([planted.record()])
+        assert len(faults) == 1 and faults[0].startswith(f"disjoint 95 % intervals ((48.7, 56.2) against (16.3, 33.0)) "
+                                                         f"with verdict {verdict!r}, not beats or worse")
+    kept = replace(honest, keep="batch 16, the cheapest")
+    assert any(f.startswith("a card that keeps 'batch 16', which it did not compare")
+               for f in checks.decision_faults([kept.record()]))
 
 
 def test_every_ratio_sentence_of_the_fixture_study_says_the_direction_its_numbers_give(study):

@@ -35,7 +35,8 @@ def test_the_table_says_chance_and_whether_each_precision_learned():
 
 def test_runs_that_did_not_learn_give_no_recommendation():
     lines, rec = precision(table([0.109, 0.102], [0.104, 0.12]))  # the old default study's 40 steps: at chance
-    assert rec.startswith("Keep fp32, the default: bf16 is faster beyond noise, but accuracy is not compared")
+    assert rec.startswith("Undecided after 2 launches each: bf16 is faster beyond noise, but accuracy is not compared")
+    assert "Keep fp32, the default meanwhile." in rec
     assert lines[0] == "bf16 runs 1.18× faster than fp32 (throughput)."  # no accuracy beside it
     assert lines[1:3] == ["fp32 did not learn: 10.5 % (range 10.2–10.9 % over 2 seeds) is not clear of chance "
                           "10.6 %.",
@@ -52,15 +53,16 @@ def test_fp32_faster_is_not_recommended_when_a_precision_did_not_learn():
     from scalelab.analysis.checks import recommends
 
     _, rec = precision(table([0.109, 0.102], [0.104, 0.12], bf16_step=5.5))
-    assert not recommends(rec) and rec.startswith("Keep fp32, the default: fp32 is faster beyond noise, but accuracy "
-                                                  "is not compared"), rec
+    assert not recommends(rec) and rec.startswith("Undecided after 2 launches each: fp32 is faster beyond noise, but "
+                                                  "accuracy is not compared"), rec
+    assert "Keep fp32, the default meanwhile." in rec
     _, rec = precision(table([0.90, 0.92], [0.895, 0.915], bf16_step=5.5))  # both learned: fp32 is the choice
     assert recommends(rec) and rec.startswith("Use fp32"), rec
 
 
 def test_one_seed_compares_no_accuracy():
     lines, rec = precision(table([0.9], [0.9]))
-    assert rec.startswith("Keep fp32, the default: bf16 is faster beyond noise, but accuracy is not compared")
+    assert rec.startswith("Undecided after 2 launches each: bf16 is faster beyond noise, but accuracy is not compared")
     assert any("fp32 is not known to have learned: 90.0 % from one seed" in line for line in lines)
 
 
@@ -68,9 +70,9 @@ def test_runs_that_learned_are_compared():
     lines, rec = precision(table([0.90, 0.92], [0.895, 0.915]))
     assert lines[0] == ("bf16 runs 1.18× faster than fp32 (throughput) and ends at accuracy 90.5 % (range 89.5–91.5 "
                         "%, 2 seeds) vs 91.0 % (range 90.0–92.0 %, 2 seeds) (fp32).")
-    assert rec.startswith("Use bf16 (accuracy within 1 point of fp32's): 1.15× faster than fp32, beyond noise")
+    assert rec.startswith("Use bf16 (accuracy within 1 point of fp32's): bf16 beats fp32: 1.15× faster than fp32 (")
     lines, rec = precision(table([0.90, 0.92], [0.84, 0.86]))  # faster, but 6 points less accurate
-    assert rec.startswith("Keep fp32")
+    assert "Keep fp32, the default" in rec and not rec.startswith("Use")
 
 
 def test_the_study_trains_a_model_that_learns():

@@ -40,10 +40,10 @@ def test_one_seed_is_indicative_and_recommends_nothing():
 def test_separated_seeds_recommend_the_best_rule():
     lines, rec = lr_scaling_result(result({(256, "lars"): [0.84, 0.86], (256, "linear"): [0.60, 0.65],
                                            (256, "sqrt"): [0.10, 0.12]}))
-    assert rec == ("Use the lars rule for batch 256: 22.5 points above linear, beyond noise (intervals separated and "
-                   "every one of the seeds agrees, n = 2 seeds each). Final test accuracy of lars: 85 % (50 % interval "
-                   "(range of 2) 84–86 %, n = 2 seeds); of linear: 62.5 % (50 % interval (range of 2) 60–65 %, n = 2 "
-                   "seeds).")
+    assert rec == ("Use the lars rule for batch 256: lars beats linear: 22.5 points above linear (98.3 % interval of "
+                   "the difference +19.2 to +25.8 points), beyond noise (the two sides' own intervals, corrected for 3 "
+                   "looks, n = 2 seeds each). Final test accuracy of lars: 85 % (50 % interval (range of 2) 84–86 %, "
+                   "n = 2 seeds); of linear: 62.5 % (50 % interval (range of 2) 60–65 %, n = 2 seeds).")
     assert lines[0].startswith("At batch 256, sqrt did not learn: final accuracy not clear of chance (chance 10.6 %)")
     assert lines[1] == ("At batch 256 (8x), among the rules that learned (ranges over seeds): lars 85.0 % (84.0–86.0 %), linear 62.5 % "
                         "(60.0–65.0 %) over 2 seeds.")
@@ -52,13 +52,15 @@ def test_separated_seeds_recommend_the_best_rule():
 def test_overlapping_seeds_recommend_nothing():
     lines, rec = lr_scaling_result(result({(256, "lars"): [0.80, 0.86], (256, "linear"): [0.78, 0.82]}))
     assert rec == lines[-1] and rec.startswith(
-        "No learning-rate rule for batch 256 is recommended: lars is within noise of linear (the intervals meet")
+        "Undecided after 2 seeds each: the 98.3 % interval of the difference reaches both sides of 0 and beyond the "
+        "2 points margin")
 
 
 def test_the_only_rule_that_learned_is_recommended_over_those_at_chance():
     lines, rec = lr_scaling_result(result({(256, "lars"): [0.84, 0.86], (256, "linear"): [0.10, 0.11]}))
-    assert rec == ("Use the lars rule for batch 256 (the only one that learned): 74.5 points above linear, beyond "
-                   "noise (intervals separated and every one of the seeds agrees, n = 2 seeds each). Final test "
+    assert rec == ("Use the lars rule for batch 256 (the only one that learned): lars beats linear: 74.5 points above "
+                   "linear (98.3 % interval of the difference +73.1 to +75.9 points), beyond noise (the two sides' own "
+                   "intervals, corrected for 3 looks, n = 2 seeds each). Final test "
                    "accuracy of lars: 85 % (50 % interval (range of 2) 84–86 %, n = 2 seeds); of linear: 10.5 % (50 % "
                    "interval (range of 2) 10–11 %, n = 2 seeds).")
     # the card names linear as what lars is compared with, not as what it recommends (checks.chosen_part)

@@ -67,7 +67,7 @@ def test_a_superlinear_speedup_is_reported_not_dropped():
     words, rec = scale_result(Result())
     assert any(w.startswith("2 workers at batch 64 scale superlinearly: speedup 2.5x") for w in words)
     assert rec.startswith("Use 2 workers at global batch 64 (strong-scaling efficiency 125 % (95 % interval 105–140 "
-                          "%)): 2.50× faster than 1 worker, beyond noise")
+                          "%)): 2 workers beats 1 worker: 2.50× faster than 1 worker (")
 
 
 def test_a_worker_count_from_one_launch_is_not_recommended():
@@ -78,7 +78,9 @@ def test_a_worker_count_from_one_launch_is_not_recommended():
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 1.8, "efficiency": 0.9,
              "ci_low": 0.8, "ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
     words, rec = scale_result(Result())
-    assert rec.startswith("No worker count is recommended: 1 launch each") and rec in words
+    assert rec.startswith("Undecided after 1 launch each: a comparison between configurations needs 2 or more "
+                          "launches each (`scalelab scale --launches 2`). No worker count is recommended yet.")
+    assert rec in words
 
 
 def test_a_flagged_backend_or_engine_gets_no_figures_in_words():

@@ -30,17 +30,17 @@ def test_threads_from_one_launch_recommend_nothing():
     assert lines[0] == ("With 2 threads a step takes 60 ms (87.5 % interval (range of 4) 59–61 ms), 1.67× faster than "
                         "1 thread (2 cores here).")
     assert rec == lines[-1] == (
-        "No thread count is recommended: 1 launch each; a comparison between configurations needs 2 or more "
-        "launches each. Median step of 2 threads: 60 ms (87.5 % interval (range of 4) 59–61 ms, n = 1 launch); of 1 "
+        "Undecided after 1 launch each: a comparison between configurations needs 2 or more launches each "
+        "(`scalelab threads --launches 2`). No thread count is recommended yet. Median step of 2 threads: 60 ms (87.5 % interval (range of 4) 59–61 ms, n = 1 launch); of 1 "
         "thread: 100 ms (87.5 % interval (range of 4) 99–101 ms, n = 1 launch).")
 
 
 def test_threads_from_two_launches_each_recommend_with_n():
     lines, rec = interpret_threads(threads(2))
-    assert rec == ("Use 2 torch threads per process: 1.67× faster than 1 thread, beyond noise (intervals separated "
-                   "and every one of the launches agrees, n = 2 launches each). Median step of 2 threads: 60 ms (95 % "
-                   "interval 59–61 ms, n = 2 launches); of 1 thread: 100 ms (95 % interval 99–101 ms, n = 2 "
-                   "launches).")
+    assert rec.startswith("Use 2 torch threads per process: 2 threads beats 1 thread: 1.67× faster than 1 thread (")
+    assert rec.endswith("beyond noise (the two sides' own intervals, corrected for 3 looks, n = 2 "
+                        "launches each). Median step of 2 threads: 60 ms (95 % interval 59–61 ms, n = 2 launches); of "
+                        "1 thread: 100 ms (95 % interval 99–101 ms, n = 2 launches).")
 
 
 def loader_table(launches: int) -> pd.DataFrame:
@@ -51,19 +51,22 @@ def loader_table(launches: int) -> pd.DataFrame:
 
 def test_loader_from_one_launch_recommends_nothing_from_two_it_does():
     lines, rec = loader(loader_table(1))
-    assert rec == lines[-1] and rec.startswith("Keep num_workers=0 (pin_memory=False), the default: 1 launch "
-                                               "each")
+    assert rec == lines[-1] and rec.startswith("Undecided after 1 launch each: a comparison between "
+                                               "configurations needs 2 or more launches each")
+    assert "Keep num_workers=0 (pin_memory=False), the default meanwhile." in rec
     lines, rec = loader(loader_table(2))
-    assert rec.startswith("Use num_workers=2 (pin_memory=False, prefetch_factor=2): 1.61× faster than num_workers=0 "
-                          "(pin_memory=False), beyond noise")
+    assert rec.startswith("Use num_workers=2 (pin_memory=False, prefetch_factor=2): num_workers=2 (pin_memory=False, "
+                          "prefetch_factor=2) beats num_workers=0 (pin_memory=False): 1.61× faster than num_workers=0 "
+                          "(pin_memory=False) (")
 
 
 def test_loader_within_noise_keeps_no_workers():
     table = loader_table(2)
     table.loc[1, [keys.STEP_MEDIAN_MS, LO, HI]] = [97.0, 90.0, 104.0]
     lines, rec = loader(table)
-    assert rec.startswith("Keep num_workers=0 (pin_memory=False), the default: num_workers=2 (pin_memory=False, "
-                          "prefetch_factor=2) is within noise of num_workers=0 (pin_memory=False)")
+    assert rec.startswith("Undecided after 2 launches each: the 98.3 % interval of the speed ratio reaches both "
+                          "sides of 1 and beyond the 10 % margin")
+    assert "Keep num_workers=0 (pin_memory=False), the default meanwhile." in rec
 
 
 def batch_table(launches: int) -> pd.DataFrame:
@@ -74,14 +77,16 @@ def batch_table(launches: int) -> pd.DataFrame:
 
 def test_batch_sweep_keeps_the_smallest_batch_within_noise_of_the_best():
     lines, rec = batch_sweep(batch_table(1))
-    assert rec.startswith("No batch size is recommended: 1 launch each")
+    assert rec.startswith("Undecided after 1 launch each: a comparison between configurations needs 2 or more "
+                          "launches each (`scalelab batch-sweep --launches 2`). No batch size is recommended yet.")
     lines, rec = batch_sweep(batch_table(2))
-    assert rec.startswith("Keep batch 64, the cheapest within noise: batch 256 is within noise of batch 64 (the "
-                          "intervals, corrected for 2 alternatives meet")
+    assert rec.startswith("Keep batch 64, the smallest batch equivalent to the highest throughput (batch 256): "
+                          "batch 64 and batch 256 are equivalent within ±10 %")
 
 
 def test_checkpointing_calls_a_step_ratio_indicative_from_one_launch():
     off, on = step(100.0, 1), step(130.0, 1)
     assert _noise_note(on, off) == " (indicative: 1 launch)"
     assert _noise_note(step(130.0, 2), step(100.0, 2)) == ""
-    assert _noise_note(step(100.5, 2), step(100.0, 2)) == " (within noise)"
+    assert _noise_note(step(100.5, 2), step(100.0, 2)) == " (equivalent within ±10 %)"
+    assert _noise_note({**step(110.0, 2), LO: 80.0, HI: 140.0}, step(100.0, 2)) == " (within noise)"

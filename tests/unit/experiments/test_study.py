@@ -30,17 +30,21 @@ def test_interpretation_follows_the_data():
     assert a != b
     # the same table from one launch each (the quick study): nothing recommended, and the card says why
     quick, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, launches=1))
-    assert not rec.recommends and quick[0].startswith("Keep ddp, the default: 1 launch each")
+    assert not rec.recommends and quick[0].startswith("Undecided after 1 launch each: a comparison between "
+                                                      "configurations needs 2 or more launches each")
+    assert "Keep ddp, the default meanwhile." in quick[0]
 
 
 def test_no_ranking_and_no_recommendation_from_noise():
     """The same medians, but intervals of ±4 ms: 55 vs 60 ms is within noise; and without intervals, nothing."""
     noisy, rec = interpret.strategies(strategy_table({"allreduce": 60.0, "ddp": 55.0, "noop": 50.0}, noise=4.0))
     assert not rec.recommends
-    assert noisy[0].startswith("Keep ddp, the default: ddp is within noise of allreduce") and "51–59 ms" in noisy[0]
+    assert noisy[0].startswith("Undecided after 3 launches each: the ") and "51–59 ms" in noisy[0]
+    assert "Keep ddp, the default meanwhile." in noisy[0]
     bare = strategy_table({"allreduce": 60.0, "ddp": 55.0}).drop(columns=["step_ci_low(ms)", "step_ci_high(ms)"])
     words, rec = interpret.strategies(bare)
-    assert not rec.recommends and words[0].startswith("Keep ddp, the default: a side has no interval")
+    assert not rec.recommends and words[0].startswith("Undecided after 3 launches each: a side has no interval. "
+                                                      "Keep ddp, the default meanwhile.")
 
 
 def test_bad_study_files_are_one_line_errors(tmp_path):

@@ -1,109 +1,176 @@
-"""The one decision rule (scalelab.lab.decision) on exact synthetic tables: clearly better, overlapping, n too
-small, a flagged cell, a material but tiny win, many alternatives; and the one module that decides."""
+"""The one decision rule (scalelab.lab.decision) on exact synthetic data: its four answers (beats, worse beyond
+noise, equivalent within the margin, undecided with the launches that would decide), a heterogeneous cell, pairing
+by round, the family and looks correction, the batch rule, and the one module that decides."""
 from __future__ import annotations
 
 import ast
+import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from scalelab.analysis.checks import decision_faults
+from scalelab.analysis.noise import fit
 from scalelab.lab import decision as dec
-from scalelab.lab.decision import (BETTER, NOT_ENOUGH_DATA, NOT_MATERIAL, WITHIN_NOISE, Side, beyond_noise, decide,
-                                   pick, rank, widen)
+from scalelab.lab.decision import (BETTER, EQUIVALENT, UNDECIDED, WORSE, Side, decide, pick, pooled, rank)
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "scalelab"
 
 
-def side(label, value, half=1.0, n=3, spread=0.5, quality="ok"):
-    """A median step `value` ms with interval value ± half, n launches whose medians span value ± spread."""
-    return Side(label, value, (value - half, value + half), n, (value - spread, value + spread), quality, 18)
+def side(label, launches, quality="ok", half=None):
+    """A median step from launch medians (ms): the value their median, the interval their range (or value ± half)."""
+    value = sorted(launches)[len(launches) // 2] if len(launches) % 2 else sum(sorted(launches)[len(launches) // 2 - 1:
+                                                                                  len(launches) // 2 + 1]) / 2
+    iv = (min(launches), max(launches)) if half is None else (value - half, value + half)
+    return Side(label, float(value), iv, len(launches), (min(launches), max(launches)), quality, 18,
+                tuple(float(x) for x in launches))
 
 
-def test_clearly_better_is_recommended_with_both_sides_and_the_ratio():
-    d = decide(side("2 workers", 30.0), side("0 workers", 40.0), question="loader setting", keep="0 workers")
+def spread(center, pct, n, turn=0):
+    """n launch medians around `center`, evenly from -pct to +pct (a known sample variance), in launch order
+    rotated by `turn` (cells whose rounds do not move together: pairing gains nothing)."""
+    out = [center * (1 + pct * (2 * i / (n - 1) - 1)) for i in range(n)]
+    return out[turn:] + out[:turn]
+
+
+def test_a_clear_win_beats_with_its_ratio_interval_and_both_sides():
+    d = decide(side("2 workers", [30.0, 30.6, 29.7]), side("0 workers", [40.0, 40.4, 39.2]), question="loader")
     assert d.verdict == BETTER and d.recommends
-    assert d.card() == ("Use 2 workers: 1.33× faster than 0 workers, beyond noise (intervals separated and every one "
-                        "of the launches agrees, n = 3 launches each). Median step of 2 workers: 30 ms (95 % interval "
-                        "29–31 ms, n = 3 launches); of 0 workers: 40 ms (95 % interval 39–41 ms, n = 3 launches).")
+    assert d.card().startswith("Use 2 workers: 2 workers beats 0 workers: 1.33× faster than 0 workers (98.3 % "
+                               "interval of the speed ratio 1.28–1.37×)")
+    assert "n = 3 launches each" in d.card() and "of 0 workers: 40 ms" in d.card()
+    assert d.interval[0] > 1.0 and d.confidence == pytest.approx(1 - 0.05 / 3)
 
 
-def test_overlapping_intervals_keep_the_default_and_say_so():
-    d = decide(side("2 workers", 34.7, half=5), side("0 workers", 36.0, half=5), question="loader setting",
-               keep="0 workers")
-    assert d.verdict == WITHIN_NOISE and not d.recommends
-    assert d.card().startswith("Keep 0 workers: 2 workers is within noise of 0 workers (the intervals meet")
+def test_worse_beyond_noise_is_said_as_worse_never_within_noise():
+    """The issue's scaling card: 2 workers 50.7 ms against 1 worker 19.8 ms, disjoint intervals."""
+    d = decide(side("2 workers", [50.7, 48.7, 56.2]), side("1 worker", [19.8, 16.3, 33.0]), question="worker count")
+    assert d.verdict == WORSE and not d.recommends
+    assert d.card().startswith("Keep 1 worker: 2 workers is worse than 1 worker beyond noise: 0.39× the speed of "
+                               "1 worker (2.56× slower)")
+    assert "within noise" not in d.card() and decision_faults([d.record()]) == []
 
 
-def test_interleaved_launches_are_within_noise_although_the_intervals_separate():
-    a, b = side("a", 30.0, spread=6.0), side("b", 40.0, spread=6.0)
-    assert not beyond_noise(a, b) and decide(a, b, question="x").verdict == WITHIN_NOISE
+def test_equivalent_within_the_margin_when_the_whole_interval_is_inside_it():
+    a, b = side("a", spread(100.0, 0.01, 4)), side("b", spread(101.0, 0.01, 4))
+    d = decide(a, b, question="x")
+    assert d.verdict == EQUIVALENT
+    lo, hi = d.interval
+    assert 1 / 1.1 < lo < 1 < hi < 1.1
+    assert "a and b are equivalent within ±10 %" in d.card() and d.card().startswith("Keep a:")
 
 
-def test_n_too_small_recommends_nothing():
-    d = decide(side("2 workers", 30.0, n=1), side("0 workers", 40.0, n=1), question="loader setting")
-    assert d.verdict == NOT_ENOUGH_DATA
-    assert d.card().startswith("No loader setting is recommended: 1 launch each; a comparison between configurations "
-                              "needs 2 or more launches each. Median step of 2 workers: 30 ms")
+def test_undecided_says_how_many_more_launches_would_decide_and_the_command():
+    a, b = side("a", [80.0, 120.0]), side("b", [90.0, 130.0])
+    d = decide(a, b, question="thread count", command="scalelab threads")
+    assert d.verdict == UNDECIDED and d.more > 2
+    # the model: ln-variance of one launch s^2 pooled from the two cells (1 dof each)
+    s2 = ((math.log(80) - math.log(120)) ** 2 / 2 + (math.log(90) - math.log(130)) ** 2 / 2) / 2
+    assert fit([("a", [80.0, 120.0], math.nan, 0), ("b", [90.0, 130.0], math.nan, 0)]).launch_var == \
+        pytest.approx(s2)
+    assert (f"Undecided after 2 launches each: the 98.3 % interval of the speed ratio reaches both sides of 1"
+            in d.card())
+    # (z(1 - 0.0167/2) + z(0.8))^2 x 2 s^2 / ln(1.1)^2 launches each, rounded up
+    assert d.more == math.ceil((2.394 + 0.8416) ** 2 * 2 * s2 / math.log(1.1) ** 2)
+    assert f"about {d.more - 2} more launches each would decide a difference of 10 % " \
+           f"(`scalelab threads --launches {d.more}`). No thread count is recommended yet." in d.card()
 
 
-def test_a_flagged_cell_recommends_nothing_and_is_left_out_of_a_pick():
-    d = decide(side("a", 30.0), side("b", 40.0, quality="noisy: 0.4 cores busy"), question="x")
-    assert d.verdict == NOT_ENOUGH_DATA and "b is flagged (noisy: 0.4 cores busy)" in d.card()
-    # among three, the flagged one is set aside: a beats c, and the family is 1
-    p = pick([side("a", 30.0), side("b", 20.0, quality="implausible: x"), side("c", 40.0)], question="x")
-    assert p.verdict == BETTER and p.chosen.label == "a" and p.against.label == "c" and p.family == 1
+def test_too_few_launches_or_a_flagged_side_are_undecided_with_the_reason():
+    d = decide(side("a", [30.0]), side("b", [40.0]), question="loader setting")
+    assert d.verdict == UNDECIDED and "Undecided after 1 launch each: a comparison between configurations needs 2 " \
+        "or more launches each (--launches 2)." in d.card()
+    d = decide(side("a", [30.0, 30.1]), side("b", [40.0, 40.1], quality="noisy: 0.4 cores busy"), question="x")
+    assert d.verdict == UNDECIDED and "b is flagged (noisy: 0.4 cores busy)" in d.card()
 
 
-def test_a_win_beyond_noise_but_under_two_percent_does_not_move_a_default():
-    a, b = side("a", 99.0, half=0.1, spread=0.05), side("b", 100.0, half=0.1, spread=0.05)
-    assert beyond_noise(a, b)
-    d = decide(a, b, question="x", keep="b")
-    assert d.verdict == NOT_MATERIAL and "by 1.0 %, under the 2 % that changes a default" in d.card()
-    assert decide(side("a", 97.0, half=0.1, spread=0.05), b, question="x").verdict == BETTER
+def test_a_heterogeneous_cell_keeps_its_own_launch_spread():
+    """Ten cells whose launches spread 1 %, one whose spread 40 %: the F test keeps it apart, its own estimate
+    (1 dof) leaves its comparison undecided where the pool would have decided it."""
+    cells = [(f"c{i}", spread(50.0 + i, 0.01, 3), math.nan, 0) for i in range(10)]
+    wild = [60.0, 100.0, 140.0]
+    model = fit([*cells, ("wild", wild, math.nan, 0)])
+    assert model.kept_apart(wild) and model.dof == 20 and model.cells == 10
+    assert "kept apart" in model.words() and "wild" in model.words()
+    assert model.variance(wild)[1] == 2 and model.variance(cells[0][1]) == (model.launch_var, 20)
+    a, b = side("wild", wild), side("c", spread(130.0, 0.01, 3))
+    with pooled(model):
+        assert decide(a, b, question="x").verdict == UNDECIDED
+    tame = fit(cells)  # the same sides read with the pool alone would be told apart
+    with pooled(tame):
+        assert decide(a, b, question="x").verdict in (BETTER, WORSE)
 
 
-def test_many_alternatives_widen_the_intervals_bonferroni():
-    a = side("a", 10.0, half=1.0)
-    assert widen(a, 1) == (9.0, 11.0)
-    lo, hi = widen(a, 3)  # z(1 - 0.05/6) / z(0.975) = 2.394 / 1.960
-    assert hi - 10.0 == pytest.approx(1.2217, abs=1e-3) and 10.0 - lo == pytest.approx(1.2217, abs=1e-3)
-    # a gap of 0.3 ms between the 95 % intervals: beyond noise for one alternative, not for three
-    b = side("b", 12.3, half=1.0)
-    assert beyond_noise(a, b, family=1) and not beyond_noise(a, b, family=3)
-    many = pick([a, b, side("c", 30.0), side("d", 31.0)], question="thread count", default="d")
-    assert many.family == 3 and many.verdict == WITHIN_NOISE and many.against.label == "b"
-    assert many.keep == "d, the default"
-    assert "corrected for 3 alternatives" in many.card()
+def test_pairing_by_round_cancels_drift_between_rounds():
+    """Each round a is 10 % faster than b, while the machine drifts 60 % between rounds: unpaired undecided,
+    paired a clear win."""
+    b = [110.0, 143.0, 176.0, 150.0]
+    a = [x / 1.1 for x in b]
+    d = decide(side("a", a), side("b", b), question="x")
+    assert d.verdict == BETTER and "paired by round" in d.card()
 
 
-def test_higher_is_better_for_a_throughput():
-    a = Side("fp16", 100.0, (95.0, 105.0), 2)
-    b = Side("fp32", 50.0, (45.0, 55.0), 2)
-    d = decide(a, b, question="precision", figure="throughput", unit=" samples/s", lower_is_better=False)
-    assert d.verdict == BETTER and "2.00× faster than fp32" in d.card()
-    assert decide(b, a, question="p", lower_is_better=False).verdict == WITHIN_NOISE
+def test_many_alternatives_and_looks_tighten_the_level():
+    assert dec.level(1) == pytest.approx(0.05 / 3) and dec.level(4) == pytest.approx(0.05 / 12)
+    # sides without launch medians (their own intervals give the standard error), whose intervals meet
+    a, b = Side("a", 100.0, (96.5, 103.5), 3), Side("b", 107.0, (103.3, 110.7), 3)
+    assert decide(a, b, question="x", family=1).verdict == BETTER
+    assert decide(a, b, question="x", family=30).verdict == UNDECIDED
 
 
-def test_the_cheaper_choice_within_noise_is_kept():
-    sides = [side("batch 16", 50.0, half=3), side("batch 64", 49.0, half=3), side("batch 256", 80.0)]
-    d = pick(sides, question="batch", cheaper=lambda s: int(s.label.split()[1]))
-    assert d.chosen.label == "batch 64" and d.verdict == WITHIN_NOISE
-    assert d.keep == "batch 16, the cheapest within noise"
+def test_disjoint_intervals_are_always_decided():
+    """30 alternatives: the family-wise interval of the ratio alone would not decide; the two sides' own 95 %
+    intervals are disjoint: beats or worse."""
+    a, b = Side("a", 100.0, (96.5, 103.1), 3), Side("b", 107.0, (103.3, 110.7), 3)
+    d = decide(a, b, question="x", family=30)
+    assert d.verdict == BETTER and decision_faults([d.record()]) == []
+    assert decide(b, a, question="x", family=30).verdict == WORSE
+
+
+def test_the_batch_question_keeps_the_highest_or_the_smallest_equivalent_never_a_worse_one():
+    from scalelab.experiments.batch_sweep import batch_decisions
+
+    def row(batch, step_ms, launches):
+        thr = batch / step_ms * 1000
+        return {"global_batch": batch, "throughput(samples/s)": thr, "ci_low": thr * 0.97, "ci_high": thr * 1.03,
+                "launches": len(launches), "quality": "ok", "step_launch_medians(ms)": launches}
+    # the issue's case: batch 16 has the lowest throughput; 256 the highest, 64 equivalent to it within 10 %
+    table = pd.DataFrame([row(16, 10.0, spread(10.0, 0.01, 3)), row(64, 20.5, spread(20.5, 0.01, 3, turn=1)),
+                          row(256, 80.0, spread(80.0, 0.01, 3))])
+    [d] = batch_decisions(table)
+    assert d.verdict == EQUIVALENT and d.chosen.label == "batch 64" and d.against.label == "batch 256"
+    assert d.keep == "batch 64, the smallest batch equivalent to the highest throughput (batch 256)"
+    assert d.card().startswith("Keep batch 64, the smallest batch equivalent to the highest throughput (batch 256): "
+                               "batch 64 and batch 256 are equivalent within ±10 %")
+    # no equivalent: the highest beats the rest
+    table = pd.DataFrame([row(16, 10.0, spread(10.0, 0.01, 3)), row(256, 80.0, spread(80.0, 0.01, 3))])
+    [d] = batch_decisions(table)
+    assert d.verdict == BETTER and d.chosen.label == "batch 256"
+    # the smallest equivalent is beaten beyond noise by a middle batch: the next one is kept
+    table = pd.DataFrame([row(64, 21.0, spread(21.0, 0.002, 3, turn=1)), row(128, 40.0, spread(40.0, 0.002, 3, 2)),
+                          row(256, 79.0, spread(79.0, 0.002, 3))])
+    [d] = batch_decisions(table)
+    assert d.keep.startswith("batch 128") and decision_faults([d.record()]) == []
+
+
+def test_a_pick_keeps_only_a_compared_side():
+    sides = [side("a", [30.0, 45.0]), side("b", [33.0, 50.0])]
+    d = pick(sides, question="x", default="z")
+    assert d.verdict == UNDECIDED and d.keep is None and "No x is recommended yet" in d.card()
+    d = pick(sides, question="x", default="b")
+    assert d.keep == "b, the default" and "Keep b, the default meanwhile" in d.card()
 
 
 def test_rank_sets_flagged_rows_aside_and_renders_the_card():
-    table = pd.DataFrame([
-        {"sync": "ddp", "step(ms)": 50.0, "step_ci_low(ms)": 49.0, "step_ci_high(ms)": 51.0, "launches": 3,
-         "step_launch_min(ms)": 49.5, "step_launch_max(ms)": 50.5, "timed_steps": 18, "quality": "ok"},
-        {"sync": "allreduce", "step(ms)": 60.0, "step_ci_low(ms)": 59.0, "step_ci_high(ms)": 61.0, "launches": 3,
-         "step_launch_min(ms)": 59.5, "step_launch_max(ms)": 60.5, "timed_steps": 18, "quality": "ok"},
-        {"sync": "gather", "step(ms)": 10.0, "step_ci_low(ms)": 9.0, "step_ci_high(ms)": 11.0, "launches": 3,
-         "quality": "implausible: faster than its link"}])
+    def row(sync, step, q="ok"):
+        return {"sync": sync, "step(ms)": step, "step_ci_low(ms)": step - 1, "step_ci_high(ms)": step + 1,
+                "launches": 3, "timed_steps": 18, "quality": q, "step_launch_medians(ms)": spread(step, 0.01, 3)}
+    table = pd.DataFrame([row("ddp", 50.0), row("allreduce", 60.0), row("gather", 10.0, "implausible: x")])
     lines, d = rank(table, "sync", "gradient sync", action=lambda s: f"the {s} gradient sync")
-    assert lines[0] == "gather is left out of the ranking: implausible: faster than its link."
+    assert lines[0] == "gather is left out of the ranking: implausible: x."
     assert d.verdict == BETTER and d.chosen.label == "ddp" and lines[1] == d.card()
-    assert d.card().startswith("Use the ddp gradient sync: 1.20× faster than allreduce, beyond noise")
+    assert d.card().startswith("Use the ddp gradient sync: ddp beats allreduce: 1.20× faster than allreduce")
 
 
 RULE_CALLS = ("separated", "beats", "ranking", "fastest", "beyond_noise")  # the rule and its old spellings

@@ -1,0 +1,160 @@
+"""The decision rule's own error rates (scalelab.lab.decision), measured: each repetition runs the whole sequential
+procedure the study uses (first look at `--launches` launches per side; while undecided, a top-up to
+min(launches the card asks for, twice as many, 12), at most MAX_LOOKS looks), and its final answer is counted.
+
+- A/A: two identical configurations: how often "beats" or "worse" is said (a false decision);
+- A/B: B's step `--effect` (10 %) longer than A's: how often A is decided better (right direction) and how often
+  worse (wrong direction), within the quick (`--looks 1`-like budgets: first look only) and the full procedure.
+
+Simulated (`--sims`, default 2000 each): launches drawn from the noise model the study fitted (ln launch median ~
+N(mu, sigma^2), `--sigma`; round-to-round drift common to both sides, `--drift`), the pool made of `--pool-cells`
+other cells of 2 launches each, as the quick study has; the real rule code decides (`decide` under `pooled`).
+Real (`--real N`, optional): N repetitions of real 1-rank (A/A) or 2-rank (A/B, net_latency_ms set so the step is
+~10 % longer) cells launched through the study's cell engine in interleaved rounds, each cell a fresh seed.
+Rates come with Clopper-Pearson 95 % intervals (scipy.stats.beta).
+
+    python benchmarks/decision_rates.py --sigma 0.10 --sims 2000
+    python benchmarks/decision_rates.py --real 5 --sims 0          # real repetitions only (minutes on 2 cores)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+
+import numpy as np
+from scipy.stats import beta
+
+from scalelab.analysis.noise import fit
+from scalelab.lab.decision import BETTER, MAX_LOOKS, UNDECIDED, WORSE, Side, decide, pooled
+
+MAX_LAUNCHES = 12
+
+
+def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    a = (1 - level) / 2
+    return (0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1)),
+            1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k)))
+
+
+def side(label: str, launches: list[float]) -> Side:
+    """A side as a table row gives it: the headline (median of launch medians), its interval reaching every
+    launch median (analysis.repeats), n launches, and the launch medians themselves."""
+    values = np.asarray(launches)
+    return Side(label, float(np.median(values)), (float(values.min()), float(values.max())), len(values),
+                None, "ok", 6 * len(values), tuple(float(v) for v in values))
+
+
+def procedure(draw, pool_cells: list, n0: int, looks: int) -> str:
+    """The sequential procedure on one pair: `draw(k)` gives k more launches of (A, B) in rounds."""
+    a, b = draw(n0)
+    for look in range(1, looks + 1):
+        model = fit([*pool_cells, ("A", a, math.nan, 0), ("B", b, math.nan, 0)])
+        with pooled(model):
+            d = decide(side("A", a), side("B", b), question="x")
+        if d.verdict != UNDECIDED or look == looks or not d.more:
+            return d.verdict
+        target = min(d.more, 2 * len(a), MAX_LAUNCHES)
+        if target <= len(a):
+            return d.verdict
+        more_a, more_b = draw(target - len(a))
+        a, b = a + more_a, b + more_b
+    return d.verdict
+
+
+def simulate(args, effect: float, looks: int, rng) -> dict:
+    counts = {BETTER: 0, WORSE: 0, "equivalent": 0, UNDECIDED: 0}
+    for _ in range(args.sims):
+        pool_cells = [(f"c{i}", list(np.exp(rng.normal(3.0, args.sigma, 2))), math.nan, 0)
+                      for i in range(args.pool_cells)]
+
+        def draw(k):
+            drift = rng.normal(0.0, args.drift, k)
+            a = np.exp(4.0 + drift + rng.normal(0, args.sigma, k))
+            b = np.exp(4.0 + math.log(1 + effect) + drift + rng.normal(0, args.sigma, k))
+            return list(a), list(b)
+        counts[procedure(draw, pool_cells, args.launches, looks)] += 1
+    return counts
+
+
+def real(args, effect: float, looks: int) -> dict:
+    """Real launches through the cell engine (a fresh store): A and B interleaved in rounds, each repetition its
+    own seeds (so no cell is reused)."""
+    from scalelab.analysis.summary import timed_step_ms
+    from scalelab.config import TrainConfig
+    from scalelab.lab.cells import Cell, Cells
+    from scalelab.lab.progress import PlainProgress
+    from scalelab.store import Store
+
+    counts = {BETTER: 0, WORSE: 0, "equivalent": 0, UNDECIDED: 0}
+    with tempfile.TemporaryDirectory(prefix="scalelab-decision-rates-") as tmp:
+        cells = Cells(Store(tmp), "rates", progress=PlainProgress(lambda line: None))
+        for rep in range(args.real):
+            base = dict(model="mlp", dataset="synthetic", samples=512, global_batch=64, steps=10, warmup_steps=2,
+                        ranks=2 if effect else 1)
+            cfg_a = TrainConfig.from_dict({**base, "seed": 1000 + 2 * rep})
+            cfg_b = TrainConfig.from_dict({**base, "seed": 1001 + 2 * rep,
+                                           **({"net_latency_ms": args.latency_ms} if effect else {})})
+            have = {"n": 0}
+
+            def draw(k):
+                have["n"] += k
+                res = cells.run([Cell("A", cfg_a, repeats=have["n"]), Cell("B", cfg_b, repeats=have["n"])],
+                                group=f"rep{rep}", interleave=True)
+                runs = cells.runs(res, all_repeats=True)
+                medians = {}
+                for r in runs:
+                    medians.setdefault(r["config"]["seed"], []).append(float(np.median(
+                        timed_step_ms(r["files"].read_steps()))))
+                a, b = medians[cfg_a.seed], medians[cfg_b.seed]
+                return a[-k:], b[-k:]
+            counts[procedure(draw, [], args.launches, looks)] += 1
+            print(f"  real {'A/B' if effect else 'A/A'} repetition {rep + 1}/{args.real}", file=sys.stderr)
+    return counts
+
+
+def table(title: str, rows: list[tuple[str, dict]], right: str | None) -> None:
+    print(f"\n{title}")
+    print("| procedure | n | beats | worse | equivalent | undecided | rate (95 % Clopper-Pearson) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, c in rows:
+        n = sum(c.values())
+        k = c[BETTER] + c[WORSE] if right is None else c[right]
+        lo, hi = clopper_pearson(k, n) if n else (math.nan, math.nan)
+        what = "false decisions" if right is None else "right direction"
+        print(f"| {name} | {n} | {c[BETTER]} | {c[WORSE]} | {c['equivalent']} | {c[UNDECIDED]} | "
+              f"{what} {k}/{n} = {100 * k / max(n, 1):.1f} % ({100 * lo:.1f}–{100 * hi:.1f} %) |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sigma", type=float, default=0.10, help="launch-to-launch sd of ln step (the fitted model)")
+    p.add_argument("--drift", type=float, default=0.0, help="round-to-round drift sd common to both sides")
+    p.add_argument("--pool-cells", type=int, default=20, help="other cells of 2 launches in the pool")
+    p.add_argument("--launches", type=int, default=2, help="launches per side at the first look")
+    p.add_argument("--effect", type=float, default=0.10, help="A/B: B's step this much longer")
+    p.add_argument("--sims", type=int, default=2000)
+    p.add_argument("--real", type=int, default=0, help="real repetitions of each of A/A and A/B")
+    p.add_argument("--latency-ms", type=float, default=1.0, help="A/B real: B's emulated collective latency")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    rng = np.random.default_rng(args.seed)
+    print(f"sigma {args.sigma}, drift {args.drift}, pool {args.pool_cells} cells x 2 launches, first look "
+          f"{args.launches} launches per side, effect {100 * args.effect:g} %, max looks {MAX_LOOKS}")
+    if args.sims:
+        table(f"A/A, simulated ({args.sims} repetitions each)",
+              [("first look only", simulate(args, 0.0, 1, rng)),
+               (f"sequential, {MAX_LOOKS} looks", simulate(args, 0.0, MAX_LOOKS, rng))], None)
+        table(f"A/B at {100 * args.effect:g} %, simulated ({args.sims} repetitions each)",
+              [("first look only", simulate(args, args.effect, 1, rng)),
+               (f"sequential, {MAX_LOOKS} looks", simulate(args, args.effect, MAX_LOOKS, rng))], BETTER)
+    if args.real:
+        table(f"A/A, real ({args.real} repetitions)", [(f"sequential, {MAX_LOOKS} looks", real(args, 0.0, MAX_LOOKS))],
+              None)
+        table(f"A/B, real ({args.real} repetitions, net_latency_ms {args.latency_ms})",
+              [(f"sequential, {MAX_LOOKS} looks", real(args, args.effect, MAX_LOOKS))], BETTER)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Spending the budget left on the questions still open (scalelab.lab.study.top_up): most promising first, at most
+MAX_LOOKS - 1 top-ups, each at most doubling the launches, only while the time measured per launch fits, the grown
+launch counts kept in the spec (what a re-derived report reads) and a note on each grown result."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pandas as pd
+
+from scalelab.lab import results
+from scalelab.lab.base import Context, Experiment, Result, launches_option
+from scalelab.lab.budget import Budget
+from scalelab.lab.decision import BETTER, UNDECIDED, Decision, Side
+from scalelab.lab.study import top_up
+
+QUIET = SimpleNamespace(say=lambda line: None)
+
+
+def experiment(name: str, needs: int, calls: list, now: list | None = None, per_launch_s: float = 0.0) -> Experiment:
+    """An experiment whose one question is undecided until it has `needs` launches per cell; each new launch moves
+    the clock `now` on by `per_launch_s`."""
+    have = {"n": 0}
+
+    def run(ctx, base, opts):
+        calls.append((name, opts["launches"]))
+        if now is not None:
+            now[0] += per_launch_s * max(0, opts["launches"] - have["n"])
+        have["n"] = opts["launches"]
+        return Result(name, {name: pd.DataFrame({"launches": [opts["launches"]]})})
+
+    def decide(result):
+        n = int(result.tables[name]["launches"].iloc[0])
+        a, b = Side("a", 10.0, (9.0, 11.0), n), Side("b", 11.0, (10.0, 12.0), n)
+        done = n >= needs
+        return [Decision(name, "median step", " ms", a, b, BETTER if done else UNDECIDED, "why",
+                         more=None if done else needs)]
+    return Experiment(name=name, command=name, base=False, title=name, question="?", help="", section=name,
+                      options=(launches_option(),), run=run, decide=decide)
+
+
+def setup(tmp_path, seconds: float, took: float):
+    calls: list = []
+    now = [0.0]
+    near, far = (experiment(name, needs, calls, now, took / 2) for name, needs in (("near", 6), ("far", 20)))
+    spec = SimpleNamespace(options={"near": {"launches": 2}, "far": {"launches": 2}}, quick=True,
+                           config=lambda name: None)
+    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
+    answered = [(far, far.run(ctx, None, {"launches": 2})), (near, near.run(ctx, None, {"launches": 2}))]
+    calls.clear()
+    now[0] = 0.0
+    plan = Budget(seconds, [], {}, quick=True, clock=lambda: now[0])
+    plan.took = {"near": took, "far": took}
+    return spec, ctx, answered, plan, calls
+
+
+def test_top_ups_go_most_promising_first_double_at_most_and_stop_after_two_looks(tmp_path):
+    spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10_000, took=1.0)
+    assert top_up(spec, ctx, answered, plan, QUIET)
+    # look 2: near (4 more needed) before far (18 more), each 2 -> 4; look 3: near 4 -> 6 (what it needs), far -> 8
+    assert calls == [("near", 4), ("far", 4), ("near", 6), ("far", 8)]
+    assert spec.options == {"near": {"launches": 6}, "far": {"launches": 8}}
+    saved = results.load(answered[1][0], tmp_path)
+    assert saved is not None and "look 3: 4 -> 6 launches per cell" in saved.notes["topped up"]
+    assert answered[1][0].decide(answered[1][1])[0].verdict == BETTER
+
+
+def test_no_top_up_beyond_the_time_left(tmp_path):
+    # 2 launches took 40 s: 20 s a launch; 61.6 s of budget, 60 of them before the reference cell and the report
+    spec, ctx, answered, plan, calls = setup(tmp_path, seconds=61.6, took=40.0)
+    assert top_up(spec, ctx, answered, plan, QUIET)
+    assert calls == [("near", 4), ("far", 3)]  # 2 more launches of near (40 s), then what is left: 1 of far
+    assert spec.options == {"near": {"launches": 4}, "far": {"launches": 3}}
+    spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10.0, took=40.0)
+    assert not top_up(spec, ctx, answered, plan, QUIET) and calls == []
