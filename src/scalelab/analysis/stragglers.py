@@ -9,10 +9,12 @@ differ: a time t on rank r is t - offset_r on rank 0's clock, offset_r estimated
 Per timed step, with the ranks' collectives matched by position (every rank issues the same collectives in the
 same order; a step where they differ is skipped, as in peers.step_split):
 - a_k = the last arrival (aligned enter time) at collective k, and last_k the rank that arrived then;
-- per rank r: last(count) = the collectives where r was last_k; the wait r caused in the step = the most any other
-  rank q stood inside collectives waiting for r: max over q != r of the union of q's [start_qk, min(end_qk, a_k)]
-  over the collectives k with last_k = r. Overlapping asynchronous collectives are counted once (a union, never a
-  sum), so with one straggler this equals the step's waiting for peers.
+- per rank r: last(count) = the collectives where r was last_k; the wait r caused in the step (its cost to the
+  others) = the most any other rank q waited for it: max over q != r of q's waiting for peers
+  (scalelab.analysis.peers.waiting_stretches: inside a collective with none of its collectives on the wire) at
+  the collectives k with last_k = r. A stretch where q waits at its second bucket while its first is still on
+  the wire is communication in both figures, never waiting in one and wire time in the other; so a rank's cost
+  to the others never exceeds the step's waiting for peers, and with one straggler it equals it.
 The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
 
 Named straggler, only beyond noise (`straggler`): the rank whose wait caused has an interval that lies above every
@@ -37,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.analysis.intervals import mean_interval
-from scalelab.analysis.peers import union_seconds
+from scalelab.analysis.peers import matched, union_seconds, waiting_stretches
 
 # forward_backward: a step scalelab found in a script that marks none (scalelab.run.found_steps) has forward and
 # backward as one span, between its data wait and its optimizer
@@ -65,22 +67,22 @@ def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[fl
     """One step's arrivals from each rank's comm_events (one list per rank, in the order of `ranks`):
     {"last": the last rank at each collective, "caused": {rank: seconds the others waited for it}, "arrival": the
     aligned last arrival a_k per collective, "waits": {rank: its waiting stretches on its own clock}}; None when
-    fewer than two ranks metered collectives or their ops differ."""
-    if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
+    fewer than two ranks metered collectives or their ops differ. The waiting stretches are peers' (one
+    definition of waiting for both figures: scalelab.analysis.peers.waiting_stretches)."""
+    found = matched(events)
+    if found is None:
         return None
     shift = np.array([_offset(offsets, r) for r in ranks], dtype=float)[:, None]
-    starts = np.array([[e[2] for e in ev] for ev in events], dtype=float) - shift  # ranks x collectives
-    ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
+    starts, ends = found[0] - shift, found[1] - shift  # ranks x collectives, on rank 0's clock
     last = np.argmax(starts, axis=0)
-    arrival = starts.max(axis=0)
+    stretches = waiting_stretches(starts, ends)
     caused, waits = {}, {}
-    for i, rank in enumerate(ranks):  # rank's waiting stretches on its own clock: [start_k, min(end_k, a_k)]
-        upto = np.minimum(ends[i], arrival)
-        waits[rank] = [(lo + shift[i, 0], hi + shift[i, 0]) for lo, hi in zip(starts[i], upto) if hi > lo]
-        mine = np.flatnonzero(last == i)
-        caused[rank] = max((union_seconds(zip(starts[q, mine], np.minimum(ends[q, mine], arrival[mine])))
+    for i, rank in enumerate(ranks):  # rank's waiting stretches on its own clock
+        waits[rank] = [(lo + shift[i, 0], hi + shift[i, 0]) for lo, hi, _k in stretches[i]]
+        caused[rank] = max((sum(hi - lo for lo, hi, k in stretches[q] if last[k] == i)
                             for q in range(len(ranks)) if q != i), default=0.0)
-    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": arrival.tolist(), "waits": waits}
+    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": starts.max(axis=0).tolist(),
+            "waits": waits}
 
 
 def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *,
