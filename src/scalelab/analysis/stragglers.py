@@ -243,24 +243,58 @@ def offsets_of(config: dict, clocks: dict | None) -> tuple[bool, list[float] | N
     return offsets is not None or not across, offsets
 
 
+def _launch(run) -> tuple[list[dict], list[float] | None, bool, bool]:
+    """(step records, clock offsets, comparable, stages) of one stored launch (a ParsedRun): a script's run that
+    marked no steps is read from its metered collectives (`collective_records`)."""
+    config = run.config or {}
+    comparable, offsets = offsets_of(config, run.clocks)
+    records = run.all_steps
+    stages = any(r.get("comm_events") for r in records)
+    if not stages:
+        records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
+    return records, offsets, comparable, stages
+
+
+def _on_one_clock(records: list[dict], offsets: Sequence[float] | None, launch: int) -> list[dict]:
+    """One launch's records with its collectives and step ends moved onto rank 0's clock and its steps numbered
+    apart from every other launch's (launch x 10^6 + step): launches pooled into one arrival table."""
+    out = []
+    for rec in aligned_records(records, offsets):
+        moved = {**rec, "step": launch * 10**6 + rec["step"]}
+        if rec.get("t_end(perf_s)") is not None:
+            moved["t_end(perf_s)"] = rec["t_end(perf_s)"] - _offset(offsets, rec["rank"])
+        out.append(moved)
+    return out
+
+
 def run_straggler(run) -> dict:
     """`find_straggler` of a stored run (a ParsedRun: scalelab.store.rundir), with its clock offsets
     (clocks.json; 0 on one host, a --local-nodes cluster included) and its nodes (node = rank // ranks per node).
     A script's run that marked no steps is read from its metered collectives (`collective_records`); its verdict
     has "stages": False (no stage spans to say where the straggler loses its time). Across machines without
     clock offsets nothing is compared: "unaligned": True and an empty table."""
-    config = run.config or {}
+    return cell_straggler([run])
+
+
+def cell_straggler(launches: Sequence) -> dict:
+    """The verdict of a cell from all its launches (ParsedRuns of one config) pooled: every launch's timed steps in
+    one arrival table, each on rank 0's clock, so the cost to the others and its interval are the cell's, as its
+    pooled summary's waiting for peers is (scalelab.analysis.repeats). One launch: `run_straggler`'s verdict."""
+    config = launches[-1].config or {}
     nnodes = int(config.get("nnodes") or 1)
-    comparable, offsets = offsets_of(config, run.clocks)
-    records = run.all_steps
-    stages = any(r.get("comm_events") for r in records)
-    if not stages:
-        records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
-    if not comparable:
+    found = [_launch(run) for run in launches]
+    stages = all(f[3] for f in found)
+    if not all(f[2] for f in found):
         return {"table": pd.DataFrame(columns=list(COLUMNS)), "step(ms)": math.nan, "rank": None, "node": None,
-                "stage": None, "excess": None, "stages": stages, "unaligned": True}
+                "stage": None, "excess": None, "stages": stages, "unaligned": True, "launches": len(launches)}
+    if len(found) == 1:
+        records, offsets = found[0][0], found[0][1]
+    else:
+        records = [r for i, f in enumerate(found) for r in _on_one_clock(f[0], f[1], i)]
+        offsets = None
     verdict = find_straggler(records, offsets, ranks_per_node=int(config.get("ranks") or 1) if nnodes > 1 else None)
-    return {**verdict, "stages": stages, "unaligned": False, "per": "step" if stages else "collective"}
+    return {**verdict, "stages": stages, "unaligned": False, "per": "step" if stages else "collective",
+            "launches": len(launches)}
 
 
 def last_arrivals(records: list[dict], offsets: Sequence[float] | None = None) -> set[tuple[int, int, int]]:
