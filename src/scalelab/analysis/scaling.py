@@ -44,8 +44,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     for run in runs:
         c, s = run["config"], run["summary"] or {}
         workers = c["ranks"] * c.get("nnodes", 1)
-        rows.append({"run_id": run["run_id"], "run_ids": ",".join(run.get("run_ids") or [run["run_id"]]),
-                     "workers": workers, "global_batch": c["global_batch"],
+        rows.append({"run_id": run["run_id"], "workers": workers, "global_batch": c["global_batch"],
                      "per_worker_batch": c["global_batch"] // workers, "launches": s.get(LAUNCHES, 1),
                      "epoch(s)": s.get(keys.EPOCH_S), "step(ms)": s.get(keys.STEP_MEDIAN_MS),
                      "step_min(ms)": s.get(keys.STEP_MIN_MS), "step_max(ms)": s.get(keys.STEP_MAX_MS),
@@ -80,6 +79,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
                                                     for row in frame.itertuples()]
     frame["efficiency"] = effs
     frame["reference_run_id"] = references  # the 1-worker run speedup and efficiency are relative to
+    frame["run_ids"] = [",".join(r.get("run_ids") or [r["run_id"]]) for r in runs]  # the cell's launches
     frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
     frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
     frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]

@@ -28,7 +28,8 @@ def study_cell(store_root: Path, run: dict) -> dict | None:
     study = run.get("study")
     if not study:
         return None
-    path = results_dir(Path(store_root) / "studies" / study) / "scale.json"
+    # a cell measured again is stored under a sub-study ("NAME/scale_strong/again"): its study is NAME
+    path = results_dir(Path(store_root) / "studies" / study.split("/")[0]) / "scale.json"
     try:
         tables = read_json(path)["tables"] if path.is_file() else {}
         frames = {name: frame_of(data) for name, data in tables.items()}
@@ -60,10 +61,12 @@ def cell_lines(cell: dict | None, run_id: str) -> list[str]:
     exposed communication (as a sum), overlap and straggler beside it, as the report gives them."""
     if cell is None:
         return []
-    out = [f"this run is launch {cell['run_ids'].index(run_id) + 1} of {cell['launches']} of study "
-           f"{cell['study']}'s cell ({cell['mode']} scaling, {cell['workers']} workers at global batch "
-           f"{cell['global_batch']}): the table above is this launch alone; the report's figures pool the "
-           f"cell's launches:"]
+    where = (f"study {cell['study'].split('/')[0]}'s cell ({cell['mode']} scaling, {cell['workers']} workers at "
+             f"global batch {cell['global_batch']})")
+    out = [f"this run is the one launch of {where}: the report's figures for the cell, as stored with it:"
+           if cell["launches"] == 1 else
+           f"this run is launch {cell['run_ids'].index(run_id) + 1} of {cell['launches']} of {where}: the table "
+           f"above is this launch alone; the report's figures pool the cell's launches:"]
     whole = exposed_sum(cell["lost"].reset_index(drop=True)) if len(cell["lost"]) else None
     if whole:
         out.append(f"  the cell: {whole}.")
