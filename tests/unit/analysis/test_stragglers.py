@@ -236,3 +236,20 @@ def test_a_rank_slow_in_backward_is_named_there_although_the_others_wait_inside_
                                                                            for t in range(1, 9)) / 8)
     # spans alone would show no excess: rank 0's backward is as long as rank 1's
     assert records[0]["backward(s)"] == records[1]["backward(s)"]
+
+
+def test_a_cells_launches_are_pooled_into_one_verdict():
+    """Two launches of one cell: their steps in one arrival table (numbered apart), each launch on its own clock
+    moved onto rank 0's, so the cost to the others is the mean over every step of both."""
+    first = late_rank_records(late=0.010)
+    second = [{**r, "comm_events": [[e[0], e[1], e[2] + (0.5 if r["rank"] == 1 else 0.0), *e[3:]]
+                                    for e in r["comm_events"]]} for r in late_rank_records(late=0.015)]
+    launch = lambda records, offsets: SimpleNamespace(config={"ranks": 2}, clocks={"offsets(s)": offsets},
+                                                      all_steps=records, results={})
+    one = st.cell_straggler([launch(first, [0.0, 0.0])])
+    both = st.cell_straggler([launch(first, [0.0, 0.0]), launch(second, [0.0, 0.5])])  # rank 1's clock 0.5 s ahead
+    assert one["launches"] == 1 and both["launches"] == 2
+    assert (one["rank"], one["steps"], both["rank"], both["steps"]) == (1, 8, 1, 16)
+    expected = [3 * (d + 1e-4 * (t % 3)) for d in (0.010, 0.015) for t in range(1, 9)]
+    assert both["caused(ms)"] == pytest.approx(1e3 * sum(expected) / 16)
+    assert both["stage"] == "forward"
