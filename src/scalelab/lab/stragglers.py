@@ -90,5 +90,16 @@ def straggler_sentences(table: pd.DataFrame | None, where: str = "") -> list[str
                    f"{int(d['straggler_rank'])}{where} is the straggler{stage}; it arrived last at "
                    f"{100 * d['last(share)']:.0f} % of the collectives and the others waited {d['caused(ms)']:.2f} ms "
                    f"per step for it (95 % interval {d['caused_low(ms)']:.2f}-{d['caused_high(ms)']:.2f}, n = "
-                   f"{int(d['steps'])} steps, of a {d['step(ms)']:.1f} ms step).")
+                   f"{int(d['steps'])} steps{_launches(d)}, of a {d['step(ms)']:.1f} ms step){_waiting(d)}.")
     return out
+
+
+def _launches(d: dict) -> str:
+    n = d.get("launches")
+    return f" over {int(n)} launches" if isinstance(n, (int, float)) and n == n and n > 1 else ""
+
+
+def _waiting(d: dict) -> str:
+    """The cell's waiting for peers beside the straggler's cost: the cost is a part of it (one stretch of time)."""
+    w = d.get("waiting(ms)")
+    return f"; the cell's waiting for peers {w:.2f} ms" if isinstance(w, (int, float)) and w == w else ""
