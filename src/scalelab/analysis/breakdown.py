@@ -57,6 +57,11 @@ PARTS = {
 LEAVES = ("data", "compute", "sync_work", "waiting", "wire", "interference", "hidden")
 SUBPARTS = ("waiting", "wire", "interference", "hidden")
 ADDITIVE = ("data", "compute", "sync_work", "exposed")  # ideal + these + rest = measured; SUBPARTS split exposed
+# The no-op baseline keeps everything but the collectives, yet the real sync still does a little more outside its
+# collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
+# on 2 gloo ranks. An overlap is judged implausible only beyond this much above 1 (or above 0 for a blocking
+# strategy), past its interval.
+OVERLAP_SLACK = 0.05
 REST_LIMIT = 0.20  # |rest| beyond this share of the gap is said in words (issue 31: it must stay small)
 COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "within_noise", "measured", "needs",
            "share_of_gap"]
@@ -298,8 +303,14 @@ def exposed_sum(table: pd.DataFrame) -> str | None:
         return line
     hidden = rows["hidden"] if v["hidden"] < 0 else rows["interference"]
     share, low, high = (0.0 - float(hidden[c]) / comm for c in ("value(ms)", "ci_high(ms)", "ci_low(ms)"))  # no -0
-    verdict = ("within noise: its interval reaches 0, so no overlap is shown" if low <= 0 <= high else
-               "beyond noise: its interval excludes 0")
+    exposed = rows["exposed"]
+    if low > 1 + OVERLAP_SLACK or (_number(exposed["ci_high(ms)"]) and exposed["ci_high(ms)"] < 0):
+        verdict = ("implausible: more than all of it ran under compute beyond noise (the no-op baseline ran slower "
+                   "than the real run): not a finding")
+    elif low <= 0 <= high:
+        verdict = "within noise: its interval reaches 0, so no overlap is shown"
+    else:
+        verdict = "beyond noise: its interval excludes 0"
     return (f"{line}; overlap {100 * share:.0f} % of the {comm:.3g} ms spent waiting and on the wire (95 % interval "
             f"{100 * low:.0f} to {100 * high:.0f} %), {verdict}")
 

@@ -36,16 +36,11 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.bandwidth import busbw_ceiling
-from scalelab.analysis.breakdown import baseline_step_ms, exposed_figures
+from scalelab.analysis.breakdown import OVERLAP_SLACK, baseline_step_ms, exposed_figures
 from scalelab.analysis.intervals import difference_interval
 from scalelab.analysis.repeats import LAUNCHES
 
 BACKENDS = ("gloo", "nccl", "mpi")
-# The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
-# collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
-# on 2 gloo ranks. An overlap is judged implausible only beyond this much above 1 (or above 0 for a blocking
-# strategy), past its interval.
-OVERLAP_SLACK = 0.05
 # TCP's headers and tbf's token accounting leave the measured busbw a little under a shaped link's rate (seen
 # 0.117 GB/s on 1 Gbit/s); a run is judged faster than its links only beyond this much above the ceiling.
 LINK_SLACK = 0.05

@@ -184,3 +184,16 @@ def test_a_cause_beyond_noise_but_under_two_percent_of_the_step_is_not_named():
     assert (p["data"], p["exposed"], p["compute"]) == pytest.approx((1.0, 1.0, -2.0))
     assert largest_cause(table) is None
     assert largest_cause(table, material=0.0)["part"] in ("data", "exposed")
+
+
+def test_more_than_all_communication_under_compute_beyond_noise_is_said_to_be_implausible():
+    """A quick study's cell on 2 overloaded cores: the no-op baseline's fastest rank 189 ms against a 75 ms step;
+    exposed -114 ms: 341 % of waiting + wire 'ran under compute', beyond noise. The sentence keeps the sum and says
+    it is no finding."""
+    real = summary(75.0, fastest=70.0, data=1.0, waiting=9.3, wire=37.9, collectives=2, half=3.0)
+    table = breakdown(real, one=summary(700.0, data=1.0), nosync=summary(200.0, fastest=190.0, data=1.0),
+                      noop=summary(190.0, fastest=189.0, data=1.0, half=3.0), k=0.5)
+    said = exposed_sum(table)
+    assert said.startswith("exposed communication -114 ms = waiting 9.3 + wire 37.9 − 161 ran under compute")
+    assert said.endswith("implausible: more than all of it ran under compute beyond noise (the no-op baseline ran "
+                         "slower than the real run): not a finding")
