@@ -311,6 +311,8 @@ def exposed_sum(table: pd.DataFrame) -> str | None:
         verdict = "within noise: its interval reaches 0, so no overlap is shown"
     else:
         verdict = "beyond noise: its interval excludes 0"
+    if share > 1 and low <= 1 + OVERLAP_SLACK:  # no more than all of it can run under compute
+        verdict += "; above 100 % only within noise (no more than all of it can run under compute)"
     return (f"{line}; overlap {100 * share:.0f} % of the {comm:.3g} ms spent waiting and on the wire (95 % interval "
             f"{100 * low:.0f} to {100 * high:.0f} %), {verdict}")
 
