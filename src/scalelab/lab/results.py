@@ -21,7 +21,7 @@ from scalelab.lab.base import Experiment, Result
 from scalelab.store import read_json, write_text_atomic
 from scalelab.store.files import dumps
 
-ANALYSIS_VERSION = 2  # raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
+ANALYSIS_VERSION = 3  # 3: exposed at the no-op fastest rank, overlap of waiting + wire (issue 57). Raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
 STUDY_FILE = "study.json"
 
 
