@@ -112,6 +112,49 @@ def test_a_sleep_in_one_ranks_forward_names_that_rank_and_forward(tmp_path):
     assert by_rank[1] >= verdict["steps"] and by_rank[0] <= 2, by_rank  # rank 0 only in the 2 warm-up steps
 
 
+KNOWN_RUNS = 3  # runs per injected delay: the figures' median is held to the delay
+BUCKETS = {"bucket_mb": 0.5}  # the model's ~1.2 MB of gradients in 3 buckets: a wait can hold a bucket on the wire
+
+
+def _known_truth_row(tmp_path: Path, delay_ms: float, i: int) -> dict:
+    """One 2-rank run of scalelab's loop, rank 1 sleeping `delay_ms` at the start of each training forward: its
+    waiting for peers, the named straggler and its cost to the others, per step."""
+    root = tmp_path / f"known_{int(delay_ms)}_{i}"
+    execute(TrainConfig(model=_model(tmp_path, rank=1, delay=delay_ms / 1e3), ranks=2, **RUN, **BUCKETS),
+            Store(root), say=lambda _: None)
+    verdict, run = _verdict(root)
+    s = run["summary"]
+    row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
+           "cost(ms)": verdict.get("caused(ms)", float("nan")), "most(ms)": float(verdict["table"]["caused(ms)"].max()),
+           "collectives": s[keys.COMM_COLLECTIVES_PER_STEP], "n": s[keys.STEPS_TIMED]}
+    print(row)
+    return row
+
+
+@pytest.fixture(scope="module")
+def loop_control(tmp_path_factory) -> dict:
+    return _known_truth_row(tmp_path_factory.mktemp("loop_control"), 0.0, 0)
+
+
+def test_in_scalelabs_loop_without_a_sleep_no_straggler_is_named(loop_control):
+    assert loop_control["straggler"] is None and loop_control["collectives"] >= 2, loop_control
+
+
+@pytest.mark.parametrize("delay_ms", [30, 80])
+def test_in_scalelabs_loop_a_sleep_of_d_is_d_of_waiting_and_of_straggler_cost(tmp_path, delay_ms, loop_control):
+    """With 2 or more buckets in flight, a wait that holds an earlier bucket on the wire is wire time in both the
+    waiting for peers and the straggler's cost (scalelab.analysis.peers.waiting_stretches): each reads d."""
+    rows = [_known_truth_row(tmp_path, delay_ms, i) for i in range(KNOWN_RUNS)]
+    waiting = sorted(r["waiting(ms)"] for r in rows)[KNOWN_RUNS // 2]
+    cost = sorted(r["cost(ms)"] for r in rows)[KNOWN_RUNS // 2]
+    print(f"d = {delay_ms} ms, n = {KNOWN_RUNS} runs: median waiting {waiting:.1f} ms, median straggler cost "
+          f"{cost:.1f} ms; control waiting {loop_control['waiting(ms)']:.1f} ms, most any rank cost the others "
+          f"{loop_control['most(ms)']:.1f} ms")
+    assert all(r["straggler"] == 1 and r["collectives"] >= 2 for r in rows), rows
+    assert 0.8 * delay_ms <= waiting <= 1.2 * delay_ms, rows
+    assert 0.8 * delay_ms <= cost <= 1.2 * delay_ms, rows
+
+
 _unusable = namespaces_unusable
 
 

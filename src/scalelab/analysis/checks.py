@@ -36,6 +36,10 @@ every run the distributed tests make to it, so a new figure that breaks arithmet
   allreduces the full-precision gradients (FULL_GRADIENT, no compression hook) sends the gradients' bytes in
   backward (memory/gradients(bytes)); a no-op sync or no-op collectives send nothing.
 
+A scale cell's views of one quantity agree (scalelab.analysis.view_checks, issue 57): `cell_view_faults` (table vs
+breakdown exposed communication, overlap vs the hidden part, a straggler's cost vs its cell's waiting; part of
+`contradictions`), `straggler_steps_over_waiting` (per stored step; part of `run_failures`) and `explain_faults`.
+
 Two more hold the report's words to its numbers: `decision_faults` reads every decision of a study (plain records
 of scalelab.lab.decision) and lists a winner whose ratio interval and sides' intervals both fail to separate, two
 sides with disjoint 95 % intervals left undecided, a winner that rests on fewer than 2 launches, a card worded as
@@ -60,6 +64,7 @@ from scalelab.analysis.hvdcomm import COMM_SOURCE
 from scalelab.analysis.peers import rank_split, setter
 from scalelab.analysis.scaling import SUPERLINEAR
 from scalelab.analysis.summary import STAGE_COLUMNS
+from scalelab.analysis.view_checks import cell_view_faults, straggler_steps_over_waiting
 
 WINNER_WORDS = ("Use ", "Train in ", "For ")  # how a card that recommends begins
 # words with which a sentence sets a row aside instead of relying on it
@@ -191,7 +196,7 @@ def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec
         if rec and recommends(rec) and _names(row, chosen_part(rec)):
             out.append(f"{name}: the recommendation rests on {_label(row)} ({why}): {rec}")
         out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
-    return out + claim_contradictions(tables, sentences, rec)
+    return out + claim_contradictions(tables, sentences, rec) + cell_view_faults(tables)
 
 
 def recommends(card: str) -> bool:
@@ -344,6 +349,7 @@ def run_failures(run) -> list[str]:
         return []
     records = run.all_steps
     out = negative_figures(summary) + unsummed_steps(records) + unsplit_collectives(records, summary)
+    out += straggler_steps_over_waiting(records) if summary.get(COMM_SOURCE) is None else []
     off = bytes_off_theory(run.config or {}, summary)
     return out + ([off] if off else [])
 
@@ -431,3 +437,4 @@ def card_faults(cards: list[tuple[str, str | None]], sections: set[str]) -> list
     """Every recommendation card (text, the section holding its evidence) whose evidence is not in the report."""
     return [f"a card without its evidence (section {section!r}): {text}" for text, section in cards
             if section not in sections]
+

@@ -2,8 +2,8 @@
 or engine.
 
 Definitions (docs/definitions.md):
-- step = the run's median timed step (min and max beside it); compute = the median step of its baseline: the same
-  config with no-op collectives (the strategy's own work kept: DDP's buckets, hooks and division; the bucketed
+- step = the run's median timed step (min and max beside it); compute = the median step of its baseline at its
+  fastest rank (scalelab.analysis.breakdown.exposed_figures says why): the same config with no-op collectives (the strategy's own work kept: DDP's buckets, hooks and division; the bucketed
   copies; rank 0's averaging), so only the collectives are missing;
 - comm = time inside collectives: the union of each step's collective intervals (summary comm/time(ms)); comm_sum
   = their plain sum (overlapped intervals more than once); comm_wait = from the last gradient produced to the end
@@ -11,7 +11,9 @@ Definitions (docs/definitions.md):
   time inside collectives of the rank that sets the step once every peer had arrived, and waiting_for_peers the
   most a rank stood inside them for a peer still computing (scalelab.analysis.peers: one host only);
 - exposed comm = step - compute, never clipped, with a conservative 95 % interval from the two medians' intervals;
-  overlap = 1 - exposed / comm_critical (comm where it was not measured; empty when 0), never clipped;
+  hidden = waiting_for_peers + comm_critical - exposed (ms that ran under compute) and overlap = hidden /
+  (waiting_for_peers + comm_critical), one quantity in two units with one interval (comm where waiting and wire
+  were not measured; empty when 0), never clipped;
   interference = exposed - comm_critical when the exposed interval lies above it (the collectives slowed the
   compute around them), else 0. `quality` is "ok", or says why not: an exposed interval entirely below 0, an
   overlap interval above 1 by more than OVERLAP_SLACK, a blocking strategy whose overlap interval lies above 0 by
@@ -34,20 +36,17 @@ import pandas as pd
 
 from scalelab.analysis import keys
 from scalelab.analysis.bandwidth import busbw_ceiling
+from scalelab.analysis.breakdown import OVERLAP_SLACK, baseline_step_ms, exposed_figures
 from scalelab.analysis.intervals import difference_interval
 from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR
 
 BACKENDS = ("gloo", "nccl", "mpi")
-# The baseline keeps everything but the collectives, yet the real sync still does a little more outside its
-# collective intervals (the meter's bookkeeping, waking the waiter): seen 1-1.5 % of comm with blocking collectives
-# on 2 gloo ranks. An overlap is judged implausible only beyond this much above 1 (or above 0 for a blocking
-# strategy), past its interval.
-OVERLAP_SLACK = 0.05
 # TCP's headers and tbf's token accounting leave the measured busbw a little under a shaped link's rate (seen
 # 0.117 GB/s on 1 Gbit/s); a run is judged faster than its links only beyond this much above the ceiling.
 LINK_SLACK = 0.05
 EXPOSED_COLUMNS = ["exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "overlap", "overlap_ci_low",
-                   "overlap_ci_high", "interference(ms)", "quality"]
+                   "overlap_ci_high", "hidden(ms)", "hidden_ci_low(ms)", "hidden_ci_high(ms)", "interference(ms)",
+                   "quality"]
 
 # table column -> summary key (scalelab.analysis.summary)
 SUMMARY_COLUMNS = {
@@ -96,21 +95,35 @@ def overlap(exposed_ms: float | None, comm_ms: float | None) -> float | None:
 
 def exposed_with_interval(summary: dict, baseline: dict, comm_ms: float | None, *,
                           comm_high_ms: float | None = None, blocks: bool = False) -> dict:
-    """Exposed comm and overlap of a run against its baseline's summary, with conservative 95 % intervals (the
-    difference of the two medians' intervals: [low - baseline high, high - baseline low]), interference and a
-    quality flag. `comm_ms`: the communication overlap is judged against (critical communication where measured;
-    `comm_high_ms` its interval's upper end); `blocks`: the strategy syncs after backward and waits for it."""
-    exposed = exposed_comm(summary.get(keys.STEP_MEDIAN_MS), baseline.get(keys.STEP_MEDIAN_MS))
+    """Exposed comm, overlap and the part hidden under compute of a run against its no-op baseline's summary, as
+    scalelab.analysis.breakdown.exposed_figures defines them (one definition in every view: the baseline at its
+    fastest rank; overlap = hidden / (waiting + wire), its interval the hidden part's, divided), with conservative
+    95 % intervals, interference and a quality flag. Where waiting and wire were not measured (ranks across hosts),
+    overlap is judged against `comm_ms` (critical communication, else time inside collectives; `comm_high_ms`
+    its interval's upper end) and its interval comes from exposed alone. `blocks`: the strategy syncs after
+    backward and waits for it."""
+    fig = exposed_figures(summary, baseline)
+    exposed = fig["exposed"]
     out = dict.fromkeys(EXPOSED_COLUMNS)
-    out["exposed_comm(ms)"], out["overlap"] = exposed, overlap(exposed, comm_ms)
-    if exposed is None:
+    if not exposed.known():
         return out
-    ci = [summary.get(keys.STEP_MEDIAN_CI_LOW_MS), summary.get(keys.STEP_MEDIAN_CI_HIGH_MS),
-          baseline.get(keys.STEP_MEDIAN_CI_LOW_MS), baseline.get(keys.STEP_MEDIAN_CI_HIGH_MS)]
-    if not any(_missing(v) for v in ci):
-        low, high = difference_interval((ci[0], ci[1]), (ci[2], ci[3]))
-        out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = low, high
-        out["overlap_ci_low"], out["overlap_ci_high"] = overlap(high, comm_ms), overlap(low, comm_ms)
+    split = fig["comm"].known() and fig["comm"].value > 0
+    if split:
+        comm_ms, comm_high_ms = fig["comm"].value, fig["comm"].high
+    out["exposed_comm(ms)"], out["overlap"] = exposed.value, overlap(exposed.value, comm_ms)
+    base_key = keys.STEP_FASTEST_MEDIAN_MS if not _missing(baseline.get(keys.STEP_FASTEST_MEDIAN_MS)) \
+        else keys.STEP_MEDIAN_MS
+    if not any(_missing(v) for v in (*(summary.get(k) for k in keys.ci_keys(keys.STEP_MEDIAN_MS)),
+                                     *(baseline.get(k) for k in keys.ci_keys(base_key)))):
+        out["exposed_ci_low(ms)"], out["exposed_ci_high(ms)"] = exposed.low, exposed.high
+        if split:
+            hidden = fig["hidden"]
+            out["hidden(ms)"], out["hidden_ci_low(ms)"], out["hidden_ci_high(ms)"] = hidden
+            out["overlap_ci_low"], out["overlap_ci_high"] = hidden.low / comm_ms, hidden.high / comm_ms
+        else:
+            out["overlap_ci_low"], out["overlap_ci_high"] = overlap(exposed.high, comm_ms), overlap(exposed.low, comm_ms)
+    elif split:
+        out["hidden(ms)"] = fig["hidden"].value
     out["interference(ms)"] = interference(out, comm_ms, comm_high_ms)
     out["quality"] = ("implausible: time inside collectives longer than the step beyond noise"
                       if comm_exceeds_step(summary) else plausibility(out, blocks=blocks))
@@ -214,7 +227,7 @@ def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
     """Add compute (the baseline run's median step), exposed comm, overlap, their intervals and the quality flag
     (the exposed part's, else the run's or its baseline's own) to a row of run_metrics."""
     base = (baseline or {}).get("summary", {}) or {}
-    row["compute(ms)"] = base.get(keys.STEP_MEDIAN_MS)
+    row["compute(ms)"] = baseline_step_ms(base)
     row["baseline_run_id"] = (baseline or {}).get("run_id")
     critical = row.get("comm_critical(ms)")
     comm, comm_high = (row.get("comm(ms)"), None) if _missing(critical) else \

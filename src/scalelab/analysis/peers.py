@@ -14,7 +14,10 @@ rank issues the same collectives in the same order; a step where they differ is 
   once every peer had arrived at one of them;
 - a rank's waiting for peers = the rest of its time inside collectives (the union of its [start_k, end_k] less
   its critical communication): a stretch where it waits inside one collective while another of its collectives
-  is on the wire (asynchronous buckets) is communication, not waiting. So, per rank and step, exactly:
+  is on the wire (asynchronous buckets) is communication, not waiting. Each waiting stretch is waiting for one
+  peer: the last to arrive at the earliest collective the rank is inside then (`waiting_stretches`; the
+  straggler's cost to the others, scalelab.analysis.stragglers, is the sum of the stretches that name it, so a
+  wait is counted the same way in both). So, per rank and step, exactly:
   waiting + critical = time inside collectives (the union: the meter's comm_total(s)); the run's invariant
   check holds every run to it (scalelab.analysis.checks.run_failures).
 The step's figures aggregate them over ranks, each in its own way (named in the definitions):
@@ -40,20 +43,58 @@ def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+def waiting_stretches(starts: np.ndarray, ends: np.ndarray) -> list[list[tuple[float, float, int]]]:
+    """Per rank (row of `starts` / `ends`: ranks x collectives, on one clock), its waiting for peers as stretches
+    (lo, hi, k): time inside one of its collectives at which it was inside no collective whose last peer had
+    arrived (none on the wire), k the earliest collective (by position) it was inside then: the one it waits at.
+    The union of the stretches is the rank's time inside collectives less its critical communication."""
+    arrival = starts.max(axis=0)
+    out = []
+    for r in range(starts.shape[0]):
+        s, e = starts[r], ends[r]
+        edges = np.unique(np.concatenate([s, e, np.clip(arrival, s, e)]))
+        if len(edges) < 2:
+            out.append([])
+            continue
+        mid = (edges[:-1] + edges[1:])[:, None] / 2  # one point of each elementary segment
+        inside = (s <= mid) & (mid < e)
+        critical = (np.maximum(s, arrival) <= mid) & (mid < e)
+        waits = inside.any(axis=1) & ~critical.any(axis=1)
+        at = inside.argmax(axis=1)  # the first collective (by position) the rank is inside
+        stretches: list[tuple[float, float, int]] = []
+        for i in np.flatnonzero(waits):
+            lo, hi, k = float(edges[i]), float(edges[i + 1]), int(at[i])
+            if stretches and stretches[-1][1] == lo and stretches[-1][2] == k:
+                stretches[-1] = (stretches[-1][0], hi, k)  # one stretch, not its elementary pieces
+            else:
+                stretches.append((lo, hi, k))
+        out.append(stretches)
+    return out
+
+
+def matched(events: list[list]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(starts, ends) of one step's collectives, ranks x collectives, from every rank's comm_events ([op, phase,
+    start, seconds, bytes] per collective; one list per rank); None when fewer than two ranks metered collectives
+    or their sequences of ops differ."""
+    if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
+        return None
+    starts = np.array([[e[2] for e in ev] for ev in events], dtype=float)  # ranks x collectives
+    return starts, starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
+
+
 def rank_split(events: list[list]) -> list[tuple[float, float, float]] | None:
     """Per rank, (critical communication, waiting for peers, time inside collectives) in seconds of one step from
     every rank's comm_events ([op, phase, start, seconds, bytes] per collective; one list per rank); None when
     fewer than two ranks metered collectives or their sequences of ops differ."""
-    if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
+    found = matched(events)
+    if found is None:
         return None
-    starts = np.array([[e[2] for e in ev] for ev in events], dtype=float)  # ranks x collectives
-    ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
-    arrival = starts.max(axis=0)
+    starts, ends = found
     out = []
-    for r in range(len(events)):
+    for r, stretches in enumerate(waiting_stretches(starts, ends)):
         inside = union_seconds(zip(starts[r], ends[r]))
-        critical = union_seconds(zip(np.maximum(starts[r], arrival), ends[r]))
-        out.append((critical, inside - critical, inside))
+        waiting = sum(hi - lo for lo, hi, _k in stretches)
+        out.append((inside - waiting, waiting, inside))
     return out
 
 

@@ -15,6 +15,7 @@ import math
 import pandas as pd
 
 from scalelab.analysis import keys
+from scalelab.analysis.breakdown import baseline_step_ms
 from scalelab.analysis.compare import exposed_with_interval, faster_than_link, run_quality, worst_quality
 from scalelab.analysis.intervals import ratio_interval
 from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITHIN_VAR
@@ -79,6 +80,7 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
                                                     for row in frame.itertuples()]
     frame["efficiency"] = effs
     frame["reference_run_id"] = references  # the 1-worker run speedup and efficiency are relative to
+    frame["run_ids"] = [",".join(r.get("run_ids") or [r["run_id"]]) for r in runs]  # the cell's launches
     frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
     frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
     frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]
@@ -118,10 +120,11 @@ def efficiency_quality(efficiency: float | None, low: float | None) -> str | Non
 
 
 def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict]) -> pd.DataFrame:
-    """Per cell: compute = the median step of its baseline (the same config with no-op collectives); exposed
-    communication = step - compute, overlap = 1 - exposed / communication on the critical path (time inside
-    collectives where that was not measured), interference, all with intervals and a
-    quality flag, never clipped (scalelab.analysis.compare.exposed_with_interval).
+    """Per cell: compute = the median step of its baseline (the same config with no-op collectives) at its fastest
+    rank; exposed communication = step - compute; hidden = waiting + wire - exposed and overlap = hidden / (waiting
+    + wire), one interval; interference; all with intervals and a quality flag, never clipped: the one definition
+    of scalelab.analysis.breakdown.exposed_figures, which the breakdown reads too
+    (scalelab.analysis.compare.exposed_with_interval).
 
     `runs` are the table's runs, `baselines` the completed baseline runs of the same cells (same workers and global
     batch); 1-worker cells have none.
@@ -139,7 +142,7 @@ def add_exposed_comm(table: pd.DataFrame, runs: list[dict], baselines: list[dict
         critical = summary.get(keys.COMM_CRITICAL_MS)  # on the critical path where measured (one host)
         comm, high = (summary.get(keys.COMM_TIME_MS), None) if critical is None else \
             (critical, summary.get(keys.ci_keys(keys.COMM_CRITICAL_MS)[1]))
-        rows.append({"compute(ms)": b_summary.get(keys.STEP_MEDIAN_MS), "baseline_run_id": (b or {}).get("run_id"),
+        rows.append({"compute(ms)": baseline_step_ms(b_summary), "baseline_run_id": (b or {}).get("run_id"),
                      **exposed_with_interval(summary, b_summary, comm, comm_high_ms=high)})
     out = pd.concat([table.drop(columns=["compute(ms)", "quality"], errors="ignore"),
                      pd.DataFrame(rows, index=table.index)], axis=1)

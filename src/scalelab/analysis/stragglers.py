@@ -9,10 +9,12 @@ differ: a time t on rank r is t - offset_r on rank 0's clock, offset_r estimated
 Per timed step, with the ranks' collectives matched by position (every rank issues the same collectives in the
 same order; a step where they differ is skipped, as in peers.step_split):
 - a_k = the last arrival (aligned enter time) at collective k, and last_k the rank that arrived then;
-- per rank r: last(count) = the collectives where r was last_k; the wait r caused in the step = the most any other
-  rank q stood inside collectives waiting for r: max over q != r of the union of q's [start_qk, min(end_qk, a_k)]
-  over the collectives k with last_k = r. Overlapping asynchronous collectives are counted once (a union, never a
-  sum), so with one straggler this equals the step's waiting for peers.
+- per rank r: last(count) = the collectives where r was last_k; the wait r caused in the step (its cost to the
+  others) = the most any other rank q waited for it: max over q != r of q's waiting for peers
+  (scalelab.analysis.peers.waiting_stretches: inside a collective with none of its collectives on the wire) at
+  the collectives k with last_k = r. A stretch where q waits at its second bucket while its first is still on
+  the wire is communication in both figures, never waiting in one and wire time in the other; so a rank's cost
+  to the others never exceeds the step's waiting for peers, and with one straggler it equals it.
 The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
 
 Named straggler, only beyond noise (`straggler`): the rank whose wait caused has an interval that lies above every
@@ -37,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.analysis.intervals import mean_interval
-from scalelab.analysis.peers import union_seconds
+from scalelab.analysis.peers import matched, union_seconds, waiting_stretches
 
 # forward_backward: a step scalelab found in a script that marks none (scalelab.run.found_steps) has forward and
 # backward as one span, between its data wait and its optimizer
@@ -65,22 +67,22 @@ def step_arrivals(events: list[list], ranks: Sequence[int], offsets: Sequence[fl
     """One step's arrivals from each rank's comm_events (one list per rank, in the order of `ranks`):
     {"last": the last rank at each collective, "caused": {rank: seconds the others waited for it}, "arrival": the
     aligned last arrival a_k per collective, "waits": {rank: its waiting stretches on its own clock}}; None when
-    fewer than two ranks metered collectives or their ops differ."""
-    if len(events) < 2 or not all(events) or len({tuple(e[0] for e in ev) for ev in events}) != 1:
+    fewer than two ranks metered collectives or their ops differ. The waiting stretches are peers' (one
+    definition of waiting for both figures: scalelab.analysis.peers.waiting_stretches)."""
+    found = matched(events)
+    if found is None:
         return None
     shift = np.array([_offset(offsets, r) for r in ranks], dtype=float)[:, None]
-    starts = np.array([[e[2] for e in ev] for ev in events], dtype=float) - shift  # ranks x collectives
-    ends = starts + np.array([[e[3] for e in ev] for ev in events], dtype=float)
+    starts, ends = found[0] - shift, found[1] - shift  # ranks x collectives, on rank 0's clock
     last = np.argmax(starts, axis=0)
-    arrival = starts.max(axis=0)
+    stretches = waiting_stretches(starts, ends)
     caused, waits = {}, {}
-    for i, rank in enumerate(ranks):  # rank's waiting stretches on its own clock: [start_k, min(end_k, a_k)]
-        upto = np.minimum(ends[i], arrival)
-        waits[rank] = [(lo + shift[i, 0], hi + shift[i, 0]) for lo, hi in zip(starts[i], upto) if hi > lo]
-        mine = np.flatnonzero(last == i)
-        caused[rank] = max((union_seconds(zip(starts[q, mine], np.minimum(ends[q, mine], arrival[mine])))
+    for i, rank in enumerate(ranks):  # rank's waiting stretches on its own clock
+        waits[rank] = [(lo + shift[i, 0], hi + shift[i, 0]) for lo, hi, _k in stretches[i]]
+        caused[rank] = max((sum(hi - lo for lo, hi, k in stretches[q] if last[k] == i)
                             for q in range(len(ranks)) if q != i), default=0.0)
-    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": arrival.tolist(), "waits": waits}
+    return {"last": [int(ranks[i]) for i in last], "caused": caused, "arrival": starts.max(axis=0).tolist(),
+            "waits": waits}
 
 
 def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *,
@@ -241,24 +243,58 @@ def offsets_of(config: dict, clocks: dict | None) -> tuple[bool, list[float] | N
     return offsets is not None or not across, offsets
 
 
+def _launch(run) -> tuple[list[dict], list[float] | None, bool, bool]:
+    """(step records, clock offsets, comparable, stages) of one stored launch (a ParsedRun): a script's run that
+    marked no steps is read from its metered collectives (`collective_records`)."""
+    config = run.config or {}
+    comparable, offsets = offsets_of(config, run.clocks)
+    records = run.all_steps
+    stages = any(r.get("comm_events") for r in records)
+    if not stages:
+        records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
+    return records, offsets, comparable, stages
+
+
+def _on_one_clock(records: list[dict], offsets: Sequence[float] | None, launch: int) -> list[dict]:
+    """One launch's records with its collectives and step ends moved onto rank 0's clock and its steps numbered
+    apart from every other launch's (launch x 10^6 + step): launches pooled into one arrival table."""
+    out = []
+    for rec in aligned_records(records, offsets):
+        moved = {**rec, "step": launch * 10**6 + rec["step"]}
+        if rec.get("t_end(perf_s)") is not None:
+            moved["t_end(perf_s)"] = rec["t_end(perf_s)"] - _offset(offsets, rec["rank"])
+        out.append(moved)
+    return out
+
+
 def run_straggler(run) -> dict:
     """`find_straggler` of a stored run (a ParsedRun: scalelab.store.rundir), with its clock offsets
     (clocks.json; 0 on one host, a --local-nodes cluster included) and its nodes (node = rank // ranks per node).
     A script's run that marked no steps is read from its metered collectives (`collective_records`); its verdict
     has "stages": False (no stage spans to say where the straggler loses its time). Across machines without
     clock offsets nothing is compared: "unaligned": True and an empty table."""
-    config = run.config or {}
+    return cell_straggler([run])
+
+
+def cell_straggler(launches: Sequence) -> dict:
+    """The verdict of a cell from all its launches (ParsedRuns of one config) pooled: every launch's timed steps in
+    one arrival table, each on rank 0's clock, so the cost to the others and its interval are the cell's, as its
+    pooled summary's waiting for peers is (scalelab.analysis.repeats). One launch: `run_straggler`'s verdict."""
+    config = launches[-1].config or {}
     nnodes = int(config.get("nnodes") or 1)
-    comparable, offsets = offsets_of(config, run.clocks)
-    records = run.all_steps
-    stages = any(r.get("comm_events") for r in records)
-    if not stages:
-        records = collective_records(run.results, warmup=int(config.get("warmup_steps", 2)))
-    if not comparable:
+    found = [_launch(run) for run in launches]
+    stages = all(f[3] for f in found)
+    if not all(f[2] for f in found):
         return {"table": pd.DataFrame(columns=list(COLUMNS)), "step(ms)": math.nan, "rank": None, "node": None,
-                "stage": None, "excess": None, "stages": stages, "unaligned": True}
+                "stage": None, "excess": None, "stages": stages, "unaligned": True, "launches": len(launches)}
+    if len(found) == 1:
+        records, offsets = found[0][0], found[0][1]
+    else:
+        records = [r for i, f in enumerate(found) for r in _on_one_clock(f[0], f[1], i)]
+        offsets = None
     verdict = find_straggler(records, offsets, ranks_per_node=int(config.get("ranks") or 1) if nnodes > 1 else None)
-    return {**verdict, "stages": stages, "unaligned": False, "per": "step" if stages else "collective"}
+    return {**verdict, "stages": stages, "unaligned": False, "per": "step" if stages else "collective",
+            "launches": len(launches)}
 
 
 def last_arrivals(records: list[dict], offsets: Sequence[float] | None = None) -> set[tuple[int, int, int]]:

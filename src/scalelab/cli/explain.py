@@ -9,6 +9,7 @@ import typer
 from scalelab.cli.common import say
 from scalelab.cli.options import store_option
 from scalelab.lab.explain import explain, lines
+from scalelab.lab.pooled import cell_lines, study_cell
 from scalelab.lab.stragglers import explain_lines
 from scalelab.store import open_store
 
@@ -21,8 +22,10 @@ def explain_cmd(run: str = typer.Argument(..., help="Run id or a unique prefix."
     no-op-collectives variant get one line on what they are. Runs nothing: the 1-worker run and the no-sync and no-op
     variants are the stored runs of those configs (`scalelab scale` stores them all)."""
 
-    ex = explain(open_store(store), run)
-    # why not N x, then who the others waited for (not in a no-op-collectives variant: its collectives do nothing)
+    opened = open_store(store)
+    ex = explain(opened, run)
+    # why not N x, then who the others waited for (not in a no-op-collectives variant: its collectives do nothing),
+    # then, for a launch of a study cell, the cell's pooled figures the report shows
     waited = [] if (ex.run.get("config") or {}).get("noop_collectives") else explain_lines(ex.run)
-    for line in lines(ex) + waited:
+    for line in lines(ex) + waited + cell_lines(study_cell(opened.root, ex.run), ex.run["run_id"]):
         say(line)

@@ -26,11 +26,12 @@ from scalelab.report import figures
 from scalelab.sync import registry as syncs
 
 DEFAULTS = {"model": "mlp", "ranks": 2, "steps": 20}
-EXPOSED_NOTE = ("exposed comm = median step - median step of the same config with no-op collectives (the "
-                "strategy's own work kept), not clipped, with a conservative 95 % interval; comm = the union of "
-                "each step's collective intervals; comm_critical = the part after every peer arrived (waiting_for_peers: "
-                "before); overlap = 1 - exposed / comm_critical; interference = exposed - comm_critical when "
-                "positive beyond noise; comm_wait = from the last gradient "
+EXPOSED_NOTE = ("exposed comm = median step - median step at the fastest rank of the same config with no-op "
+                "collectives (the strategy's own work kept), not clipped, with a conservative 95 % interval; comm = "
+                "the union of each step's collective intervals; comm_critical = the part after every peer arrived "
+                "(waiting_for_peers: before); hidden = waiting_for_peers + comm_critical - exposed and overlap = "
+                "hidden / (waiting_for_peers + comm_critical), one interval; interference = exposed - "
+                "(waiting_for_peers + comm_critical) when positive beyond noise; comm_wait = from the last gradient "
                 "produced to the end of the sync, measured directly; quality flags an overlap above 1, or above 0 for a "
                 "blocking strategy, beyond its interval")
 LOOPBACK_NOTE = ("loopback bytes: the host's loopback counter (all ranks) sampled every sample_interval_s and "

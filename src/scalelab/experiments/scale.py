@@ -38,6 +38,7 @@ from scalelab.lab.base import (
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
+from scalelab.lab.stragglers import SHOWN as STRAGGLER_SHOWN
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
 from scalelab.report.figures import ci, plt, save
 from scalelab.sync import registry as syncs
@@ -374,6 +375,8 @@ EXPERIMENT = Experiment(
                     "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
     | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
                                 "share_of_gap", "within_noise", "measured", "needs"]
-       for name in ("scale_strong", "scale_weak")},
+       for name in ("scale_strong", "scale_weak")}
+    | {f"{name}_stragglers": list(STRAGGLER_SHOWN) for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
+    version=2,  # 2: exposed at the no-op's fastest rank, overlap = hidden / (waiting + wire), stragglers pooled
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis.breakdown import (ADDITIVE, LEAVES, PARTS, REST_LIMIT, SUBPARTS, largest_cause, largest_split,
-                                         negative_split)
+                                         exposed_sum)
 from scalelab.analysis.stragglers import MATERIAL
 from scalelab.analysis.interpret import fmt
 from scalelab.report.figures import plt, save
@@ -107,7 +107,7 @@ def lost_speedup_sentences(result) -> list[str]:
             if missing:
                 line += f"; not measured: {', '.join(missing)} (needs {part.loc[missing[0], 'needs']})"
             out.append(line + ".")
-            hidden = negative_split(group)
+            hidden = exposed_sum(group)
             if hidden is not None:
                 out.append(hidden[0].upper() + hidden[1:] + ".")
     return out

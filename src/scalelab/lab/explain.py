@@ -33,7 +33,7 @@ from scalelab.analysis.breakdown import (
     breakdown_of_runs,
     largest_cause,
     largest_split,
-    negative_split,
+    exposed_sum,
     rest_too_large,
 )
 from scalelab.config import TrainConfig
@@ -238,12 +238,15 @@ def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
     # exposed communication is acted on through its split (breakdown.largest_split): waiting, wire or interference;
     # where exposed communication itself was not measured (a script of the user's), the split is what is known
     part = cause["part"] if cause is not None else None
+    # the split as a sum first (exposed_sum): a part of it (wire time) can be larger than exposed itself, and
+    # "of it" above a smaller whole read as a contradiction
+    whole = exposed_sum(table)
+    if whole:
+        out.append(whole + ".")
     if split is not None and part in ("exposed", None):
-        out.append(f"{'of it' if part else 'largest measured part'}: {PARTS[split['part']].strip()}, {ms(split)}.")
+        lead = "the largest term of that sum" if whole else "largest measured part"
+        out.append(f"{lead}: {PARTS[split['part']].strip()}, {ms(split)}.")
         part = split["part"]
-    hidden = negative_split(table)
-    if hidden:
-        out.append(hidden + ".")
     if part == "data":
         out.append(f"try more loader workers (num_workers is {c.get('num_workers', 'not recorded')}) or "
                    "pin_memory: `scalelab loader-sweep` measures them.")

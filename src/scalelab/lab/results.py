@@ -21,7 +21,8 @@ from scalelab.lab.base import Experiment, Result
 from scalelab.store import read_json, write_text_atomic
 from scalelab.store.files import dumps
 
-ANALYSIS_VERSION = 3  # raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
+ANALYSIS_VERSION = 4  # 3: the pooled noise model's columns (issue 56); 4: exposed at the no-op's fastest rank, overlap of
+# waiting + wire (issue 57). Raise when a shared analysis (comparison tables, intervals, the ranking) changes its output
 STUDY_FILE = "study.json"
 
 

@@ -2,9 +2,9 @@
 
 The attribution itself is scalelab.analysis.stragglers (pure, over a parsed run); this module reads the runs:
 - `explain_lines(run)`: a stored run (a catalog row, `Store.get`) -> the lines `scalelab explain` prints;
-- `straggler_table(runs)`: the multi-rank runs of a study's cells (`Cells.runs` / `Cells.rows`: rows with
-  "files", their RunDir) -> one row per run: who is the straggler, where it loses its time, how long the others
-  waited for it with its interval;
+- `straggler_table(runs)`: the multi-rank cells of a study (`Cells.rows`: rows with "files", their RunDir, and
+  "run_ids", their launches) -> one row per cell, from all its launches pooled: who is the straggler, where it
+  loses its time, how long the others waited for it with its interval, beside the cell's waiting for peers;
 - `straggler_sentences(table)`: that table in words, for the scaling section.
 """
 from __future__ import annotations
@@ -13,11 +13,15 @@ import math
 
 import pandas as pd
 
-from scalelab.analysis.stragglers import run_straggler, straggler_lines
+from scalelab.analysis import keys
+from scalelab.analysis.stragglers import cell_straggler, run_straggler, straggler_lines
 from scalelab.store.rundir import RunDir
 
 COLUMNS = ("run_id", "workers", "nodes", "global_batch", "straggler_rank", "straggler_node", "stage", "caused(ms)",
-           "caused_low(ms)", "caused_high(ms)", "last(share)", "steps", "step(ms)")
+           "caused_low(ms)", "caused_high(ms)", "last(share)", "steps", "step(ms)", "launches", "waiting(ms)")
+# what the report shows of the table (Experiment.columns): who, where, and what it cost the others
+SHOWN = ["workers", "global_batch", "straggler_rank", "straggler_node", "stage", "caused(ms)", "caused_low(ms)",
+         "caused_high(ms)", "last(share)", "waiting(ms)", "launches"]
 
 
 def explain_lines(run: dict) -> list[str]:
@@ -28,14 +32,25 @@ def explain_lines(run: dict) -> list[str]:
     return straggler_lines(run_straggler(RunDir(run["dir"]).load()))
 
 
+def launch_dirs(row: dict) -> list[RunDir]:
+    """The RunDirs of every launch of a cell's row (`run_ids`, as Cells.rows gives them; the row's own run
+    alone without them): the launches are its siblings in the store's runs folder."""
+    files = row["files"]
+    ids = row.get("run_ids") or [files.run_id]
+    return [files if rid == files.run_id else RunDir(files.path.parent / rid) for rid in ids]
+
+
 def straggler_row(row: dict) -> dict:
-    """One run row (with "files": its RunDir) -> its COLUMNS; straggler_rank None when none is named."""
+    """One cell's row (with "files": its RunDir; "run_ids": its launches) -> its COLUMNS, the verdict of all its
+    launches pooled (cell_straggler), beside the cell's pooled waiting for peers; straggler_rank None when none is
+    named."""
     config = row.get("config") or {}
     nodes = int(config.get("nnodes") or 1)
-    verdict = run_straggler(row["files"].load())
+    verdict = cell_straggler([files.load() for files in launch_dirs(row)])
     out = dict.fromkeys(COLUMNS)
     out.update({"run_id": row.get("run_id"), "workers": int(config.get("ranks") or 1) * nodes, "nodes": nodes,
-                "global_batch": config.get("global_batch"), "step(ms)": verdict["step(ms)"]})
+                "global_batch": config.get("global_batch"), "step(ms)": verdict["step(ms)"],
+                "launches": verdict["launches"], "waiting(ms)": (row.get("summary") or {}).get(keys.COMM_PEERS_WAIT_MS)})
     if verdict["rank"] is not None:
         out.update(straggler_rank=verdict["rank"], straggler_node=verdict["node"], stage=verdict["stage"],
                    steps=verdict["steps"],
@@ -75,5 +90,16 @@ def straggler_sentences(table: pd.DataFrame | None, where: str = "") -> list[str
                    f"{int(d['straggler_rank'])}{where} is the straggler{stage}; it arrived last at "
                    f"{100 * d['last(share)']:.0f} % of the collectives and the others waited {d['caused(ms)']:.2f} ms "
                    f"per step for it (95 % interval {d['caused_low(ms)']:.2f}-{d['caused_high(ms)']:.2f}, n = "
-                   f"{int(d['steps'])} steps, of a {d['step(ms)']:.1f} ms step).")
+                   f"{int(d['steps'])} steps{_launches(d)}, of a {d['step(ms)']:.1f} ms step){_waiting(d)}.")
     return out
+
+
+def _launches(d: dict) -> str:
+    n = d.get("launches")
+    return f" over {int(n)} launches" if isinstance(n, (int, float)) and n == n and n > 1 else ""
+
+
+def _waiting(d: dict) -> str:
+    """The cell's waiting for peers beside the straggler's cost: the cost is a part of it (one stretch of time)."""
+    w = d.get("waiting(ms)")
+    return f"; the cell's waiting for peers {w:.2f} ms" if isinstance(w, (int, float)) and w == w else ""

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from scalelab.analysis import stragglers as st
+from scalelab.analysis.peers import step_split
 from scalelab.store.rundir import RunDir
 
 
@@ -40,11 +41,32 @@ def test_the_wait_a_late_rank_causes_is_the_others_time_inside_collectives_befor
 
 
 def test_overlapping_collectives_count_the_wait_once_not_per_collective():
-    # rank 0 launches buckets at 0, 2, 4 ms; rank 1 at 10, 12, 14 ms: rank 0 waits from 0 to 14 ms, not 30
-    found = st.step_arrivals([[["allreduce", "backward", s, 0.02 - s, 1] for s in (0.0, 0.002, 0.004)],
-                              [["allreduce", "backward", s, 0.02 - s, 1] for s in (0.010, 0.012, 0.014)]], [0, 1])
-    assert found["caused"][1] == pytest.approx(0.014)
+    # rank 0 launches buckets at 0, 2, 4 ms; rank 1 at 10, 12, 14 ms: rank 0 waits from 0 to 10 ms (not 30, one per
+    # bucket, and not 14: from 10 ms its first bucket is on the wire, communication in peers' split too)
+    events = [[["allreduce", "backward", s, 0.02 - s, 1] for s in (0.0, 0.002, 0.004)],
+              [["allreduce", "backward", s, 0.02 - s, 1] for s in (0.010, 0.012, 0.014)]]
+    found = st.step_arrivals(events, [0, 1])
+    assert found["caused"][1] == pytest.approx(0.010)
     assert found["last"] == [1, 1, 1]
+    assert found["caused"][1] == pytest.approx(step_split(events)[1])  # the step's waiting for peers
+
+
+def test_a_wait_that_holds_an_earlier_bucket_on_the_wire_is_wire_time_in_both_figures():
+    # the issue's case: 2 buckets, rank 1 late by d = 30 ms at each; bucket 1 takes 15 ms on the wire once both
+    # are in, bucket 2 8 ms after it. Rank 0 waits d at bucket 1; at bucket 2 it is inside from 5 ms, but bucket 1
+    # is on the wire from 30 to 45 ms and rank 1 reaches bucket 2 at 35 ms: no second wait
+    d, wire1, wire2 = 0.030, 0.015, 0.008
+    rank0 = [["allreduce", "backward", 0.0, d + wire1, 1], ["allreduce", "backward", 0.005, d + wire1 + wire2 - 0.005, 1]]
+    rank1 = [["allreduce", "backward", d, wire1, 1], ["allreduce", "backward", d + 0.005, wire1 + wire2 - 0.005, 1]]
+    found = st.step_arrivals([rank0, rank1], [0, 1])
+    critical, waiting = step_split([rank0, rank1])
+    assert found["caused"][1] == pytest.approx(d) == pytest.approx(waiting)
+    assert critical == pytest.approx(wire1 + wire2)
+    # a second wait where bucket 1 is done before the late rank reaches bucket 2: waiting for rank 1 again
+    rank1_later = [["allreduce", "backward", d, wire1, 1], ["allreduce", "backward", d + 0.020, wire2, 1]]
+    rank0_later = [rank0[0], ["allreduce", "backward", 0.005, d + 0.020 + wire2 - 0.005, 1]]
+    found = st.step_arrivals([rank0_later, rank1_later], [0, 1])
+    assert found["caused"][1] == pytest.approx(d + 0.005) == pytest.approx(step_split([rank0_later, rank1_later])[1])
 
 
 def test_steps_whose_collectives_differ_are_not_compared():
@@ -214,3 +236,20 @@ def test_a_rank_slow_in_backward_is_named_there_although_the_others_wait_inside_
                                                                            for t in range(1, 9)) / 8)
     # spans alone would show no excess: rank 0's backward is as long as rank 1's
     assert records[0]["backward(s)"] == records[1]["backward(s)"]
+
+
+def test_a_cells_launches_are_pooled_into_one_verdict():
+    """Two launches of one cell: their steps in one arrival table (numbered apart), each launch on its own clock
+    moved onto rank 0's, so the cost to the others is the mean over every step of both."""
+    first = late_rank_records(late=0.010)
+    second = [{**r, "comm_events": [[e[0], e[1], e[2] + (0.5 if r["rank"] == 1 else 0.0), *e[3:]]
+                                    for e in r["comm_events"]]} for r in late_rank_records(late=0.015)]
+    launch = lambda records, offsets: SimpleNamespace(config={"ranks": 2}, clocks={"offsets(s)": offsets},
+                                                      all_steps=records, results={})
+    one = st.cell_straggler([launch(first, [0.0, 0.0])])
+    both = st.cell_straggler([launch(first, [0.0, 0.0]), launch(second, [0.0, 0.5])])  # rank 1's clock 0.5 s ahead
+    assert one["launches"] == 1 and both["launches"] == 2
+    assert (one["rank"], one["steps"], both["rank"], both["steps"]) == (1, 8, 1, 16)
+    expected = [3 * (d + 1e-4 * (t % 3)) for d in (0.010, 0.015) for t in range(1, 9)]
+    assert both["caused(ms)"] == pytest.approx(1e3 * sum(expected) / 16)
+    assert both["stage"] == "forward"

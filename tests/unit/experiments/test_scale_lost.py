@@ -29,8 +29,9 @@ def table(nosync=True):
 
 def test_the_sentence_names_the_largest_cause_with_its_interval_and_the_rest():
     result = SimpleNamespace(tables={"scale_strong_lost_speedup": table()})
-    (line,) = lost_speedup_sentences(result)
+    line, split = lost_speedup_sentences(result)
     assert line.startswith("strong scaling, 2 workers at global batch 64: ideal step 50 ms, measured 80 ms")
+    assert split.startswith("Exposed communication 18 ms = waiting 12 + wire 6; overlap 0 % of the 18 ms")
     assert ("the largest cause is exposed communication: the real run against its no-op collectives, 18 ms (95 % "
             "interval 16.5–19.5 ms), mostly waiting for peers (12 ms of the time inside collectives)") in line
     assert "the rest -1 ms (-3 % of the gap)" in line and "not measured" not in line
@@ -38,7 +39,7 @@ def test_the_sentence_names_the_largest_cause_with_its_interval_and_the_rest():
 
 def test_a_missing_variant_is_named_in_the_sentence_and_hatched_in_the_waterfall(tmp_path):
     t = table(nosync=False)
-    (line,) = lost_speedup_sentences(SimpleNamespace(tables={"scale_weak_lost_speedup": t}))
+    line, _split = lost_speedup_sentences(SimpleNamespace(tables={"scale_weak_lost_speedup": t}))
     assert "not measured: compute, sync_work (needs scalelab scale ...)" in line
     path = waterfall(t, tmp_path / "lost.png")
     assert path.exists() and path.stat().st_size > 0
