@@ -10,6 +10,7 @@ the validation in `validation.py`, the intervals in `intervals.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 
@@ -22,8 +23,9 @@ from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf import modelerror
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibrate import calibrate, lone_text
 from scalelab.perf.calibration import MEASURED, Calibration, calibration_path, own_scales_text
+from scalelab.perf.choice import recommendation
 from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.perf.horizon import (
     HORIZON,
@@ -98,6 +100,15 @@ def compute_scale(cal: Calibration, hw: Hardware) -> float:
     return cal.compute_scale if hw.name == cal.hardware().name else 1.0
 
 
+def compute_models(cal: Calibration, hw: Hardware) -> dict:
+    """The compute `perfmodel.predict` takes for `hw`: this machine's own hardware is its ranks sharing this host
+    (the calibration's compute, slowdown included) with one rank alone as the one-worker baseline; any other
+    hardware (a preset, a file) has one rank per node or device, so every rank computes as one rank alone."""
+    if hw.name == cal.hardware().name:
+        return {"model": cal.compute_model(), "alone": cal.lone_model()}
+    return {"model": cal.lone_model()}
+
+
 def for_strategy(cal: Calibration, hw: Hardware, strategy: str) -> Hardware:
     """`hw` as `strategy` sees it: this machine's own hardware with the strategy's in-training scale
     (`Calibration.scale_for`), any other unchanged."""
@@ -119,10 +130,10 @@ def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], wor
         batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
 
         def steps(c: Calibration, hw: Hardware = hw, batches: dict = batches) -> pd.DataFrame:
-            return pm.predict(c.compute_model(), for_strategy(c, hw, strategy), workers, param_bytes=c.param_bytes,
+            return pm.predict(hardware=for_strategy(c, hw, strategy), workers=workers, param_bytes=c.param_bytes,
                               mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
                               accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(c, hw),
-                              **batches)
+                              **compute_models(c, hw), **batches)
 
         frame = steps(cal)
         # the strategy's calibration bias belongs to this machine's own figures (perf/modelerror.py): a preset
@@ -171,15 +182,50 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
                            bucket_mb: float = 25.0, compression: str = "none",
                            accumulate: int = 1) -> pd.DataFrame:
     """Which per-rank batch and strategy keep weak-scaling efficiency >= `target` at `workers` on `hardware`
-    (`perfmodel.options_for_efficiency`: those meeting it first, smallest batch first)."""
+    (`perfmodel.options_for_efficiency`: those meeting it first, smallest batch first), each efficiency with the
+    95 % interval of its step (`option_intervals`)."""
     if not 0 < target <= 1:
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
-    return pm.options_for_efficiency(cal.compute_model(), lambda s: for_strategy(cal, hardware, s), workers,
-                                     target=target,
-                                     per_rank_batches=per_rank_batches, strategies=strategies,
-                                     param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
-                                     compression=compression, accumulate=accumulate,
-                                     compute_scale=compute_scale(cal, hardware))
+    models = compute_models(cal, hardware)
+    table = pm.options_for_efficiency(models.pop("model"), lambda s: for_strategy(cal, hardware, s), workers,
+                                      target=target,
+                                      per_rank_batches=per_rank_batches, strategies=strategies,
+                                      param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
+                                      compression=compression, accumulate=accumulate,
+                                      compute_scale=compute_scale(cal, hardware), **models)
+    table = table.assign(**option_intervals(cal, hardware, workers, table, bucket_mb=bucket_mb,
+                                            compression=compression, accumulate=accumulate))
+    table["meets_target"] = table["efficiency"] >= target
+    order = table.assign(_miss=~table["meets_target"], _eff=-table["efficiency"])
+    order = order.sort_values(["_miss", "per_rank_batch", "_eff"], kind="stable")
+    return order.drop(columns=["_miss", "_eff"]).reset_index(drop=True)
+
+
+def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.DataFrame, *, bucket_mb: float,
+                     compression: str, accumulate: int) -> dict[str, list[float]]:
+    """Per option (row of `table`), its efficiency as the prediction table gives it (with the strategy's bias on
+    this machine's own hardware) and its 95 % interval: the step's interval at `workers` (sampling and model error,
+    `intervals`), carried to efficiency = X(1)·... / step, i.e. inversely, with the one-worker baseline at its
+    point (it holds no communication, so no model error, and its sampling part moves every option alike)."""
+    replicas, checked = cal.replicas(), hardware_checked(cal, hw) == CHECKED
+    out: dict[str, list[float]] = {"efficiency": [], "efficiency_ci_low": [], "efficiency_ci_high": []}
+    for row in table.to_dict("records"):
+        def steps(c: Calibration, row: dict = row) -> list[float]:
+            return pm.predict(hardware=for_strategy(c, hw, row["strategy"]), workers=[workers],
+                              param_bytes=c.param_bytes, per_rank_batch=row["per_rank_batch"], mode="weak",
+                              strategy=row["strategy"], bucket_bytes=bucket_mb * pm.MIB, compression=compression,
+                              accumulate=accumulate, compute_scale=compute_scale(c, hw),
+                              **compute_models(c, hw))["step(ms)"].tolist()
+
+        step = row["step(ms)"]
+        c = intervals(cal, [step], step_quantiles(cal, steps, 1, replicas), strategy=row["strategy"], bias=checked,
+                      in_flight=modelerror.concurrent(cal, {"sync": row["strategy"], "bucket_mb": bucket_mb}))
+        work = row["efficiency"] * step  # efficiency × step: fixed by the baseline
+        point = c["point"][0] if workers > 1 else step
+        out["efficiency"].append(work / point)
+        out["efficiency_ci_low"].append(work / c["high"][0] if workers > 1 else math.nan)
+        out["efficiency_ci_high"].append(work / c["low"][0] if workers > 1 else math.nan)
+    return out
 
 
 # ---------------------------------------------------------------- the experiment
@@ -199,17 +245,6 @@ def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, b
     return [Cell(f"{strategy}, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, sync=strategy,
                                                                wrapper="auto", bucket_mb=bucket_mb, ddp_hook=hook))
             for b in sorted(set(batches))], None
-
-
-def recommendation(options: pd.DataFrame, workers: int, target: float) -> str:
-    """One sentence from an `options_for_efficiency` table."""
-    best = options.iloc[0]
-    what = f"{best['strategy']} with per-rank batch {best['per_rank_batch']:g}"
-    if best["meets_target"]:
-        return f"{what} keeps efficiency at {best['efficiency']:.0%} (>= {target:.0%}) on {workers} workers"
-    top = options.sort_values("efficiency", ascending=False).iloc[0]
-    return (f"no candidate reaches {target:.0%} on {workers} workers; the best is {top['strategy']} with per-rank "
-            f"batch {top['per_rank_batch']:g} at {top['efficiency']:.0%}")
 
 
 def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
@@ -283,8 +318,11 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     # what keeps the target is asked where the model is not extrapolating: each hardware's reach (perf/horizon.py)
     reaches = {row_label(cal, hw): reach(workers, horizon["scale"], horizon["cores"]
                                          if row_label(cal, hw) == horizon["own"] else None) for hw in hws}
+    # the default per-rank batch at a hardware's reach: the batch itself (weak), the global batch's share (strong)
+    defaults = {label: batch if mode == "weak" else max(1.0, batch / n) for label, n in reaches.items() if n}
     options = pd.concat([options_for_efficiency(cal, hw, reaches[row_label(cal, hw)], target=target,
-                                                per_rank_batches=candidates, bucket_mb=bucket_mb,
+                                                per_rank_batches=sorted({*candidates, defaults[row_label(cal, hw)]}),
+                                                bucket_mb=bucket_mb,
                                                 compression=compression, accumulate=cal.accumulate)
                          .assign(hardware=row_label(cal, hw), workers=reaches[row_label(cal, hw)])
                          for hw in hws if reaches[row_label(cal, hw)] is not None] or [pd.DataFrame()],
@@ -295,14 +333,15 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
              if cal.bench_run else "no bench: links from the hardware only")
     notes = {"calibration": f"{calibration} (compute of {compute_origin(cal)}; {links}; in training collectives "
                             f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, "
-                            f"overlap {cal.overlap:.2f}; "
+                            f"overlap {cal.overlap:.2f}; {lone_text(cal)}; "
                             f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
              "efficiency < 50 % from": {hw: (f"{n} workers" + (" (extrapolation)" if extrapolated(n, horizon["scale"])
                                                                else "") if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
              "horizon": horizon_text(horizon, top),
              f"to keep >= {target:.0%} within the horizon": {
-                 hw: recommendation(group, int(group["workers"].iloc[0]), target)
+                 hw: recommendation(group, int(group["workers"].iloc[0]), target, strategy=strategy,
+                                    batch=defaults[hw])
                  for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
     notes["intervals"] = INTERVALS + modelerror.describe(cal)
     if len(validation):
@@ -311,6 +350,7 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
         notes["validation"] = f"skipped: {skipped}"
     result = Result("predict", {"prediction": table, "options": options}, notes=notes,
                     meta={"mode": mode, "sync": strategy, "batch": batch, "compute_of": compute_origin(cal),
+                          "baseline": lone_text(cal),
                           **horizon, "reach": reaches})
     if len(validation):
         result.tables["validation"] = validation
