@@ -215,3 +215,28 @@ def calibrate_compute(cal: Calibration, base: TrainConfig, cells: Cells, *, batc
         points=json.loads(points.to_json(orient="records")), compute_runs=list(points["run_id"]),
         compute_nodes=max(1, base.local_nodes),
         replicates=[{**rep, "compute": c} for rep, c in zip(cal.replicates, computes)])
+
+
+# the most namespace nodes whose compute `compute_at_nodes` measures: each is a process on this host's cores, and
+# the frozen protocol (docs/model.md) validated the path at 3 and 4
+MAX_MEASURED_NODES = 8
+
+
+def compute_at_nodes(cal: Calibration, base: TrainConfig, cells: Cells, workers: Sequence[int], *,
+                     batches: Sequence[int], horizon: float, say: Callable[[str], None] = print) -> dict[int, Calibration]:
+    """Per predicted worker count whose node count differs from the calibration's, `cal` with its compute measured
+    at that node count (`calibrate_compute`), as the frozen protocol does: namespace nodes share this host's cores,
+    so compute at N nodes is not the calibration's. Only for a calibration over namespace nodes (`base.local_nodes`),
+    for counts of whole nodes within `horizon` workers and MAX_MEASURED_NODES nodes; the rest keep `cal` (and are
+    marked extrapolation: `prediction.apply_horizon`)."""
+    if base.local_nodes < 2:
+        return {}
+    out: dict[int, Calibration] = {}
+    for n in sorted({int(n) for n in workers}):
+        nodes, rest = divmod(n, base.ranks)
+        if rest or nodes < 2 or nodes == cal.nodes or n > horizon or nodes > MAX_MEASURED_NODES:
+            continue
+        at = with_fields(base, local_nodes=nodes, nnodes=nodes, global_batch=base.per_rank_batch * base.ranks * nodes)
+        out[n] = calibrate_compute(cal, at, cells, batches=batches, repeats=cal.repeats)
+        say(f"[{cells.study}] compute at {nodes} nodes: {lone_text(out[n])}")
+    return out

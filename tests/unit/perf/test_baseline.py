@@ -75,3 +75,43 @@ def test_lone_cells_are_one_rank_alone_at_its_default_threads_without_namespace_
     assert all(c.config.link_gbps is None and c.config.world_size == 1 for c in lone_cells(nodes, [16, 64]))
     alone = TrainConfig(model="mlp", dataset="synthetic", ranks=1, global_batch=64)
     assert lone_cells(alone, [16, 64]) == []  # its compute runs are one rank alone already
+
+
+def test_namespace_rows_use_compute_measured_at_their_node_count_and_unmeasured_counts_are_extrapolation():
+    """The user's path as the protocol's: compute at 3 nodes measured (slower: 3 nodes share the host) is what the
+    3-worker row computes with; 4 nodes, unmeasured, keeps the calibration's and is marked extrapolation."""
+    import dataclasses
+
+    import pandas as pd
+
+    from scalelab.perf.prediction import apply_horizon
+
+    cal = synthetic_calibration(nodes=2, link_gbps=0.5, lone=LONE)
+    slower = {s: [c0 * 1.5, c1 * 1.5] for s, (c0, c1) in cal.compute.items()}
+    at3 = dataclasses.replace(cal, compute=slower, compute_nodes=3)
+    table = predict_table(cal, cal.hardware(), [1, 2, 3, 4], batch=10, strategy="allreduce", at={3: at3})
+    rows = table.set_index("workers")
+    assert rows.loc[3, "compute(ms)"] == pytest.approx(1.5 * (2 + 0.1 * 10 + 0.5))
+    assert rows.loc[4, "compute(ms)"] == pytest.approx(2 + 0.1 * 10 + 0.5)
+    assert rows["compute_nodes"].tolist() == [2, 2, 3, 2]
+    marked, _ = apply_horizon(table, cal, pd.DataFrame())
+    assert marked.set_index("workers")["extrapolation"].to_dict() == {1: False, 2: False, 3: False, 4: True}
+
+
+def test_compute_at_nodes_measures_each_whole_node_count_within_the_horizon_and_the_cap(monkeypatch):
+    from scalelab.perf import calibrate as calibrate_module
+
+    seen = []
+    monkeypatch.setattr(calibrate_module, "calibrate_compute",
+                        lambda cal, base, cells, **kw: seen.append((base.local_nodes, base.world_size)) or cal)
+
+    class Cells:
+        study = "s"
+
+    cal = synthetic_calibration(nodes=2, link_gbps=0.5)
+    base = TrainConfig(model="mlp", dataset="synthetic", local_nodes=2, link_gbps=0.5, global_batch=32)
+    at = calibrate_module.compute_at_nodes(cal, base, Cells(), [1, 2, 3, 4, 12, 16, 64], batches=[8, 16],
+                                           horizon=16, say=lambda _: None)
+    assert sorted(at) == [3, 4] and seen == [(3, 3), (4, 4)]  # 1: alone; 2: calibrated; 12, 16 > 8 nodes; 64 > 16
+    alone = TrainConfig(model="mlp", dataset="synthetic", ranks=2, global_batch=32)
+    assert calibrate_module.compute_at_nodes(cal, alone, Cells(), [4], batches=[8, 16], horizon=16) == {}
