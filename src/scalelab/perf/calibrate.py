@@ -190,8 +190,11 @@ def lone_text(cal: Calibration) -> str:
         return f"compute of one rank alone: {per_sample:.3g} ms per sample (the compute runs)"
     nodes = cal.compute_nodes or cal.nodes
     where = f"{nodes} namespace nodes" if nodes > 1 else f"{cal.ranks} ranks"
+    odd = ("; below 1, a rank computed faster sharing the host than alone: a loaded host or threads that do not "
+           "pay for this model, so the lone figures are suspect" if cal.host_slowdown < 1 else "")
     return (f"compute of one rank alone: {per_sample:.3g} ms per sample (one rank per node: presets, files); "
-            f"{where} sharing this host ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows only)")
+            f"{where} sharing this host ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
+            f"only{odd})")
 
 
 def calibrate_compute(cal: Calibration, base: TrainConfig, cells: Cells, *, batches: Sequence[int],
