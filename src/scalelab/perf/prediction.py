@@ -224,26 +224,28 @@ def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.Dat
                      compression: str, accumulate: int) -> dict[str, list[float]]:
     """Per option (row of `table`), its efficiency as the prediction table gives it (with the strategy's bias on
     this machine's own hardware) and its 95 % interval: the step's interval at `workers` (sampling and model error,
-    `intervals`), carried to efficiency = X(1)·... / step, i.e. inversely, with the one-worker baseline at its
-    point (it holds no communication, so no model error, and its sampling part moves every option alike)."""
+    `intervals`), carried to efficiency = one worker's step / the step, inversely, with the one-worker baseline at
+    its point (it holds no communication, so no model error, and its sampling part moves every option alike)."""
     replicas, checked = cal.replicas(), hardware_checked(cal, hw) == CHECKED
-    out: dict[str, list[float]] = {"efficiency": [], "efficiency_ci_low": [], "efficiency_ci_high": []}
-    for row in table.to_dict("records"):
-        def steps(c: Calibration, row: dict = row) -> list[float]:
-            return pm.predict(hardware=for_strategy(c, hw, row["strategy"]), workers=[workers],
-                              param_bytes=c.param_bytes, per_rank_batch=row["per_rank_batch"], mode="weak",
-                              strategy=row["strategy"], bucket_bytes=bucket_mb * pm.MIB, compression=compression,
-                              accumulate=accumulate, compute_scale=compute_scale(c, hw),
-                              **compute_models(c, hw))["step(ms)"].tolist()
+    out = {k: [math.nan] * len(table) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high")}
+    rows = table.reset_index(drop=True)
+    for strategy, group in rows.groupby("strategy", sort=False):
+        def steps(c: Calibration, group: pd.DataFrame = group, strategy: str = strategy) -> list[float]:
+            models, link = compute_models(c, hw), for_strategy(c, hw, strategy)
+            return [pm.predicted_row(models["model"], link, workers, b, params=c.param_bytes, strategy=strategy,
+                                     bucket_bytes=bucket_mb * pm.MIB, compression=compression, accumulate=accumulate,
+                                     algorithm=None, emulation=None, compute_scale=compute_scale(c, hw),
+                                     alone=models.get("alone"))["step(ms)"] for b in group["per_rank_batch"]]
 
-        step = row["step(ms)"]
-        c = intervals(cal, [step], step_quantiles(cal, steps, 1, replicas), strategy=row["strategy"], bias=checked,
-                      in_flight=modelerror.concurrent(cal, {"sync": row["strategy"], "bucket_mb": bucket_mb}))
-        work = row["efficiency"] * step  # efficiency × step: fixed by the baseline
-        point = c["point"][0] if workers > 1 else step
-        out["efficiency"].append(work / point)
-        out["efficiency_ci_low"].append(work / c["high"][0] if workers > 1 else math.nan)
-        out["efficiency_ci_high"].append(work / c["low"][0] if workers > 1 else math.nan)
+        points = group["step(ms)"].tolist()
+        c = intervals(cal, points, step_quantiles(cal, steps, len(group), replicas), strategy=strategy, bias=checked,
+                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+        for j, (i, step) in enumerate(zip(group.index, points)):
+            work = rows.loc[i, "efficiency"] * step  # efficiency × step: fixed by the one-worker baseline
+            many = workers > 1
+            out["efficiency"][i] = work / (c["point"][j] if many else step)
+            out["efficiency_ci_low"][i] = work / c["high"][j] if many else math.nan
+            out["efficiency_ci_high"][i] = work / c["low"][j] if many else math.nan
     return out
 
 
