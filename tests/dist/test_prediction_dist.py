@@ -74,6 +74,8 @@ def test_calibration_from_a_tiny_study_is_a_usable_model(study):
     assert sorted(r["config"]["global_batch"] for r in alone) == BATCHES
     assert all(r["config"]["threads"] is None for r in alone)
     assert [p["per_rank_batch"] for p in cal.lone_points] == BATCHES and cal.host_slowdown > 0
+    # the calibration line prints the baseline and the slowdown that shared-host rows get
+    assert any(f"2 ranks sharing this host ×{cal.host_slowdown:.2f}" in line for line in study.said)
     assert 0 <= cal.overlap <= 1 and cal.hardware().overlap == cal.overlap
     # a batch's row is left out only when its runs had under a µs of hideable communication
     assert {r["per_rank_batch"] for r in cal.insitu if "overlap" in r} <= set(BATCHES)

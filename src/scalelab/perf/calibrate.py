@@ -177,7 +177,8 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         f"{f' ({repeats} launches each)' if repeats > 1 else ''}; α = {cal.alpha_s * 1e6:.1f} µs, 1/β = "
         f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s ({cal.bench_run}); "
         f"with communication: collectives ×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute "
-        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {len(cal.replicates)} bootstrap refits; "
+        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {lone_text(cal)}; {len(cal.replicates)} bootstrap "
+        f"refits; "
         f"{modelerror.describe(cal)}; wrote {path}")
     return cal
 
