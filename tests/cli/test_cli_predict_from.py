@@ -147,3 +147,27 @@ def test_predict_from_refuses_with_one_line(tmp_path, capsys, no_process, runs, 
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ") and expected in err, err
     assert not (tmp_path / "store" / "studies" / "predict" / "prediction.csv").exists()
+
+
+def test_the_prediction_fits_80_columns_and_wide_shows_every_column(tmp_path, capsys, no_process, monkeypatch):
+    """At 80 columns what answers the question (workers, step and its 95 % interval, efficiency, extrapolation)
+    fits, the other columns are named below it, and the notes are a short list; --wide prints every column."""
+    from scalelab.cli.common import console
+
+    monkeypatch.setattr(console, "width", 80)
+    folder = copied(tmp_path, *ALL)
+    predict_from(folder, tmp_path, "--hardware", "ib_hdr")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "workers" in line and "step(ms)" in line)
+    assert all(col in header for col in ("95 % (ms)", "efficiency", "extrapolation"))
+    assert "not shown, to fit 80 columns: " in out and "(--wide, and prediction.csv)" in out
+    notes = lines[lines.index("notes (in full: --wide):") + 1:]
+    bullets = [line for line in notes if line.startswith("- ")]
+    assert 3 <= len(bullets) <= 8 and any("compute of one rank alone" in b for b in bullets)
+    predict_from(folder, tmp_path, "--hardware", "ib_hdr", "--wide")
+    wide = capsys.readouterr().out
+    header = next(line for line in wide.splitlines() if "workers" in line and "step(ms)" in line)
+    assert all(col in header for col in ("sampling ±%", "model ±%", "compute(ms)", "exposed_comm(ms)", "50 % (ms)"))
+    assert "not shown" not in wide and "intervals: each predicted step" in wide.replace("\n", " ")

@@ -67,13 +67,21 @@ def test_calibration_from_a_tiny_study_is_a_usable_model(study):
     assert saved == cal
     # per batch: the compute run, an allreduce run and a bucketed run (the overlap), all completed
     runs = completed_train_runs(study.store, "t/calibration")  # the bench run of α and β is there too
-    assert sorted((r["config"]["sync"], r["config"]["global_batch"] // 2) for r in runs) == sorted(
+    alone = [r for r in runs if r["config"]["ranks"] == 1]
+    assert sorted((r["config"]["sync"], r["config"]["global_batch"] // 2) for r in runs if r not in alone) == sorted(
         (sync, b) for sync in ("noop", "allreduce", "bucketed") for b in BATCHES)
+    # and one rank alone per batch at its default threads: the baseline of one rank per node (docs/model.md)
+    assert sorted(r["config"]["global_batch"] for r in alone) == BATCHES
+    assert all(r["config"]["threads"] is None for r in alone)
+    assert [p["per_rank_batch"] for p in cal.lone_points] == BATCHES and cal.host_slowdown > 0
+    # the calibration line prints the baseline and the slowdown that shared-host rows get
+    assert any(f"2 ranks sharing this host ×{cal.host_slowdown:.2f}" in line for line in study.said)
     assert 0 <= cal.overlap <= 1 and cal.hardware().overlap == cal.overlap
     # a batch's row is left out only when its runs had under a µs of hideable communication
     assert {r["per_rank_batch"] for r in cal.insitu if "overlap" in r} <= set(BATCHES)
     table = predict_table(cal, cal.hardware(), [1, 2, 8], batch=8, strategy="allreduce")
-    assert table["step(ms)"].is_monotonic_increasing and table["efficiency"].iloc[0] == 1
+    # one worker is one rank alone (its own threads), the others ranks sharing the host: monotone from 2 workers on
+    assert table["step(ms)"].iloc[1:].is_monotonic_increasing and table["efficiency"].iloc[0] == 1
     # the model-error term: each in-situ launch predicted by the fit without its batch (perf/modelerror.py)
     assert sorted((r["check"], r["sync"], r["per_rank_batch"]) for r in cal.residuals) == sorted(
         ("leave batch out", sync, b) for sync in ("allreduce", "bucketed") for b in BATCHES)
@@ -117,7 +125,7 @@ def test_predict_cli_with_the_stored_calibration_writes_its_files(study, capsys)
           "--workers", "1,2,4,64", "--hardware", "measured", "--hardware", "10gbe", "--hardware-file", str(hw),
           "--per-rank-batch", "8", "--study", "t", "--store", str(study.store.root), "--out", str(out)])
     text = capsys.readouterr().out
-    assert "reused" in text and "efficiency < 50 % from" in text
+    assert "reused" in text and "efficiency < 50 % (" in text
     assert len(study.store.list_runs()) == before  # the stored calibration, no new runs
     for name in ("prediction.csv", "prediction.json", "options.csv", "options.json", "prediction.png"):
         assert (out / name).stat().st_size > 0, name

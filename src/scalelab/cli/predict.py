@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import typer
 
+from scalelab.cli import fitted
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, parse_sets, place_params
 from scalelab.config import load_yaml
@@ -35,6 +36,7 @@ from scalelab.lab.registry import get as get_experiment
 from scalelab.perf.calibration import MEASURED
 from scalelab.perf.elsewhere import calibrate_from, largest_batch, predict_from, stored_runs
 from scalelab.perf.hardware import hardware_from_dict, presets
+from scalelab.perf.horizon import HORIZON
 from scalelab.perf.perfmodel import COMPRESSION, modelled_syncs
 from scalelab.perf.prediction import resolve_hardware, run_prediction
 from scalelab.run.execute import RunFailed
@@ -43,9 +45,16 @@ from scalelab.sync import registry as sync_registry
 DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
 DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
 DEFAULTS = {"ranks": 2, "steps": 20}  # per calibration run, below the YAML file, --set and flags
-SHOWN = ["hardware", "workers", "nodes", "per_rank_batch", "compute(ms)", "exposed_comm(ms)", "step(ms)",
-         "step_ci_low(ms)", "step_ci_high(ms)", "step_ci50_low(ms)", "step_ci50_high(ms)", "sampling_half_width(%)",
-         "model_half_width(%)", "speedup", "efficiency", "extrapolation", "checked"]
+# the prediction as printed, one table per hardware: columns in this order, kept in WANTED's while they fit the
+# terminal (cli/fitted.py); every column of prediction.csv with --wide
+SHOWN = ["workers", "step(ms)", "95 % (ms)", "efficiency", "extrapolation", "speedup", "nodes", "per_rank_batch",
+         "compute(ms)", "exposed_comm(ms)", "50 % (ms)", "sampling ±%", "model ±%"]
+WANTED = ["workers", "step(ms)", "95 % (ms)", "efficiency", "extrapolation", "speedup", "nodes", "exposed_comm(ms)",
+          "compute(ms)", "per_rank_batch", "50 % (ms)", "sampling ±%", "model ±%"]
+VALIDATION_SHOWN = ["sync", "per_rank_batch", "network", "sample", "predicted", "95 % (ms)", "measured", "error(%)",
+                    "inside", "50 % (ms)", "inside50", "compute(ms)", "exposed_comm(ms)", "refused"]
+VALIDATION_WANTED = ["per_rank_batch", "sample", "predicted", "95 % (ms)", "measured", "error(%)", "inside", "sync",
+                     "50 % (ms)", "inside50", "network", "compute(ms)", "exposed_comm(ms)", "refused"]
 
 
 def predictable_syncs() -> tuple[str, ...]:
@@ -104,6 +113,7 @@ PREDICT_OPTIONS = [
     own("validate", bool, typer.Option(True, "--validate/--no-validate", help="Measure the sync at the calibration "
                                        "batches on this machine and compare with the prediction (with --from: "
                                        "compare with the stored runs of the sync).")),
+    own("wide", bool, typer.Option(False, "--wide", help="Every column and every note in full, however wide.")),
     own("from_", Optional[Path], typer.Option(None, "--from", help="Calibrate from runs measured elsewhere and "
         "start no process: a run directory, a store, a study directory or a folder of runs copied from another "
         "machine. Needs runs without sync (1 rank, --sync noop or --noop-collectives) at 2+ per-rank batches; "
@@ -169,7 +179,7 @@ def predict_cmd(**kw) -> None:
                               compression=kw["compression"], target=kw["target_efficiency"],
                               validate=kw["validate"], out_dir=out_dir, say=console.print)
         get_experiment("predict").write(result, out_dir)
-        show(result)
+        show(result, wide=kw["wide"])
         return
     cal_batches = (int_list(kw["calibration_batches"], "calibration_batches") if kw["calibration_batches"]
                    else default_calibration_batches(base.per_rank_batch, base.accumulate))
@@ -184,7 +194,7 @@ def predict_cmd(**kw) -> None:
     except RunFailed as err:
         raise run_failed(err)
     get_experiment("predict").write(result, out_dir)
-    show(result)
+    show(result, wide=kw["wide"])
 
 
 def calibrated_elsewhere(kw: dict, flags: dict, names: list[str]):
@@ -208,26 +218,93 @@ predict_cmd.__signature__ = inspect.Signature([
     *PREDICT_OPTIONS, *config_params(skip=OWN, renamed={"--strategy": "--sync"}), *place_params("predict")])
 
 
-def show(result) -> None:
-    fmt = "{:,.4g}".format
+def show(result, *, wide: bool = False) -> None:
+    """The prediction a person reads first, in the terminal's width: per hardware its worker counts, step with its
+    95 % interval, efficiency and whether it is extrapolation (cli/fitted.py keeps what fits); the validation
+    likewise; then the notes as a short list. `wide`: every column and every note in full."""
     pred = result.tables["prediction"]
     console.rule(f"prediction ({pred['mode'].iloc[0]} scaling, {pred['strategy'].iloc[0]}, "
-                 f"compression {pred['compression'].iloc[0]}; every row in prediction.csv)")
-    rows = shown_rows(pred)
-    print(rows[[c for c in SHOWN if c in rows]].to_string(index=False, float_format=fmt))
+                 f"compression {pred['compression'].iloc[0]})")
+    rows = pred if wide else shown_rows(pred)
+    for hw, group in rows.groupby("hardware", sort=False):
+        console.print(f"{hw} ({group['checked'].iloc[0]})", markup=False, highlight=False)
+        fitted.print_fitted(console, printed(group), order=SHOWN, wanted=WANTED, wide=wide,
+                            keep=("workers",), elsewhere="--wide, and prediction.csv")
     if "validation" in result.tables:
         where = result.meta.get("compute_of", "this machine")
         console.rule(f"validation: predicted vs measured median step (ms) on {where}")
-        cols = ["sync", "per_rank_batch", "network", "sample", "compute(ms)", "exposed_comm(ms)", "predicted",
-                "sampling_half_width(%)", "model_half_width(%)", "predicted_ci_low", "predicted_ci_high",
-                "predicted_ci50_low", "predicted_ci50_high", "measured", "error(%)", "inside", "inside50", "refused"]
-        table = result.tables["validation"]
-        print(table[[c for c in cols if c in table]].to_string(index=False, float_format=fmt))
-    for key, value in result.notes.items():
-        if isinstance(value, dict):
-            console.print(f"{key}:", highlight=False)
-            for hw, text in value.items():
-                console.print(f"  {hw}: {text}", highlight=False)
-        else:
-            console.print(f"{key}: {value}", highlight=False)
+        fitted.print_fitted(console, printed(result.tables["validation"], point="predicted", low="predicted_ci_low",
+                                             high="predicted_ci_high", low50="predicted_ci50_low",
+                                             high50="predicted_ci50_high"),
+                            order=VALIDATION_SHOWN, wanted=VALIDATION_WANTED, wide=wide,
+                            keep=("per_rank_batch",), elsewhere="--wide, and validation.csv")
+    console.print("notes" + ("" if wide else " (in full: --wide)") + ":", highlight=False)
+    for line in (full_notes(result.notes) if wide else brief_notes(result)):
+        console.print(f"- {line}", markup=False, highlight=False)
     console.print("wrote " + ", ".join(str(p) for p in result.files), highlight=False)
+
+
+def number(value) -> str:
+    """A figure as printed: 4 significant digits, thousands separated; nothing for a missing one."""
+    return "" if value is None or value != value else "{:,.4g}".format(value)
+
+
+def printed(frame, *, point: str = "step(ms)", low: str = "step_ci_low(ms)", high: str = "step_ci_high(ms)",
+            low50: str = "step_ci50_low(ms)", high50: str = "step_ci50_high(ms)"):
+    """`frame` with its figures as text and each interval in one column ("41.2–55.0"; nothing without one)."""
+    def span(lo, hi) -> str:
+        return "" if lo != lo or hi != hi else f"{number(lo)}–{number(hi)}"
+
+    out = frame.assign(**{"95 % (ms)": [span(a, b) for a, b in zip(frame[low], frame[high])],
+                          "50 % (ms)": [span(a, b) for a, b in zip(frame[low50], frame[high50])]})
+    if "efficiency" in out:
+        out["efficiency"] = [f"{100 * e:.0f} %" for e in out["efficiency"]]
+    if "extrapolation" in out:
+        out["extrapolation"] = ["yes" if bool(x) else "" for x in out["extrapolation"]]
+    for col in ("sampling_half_width(%)", "model_half_width(%)"):
+        if col in out:
+            out[col.split("_")[0] + " ±%"] = [number(v) for v in out[col]]
+    for col in (point, "measured", "compute(ms)", "exposed_comm(ms)", "speedup", "per_rank_batch", "error(%)"):
+        if col in out:
+            out[col] = [number(v) for v in out[col]]
+    return out.astype(object).where(out.notna(), "")
+
+
+def full_notes(notes: dict) -> list[str]:
+    """Every note in full, one entry per note (and per hardware where a note has one per hardware)."""
+    out = []
+    for key, value in notes.items():
+        out += [f"{key}: {hw}: {text}" for hw, text in value.items()] if isinstance(value, dict) else [
+            f"{key}: {value}"]
+    return out
+
+
+def brief_notes(result) -> list[str]:
+    """The notes as a short list: what keeps the target, where efficiency falls below 50 %, the horizon, the
+    compute baseline, the validation's coverage."""
+    meta, notes, out = result.meta, result.notes, []
+    keep = next((k for k in notes if k.startswith("to keep")), None)
+    for hw, text in (notes.get(keep) or {}).items():
+        out.append(f"{keep} ({hw}): {text}")
+    for hw, text in (notes.get("efficiency < 50 % from") or {}).items():
+        out.append(f"efficiency < 50 % ({hw}): from {text}" if text[0].isdigit() else
+                   f"efficiency < 50 % ({hw}): {text}")
+    if "horizon" in meta:
+        out.append(f"extrapolation (marked): beyond {meta['horizon']:g} workers ({HORIZON}x the "
+                   f"{meta['scale']:g} measured)"
+                   + (f", or more than {100 * meta['shares'][1]:.0f} % of the step in communication"
+                      if meta.get("shares") else ""))
+    if meta.get("baseline"):
+        out.append(meta["baseline"])
+    val = result.tables.get("validation")
+    if val is not None and len(val):
+        held = val[val["sample"] != "in-sample"] if "sample" in val else val
+        part = held if len(held) else val
+        inside = part["inside"].dropna()
+        out.append(f"validation ({'held out' if len(held) else 'in-sample only'}): {len(part)} run(s), median "
+                   f"|error| {part['error(%)'].abs().median():.1f} %, "
+                   + (f"inside the 95 % interval {int(inside.sum())} of {len(inside)}" if len(inside)
+                      else "no interval"))
+    elif "validation" in notes:
+        out.append(f"validation: {notes['validation']}")
+    return out

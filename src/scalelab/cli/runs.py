@@ -7,9 +7,8 @@ from typing import Optional
 
 import pandas as pd
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from scalelab.cli import fitted
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ScalelabError
@@ -26,7 +25,6 @@ LIST_COLUMNS = ("run_id", "created", "kind", "status", "model", "dataset", "rank
                 "precision", "reason")
 WANTED = ("run_id", "status", "kind", "ranks", "global_batch", "model", "created", "sync", "wrapper", "precision",
           "dataset", "reason")
-BORDER = 3  # what a column of rich's boxed table adds to its text: a rule and a space either side
 
 
 def cell_text(col: str, value) -> str:
@@ -34,26 +32,6 @@ def cell_text(col: str, value) -> str:
     if value is None or (not isinstance(value, str) and pd.isna(value)):
         return ""
     return str(value)[:19].replace("T", " ") if col == "created" else str(value)
-
-
-def column_width(frame, col: str) -> int:
-    """Characters a column takes in the table: its widest text and its borders."""
-    return max([len(col), *(len(cell_text(col, v)) for v in frame[col])]) + BORDER
-
-
-def fitting_columns(frame, width: int) -> tuple[list[str], list[str]]:
-    """(the columns shown in LIST_COLUMNS' order, the columns dropped): the run id always, whole; then each column
-    in WANTED's order while the table still fits in `width` characters."""
-    need = lambda col: column_width(frame, col)
-
-    shown, dropped, used = set(), [], 1  # the table's closing rule
-    for col in (c for c in WANTED if c in frame):
-        if col == "run_id" or used + need(col) <= width:
-            shown.add(col)
-            used += need(col)
-        else:
-            dropped.append(col)
-    return [c for c in LIST_COLUMNS if c in shown], dropped
 
 
 @app.command("list")
@@ -76,17 +54,8 @@ def runs_list(
     if as_json:
         print(frame[cols].to_json(orient="records"))
         return
-    shown, dropped = fitting_columns(frame, 10**6 if wide else console.width)
-    table = Table(show_header=True)
-    for c in shown:
-        table.add_column(c, no_wrap=True, overflow="ignore")
-    for row in frame[shown].itertuples(index=False):
-        table.add_row(*[cell_text(c, v) for c, v in zip(shown, row)])
-    out = console if not wide else Console(width=max(console.width, 1 + sum(column_width(frame, c) for c in shown)))
-    out.print(table, markup=False, highlight=False)
-    if dropped:
-        console.print(f"not shown, to fit {console.width} columns: {', '.join(dropped)} (--wide shows every column)",
-                      markup=False, highlight=False)
+    fitted.print_fitted(console, frame, order=LIST_COLUMNS, wanted=WANTED, wide=wide, keep=("run_id",),
+                        text=cell_text)
 
 
 @app.command("show")

@@ -38,6 +38,16 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
             for b in sorted(set(batches))]
 
 
+def lone_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
+    """One rank alone on this host per per-rank batch, at a lone rank's default threads, no namespace nodes: the
+    compute of a worker with a node of its own (one rank per node: presets, hardware files) and the one-worker
+    baseline of speedup and efficiency. None when `base` is one rank alone already (its compute runs are these)."""
+    if base.world_size == 1 and not base.local_nodes and base.threads is None:
+        return []
+    alone = with_fields(base, ranks=1, nnodes=1, local_nodes=0, link_gbps=None, link_delay_ms=None, threads=None,
+                        global_batch=base.per_rank_batch)
+    return [dataclasses.replace(c, label=c.label.replace("compute,", "compute of one rank alone,"))
+            for c in calibration_cells(alone, batches)]
 
 
 def insitu_cells(base: TrainConfig, batches: Sequence[int], param_bytes: Sequence[int],
@@ -105,10 +115,10 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     on resampled launches, steps and bench iterations: the prediction intervals."""
     param_bytes, parameters = gradient_sizes(base)
     compute, insitu = calibration_cells(base, batches), insitu_cells(base, batches, param_bytes, strategies)
-    cross = cross_link_cells(base, insitu)
+    cross, lone = cross_link_cells(base, insitu), lone_cells(base, batches)
     if repeats > 1:
-        compute, insitu, cross = ([dataclasses.replace(c, repeats=repeats) for c in group]
-                                  for group in (compute, insitu, cross))
+        compute, insitu, cross, lone = ([dataclasses.replace(c, repeats=repeats) for c in group]
+                                        for group in (compute, insitu, cross, lone))
     bench = bench or bench_config(base, param_bytes)
     bench = dataclasses.replace(bench, backend=bench.resolved_backend)  # what runs here: the cell's identity
     study = cells.study
@@ -120,7 +130,7 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
     benches = [Cell("bench allreduce", bench, kind="bench")] + (
         [Cell("bench allreduce, loopback (the hosts)", host_bench, kind="bench"),
          Cell("bench allreduce, unshaped namespace link", veth_bench, kind="bench")] if host_bench else [])
-    identity = ([c.key for c in compute + insitu + cross] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
+    identity = ([c.key for c in compute + insitu + cross + lone] + [json.dumps(b.config.to_dict(), sort_keys=True) for b in benches]
                 + ([repeats] if repeats > 1 else []))
     key = hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:12]
     path = calibration_path(cells.store, study)
@@ -132,9 +142,11 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         if old is not None and old.key == key and old.replicates and (old.residuals or not insitu):
             say(f"[{study}] calibration {path} reused")
             return old
-    # each batch's compute run and its in-situ runs back to back: load from other processes hits them alike
-    paired = [c for cell in compute for c in [cell, *(i for i in insitu
-                                                      if i.config.per_rank_batch == cell.config.per_rank_batch)]]
+    # each batch's compute run, its lone run and its in-situ runs back to back: load from other processes hits
+    # them alike (the host slowdown is a ratio of two of them)
+    at = {b: [c for c in [*lone, *insitu] if c.config.per_rank_batch == b] for b in {c.config.per_rank_batch
+                                                                                     for c in compute}}
+    paired = [c for cell in compute for c in [cell, *at[cell.config.per_rank_batch]]]
     results = cells.run([*paired, *cross, *benches], group="calibration", interleave=repeats > 1)
     failed = [r for r in results if r.status != "completed"]
     if failed:
@@ -146,7 +158,8 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
                         insitu={sync: [launches[c.key] for c in insitu if c.config.sync == sync]
                                 for sync in ("allreduce", "bucketed", *OWN_SCALE)},
                         bench=times[0], host_bench=times[1] if host_bench else None,
-                        veth_bench=times[2] if host_bench else None, cross=[launches[c.key] for c in cross])
+                        veth_bench=times[2] if host_bench else None, cross=[launches[c.key] for c in cross],
+                        lone=[launches[c.key] for c in lone])
     first = launches[compute[0].key][-1]
     template = Calibration(
         model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
@@ -164,9 +177,25 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         f"{f' ({repeats} launches each)' if repeats > 1 else ''}; α = {cal.alpha_s * 1e6:.1f} µs, 1/β = "
         f"{1 / cal.beta_s_per_byte / 1e9 if cal.beta_s_per_byte else float('inf'):.3g} GB/s ({cal.bench_run}); "
         f"with communication: collectives ×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute "
-        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {len(cal.replicates)} bootstrap refits; "
+        f"×{cal.compute_scale:.2f}, overlap {cal.overlap:.2f}; {lone_text(cal)}; {len(cal.replicates)} bootstrap "
+        f"refits; "
         f"{modelerror.describe(cal)}; wrote {path}")
     return cal
+
+
+def lone_text(cal: Calibration) -> str:
+    """The compute baseline in words (the calibration line): one rank alone's per-sample compute and the slowdown
+    of the calibration's ranks sharing this host, which only layouts that share a host get."""
+    per_sample = cal.lone_model().step_ms(2.0, 1) - cal.lone_model().step_ms(1.0, 1)
+    if not cal.lone:
+        return f"compute of one rank alone: {per_sample:.3g} ms per sample (the compute runs)"
+    nodes = cal.compute_nodes or cal.nodes
+    where = f"{nodes} namespace nodes" if nodes > 1 else f"{cal.ranks} ranks"
+    odd = ("; below 1, a rank computed faster sharing the host than alone: a loaded host or threads that do not "
+           "pay for this model, so the lone figures are suspect" if cal.host_slowdown < 1 else "")
+    return (f"compute of one rank alone: {per_sample:.3g} ms per sample (one rank per node: presets, files); "
+            f"{where} sharing this host ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
+            f"only{odd})")
 
 
 def calibrate_compute(cal: Calibration, base: TrainConfig, cells: Cells, *, batches: Sequence[int],
@@ -190,3 +219,28 @@ def calibrate_compute(cal: Calibration, base: TrainConfig, cells: Cells, *, batc
         points=json.loads(points.to_json(orient="records")), compute_runs=list(points["run_id"]),
         compute_nodes=max(1, base.local_nodes),
         replicates=[{**rep, "compute": c} for rep, c in zip(cal.replicates, computes)])
+
+
+# the most namespace nodes whose compute `compute_at_nodes` measures: each is a process on this host's cores, and
+# the frozen protocol (docs/model.md) validated the path at 3 and 4
+MAX_MEASURED_NODES = 8
+
+
+def compute_at_nodes(cal: Calibration, base: TrainConfig, cells: Cells, workers: Sequence[int], *,
+                     batches: Sequence[int], horizon: float, say: Callable[[str], None] = print) -> dict[int, Calibration]:
+    """Per predicted worker count whose node count differs from the calibration's, `cal` with its compute measured
+    at that node count (`calibrate_compute`), as the frozen protocol does: namespace nodes share this host's cores,
+    so compute at N nodes is not the calibration's. Only for a calibration over namespace nodes (`base.local_nodes`),
+    for counts of whole nodes within `horizon` workers and MAX_MEASURED_NODES nodes; the rest keep `cal` (and are
+    marked extrapolation: `prediction.apply_horizon`)."""
+    if base.local_nodes < 2:
+        return {}
+    out: dict[int, Calibration] = {}
+    for n in sorted({int(n) for n in workers}):
+        nodes, rest = divmod(n, base.ranks)
+        if rest or nodes < 2 or nodes == cal.nodes or n > horizon or nodes > MAX_MEASURED_NODES:
+            continue
+        at = with_fields(base, local_nodes=nodes, nnodes=nodes, global_batch=base.per_rank_batch * base.ranks * nodes)
+        out[n] = calibrate_compute(cal, at, cells, batches=batches, repeats=cal.repeats)
+        say(f"[{cells.study}] compute at {nodes} nodes: {lone_text(out[n])}")
+    return out

@@ -61,6 +61,11 @@ class Calibration:
     repeats: int = 1  # launches per calibration cell
     batches: list[float] = field(default_factory=list)  # per-rank batches of the runs the calibration measured
     compute_nodes: int | None = None  # compute measured again at this node count (`calibrate_compute`)
+    # the compute of one rank alone on this host (1-rank runs at the calibration's per-rank batches, the default
+    # threads of a lone rank): the baseline of one rank per node (presets, hardware files) and of one worker.
+    # {} when the compute runs were themselves one rank alone (then `compute` is that baseline)
+    lone: dict[str, list[float]] = field(default_factory=dict)
+    lone_points: list[dict] = field(default_factory=list)  # the lone runs' compute points (as `points`)
     # the fitted figures refitted on resampled calibration data (`uncertainty`): the prediction intervals
     replicates: list[dict] = field(default_factory=list)
     # in-calibration residuals, each a run predicted by a fit that did not see it (`modelerror`): the model-error
@@ -73,6 +78,36 @@ class Calibration:
     def compute_model(self) -> pm.ComputeModel:
         f, b, o, x = (pm.Linear(*self.compute[s]) for s in STAGES)
         return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
+
+    def lone_model(self) -> pm.ComputeModel:
+        """The compute of one rank alone on this host: a worker with a node (or a device) of its own."""
+        if not self.lone:
+            return self.compute_model()
+        f, b, o, x = (pm.Linear(*self.lone[s]) for s in STAGES)
+        return pm.ComputeModel(forward=f, backward=b, optimizer=o, overhead=x)
+
+    def lone_step_ms(self, per_rank_batch: float, accumulate: int | None = None) -> float:
+        """One rank alone's step at `per_rank_batch` without communication: the measured median of the lone run at
+        that batch where the calibration has one, else the lone fit (`lone_model`)."""
+        k = self.accumulate if accumulate is None else accumulate
+        lone = self.lone_points or ([] if self.lone or self.ranks > 1 or self.nodes > 1 else self.points)
+        for p in lone:
+            if abs(p["per_rank_batch"] - per_rank_batch) < 1e-9 and p.get("accumulate", 1) == k:
+                return float(p["step(ms)"])
+        return self.lone_model().step_ms(per_rank_batch, k)
+
+    @property
+    def host_slowdown(self) -> float:
+        """How much slower a rank computes while the calibration's ranks share this host than alone: the median
+        over the calibration's per-rank batches of the shared compute run's step / the lone run's (1 without lone
+        runs). Applied only where a layout shares the host (the measured hardware); never to one rank per node."""
+        lone = {p["per_rank_batch"]: p["step(ms)"] for p in self.lone_points}
+        ratios = sorted(p["step(ms)"] / lone[p["per_rank_batch"]] for p in self.points
+                        if lone.get(p["per_rank_batch"], 0) > 0)
+        if not ratios:
+            return 1.0
+        mid = len(ratios) // 2
+        return ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
 
     def scale_for(self, strategy: str | None) -> float:
         """The in-training scale of `strategy`'s collectives: its own where calibrated (sync_scales), else
@@ -113,7 +148,8 @@ class Calibration:
         known = {f.name for f in dataclasses.fields(cls)}
         optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
                     "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales", "veth_alpha_s",
-                    "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches", "residuals"}
+                    "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches", "residuals",
+                    "lone", "lone_points"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")

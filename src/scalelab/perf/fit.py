@@ -237,6 +237,8 @@ class Measured:
     veth_bench: BenchTimes | None = None  # an unshaped namespace link, when the bench ran over a shaped one
     # in-situ cells over a link the calibration's training did not cross: not fitted on, predicted (`modelerror`)
     cross: list[list[dict]] = field(default_factory=list)
+    # one rank alone at the same per-rank batches (calibrate.lone_cells): the baseline of one rank per node
+    lone: list[list[dict]] = field(default_factory=list)
 
 
 def cell_run(launches: list[dict]) -> dict:
@@ -262,7 +264,8 @@ def fit(template: Calibration, measured: Measured) -> Calibration:
         template, compute={s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES},
         points=json.loads(points.to_json(orient="records")), alpha_s=alpha, beta_s_per_byte=beta,
         compute_runs=list(points["run_id"]), host_alpha_s=host[0], host_beta_s_per_byte=host[1],
-        veth_alpha_s=veth[0], veth_beta_s_per_byte=veth[1], sync_scales={}, insitu=[], replicates=[], residuals=[])
+        veth_alpha_s=veth[0], veth_beta_s_per_byte=veth[1], sync_scales={}, insitu=[], replicates=[], residuals=[],
+        lone={}, lone_points=[])
     runs = {sync: [cell_run(c) for c in measured.insitu.get(sync, [])] for sync in ("allreduce", "bucketed", *OWN_SCALE)}
     cal.compute_scale, cal.comm_scale, cal.insitu = insitu_scales(points, runs["allreduce"], cal)
     for sync in OWN_SCALE:
@@ -272,4 +275,13 @@ def fit(template: Calibration, measured: Measured) -> Calibration:
         cal.insitu += rows
     cal.overlap, overlap_rows = fit_overlap(points, runs["bucketed"], cal)
     cal.insitu += overlap_rows
+    if measured.lone:
+        cal.lone, cal.lone_points = lone_fit([cell_run(c) for c in measured.lone])
     return cal
+
+
+def lone_fit(runs: list[dict]) -> tuple[dict[str, list[float]], list[dict]]:
+    """(stage -> [c0, c1], the points) of the compute of one rank alone, from its runs without sync."""
+    points = compute_points(runs)
+    model = pm.fit_compute_model(points)
+    return {s: [fit_of(model, s).c0, fit_of(model, s).c1] for s in STAGES}, json.loads(points.to_json(orient="records"))

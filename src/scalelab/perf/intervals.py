@@ -15,10 +15,11 @@ from scalelab.perf.modelerror import combine, error_term
 
 
 def step_quantiles(cal: Calibration, steps: Callable[[Calibration], Sequence[float]],
-                   rows: int) -> list[tuple[float, float, float, float]]:
+                   rows: int, replicas: Sequence[Calibration] | None = None) -> list[tuple[float, float, float, float]]:
     """Per row, the 2.5, 25, 75 and 97.5 percentiles of `steps(replica)` over the calibration's replicas
-    (`perf/uncertainty.py`): the sampling part of the 95 % and 50 % intervals; NaN without replicas."""
-    values = np.array([steps(r) for r in cal.replicas()], float).reshape(-1, rows)
+    (`perf/uncertainty.py`; `replicas`: those, made once by a caller that asks many times): the sampling part of
+    the 95 % and 50 % intervals; NaN without replicas."""
+    values = np.array([steps(r) for r in (cal.replicas() if replicas is None else replicas)], float).reshape(-1, rows)
     if len(values) < 2:
         return [(math.nan,) * 4] * rows
     return [tuple(q) for q in np.nanpercentile(values, [2.5, 25, 75, 97.5], axis=0).T.tolist()]

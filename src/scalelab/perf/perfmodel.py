@@ -172,7 +172,8 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
             per_rank_batch: float | None = None, global_batch: float | None = None, mode: str = "strong",
             strategy: str = "ddp", bucket_bytes: float = 25 * MIB, compression: str = "none",
             accumulate: int = 1, algorithm: str | None = None,
-            emulation: Emulation | None = None, compute_scale: float = 1.0) -> pd.DataFrame:
+            emulation: Emulation | None = None, compute_scale: float = 1.0,
+            alone: ComputeModel | None = None) -> pd.DataFrame:
     """Predicted step time, throughput, speedup and efficiency per worker count (columns `COLUMNS`).
 
     mode "strong" keeps `global_batch` (per-rank batch = global / n, may be fractional; every rank needs at
@@ -182,6 +183,8 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
     `compute_scale` multiplies compute (and the backward that overlap hides behind) wherever collectives run
     (n > 1, strategy not noop): on a CPU host whose collectives share the cores and caches with compute, a rank
     computes slower than it does without communication; 1 (the default) for devices with their own links.
+    `alone`: the compute of one rank alone, for the n = 1 row and so the base of speedup and efficiency, where
+    `model` is that of ranks sharing a host (default `model`: every rank has a node or device of its own).
     """
     if mode not in ("strong", "weak"):
         raise ConfigError("mode", mode, "allowed: strong, weak")
@@ -202,21 +205,32 @@ def predict(model: ComputeModel, hardware: Hardware, workers: Sequence[int], *,
 
     def row(n: int) -> dict:
         b = batch / n if mode == "strong" else batch
-        scale = compute_scale if n > 1 and strategy != "noop" else 1.0
-        compute = scale * model.step_ms(b, accumulate)
-        cost = sync_cost(strategy, param_bytes=params, n=n, hardware=hardware,
-                         backward_s=scale * model.backward(b / accumulate) / 1e3, bucket_bytes=bucket_bytes,
-                         compression=compression, algorithm=algorithm, emulation=emulation)
-        step = compute + 1e3 * cost.exposed_s
-        return {"workers": n, "nodes": placement(n, hardware.gpus_per_node)[0], "per_rank_batch": b,
-                "compute(ms)": compute, "comm(ms)": 1e3 * cost.comm_s, "exposed_comm(ms)": 1e3 * cost.exposed_s,
-                "step(ms)": step, THROUGHPUT: n * b / (step / 1e3) if step > 0 else math.inf}
+        return predicted_row(model, hardware, n, b, params=params, strategy=strategy, bucket_bytes=bucket_bytes,
+                             compression=compression, accumulate=accumulate, algorithm=algorithm,
+                             emulation=emulation, compute_scale=compute_scale, alone=alone)
 
     base = row(1)[THROUGHPUT]
     frame = pd.DataFrame([row(n) for n in ns], columns=COLUMNS[:-2])
     frame["speedup"] = frame[THROUGHPUT] / base
     frame["efficiency"] = frame["speedup"] / frame["workers"]
     return frame
+
+
+def predicted_row(model: ComputeModel, hardware: Hardware, n: int, b: float, *, params: Sequence[float],
+                  strategy: str, bucket_bytes: float, compression: str, accumulate: int, algorithm: str | None,
+                  emulation: Emulation | None, compute_scale: float, alone: ComputeModel | None) -> dict:
+    """One row of `predict` (n workers at per-rank batch b), without its speedup and efficiency: what a caller
+    that asks many times (a prediction's options under every replica) computes without building frames."""
+    scale = compute_scale if n > 1 and strategy != "noop" else 1.0
+    ranks = (alone or model) if n == 1 else model
+    compute = scale * ranks.step_ms(b, accumulate)
+    cost = sync_cost(strategy, param_bytes=params, n=n, hardware=hardware,
+                     backward_s=scale * ranks.backward(b / accumulate) / 1e3, bucket_bytes=bucket_bytes,
+                     compression=compression, algorithm=algorithm, emulation=emulation)
+    step = compute + 1e3 * cost.exposed_s
+    return {"workers": n, "nodes": placement(n, hardware.gpus_per_node)[0], "per_rank_batch": b,
+            "compute(ms)": compute, "comm(ms)": 1e3 * cost.comm_s, "exposed_comm(ms)": 1e3 * cost.exposed_s,
+            "step(ms)": step, THROUGHPUT: n * b / (step / 1e3) if step > 0 else math.inf}
 
 
 def efficiency_threshold(pred: pd.DataFrame, threshold: float = 0.5) -> int | None:

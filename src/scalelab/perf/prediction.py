@@ -10,8 +10,9 @@ the validation in `validation.py`, the intervals in `intervals.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -22,8 +23,9 @@ from scalelab.lab.base import Context, Result
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.perf import modelerror
 from scalelab.perf import perfmodel as pm
-from scalelab.perf.calibrate import calibrate
+from scalelab.perf.calibrate import calibrate, compute_at_nodes, lone_text
 from scalelab.perf.calibration import MEASURED, Calibration, calibration_path, own_scales_text
+from scalelab.perf.choice import recommendation
 from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.perf.horizon import (
     HORIZON,
@@ -98,6 +100,15 @@ def compute_scale(cal: Calibration, hw: Hardware) -> float:
     return cal.compute_scale if hw.name == cal.hardware().name else 1.0
 
 
+def compute_models(cal: Calibration, hw: Hardware) -> dict:
+    """The compute `perfmodel.predict` takes for `hw`: this machine's own hardware is its ranks sharing this host
+    (the calibration's compute, slowdown included) with one rank alone as the one-worker baseline; any other
+    hardware (a preset, a file) has one rank per node or device, so every rank computes as one rank alone."""
+    if hw.name == cal.hardware().name:
+        return {"model": cal.compute_model(), "alone": cal.lone_model()}
+    return {"model": cal.lone_model()}
+
+
 def for_strategy(cal: Calibration, hw: Hardware, strategy: str) -> Hardware:
     """`hw` as `strategy` sees it: this machine's own hardware with the strategy's in-training scale
     (`Calibration.scale_for`), any other unchanged."""
@@ -108,44 +119,63 @@ def for_strategy(cal: Calibration, hw: Hardware, strategy: str) -> Hardware:
 
 def predict_table(cal: Calibration, hardware: Hardware | Sequence[Hardware], workers: Sequence[int], *,
                   mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
-                  compression: str = "none", accumulate: int = 1,
-                  emulation: pm.Emulation | None = None) -> pd.DataFrame:
+                  compression: str = "none", accumulate: int = 1, emulation: pm.Emulation | None = None,
+                  at: Mapping[int, Calibration] | None = None) -> pd.DataFrame:
     """`perfmodel.predict` per hardware, stacked: pm.COLUMNS plus hardware (`row_label`), strategy, mode, compression.
-    `batch` is the global batch in strong mode and the per-rank batch in weak mode."""
+    `batch` is the global batch in strong mode and the per-rank batch in weak mode. `at`: per worker count, the
+    calibration with its compute measured at that count's node count (`calibrate.calibrate_compute`), for this
+    machine's own rows: namespace nodes sharing this host compute as they do at that count."""
     if bucket_mb <= 0:
         raise ConfigError("bucket_mb", bucket_mb, "allowed: a number of MiB > 0")
     frames = []
     for hw in [hardware] if isinstance(hardware, Hardware) else hardware:
-        batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
-
-        def steps(c: Calibration, hw: Hardware = hw, batches: dict = batches) -> pd.DataFrame:
-            return pm.predict(c.compute_model(), for_strategy(c, hw, strategy), workers, param_bytes=c.param_bytes,
-                              mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
-                              accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(c, hw),
-                              **batches)
-
-        frame = steps(cal)
-        # the strategy's calibration bias belongs to this machine's own figures (perf/modelerror.py): a preset
-        # or a hardware file gets the spread alone; one worker does not communicate, so it has no bias
-        parts = intervals(cal, frame["step(ms)"].tolist(),
-                          step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)),
-                          strategy=strategy, bias=hardware_checked(cal, hw) == CHECKED,
-                          in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
-        factor = pd.Series([p / s if n > 1 else 1.0 for p, s, n in
-                            zip(parts["point"], frame["step(ms)"], frame["workers"])], index=frame.index)
-        unbiased = factor * frame["step(ms)"] / pd.Series(parts["point"], index=frame.index)  # 1 but for one worker
-        for k in ("low", "high", "low50", "high50"):
-            parts[k] = (pd.Series(parts[k], index=frame.index) * unbiased).tolist()
-        frame = frame.assign(**{"step(ms)": frame["step(ms)"] * factor, pm.THROUGHPUT: frame[pm.THROUGHPUT] / factor,
-                                "speedup": frame["speedup"] / factor, "efficiency": frame["efficiency"] / factor})
-        frames.append(frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
-                                      "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
-                                      "sampling_half_width(%)": parts["sampling_half_width(%)"],
-                                      "model_half_width(%)": parts["model_half_width(%)"]},
-                                   hardware=row_label(cal, hw),
-                                   checked=hardware_checked(cal, hw), strategy=strategy, mode=mode,
-                                   compression=compression))
+        own = at if at and hw.name == cal.hardware().name else {}
+        groups: dict[int, tuple[Calibration, list[int]]] = {}
+        for n in workers:
+            c = own.get(int(n), cal)
+            groups.setdefault(id(c), (c, []))[1].append(int(n))
+        parts = [hardware_rows(c, hw, ns, mode=mode, batch=batch, strategy=strategy, bucket_mb=bucket_mb,
+                               compression=compression, accumulate=accumulate, emulation=emulation)
+                 .assign(compute_nodes=c.compute_nodes or c.nodes) for c, ns in groups.values()]
+        order = {int(n): i for i, n in enumerate(workers)}
+        frame = pd.concat(parts, ignore_index=True)
+        frame = frame.iloc[sorted(range(len(frame)), key=lambda i: order[int(frame["workers"].iloc[i])])]
+        frames.append(frame.reset_index(drop=True).assign(hardware=row_label(cal, hw),
+                                                          checked=hardware_checked(cal, hw)))
     return pd.concat(frames, ignore_index=True)
+
+
+def hardware_rows(cal: Calibration, hw: Hardware, workers: Sequence[int], *, mode: str, batch: float, strategy: str,
+                  bucket_mb: float, compression: str, accumulate: int,
+                  emulation: pm.Emulation | None) -> pd.DataFrame:
+    """`predict_table`'s rows of one hardware from one calibration, with their intervals."""
+    batches = {"global_batch": batch} if mode == "strong" else {"per_rank_batch": batch}
+
+    def steps(c: Calibration) -> pd.DataFrame:
+        return pm.predict(hardware=for_strategy(c, hw, strategy), workers=workers, param_bytes=c.param_bytes,
+                          mode=mode, strategy=strategy, bucket_bytes=bucket_mb * pm.MIB, compression=compression,
+                          accumulate=accumulate, emulation=emulation, compute_scale=compute_scale(c, hw),
+                          **compute_models(c, hw), **batches)
+
+    frame = steps(cal)
+    # the strategy's calibration bias belongs to this machine's own figures (perf/modelerror.py): a preset
+    # or a hardware file gets the spread alone; one worker does not communicate, so it has no bias
+    parts = intervals(cal, frame["step(ms)"].tolist(),
+                      step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)),
+                      strategy=strategy, bias=hardware_checked(cal, hw) == CHECKED,
+                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+    factor = pd.Series([p / s if n > 1 else 1.0 for p, s, n in
+                        zip(parts["point"], frame["step(ms)"], frame["workers"])], index=frame.index)
+    unbiased = factor * frame["step(ms)"] / pd.Series(parts["point"], index=frame.index)  # 1 but for one worker
+    for k in ("low", "high", "low50", "high50"):
+        parts[k] = (pd.Series(parts[k], index=frame.index) * unbiased).tolist()
+    frame = frame.assign(**{"step(ms)": frame["step(ms)"] * factor, pm.THROUGHPUT: frame[pm.THROUGHPUT] / factor,
+                            "speedup": frame["speedup"] / factor, "efficiency": frame["efficiency"] / factor})
+    return frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
+                           "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
+                           "sampling_half_width(%)": parts["sampling_half_width(%)"],
+                           "model_half_width(%)": parts["model_half_width(%)"]},
+                        strategy=strategy, mode=mode, compression=compression)
 
 
 # Only the calibrated machine's own hardware was ever checked against runs; a preset or a hardware file was not
@@ -171,15 +201,52 @@ def options_for_efficiency(cal: Calibration, hardware: Hardware, workers: int, *
                            bucket_mb: float = 25.0, compression: str = "none",
                            accumulate: int = 1) -> pd.DataFrame:
     """Which per-rank batch and strategy keep weak-scaling efficiency >= `target` at `workers` on `hardware`
-    (`perfmodel.options_for_efficiency`: those meeting it first, smallest batch first)."""
+    (`perfmodel.options_for_efficiency`: those meeting it first, smallest batch first), each efficiency with the
+    95 % interval of its step (`option_intervals`)."""
     if not 0 < target <= 1:
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
-    return pm.options_for_efficiency(cal.compute_model(), lambda s: for_strategy(cal, hardware, s), workers,
-                                     target=target,
-                                     per_rank_batches=per_rank_batches, strategies=strategies,
-                                     param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
-                                     compression=compression, accumulate=accumulate,
-                                     compute_scale=compute_scale(cal, hardware))
+    models = compute_models(cal, hardware)
+    table = pm.options_for_efficiency(models.pop("model"), lambda s: for_strategy(cal, hardware, s), workers,
+                                      target=target,
+                                      per_rank_batches=per_rank_batches, strategies=strategies,
+                                      param_bytes=cal.param_bytes, bucket_bytes=bucket_mb * pm.MIB,
+                                      compression=compression, accumulate=accumulate,
+                                      compute_scale=compute_scale(cal, hardware), **models)
+    table = table.assign(**option_intervals(cal, hardware, workers, table, bucket_mb=bucket_mb,
+                                            compression=compression, accumulate=accumulate))
+    table["meets_target"] = table["efficiency"] >= target
+    order = table.assign(_miss=~table["meets_target"], _eff=-table["efficiency"])
+    order = order.sort_values(["_miss", "per_rank_batch", "_eff"], kind="stable")
+    return order.drop(columns=["_miss", "_eff"]).reset_index(drop=True)
+
+
+def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.DataFrame, *, bucket_mb: float,
+                     compression: str, accumulate: int) -> dict[str, list[float]]:
+    """Per option (row of `table`), its efficiency as the prediction table gives it (with the strategy's bias on
+    this machine's own hardware) and its 95 % interval: the step's interval at `workers` (sampling and model error,
+    `intervals`), carried to efficiency = one worker's step / the step, inversely, with the one-worker baseline at
+    its point (it holds no communication, so no model error, and its sampling part moves every option alike)."""
+    replicas, checked = cal.replicas(), hardware_checked(cal, hw) == CHECKED
+    out = {k: [math.nan] * len(table) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high")}
+    rows = table.reset_index(drop=True)
+    for strategy, group in rows.groupby("strategy", sort=False):
+        def steps(c: Calibration, group: pd.DataFrame = group, strategy: str = strategy) -> list[float]:
+            models, link = compute_models(c, hw), for_strategy(c, hw, strategy)
+            return [pm.predicted_row(models["model"], link, workers, b, params=c.param_bytes, strategy=strategy,
+                                     bucket_bytes=bucket_mb * pm.MIB, compression=compression, accumulate=accumulate,
+                                     algorithm=None, emulation=None, compute_scale=compute_scale(c, hw),
+                                     alone=models.get("alone"))["step(ms)"] for b in group["per_rank_batch"]]
+
+        points = group["step(ms)"].tolist()
+        c = intervals(cal, points, step_quantiles(cal, steps, len(group), replicas), strategy=strategy, bias=checked,
+                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+        for j, (i, step) in enumerate(zip(group.index, points)):
+            work = rows.loc[i, "efficiency"] * step  # efficiency × step: fixed by the one-worker baseline
+            many = workers > 1
+            out["efficiency"][i] = work / (c["point"][j] if many else step)
+            out["efficiency_ci_low"][i] = work / c["high"][j] if many else math.nan
+            out["efficiency_ci_high"][i] = work / c["low"][j] if many else math.nan
+    return out
 
 
 # ---------------------------------------------------------------- the experiment
@@ -201,17 +268,6 @@ def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, b
             for b in sorted(set(batches))], None
 
 
-def recommendation(options: pd.DataFrame, workers: int, target: float) -> str:
-    """One sentence from an `options_for_efficiency` table."""
-    best = options.iloc[0]
-    what = f"{best['strategy']} with per-rank batch {best['per_rank_batch']:g}"
-    if best["meets_target"]:
-        return f"{what} keeps efficiency at {best['efficiency']:.0%} (>= {target:.0%}) on {workers} workers"
-    top = options.sort_values("efficiency", ascending=False).iloc[0]
-    return (f"no candidate reaches {target:.0%} on {workers} workers; the best is {top['strategy']} with per-rank "
-            f"batch {top['per_rank_batch']:g} at {top['efficiency']:.0%}")
-
-
 def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
                    hardware_file: dict | None = None, gpus_per_node: int | None = None, workers: Sequence[int],
                    mode: str = "weak", batch: float, strategy: str = "ddp", bucket_mb: float = 25.0,
@@ -223,19 +279,22 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
         raise ConfigError("target_efficiency", target, "allowed: a number in (0, 1]")
     cal = calibrate(base, ctx.cells, batches=calibration_batches, say=say, strategies=[strategy])
     hws = resolve_hardware(hardware, cal, file=hardware_file, gpus_per_node=gpus_per_node)
+    at = compute_at_nodes(cal, base, ctx.cells, workers, batches=calibration_batches, say=say,
+                          horizon=HORIZON * measured_scale(cal.ranks, ())) if MEASURED in hardware else {}
     cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
     validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
                   if validate and cells else pd.DataFrame(columns=VALIDATION_COLUMNS))
     return prediction_result(cal, hws, workers=workers, mode=mode, batch=batch, strategy=strategy,
                              bucket_mb=bucket_mb, compression=compression, target=target, validation=validation,
                              skipped=why if validate else None,
-                             calibration=str(calibration_path(ctx.cells.store, ctx.cells.study)))
+                             calibration=str(calibration_path(ctx.cells.store, ctx.cells.study)), at=at)
 
 
 def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """The prediction table within the calibration's horizon (perf/horizon.py): the calibrated hardware's own rows
     of a one-host loopback calibration stop at the host's cores, and every row says whether it is `extrapolation`
-    (beyond HORIZON x the largest measured scale). Also the horizon's figures: the measured scale, its HORIZON x
+    (beyond HORIZON x the largest measured scale, or this machine's namespace nodes at a count whose compute was
+    not measured). Also the horizon's figures: the measured scale, its HORIZON x
     bound, the cores (None unless that cap applies) and the calibrated hardware's label."""
     validated = validation["workers"] if "workers" in validation and len(validation) else ()
     scale = measured_scale(cal.ranks, validated)
@@ -245,8 +304,13 @@ def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFram
         table = table[~((table["hardware"] == own) & (table["workers"] > cores))].reset_index(drop=True)
     seen = seen_shares(cal)
     shares = table["exposed_comm(ms)"] / table["step(ms)"]
-    table = table.assign(extrapolation=[extrapolated(int(w), scale) or unseen_share(s, seen)
-                                        for w, s in zip(table["workers"], shares)])
+    # namespace nodes share this host: this machine's rows at a node count whose compute was not measured there
+    # (`calibrate.compute_at_nodes`) rest on another count's compute
+    unmeasured = ((table["hardware"] == own) & (cal.nodes > 1) & (table["nodes"] > 1)
+                  & (table["compute_nodes"] != table["nodes"])) if "compute_nodes" in table else False
+    beyond = pd.Series([extrapolated(int(w), scale) or unseen_share(s, seen)
+                        for w, s in zip(table["workers"], shares)], index=table.index, dtype=bool)
+    table = table.assign(extrapolation=beyond | unmeasured)
     return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own, "shares": seen}
 
 
@@ -269,13 +333,13 @@ def horizon_text(horizon: dict, top: int) -> str:
 
 def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Sequence[int], mode: str, batch: float,
                       strategy: str, bucket_mb: float, compression: str, target: float, validation: pd.DataFrame,
-                      skipped: str | None, calibration: str) -> Result:
+                      skipped: str | None, calibration: str, at: Mapping[int, Calibration] | None = None) -> Result:
     """The predict experiment's result from a calibration (made here or from runs measured elsewhere): the
     prediction per hardware within its horizon (`apply_horizon`), the options that keep `target` at each hardware's
     largest worker count that is not extrapolation (perf/horizon.py `reach`), the validation
     (`skipped`: why there is none), notes. `calibration` says where the calibration is."""
     table = predict_table(cal, hws, workers, mode=mode, batch=batch, strategy=strategy, bucket_mb=bucket_mb,
-                          compression=compression, accumulate=cal.accumulate)
+                          compression=compression, accumulate=cal.accumulate, at=at)
     table, horizon = apply_horizon(table, cal, validation)
     top = max(int(n) for n in workers)
     low = max(1.0, batch / top if mode == "strong" else batch)
@@ -283,8 +347,13 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     # what keeps the target is asked where the model is not extrapolating: each hardware's reach (perf/horizon.py)
     reaches = {row_label(cal, hw): reach(workers, horizon["scale"], horizon["cores"]
                                          if row_label(cal, hw) == horizon["own"] else None) for hw in hws}
-    options = pd.concat([options_for_efficiency(cal, hw, reaches[row_label(cal, hw)], target=target,
-                                                per_rank_batches=candidates, bucket_mb=bucket_mb,
+    # the default per-rank batch at a hardware's reach: the batch itself (weak), the global batch's share (strong)
+    defaults = {label: batch if mode == "weak" else max(1.0, batch / n) for label, n in reaches.items() if n}
+    own = cal.hardware().name
+    options = pd.concat([options_for_efficiency((at or {}).get(reaches[row_label(cal, hw)], cal)
+                                                if hw.name == own else cal, hw, reaches[row_label(cal, hw)], target=target,
+                                                per_rank_batches=sorted({*candidates, defaults[row_label(cal, hw)]}),
+                                                bucket_mb=bucket_mb,
                                                 compression=compression, accumulate=cal.accumulate)
                          .assign(hardware=row_label(cal, hw), workers=reaches[row_label(cal, hw)])
                          for hw in hws if reaches[row_label(cal, hw)] is not None] or [pd.DataFrame()],
@@ -295,14 +364,15 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
              if cal.bench_run else "no bench: links from the hardware only")
     notes = {"calibration": f"{calibration} (compute of {compute_origin(cal)}; {links}; in training collectives "
                             f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, "
-                            f"overlap {cal.overlap:.2f}; "
+                            f"overlap {cal.overlap:.2f}; {lone_text(cal)}; "
                             f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
              "efficiency < 50 % from": {hw: (f"{n} workers" + (" (extrapolation)" if extrapolated(n, horizon["scale"])
                                                                else "") if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
              "horizon": horizon_text(horizon, top),
              f"to keep >= {target:.0%} within the horizon": {
-                 hw: recommendation(group, int(group["workers"].iloc[0]), target)
+                 hw: recommendation(group, int(group["workers"].iloc[0]), target, strategy=strategy,
+                                    batch=defaults[hw])
                  for hw, group in options.groupby("hardware", sort=False)} if len(options) else {}}
     notes["intervals"] = INTERVALS + modelerror.describe(cal)
     if len(validation):
@@ -311,6 +381,7 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
         notes["validation"] = f"skipped: {skipped}"
     result = Result("predict", {"prediction": table, "options": options}, notes=notes,
                     meta={"mode": mode, "sync": strategy, "batch": batch, "compute_of": compute_origin(cal),
+                          "baseline": lone_text(cal),
                           **horizon, "reach": reaches})
     if len(validation):
         result.tables["validation"] = validation

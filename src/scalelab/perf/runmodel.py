@@ -28,4 +28,4 @@ def predict_run(cal: Calibration, config: dict) -> pd.Series | None:
                       per_rank_batch=config["global_batch"] / n, strategy=strategy if n > 1 else "noop",
                       bucket_bytes=config.get("bucket_mb", 25.0) * pm.MIB, compression=compression,
                       accumulate=config.get("accumulate", 1), emulation=emulation,
-                      compute_scale=cal.compute_scale).iloc[0]
+                      compute_scale=cal.compute_scale, alone=cal.lone_model()).iloc[0]

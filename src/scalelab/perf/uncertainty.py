@@ -27,7 +27,7 @@ from scalelab.perf.fit import compute_points, fit, fit_of
 
 REPLICATES = 100
 FITTED = ("compute", "alpha_s", "beta_s_per_byte", "host_alpha_s", "host_beta_s_per_byte", "veth_alpha_s",
-          "veth_beta_s_per_byte", "comm_scale", "compute_scale", "overlap", "sync_scales")
+          "veth_beta_s_per_byte", "comm_scale", "compute_scale", "overlap", "sync_scales", "lone")
 
 
 def _steps(run: dict, cache: dict) -> "np.ndarray":
@@ -69,7 +69,7 @@ def resample(measured, rng: np.random.Generator, cache: dict):
     return dataclasses.replace(
         measured, compute=[[resampled_run(c, rng, cache)] for c in measured.compute],
         insitu={sync: [[resampled_run(c, rng, cache)] for c in cells] for sync, cells in measured.insitu.items()},
-        bench=resampled_bench(measured.bench, rng),
+        bench=resampled_bench(measured.bench, rng), lone=[[resampled_run(c, rng, cache)] for c in measured.lone],
         host_bench=resampled_bench(measured.host_bench, rng) if measured.host_bench else None,
         veth_bench=resampled_bench(measured.veth_bench, rng) if measured.veth_bench else None)
 

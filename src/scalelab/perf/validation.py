@@ -61,7 +61,9 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
                       say: Callable[[str], None] = print) -> pd.DataFrame:
     """Predicted vs measured median step time for every completed run in `runs` of the calibrated model and
     dataset. error(%) = 100·(predicted − measured)/measured; attrs["median_abs_error(%)"]. measured_efficiency =
-    predicted one-worker step (compute only, same per-rank work) / measured step; measured_speedup = workers × that."""
+    X(n) / (n·X(1)) with X(1) one rank alone at the run's per-rank batch (docs/definitions.md: the lone run the
+    calibration measured there, else its fit, `Calibration.lone_step_ms`), i.e. that step / the measured step;
+    measured_speedup = workers × that."""
     pred, meas = [], []
     for run in runs:
         cfg, summary = run["config"], run["summary"] or {}
@@ -74,7 +76,7 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
             say(f"[validation] {run['run_id']}: ddp_hook {cfg['ddp_hook']} is not modelled, left out")
             continue
         n = cfg["ranks"] * cfg.get("nnodes", 1)
-        one = cal.compute_model().step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
+        one = cal.lone_step_ms(cfg["global_batch"] / n, cfg.get("accumulate", 1))
         step = summary[keys.STEP_MEDIAN_MS]
         refused = refusal(cal, NodeLink.of(cfg))
         # the bias and both parts of the interval belong to the step the calibration ran (it never pads): they go
