@@ -1,0 +1,144 @@
+"""`--launcher slurm` on a real Slurm (Debian's slurm-wlm and munge, tests/dist/slurm_cluster.py): a 3-node cluster
+of namespace nodes, one slurmd each, links shaped by the kernel to 0.5 Gbit/s.
+
+- `scalelab scale --nodes 1,2,3 --launcher slurm`, submitted with sbatch, runs each cell as a job step across the
+  allocation's first k nodes and completes. Known truth: the kernel's tbf rate. A ring allreduce sends
+  2(n-1)/n x the payload through every node's link, so each multi-node cell's comm/critical(ms) (the wire time on
+  the critical path) is that over 0.5 Gbit/s, within 15 %.
+- Everything in one node's namespace SIGKILLed mid-cell (its slurmd, slurmstepd and ranks): the cell fails within
+  the hang timeout naming the Slurm node, and no job step, rank or daemon of ours is left.
+
+Skipped, with the reason, where the Slurm packages or network namespaces are missing.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import cli_env
+from scalelab.analysis import keys
+from scalelab.run import netns
+from scalelab.store import RunDir, Store
+from slurm_cluster import PREFIX, slurm_cluster, unavailable
+
+LINK_GBPS = 0.5
+JOB_TIMEOUT_S = 420.0
+HANG_TIMEOUT_S = 20.0
+
+pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))]
+
+
+@pytest.fixture
+def slurm3(tmp_path):
+    """A 3-node Slurm cluster over 0.5 Gbit/s links; every daemon, namespace and job process gone afterwards."""
+    before = set(netns.list_namespaces())
+    with slurm_cluster(tmp_path / "slurm", nodes=3, link_gbps=LINK_GBPS) as cluster:
+        yield cluster
+    assert all(d.poll() is not None for d in cluster.daemons)
+    assert not [n for n in set(netns.list_namespaces()) - before if n.startswith(PREFIX)]
+
+
+def sbatch_script(args: list[str], nodes: int = 3) -> str:
+    """The job: scalelab on the allocation's first node, every cell a job step (--launcher slurm)."""
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --time=00:10:00",
+        "set -euo pipefail",
+        f"export GLOO_SOCKET_IFNAME={netns.IFACE}  # the interface the nodes share",
+        " ".join([shlex.quote(sys.executable), "-m", "scalelab", *map(shlex.quote, args)]),
+    ]) + "\n"
+
+
+def submit(slurm, tmp_path: Path, args: list[str]) -> tuple[str, Path]:
+    script, out = tmp_path / "job.sbatch", tmp_path / "job.out"
+    script.write_text(sbatch_script(args))
+    # sbatch hands its environment to the job: PYTHONPATH finds this checkout's scalelab on the nodes
+    sub = slurm.run("sbatch", "--parsable", f"--output={out}", str(script), env=cli_env())
+    assert sub.returncode == 0, sub.stderr
+    return sub.stdout.strip().split(";")[0], out
+
+
+def job_state(slurm, job_id: str) -> str | None:
+    out = slurm.run("scontrol", "show", "job", job_id).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("JobState=")), None)
+
+
+def wait_job(slurm, job_id: str, timeout_s: float) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while (state := job_state(slurm, job_id)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() < deadline, f"job {job_id} still {state} after {timeout_s:g} s"
+        time.sleep(1)
+    return state
+
+
+def steps_of(slurm, job_id: str) -> list[str]:
+    out = slurm.run("squeue", "--steps", "--noheader", "--jobs", job_id, "--format=%i %j").stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def ours_running() -> list[str]:
+    """Ranks and node agents of scalelab still alive on this machine (the test's cluster is its only user)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "scalelab.run.nodeagent" in cmd or "scalelab.run.worker" in cmd:
+            found.append(f"{proc.pid} {cmd[:120]}")
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_scale_over_slurm_nodes_completes_and_its_wire_time_is_the_links(tmp_path, slurm3):
+    # an MLP of 7.4 MB of gradients (depth 2, width 512), one rank and one thread a node, a blocking allreduce
+    store, out = tmp_path / "store", tmp_path / "out"
+    job_id, log = submit(slurm3, tmp_path, [
+        "scale", "--nodes", "1,2,3", "--launcher", "slurm", "--mode", "strong", "--batches", "48", "--launches",
+        "1", "--steps", "10", "--model", "mlp", "--model-options", "depth=2,width=512", "--ranks", "1",
+        "--threads", "1", "--sync", "allreduce", "--store", str(store), "--out", str(out)])
+    state = wait_job(slurm3, job_id, JOB_TIMEOUT_S)
+    text = log.read_text() if log.exists() else "(no job output)"
+    assert state == "COMPLETED", f"job {job_id}: {state}\n{text[-3000:]}\n{slurm3.logs()}"
+    runs = [Store(store).get(r) for r in Store(store).list_runs()["run_id"]]
+    measured = [r for r in runs if r["config"]["local_nodes"] > 1 and not r["config"]["noop_collectives"]
+                and r["config"]["sync"] == "allreduce"]
+    assert sorted(r["config"]["local_nodes"] for r in measured) == [2, 3], [r["config"]["local_nodes"] for r in runs]
+    for run in measured:
+        n, summary = run["config"]["local_nodes"], run["summary"]
+        assert run["status"] == "completed" and summary["ranks/reported"] == n
+        wire_ms = 2 * (n - 1) / n * summary[keys.COMM_BYTES_PER_STEP] * 8 / (LINK_GBPS * 1e9) * 1e3
+        assert abs(summary[keys.COMM_CRITICAL_MS] / wire_ms - 1) <= 0.15, (n, summary[keys.COMM_CRITICAL_MS], wire_ms)
+        slurm = RunDir(run["dir"]).read_provenance()["slurm"]  # the job, its step and the step's nodes, node 0 first
+        assert slurm["job"] == job_id and slurm["step"] is not None
+        assert slurm["nodes"] == [f"n{k}" for k in range(n)]
+    assert not steps_of(slurm3, job_id) and not ours_running()
+
+
+@pytest.mark.timeout(300)
+def test_a_node_killed_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothing(tmp_path, slurm3):
+    store = tmp_path / "store"
+    job_id, log = submit(slurm3, tmp_path, [
+        "train", "--local-nodes", "3", "--launcher", "slurm", "--model", "mlp", "--samples", "4096",
+        "--global-batch", "48", "--steps", "2000", "--ranks", "1", "--threads", "1", "--sync", "allreduce",
+        "--hang-timeout", f"{HANG_TIMEOUT_S:g}", "--store", str(store)])
+    deadline = time.monotonic() + 120
+    while not list(store.glob("*/steps.rank2.jsonl")) or not list(store.glob("*/steps.rank2.jsonl"))[0].stat().st_size:
+        assert time.monotonic() < deadline and job_state(slurm3, job_id) in ("PENDING", "CONFIGURING", "RUNNING"), (
+            job_state(slurm3, job_id), log.read_text() if log.exists() else "")
+        time.sleep(0.5)
+    killed_at = time.monotonic()
+    netns.kill_inside(slurm3.cluster.nodes[2].netns)  # n2's slurmd, slurmstepd, node agent and rank: a lost node
+    state = wait_job(slurm3, job_id, HANG_TIMEOUT_S + 60)
+    took = time.monotonic() - killed_at
+    text = log.read_text() if log.exists() else "(no job output)"
+    assert state == "FAILED", f"job {job_id}: {state}\n{text[-3000:]}"
+    assert took <= HANG_TIMEOUT_S + 30, took  # + the stop's own grace and slurm's poll
+    run = Store(store).get(Store(store).list_runs()["run_id"].iloc[0])
+    assert run["status"] == "failed" and "Slurm node n2" in run["reason"], run["reason"]
+    print(f"node loss: the job failed {took:.1f} s after the kill; reason: {run['reason']}")
+    assert not steps_of(slurm3, job_id) and not ours_running()
