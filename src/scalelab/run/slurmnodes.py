@@ -98,8 +98,10 @@ def node_address(host: str) -> str:
 def srun_argv(spec: LaunchSpec, hosts: tuple[str, ...], *, step_name: str, launcher: str = "torchrun",
               cpus_per_task: str | None = None) -> list[str]:
     """The job step of a run across `hosts`: one node agent per node, each told to read its node rank from
-    SLURM_NODEID (node_rank -1). --kill-on-bad-exit: a failed node ends the step at once instead of leaving the
-    others blocked in a collective; --nodelist: the step's node 0 is the first host, the rendezvous host."""
+    SLURM_NODEID (node_rank -1). --nodelist: the step's node 0 is the first host, the rendezvous host. No
+    --kill-on-bad-exit: srun would SIGKILL the other nodes before they record why they failed (a peer gone), and
+    the launcher could no longer tell the node that was lost from the ones srun stopped; the launcher ends the
+    step itself SETTLE_S after the first failure, as on namespace nodes."""
     payload = json.dumps({**dataclasses.asdict(spec), "run_dir": str(spec.run_dir), "args": list(spec.args),
                           "launcher": launcher, "slurm": True})
     # --ntasks too: inside sbatch, srun would take the job's task count (SLURM_NTASKS) for a step of fewer nodes
@@ -107,7 +109,7 @@ def srun_argv(spec: LaunchSpec, hosts: tuple[str, ...], *, step_name: str, launc
             "--nodelist", ",".join(hosts),
             # the agent and its ranks get the node's CPUs of the job, not the one CPU a task gets by default
             *(["--cpus-per-task", cpus_per_task] if cpus_per_task else []),
-            "--kill-on-bad-exit=1", f"--job-name={step_name}", "--export=ALL",
+            f"--job-name={step_name}", "--export=ALL",
             sys.executable, "-m", NODE_AGENT, payload]
 
 
@@ -262,6 +264,18 @@ def node_name(spec: LaunchSpec, hosts: tuple[str, ...], k: int) -> str:
     return f"node {k} (Slurm node {hosts[k]}, {ranks_of(spec, k)})"
 
 
+def last_beat(rundir: RunDir, spec: LaunchSpec, k: int) -> float:
+    """When node k's ranks last wrote a heartbeat (now if never): of several nodes that ended without a record,
+    the one lost first stopped beating first."""
+    times = []
+    for rank in range(k * spec.nproc_per_node, (k + 1) * spec.nproc_per_node):
+        try:
+            times.append(rundir.heartbeat_file(rank).stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=time.time())
+
+
 def root_cause(spec: LaunchSpec, rundir: RunDir, hosts: tuple[str, ...], returncode: int | None, *,
                srun_error: str | None = None) -> str:
     """One line: the earliest failure that was not a consequence of another; a node that recorded neither a
@@ -278,7 +292,7 @@ def root_cause(spec: LaunchSpec, rundir: RunDir, hosts: tuple[str, ...], returnc
         elif not seen.get(k, {}).get("done"):
             how = ("lost: its node agent ended with no record (its processes killed, or the node gone)"
                    if k in seen else "lost: its node agent never started")
-            candidates.append((False, time.time(), k, f"{node_name(spec, hosts, k)} {how}"))
+            candidates.append((False, last_beat(rundir, spec, k), k, f"{node_name(spec, hosts, k)} {how}"))
     if not candidates:
         return f"the job step failed (srun exited with code {returncode}) with every node done"
     return min(candidates)[3]

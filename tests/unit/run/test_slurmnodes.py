@@ -89,7 +89,7 @@ def test_the_step_is_one_node_agent_per_node_on_the_first_k_nodes(tmp_path):
     argv = srun_argv(part, ("n0", "n1"), step_name="scalelab-run-1", cpus_per_task="4")
     payload = json.loads(argv[-1])
     assert argv[:-1] == ["srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--nodelist", "n0,n1",
-                         "--cpus-per-task", "4", "--kill-on-bad-exit=1", "--job-name=scalelab-run-1", "--export=ALL",
+                         "--cpus-per-task", "4", "--job-name=scalelab-run-1", "--export=ALL",
                          sys.executable, "-m", "scalelab.run.nodeagent"]
     assert (payload["node_rank"], payload["nnodes"], payload["endpoint"], payload["slurm"]) == (
         -1, 2, "10.0.0.1:29500", True)
@@ -231,3 +231,18 @@ def test_the_launcher_names_the_lost_node_and_the_refused_step(tmp_path, fake_sl
         launch(tmp_path / "b", "refused", monkeypatch)
     with pytest.raises(SlurmUnavailable, match="local_nodes 4"):
         launch(tmp_path / "c", "ok", monkeypatch, nodes=4)
+
+
+def test_of_two_nodes_gone_without_a_record_the_one_that_stopped_beating_first_is_named(tmp_path):
+    # srun stopping a node can leave it without a record too: the node lost first is the one whose ranks went quiet
+    part = spec(tmp_path, nnodes=3, node_rank=-1)
+    rundir = RunDir(part.run_dir)
+    rundir.path.mkdir()
+    now = time.time()
+    for k, beat in ((0, now - 1), (1, now), (2, now - 8)):
+        rundir.write_slurm_node(k, {"step": "0", "node": f"n{k}", "done": False})
+        rundir.write_heartbeat(k, {"rank": k, "step": 5})
+        os.utime(rundir.heartbeat_file(k), (beat, beat))
+    rundir.write_node_failure(1, {"reason": "rank 1 exited with code 1: Connection closed by peer",
+                                  "consequence": True, "time": now})
+    assert root_cause(part, rundir, ("n0", "n1", "n2"), 1).startswith("node 2 (Slurm node n2, rank 2) lost")
