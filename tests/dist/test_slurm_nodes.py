@@ -6,7 +6,8 @@ of namespace nodes, one slurmd each, links shaped by the kernel to 0.5 Gbit/s.
   2(n-1)/n x the payload through every node's link, so each multi-node cell's comm/critical(ms) (the wire time on
   the critical path) is that over 0.5 Gbit/s, within 15 %.
 - Everything in one node's namespace SIGKILLed mid-cell (its slurmd, slurmstepd and ranks): the cell fails within
-  the hang timeout naming the Slurm node, and no job step, rank or daemon of ours is left.
+  the hang timeout naming the Slurm node, and no job step, rank or daemon of ours is left; likewise its link
+  taken down (the hang watchdog names the node whose slurmd does not answer).
 
 Skipped, with the reason, where the Slurm packages or network namespaces are missing.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,8 +137,18 @@ def training(store: Path, rank: int, steps: int = 3) -> bool:
     return False
 
 
+def lose_node(slurm, how: str) -> None:
+    """n2 lost: everything in its namespace SIGKILLed (slurmd, slurmstepd, node agent, rank), or its switch port
+    set down (its processes live on, silent: gloo sees no reset, the hang watchdog has to find it)."""
+    if how == "killed":
+        netns.kill_inside(slurm.cluster.nodes[2].netns)
+    else:
+        subprocess.run(["ip", "-n", slurm.cluster.switch, "link", "set", "n2", "down"], check=True)
+
+
 @pytest.mark.timeout(300)
-def test_a_node_killed_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothing(tmp_path, slurm3):
+@pytest.mark.parametrize("how", ["killed", "link down"])
+def test_a_node_lost_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothing(tmp_path, slurm3, how):
     store = tmp_path / "store"
     job_id, log = submit(slurm3, tmp_path, [
         "train", "--local-nodes", "3", "--launcher", "slurm", "--model", "mlp", "--samples", "4096",
@@ -148,7 +160,7 @@ def test_a_node_killed_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothin
             job_state(slurm3, job_id), log.read_text() if log.exists() else "")
         time.sleep(0.5)
     killed_at = time.monotonic()
-    netns.kill_inside(slurm3.cluster.nodes[2].netns)  # n2's slurmd, slurmstepd, node agent and rank: a lost node
+    lose_node(slurm3, how)
     run_id = Store(store).list_runs()["run_id"].iloc[0]
     while Store(store).get(run_id)["status"] == "running":
         assert time.monotonic() - killed_at < HANG_TIMEOUT_S + 30, "the run is still running"
@@ -158,9 +170,12 @@ def test_a_node_killed_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothin
     ended_s = time.monotonic() - killed_at
     text = log.read_text() if log.exists() else "(no job output)"
     assert state == "FAILED", f"job {job_id}: {state}\n{text[-3000:]}"
-    assert failed_s <= HANG_TIMEOUT_S, failed_s  # well within: the peers' connections break at once
+    # killed: well within the hang timeout (the peers' connections break at once); link down: the watchdog's
+    # timeout, then the stop (the ranks' SIGTERM grace, scancel, srun's)
+    assert failed_s <= HANG_TIMEOUT_S + (0 if how == "killed" else 20), failed_s
     run = Store(store).get(run_id)
     assert run["status"] == "failed" and "Slurm node n2" in run["reason"], run["reason"]
-    print(f"node loss: the run failed {failed_s:.1f} s and the job ended {ended_s:.1f} s after the kill "
+    assert ("lost" if how == "killed" else "unreachable") in run["reason"], run["reason"]
+    print(f"node {how}: the run failed {failed_s:.1f} s and the job ended {ended_s:.1f} s after the kill "
           f"(hang timeout {HANG_TIMEOUT_S:g} s); reason: {run['reason']}")
     assert not steps_of(slurm3, job_id) and not ours_running()
