@@ -87,12 +87,12 @@ def steps_of(slurm, job_id: str) -> list[str]:
     return [line for line in out.splitlines() if line.strip()]
 
 
-def ours_running() -> list[str]:
-    """Ranks and node agents of scalelab still alive on this machine (the test's cluster is its only user)."""
+def ours_running(store: Path) -> list[str]:
+    """Node agents and their (forked) ranks still alive whose run is in `store` (other tests' may run beside)."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "scalelab.run.nodeagent" in cmd or "scalelab.run.worker" in cmd:
+        if ("scalelab.run.nodeagent" in cmd or "scalelab.run.worker" in cmd) and str(store) in cmd:
             found.append(f"{proc.pid} {cmd[:120]}")
     return found
 
@@ -127,7 +127,7 @@ def test_scale_over_slurm_nodes_completes_and_its_wire_time_is_the_links(tmp_pat
     # least disturbed launch of each cell is held to the wire
     for n, values in ratios.items():
         assert abs(min(values) - 1) <= 0.15, (n, values)
-    assert not steps_of(slurm3, job_id) and not ours_running()
+    assert not steps_of(slurm3, job_id) and not ours_running(store)
 
 
 def training(store: Path, rank: int, steps: int = 3) -> bool:
@@ -180,4 +180,4 @@ def test_a_node_lost_mid_cell_fails_it_naming_the_slurm_node_and_leaves_nothing(
     assert ("lost" if how == "killed" else "unreachable") in run["reason"], run["reason"]
     print(f"node {how}: the run failed {failed_s:.1f} s and the job ended {ended_s:.1f} s after the kill "
           f"(hang timeout {HANG_TIMEOUT_S:g} s); reason: {run['reason']}")
-    assert not steps_of(slurm3, job_id) and not ours_running()
+    assert not steps_of(slurm3, job_id) and not ours_running(store)
