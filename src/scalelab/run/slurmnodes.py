@@ -16,6 +16,7 @@ vanished (SIGKILLed, its machine gone) writes nothing, and is named as lost. The
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,13 +32,14 @@ from typing import Any
 
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.run.launch import LaunchSpec
-from scalelab.run.nodes import NODE_AGENT, RDZV_PORT, SETTLE_S, STOP_GRACE_S, NodeFailed, ranks_of
+from scalelab.run.nodes import NODE_AGENT, RDZV_PORT, SETTLE_S, NodeFailed, ranks_of
 from scalelab.run.watchdog import kill_local_ranks
 from scalelab.store.rundir import RunDir
 
 PORT_ENV = "SCALELAB_PORT"  # the rendezvous port on the step's first node (as in `scalelab slurm`'s script)
 SLURMD_PORT = 6818  # slurmd's default port: a node whose slurmd answers a connect is reachable
 PROBE_TIMEOUT_S = 2.0
+SRUN_GRACE_S = 2.0  # SIGTERM to SIGKILL of srun, after the step was cancelled
 
 
 class SlurmUnavailable(ScalelabError):
@@ -145,7 +147,8 @@ class SlurmNodes:
                                      env={**os.environ, **part.env})
         errors = relay_errors(self.srun)
         try:
-            failed = wait_step(self.srun, rundir, k)
+            with sigterm_interrupts():
+                failed = wait_step(self.srun, rundir, k)
         finally:
             self.stop()
             record_provenance(rundir, alloc.job_id, k)
@@ -162,7 +165,8 @@ class SlurmNodes:
             subprocess.run(["scancel", f"{self.alloc.job_id}.{step}"], capture_output=True, timeout=30)
         proc.send_signal(signal.SIGTERM)  # srun forwards it to the tasks and ends the step
         try:
-            proc.wait(timeout=STOP_GRACE_S)
+            # short: scancel has ended the tasks already; a srun still up waits for a node that is gone
+            proc.wait(timeout=SRUN_GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -181,6 +185,25 @@ class SlurmNodes:
             return None
         names = ", ".join(node_name(self.spec, self.alloc.hosts, k) for k in lost)
         return f"{names} unreachable: slurmd gave no answer within {PROBE_TIMEOUT_S:g} s"
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM (scancel of the job, the end of its time limit) as a Ctrl-C while a step runs: the step is ended in
+    order and the run marked interrupted, instead of scalelab dying with the step left to Slurm and the run
+    "running". Only in the main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Errors:

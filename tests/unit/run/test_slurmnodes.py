@@ -246,3 +246,16 @@ def test_of_two_nodes_gone_without_a_record_the_one_that_stopped_beating_first_i
     rundir.write_node_failure(1, {"reason": "rank 1 exited with code 1: Connection closed by peer",
                                   "consequence": True, "time": now})
     assert root_cause(part, rundir, ("n0", "n1", "n2"), 1).startswith("node 2 (Slurm node n2, rank 2) lost")
+
+
+def test_sigterm_while_a_step_runs_is_an_interrupt_and_the_handler_is_restored():
+    import signal
+
+    from scalelab.run.slurmnodes import sigterm_interrupts
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        with sigterm_interrupts():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here, at once
+    assert signal.getsignal(signal.SIGTERM) is before
