@@ -47,6 +47,8 @@ ALONE = {
     "test_sync_dist": "emulated latency recovered per collective within 5 %",
     "test_horovod_dist::test_a_straggler_is_waiting_for_peers_as_for_ddp": "a straggler's wait against a control's",
     "test_local_nodes::test_a_shaped_link_is_slower_than_an_unshaped_one": "a shaped link's bus bandwidth",
+    "test_slurm_nodes::test_scale_over_slurm_nodes_completes_and_its_wire_time_is_the_links":
+        "Slurm cells' wire time within 15 % of a shaped link's",
     "test_local_nodes::test_scale_over_nodes_gives_each_node_its_epoch_cpu_and_network": "each node's net rate",
     "test_local_nodes::test_a_calibration_over_a_shaped_link_fits_its_rate_and_predicts_a_slower_one":
         "a fitted link rate within 35 % of the shaped one",

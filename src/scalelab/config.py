@@ -25,6 +25,7 @@ Wrapper = Literal["auto", "single", "dp", "ddp"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Device = Literal["auto", "cpu", "cuda"]
 Optimizer = Literal["sgd", "adam", "adamw"]
+NodesLauncher = Literal["namespaces", "slurm"]
 DDPHook = Literal["none", "fp16", "bf16", "powersgd"]
 LRRule = Literal["none", "linear", "sqrt", "linear_warmup", "lars"]
 
@@ -90,6 +91,10 @@ class TrainConfig:
                                         "directions by the kernel (tbf); unset: unshaped.")
     link_delay_ms: float | None = doc(None, "With local_nodes: one-way delay (ms) on each node's link (kernel netem; "
                                             "refused where the kernel has no netem).")
+    nodes_launcher: NodesLauncher = doc(
+        "namespaces", "Where the local_nodes nodes come from: namespaces (network namespaces of this machine) or "
+                      "slurm (inside a Slurm allocation: each run a job step, srun, on the allocation's first "
+                      "local_nodes nodes; the store on a shared filesystem).", flag=("--launcher",))
     backend: Backend = doc("auto", "Process-group backend; auto: nccl on CUDA, gloo on CPU.")
     wrapper: Wrapper = doc("auto", "Model wrapper: single, dp (DataParallel) or ddp (a process group); auto: ddp "
                                    "with several ranks or a sync strategy, else single.")
@@ -508,6 +513,9 @@ def check_local_nodes(cfg: Any) -> None:
             raise ConfigError(name, value, "allowed: a number > 0 (or leave unset)")
         if not cfg.local_nodes:
             raise ConfigError(name, value, "allowed only with local_nodes >= 1 (a link of namespaced nodes)")
+        if getattr(cfg, "nodes_launcher", "namespaces") == "slurm":
+            raise ConfigError(name, value, "allowed only with nodes_launcher namespaces: scalelab cannot shape the "
+                                           "links of a Slurm cluster's nodes")
 
 
 def local_nnodes(cfg: Any) -> int:
@@ -524,6 +532,12 @@ def local_nnodes(cfg: Any) -> int:
         raise ConfigError("rdzv_endpoint", cfg.rdzv_endpoint,
                           "chosen by local_nodes (node 0's private address); leave it unset")
     return cfg.local_nodes
+
+
+def namespace_nodes(cfg: Any) -> int:
+    """The config's nodes that are namespaces of this machine (they share its cores): local_nodes, or 0 when the
+    nodes are a Slurm allocation's machines."""
+    return 0 if getattr(cfg, "nodes_launcher", "namespaces") == "slurm" else cfg.local_nodes
 
 
 def default_threads(local_ranks: int, local_nodes: int = 0) -> int:

@@ -27,6 +27,7 @@ SPELLINGS = {  # fields whose flag is not --name-with-dashes (README's spellings
     "drop_last": ("--drop-last/--keep-last",),
     "augment": ("--augment/--no-augment",),
     "noop_collectives": ("--noop-collectives/--real-collectives",),
+    "nodes_launcher": ("--launcher",),
 }
 
 

@@ -34,6 +34,7 @@ PACKAGES = "slurm-wlm munge"  # Debian's; .ci/run installs them
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "squeue")
 UP_TIMEOUT_S = 60.0  # daemons started to every node idle
 STOP_GRACE_S = 5.0
+SLURMD_TIMEOUT_S = 60
 
 
 def unavailable() -> str | None:
@@ -107,6 +108,10 @@ def slurm_conf(cluster: netns.Cluster, root: Path, munge_socket: Path) -> str:
         "SchedulerType=sched/builtin",
         "MpiDefault=none",
         "ReturnToService=2",
+        # a node whose slurmd is gone (a node-loss test SIGKILLs everything in its namespace) is DOWN, and its job
+        # steps end, within a minute instead of the default 300 s; still later than a test's hang timeout, so that
+        # scalelab, not Slurm, is the first to act on a node lost silently (its link down)
+        f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",
@@ -154,13 +159,13 @@ def idle_nodes(slurm: SlurmCluster) -> set[str]:
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: Path, nodes: int = 2) -> Iterator[SlurmCluster]:
+def slurm_cluster(root: Path, nodes: int = 2, *, link_gbps: float | None = None) -> Iterator[SlurmCluster]:
     """munged, slurmctld and one slurmd per namespace node, every node idle; all of it stopped and removed at the
-    end, also when a step fails."""
+    end, also when a step fails. `link_gbps`: every node's link shaped to that rate (netns.create_cluster)."""
     root.mkdir(parents=True, exist_ok=True)
     for sub in ("state", "spool"):
         (root / sub).mkdir(exist_ok=True)
-    cluster = netns.create_cluster(nodes, prefix=PREFIX)
+    cluster = netns.create_cluster(nodes, prefix=PREFIX, link_gbps=link_gbps)
     slurm = SlurmCluster(cluster, root, root / "slurm.conf")
     try:
         munged, munge_socket = start_munge(root, cluster.switch)

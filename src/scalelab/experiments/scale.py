@@ -339,8 +339,9 @@ EXPERIMENT = Experiment(
              Option(name="mode", default="both", help="strong, weak or both.", parse=_modes), launches_option(),
              Option(name="nodes", default=None, parse=positive_ints,
                     help="Node counts of a cluster of network namespaces (local_nodes; the base's ranks on each, "
-                         "its link_gbps on every link) instead of worker counts; unset: 1 .. local_nodes when the "
-                         "base has local_nodes >= 2.")),
+                         "its link_gbps on every link), or with --launcher slurm of the Slurm allocation's first "
+                         "nodes, instead of worker counts; unset: 1 .. local_nodes when the base has "
+                         "local_nodes >= 2.")),
     run=_run,
     takes_command=True,
     figures=_figures,

@@ -42,6 +42,7 @@ from scalelab.measure.commbench import CommBenchConfig
 from scalelab.run import warm
 from scalelab.run.execute import RunFailed, execute, execute_run, run_commbench
 from scalelab.run.script import SCRIPT, ScriptConfig
+from scalelab.run.slurmnodes import refuse_unlaunchable
 from scalelab.store import RunDir, Store
 
 # Set while a report is rebuilt from stored runs: the engine then runs nothing and reports missing cells.
@@ -246,6 +247,8 @@ class Cells:
         have = {c.key: len(self._finished(c)) for c in cells}
         goal = {c.key: have[c.key] + c.repeats if c.key in fresh and not replaying() else c.repeats for c in cells}
         needed = {c.key: goal[c.key] - have[c.key] for c in cells}
+        # --launcher slurm outside an allocation, or a cell of more nodes than it has: refused before any runs
+        refuse_unlaunchable(c.config for c in cells if needed[c.key] > 0)
         self.progress.group(group, sum(max(0, n) for n in needed.values()))
         failures: dict[str, str] = {}
         rounds = max((c.repeats for c in cells), default=0) if interleave else 1

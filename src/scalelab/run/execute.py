@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from scalelab.config import TrainConfig
+from scalelab.engines import registry as engines
 from scalelab.errors import ScalelabError, StoreError
 from scalelab.measure.commbench import CommBenchConfig, read_results
 from scalelab.provenance import collect_provenance
@@ -28,6 +29,7 @@ from scalelab.run import netns
 from scalelab.run.kinds import BENCH, TRAIN, RunKind, check_inputs
 from scalelab.run.launch import Launcher, LaunchFailed, torchrun_launch
 from scalelab.run.nodes import LocalNodes
+from scalelab.run.slurmnodes import SlurmNodes, refuse_unlaunchable, uses_slurm
 from scalelab.run.watchdog import Watchdog
 from scalelab.store import RunDir, Store
 from scalelab.train import checkpoint
@@ -99,7 +101,11 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     run_dir = store.run_dir(run_id)
     spec = kind.launch_spec(cfg, run_dir, isolate=isolate, resume=resume)
     abort, explain = None if spec is not None else _interrupt_main_thread, None
-    if cfg.local_nodes and launcher is torchrun_launch:
+    if uses_slurm(cfg) and launcher is torchrun_launch:
+        # the same ranks, as one job step across the Slurm allocation's first local_nodes nodes
+        launcher = SlurmNodes(cfg, launcher=engines.get(cfg.engine).launcher)
+        abort, explain = launcher.abort, launcher.unreachable
+    elif cfg.local_nodes and launcher is torchrun_launch:
         # the same ranks, across namespaced nodes of this machine: each node's agent runs the kind's launcher
         launcher = LocalNodes(cfg, node_launcher=kind.launcher(cfg, launcher))
         # a hang stops the node agents too (one stuck in the rendezvous started no rank) and names the node
@@ -126,14 +132,22 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     return Finished(run_id, run_dir, verdict.summary, verdict.status, verdict.reason)
 
 
+def check_nodes_usable(cfg: Any) -> None:
+    """Refused before anything is recorded: namespace nodes without privilege, `ip` or netem for a delay; Slurm
+    nodes outside an allocation or beyond its node count."""
+    if uses_slurm(cfg):
+        refuse_unlaunchable([cfg])
+    elif cfg.local_nodes:
+        netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
+
+
 def execute_run(kind: RunKind, cfg: Any, store: Store, *, argv: list[str] | None = None, study: str | None = None,
                 say: Callable[[str], None] = print, launcher: Launcher = torchrun_launch,
                 isolate: bool = False) -> Finished:
     """Every step of one run of `kind`: prepare the config, record, launch, summarise, export, finish."""
     phases = {"start": time.time()}
     cfg = kind.prepare(cfg)
-    if cfg.local_nodes:  # refused before anything is recorded: no privilege, no `ip`, no netem for a delay
-        netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
+    check_nodes_usable(cfg)
     phases["prepared"] = time.time()
     run_id = record_run(kind, cfg, store, argv, study)
     phases["recorded"] = time.time()
@@ -225,8 +239,7 @@ def resume_run(run_id: str, store: Store, *, say: Callable[[str], None] = print,
                             "start it again instead")
     cfg = TrainConfig.from_dict(info["config"])
     check_inputs(cfg)
-    if cfg.local_nodes:
-        netns.check_usable(cfg.link_gbps, cfg.link_delay_ms)
+    check_nodes_usable(cfg)
     RunDir(run_dir).clear_attempt()  # from the attempt that stopped (old heartbeats must not fool the watchdog)
     store.reopen_run(rid)
     say(f"run {rid}: resuming from the checkpoint at step {step}")

@@ -129,7 +129,7 @@ def collect_summary(run_dir: Path) -> dict:
     records = rundir.read_steps()
     main = min(results, key=lambda r: r["rank"])
     config = rundir.read_config() if rundir.config_file.exists() else {}
-    one_clock = config.get("nnodes", 1) == 1 or bool(config.get("local_nodes"))  # namespaces share the clock
+    one_clock = config.get("nnodes", 1) == 1 or _one_machine(config, rundir)
     summary = summarize(records, steps_per_epoch=main["steps_per_epoch"], evals=main["evals"],
                         memory=[r["memory"] for r in results], system=rundir.read_system(),
                         target_precision=main.get("length", {}).get("target_precision"), one_clock=one_clock)
@@ -298,10 +298,26 @@ class BenchKind:
         pass
 
 
+def _one_machine(config: dict, rundir: RunDir) -> bool:
+    """Whether a multi-node run's ranks shared one clock: namespace nodes of one machine do; Slurm nodes do when
+    every node agent ran on one host (a cluster of namespaces under Slurm, as the tests make)."""
+    if not config.get("local_nodes"):
+        return False
+    if config.get("nodes_launcher", "namespaces") != "slurm":
+        return True
+    try:
+        hosts = rundir.read_provenance().get("slurm", {}).get("hosts") or []
+    except (OSError, ValueError, StoreError):
+        return False
+    return len(hosts) > 0 and None not in hosts and len(set(hosts)) == 1
+
+
 def _on_nodes(cfg: Any) -> str:
     """' on 2 local nodes (link 0.2 Gbit/s)' for a run across namespaced nodes; '' otherwise."""
     if not cfg.local_nodes:
         return ""
+    if getattr(cfg, "nodes_launcher", "namespaces") == "slurm":
+        return f" on {cfg.local_nodes} Slurm node{'s' * (cfg.local_nodes > 1)}"
     link = f"{cfg.link_gbps:g} Gbit/s" if cfg.link_gbps else "unshaped"
     delay = f", +{cfg.link_delay_ms:g} ms" if cfg.link_delay_ms else ""
     return f" on {cfg.local_nodes} local nodes (link {link}{delay})"

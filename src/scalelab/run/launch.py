@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from scalelab.config import TrainConfig, default_threads
+from scalelab.config import TrainConfig, default_threads, namespace_nodes
 from scalelab.engines import registry as engines
 from scalelab.errors import ScalelabError
 from scalelab.store.rundir import RunDir
@@ -146,7 +146,7 @@ def torchrun_argv(cfg: TrainConfig, run_dir: Path, *, port: int | None = None, q
 
 def worker_env(cfg: TrainConfig) -> dict[str, str]:
     """Environment for the ranks: threads per rank, and gloo kept on loopback for one-node runs."""
-    env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks, cfg.local_nodes))}
+    env = {"OMP_NUM_THREADS": str(cfg.threads or default_threads(cfg.ranks, namespace_nodes(cfg)))}
     if cfg.nnodes == 1:
         env.update(LOOPBACK_ENV)
     if cfg.memory_limit:

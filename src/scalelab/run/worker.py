@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from scalelab.config import TrainConfig, default_threads
+from scalelab.config import TrainConfig, default_threads, namespace_nodes
 from scalelab.distenv import DistContext, dist_context, exit_without_teardown
 from scalelab.engines import registry as engines
 from scalelab.measure.clocks import estimate_in_run
@@ -44,7 +44,7 @@ def run_rank(cfg: TrainConfig, run_dir: Path, ctx: DistContext, *, resume: bool 
     fixed cost goes (benchmarks/cell_cost.py)."""
     phases = dict(phases or {})
     phases.setdefault("start", time.time())
-    torch.set_num_threads(cfg.threads or default_threads(ctx.local_world, cfg.local_nodes))
+    torch.set_num_threads(cfg.threads or default_threads(ctx.local_world, namespace_nodes(cfg)))
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     rundir = RunDir(run_dir)

@@ -8,6 +8,7 @@
     aggregates.rank<r>.json           a probed run's whole-run sums and quantile sketches per stage (run/probe.py)
     heartbeat.rank<r>.json            where rank r is, about once a second (train/heartbeat.py)
     failure.node<k>.json              why node k of a --local-nodes run failed (run/nodeagent.py)
+    slurm.node<k>.json                where node k of a --launcher slurm run ran, and whether it is done (same)
     clocks.json                       each rank's clock offset to rank 0 at start-up, rank 0 (measure/clocks.py)
     error.txt                         the traceback of a failed run
     (a multi-node run without a shared filesystem: node 0's directory gets every rank's steps, system and result
@@ -134,6 +135,9 @@ class RunDir:
     def node_failure_file(self, node: int) -> Path:
         return self.path / f"failure.node{node}.json"
 
+    def slurm_node_file(self, node: int) -> Path:
+        return self.path / f"slurm.node{node}.json"
+
     def rank_files(self, rank: int) -> list[Path]:
         """What rank r leaves for the run's summary, trace and report: its steps, system samples and result."""
         return [self.steps_file(rank), self.system_file(rank), self.result_file(rank), self.aggregates_file(rank)]
@@ -233,6 +237,13 @@ class RunDir:
 
     def write_node_failure(self, node: int, failure: dict) -> None:
         write_json_atomic(self.node_failure_file(node), failure)
+
+    def read_slurm_node(self, node: int) -> dict:
+        """Where node `node` of a --launcher slurm run ran (job, step, Slurm node, host) and whether it is done."""
+        return read_json(self.slurm_node_file(node))
+
+    def write_slurm_node(self, node: int, record: dict) -> None:
+        write_json_atomic(self.slurm_node_file(node), record)
 
     def read_clocks(self) -> dict | None:
         """The ranks' clock offsets (measure/clocks.py); None for a run that has none (one rank, an older run)."""
