@@ -218,5 +218,5 @@ EXPERIMENT = Experiment(
                      "runs learned, loss, peak memory, throughput, step time spread.",
               "amp_curves.png": "Training loss per step, fp32 vs lower precision (rank 0)."},
     study_options=study_options,
-    version=2,
+    version=3,  # issue 60: intervals named after their figure
 )

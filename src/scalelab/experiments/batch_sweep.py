@@ -29,7 +29,8 @@ def batch_decisions(table: pd.DataFrame) -> list[Decision]:
     costs the least memory and generalises best)."""
     if len(table) < 2:
         return []
-    sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT)
+    sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT,
+                         low=keys.ci_keys(keys.THROUGHPUT)[0], high=keys.ci_keys(keys.THROUGHPUT)[1])
              for r in table.to_dict("records")]
     decision = pick(sides, question="batch size", figure="throughput", unit=" samples/s", lower_is_better=False,
                     cheaper=lambda s: int(s.label.split()[1]))
@@ -99,4 +100,5 @@ EXPERIMENT = Experiment(
                              "(GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

@@ -63,7 +63,12 @@ def threads_decisions(result: Result) -> list[Decision]:
     decision = pick(sides, question="thread count", cheaper=lambda s: int(s.label.split()[0]))
     if decision is None:
         return []
-    return [replace(decision, action=f"{decision.chosen.label.split()[0]} torch threads per process")]
+    # measured in one process: the advice holds for that layout; ranks sharing the host share its cores too, and the
+    # same count in each of them would oversubscribe it (issue 60: 2 threads × 2 ranks on 2 cores)
+    n, cores = decision.chosen.label.split()[0], int(t["cores"].iloc[0])
+    return [replace(decision, action=f"{n} torch thread{_s(n)} for a single process on this machine (the layout "
+                                     f"measured); R ranks on it share its {cores} cores: about {cores}/R threads "
+                                     "each")]
 
 
 def interpret_threads(result: Result) -> tuple[list[str], str | None]:
@@ -136,4 +141,5 @@ EXPERIMENT = Experiment(
               "threads.png": "Step time (median, bars min..max) vs torch threads; the dashed line is the core "
                              "count."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

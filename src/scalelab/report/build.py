@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
 
@@ -68,22 +69,29 @@ def with_run_id(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | N
     return [*columns, "run_id"]
 
 
-# what a table's answer is usually made of, in the order shown after its first (describing) column
-ANSWER = ["status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "time/epoch(s)", "throughput(samples/s)",
-          "ci_low", "ci_high", "speedup", "efficiency", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "overlap",
-          "busbw(GB/s)", "max_batch", "final_acc"]
+# what a table's answer is usually made of, in the order shown after its describing columns; each figure is
+# followed by its own interval where the table has one (analysis.tables.intervals_of: matched by name)
+ANSWER = ["status", "step(ms)", "time/step_median(ms)", "time/epoch(s)", "throughput(samples/s)", "speedup",
+          "efficiency", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "overlap", "busbw(GB/s)", "max_batch",
+          "final_acc"]
 MOST_COLUMNS = 12  # a table this wide or narrower is shown whole
 
 
 def answer_columns(frame: pd.DataFrame, declared: list[str] | None = None, most: int = 10) -> list[str] | None:
     """The columns a table's answer needs (None: show them all): the experiment's own choice, else its first
-    column and the usual answer columns it has, at most `most`, its quality flag last."""
+    column and the usual answer columns it has, each figure with its interval, at most `most`, its quality flag
+    last."""
     if declared:
         return [c for c in declared if c in frame.columns]
     if frame.shape[1] <= MOST_COLUMNS:
         return None
-    chosen = [frame.columns[0], *(c for c in ANSWER if c in frame.columns and c != frame.columns[0])]
-    chosen = chosen[:most - 1] if "quality" in frame.columns else chosen[:most]
+    room = most - 1 if "quality" in frame.columns else most
+    chosen = [frame.columns[0]]
+    for figure in (c for c in ANSWER if c in frame.columns and c != frame.columns[0]):
+        group = [figure, *intervals_of(figure, frame.columns)]
+        if len(chosen) + len(group) > room:
+            break
+        chosen += group
     return chosen + (["quality"] if "quality" in frame.columns else [])
 
 

@@ -67,7 +67,8 @@ def test_loader_within_noise_keeps_no_workers():
 
 
 def batch_table(launches: int) -> pd.DataFrame:
-    return pd.DataFrame([{"global_batch": b, keys.THROUGHPUT: tp, "ci_low": tp - 5, "ci_high": tp + 5,
+    return pd.DataFrame([{"global_batch": b, keys.THROUGHPUT: tp, "throughput_ci_low(samples/s)": tp - 5,
+                          "throughput_ci_high(samples/s)": tp + 5,
                           keys.EPOCH_S: 10.0, keys.EPOCH_NO_DATA_S: 9.0, "launches": launches, "quality": "ok"}
                          for b, tp in ((16, 100.0), (64, 200.0), (256, 203.0))])
 

@@ -1,0 +1,134 @@
+"""The report's tables held to their own figures, as a reader sees them (pure; the audit of analysis.checks for
+what a report shows rather than what a run measured). Each check reads one table (its whole frame, the columns the
+page shows, its caption and the section's sentences) and returns one line per fault, none when it holds:
+- `interval_faults`: every interval column names its figure (analysis.tables.figure_of: "x_ci_low(u)" belongs to
+  "x(u)"; a bare "ci_low" belongs to nothing), is shown only beside it, and contains it in every row;
+- `unit_faults`: an interval's unit is its figure's ("throughput_ci_low(ms)" beside "throughput(samples/s)" is a
+  step's interval set beside a rate);
+- `share_faults`: the shares of a table of additive parts (a `share(%)` column, per run) sum to 100 % within
+  rounding: an extra row beside its whole counts the same time twice;
+- `row_faults`: the columns shown tell the rows apart (no two rows read alike), and include every column the
+  caption or a sentence names;
+- `band_faults`: a headline figure lies within its own min–max band (`x_min(u)` .. `x_max(u)` beside `x(u)`).
+`table_faults` applies them all to one table; report.audit applies that to every table of a built report.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+import pandas as pd
+
+from scalelab.analysis.tables import figure_of, interval_parts
+
+SHARE_COLUMN = "share(%)"
+SHARE_ROUNDING = 0.5  # percentage points: shares printed to 0.1 % may sum to 99.9 or 100.1
+GROUP_COLUMNS = ("run_id", "section", "level")  # a table of parts holds one set of parts per value of these
+REL = 1e-9  # float rounding when an interval's end is its point
+
+
+def _num(value) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if math.isnan(float(value)) else float(value)
+
+
+def _label(frame: pd.DataFrame, i: int) -> str:
+    first = frame.columns[0]
+    return f"{first} {frame[first].iloc[i]}"
+
+
+def interval_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None = None) -> list[str]:
+    shown = list(frame.columns if shown is None else shown)
+    out = []
+    for column in (c for c in map(str, frame.columns) if interval_parts(c)):
+        figure = figure_of(column, frame.columns)
+        if figure is None:
+            out.append(f"{name}: interval {column!r} names no figure of the table")
+            continue
+        if column in shown and figure not in shown:
+            out.append(f"{name}: interval {column!r} is shown without its figure {figure!r}")
+        low_side = interval_parts(column)[1] == "low"
+        for i, (point, end) in enumerate(zip(frame[figure], frame[column])):
+            p, e = _num(point), _num(end)
+            if p is None or e is None:
+                continue
+            slack = REL * max(abs(p), abs(e), 1.0)
+            if (low_side and e > p + slack) or (not low_side and e < p - slack):
+                out.append(f"{name} ({_label(frame, i)}): {figure} {p:.4g} lies outside its interval "
+                           f"({column} {e:.4g})")
+    return out
+
+
+def unit_faults(name: str, frame: pd.DataFrame) -> list[str]:
+    out = []
+    columns = list(map(str, frame.columns))
+    for column in (c for c in columns if interval_parts(c)):
+        stem, _, unit = interval_parts(column)
+        for other in columns:
+            o_stem, paren, o_unit = other.partition("(")
+            if o_stem == stem and not interval_parts(other) and (paren + o_unit) != unit:
+                out.append(f"{name}: interval {column!r} is in {unit or 'no unit'}, its figure {other!r} in "
+                           f"{paren + o_unit or 'no unit'}")
+    return out
+
+
+def share_faults(name: str, frame: pd.DataFrame) -> list[str]:
+    if SHARE_COLUMN not in frame or not len(frame):
+        return []
+    keys = [c for c in GROUP_COLUMNS if c in frame.columns]
+    groups = frame.groupby(keys, sort=False, dropna=False) if keys else [((), frame)]
+    out = []
+    for key, part in groups:
+        shares = part[SHARE_COLUMN].dropna()
+        if len(shares) and abs(shares.sum() - 100.0) > SHARE_ROUNDING:
+            which = f" ({', '.join(map(str, key if isinstance(key, tuple) else (key,)))})" if keys else ""
+            out.append(f"{name}{which}: the shares of its parts sum to {shares.sum():.1f} %, not 100 %")
+    return out
+
+
+_WORD = r"(?<![\w/(]){}(?![\w(])"
+
+
+def named_columns(frame: pd.DataFrame, texts: Iterable[str]) -> list[str]:
+    """The table's columns that a text names verbatim (a column name with '_', '(' or '/': plain words such as
+    'step' are words, not column names)."""
+    joined = "\n".join(texts)
+    return [c for c in map(str, frame.columns) if re.search(r"[_(/]", c)
+            and re.search(_WORD.format(re.escape(c)), joined)]
+
+
+def row_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None, caption: str = "",
+               sentences: Iterable[str] = ()) -> list[str]:
+    shown = list(frame.columns if shown is None else shown)
+    out = [f"{name}: the caption or a sentence names {c!r}, which the table does not show"
+           for c in named_columns(frame, [caption, *sentences]) if c not in shown]
+    view = frame[[c for c in shown if c in frame.columns]].astype(str)
+    twins = view[view.duplicated(keep=False)]
+    if len(twins):
+        out.append(f"{name}: rows {', '.join(str(i) for i in twins.index[:4])} read alike in the columns shown "
+                   f"({', '.join(shown)}); the column that tells them apart is not shown")
+    return out
+
+
+def band_faults(name: str, frame: pd.DataFrame) -> list[str]:
+    out = []
+    for column in map(str, frame.columns):
+        stem, paren, unit = column.partition("(")
+        low, high = f"{stem}_min{paren}{unit}", f"{stem}_max{paren}{unit}"
+        if low not in frame or high not in frame or stem.endswith(("_min", "_max")):
+            continue
+        for i, (p, lo, hi) in enumerate(zip(frame[column], frame[low], frame[high])):
+            p, lo, hi = _num(p), _num(lo), _num(hi)
+            if None not in (p, lo, hi) and not lo * (1 - REL) <= p <= hi * (1 + REL):
+                out.append(f"{name} ({_label(frame, i)}): {column} {p:.4g} lies outside its own min–max "
+                           f"{lo:.4g}–{hi:.4g}")
+    return out
+
+
+def table_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None = None, caption: str = "",
+                 sentences: Iterable[str] = ()) -> list[str]:
+    """Every fault of one table as a reader sees it (module docstring)."""
+    return (interval_faults(name, frame, shown) + unit_faults(name, frame) + share_faults(name, frame)
+            + row_faults(name, frame, shown, caption, sentences) + band_faults(name, frame))
