@@ -189,5 +189,9 @@ EXPERIMENT = Experiment(
     captions={"loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the "
                               "loader alone.",
               "loader_sweep.png": "Throughput and data-wait share per loader setting."},
+    # the setting (what tells rows apart), the data wait it is about, and the step the decision is made on
+    columns={"loader_sweep": ["num_workers", "pin_memory", "prefetch_factor", "stage/data(ms)", "data_wait(%)",
+                              "time/step_median(ms)", "time/step_median_ci_low(ms)", "time/step_median_ci_high(ms)",
+                              "throughput(samples/s)", "epoch_iteration(s)", "quality"]},
     study_options=study_options,
 )

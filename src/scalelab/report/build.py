@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.analysis.shown_checks import named_columns
 from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
@@ -47,9 +48,12 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
     ids = experiment.section in RUN_IDS_SHOWN
     shown = {key: frame if ids else frame.drop(columns=["run_id"], errors="ignore") for key, frame in tables.items()
              if not key.endswith("_curves")}
-    blocks = [TableBlock(key.replace("/", "_"), frame, experiment.captions.get(key, ""),
-                         with_run_id(answer_columns(frame, experiment.columns.get(key)), frame))
-              for key, frame in shown.items()]
+    blocks = []
+    for key, frame in shown.items():
+        caption = experiment.captions.get(key, "")
+        columns = telling_rows_apart(named_by(answer_columns(frame, experiment.columns.get(key)), frame,
+                                              [caption, *sentences]), frame)
+        blocks.append(TableBlock(key.replace("/", "_"), frame, caption, with_run_id(columns, frame)))
     figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
@@ -93,6 +97,34 @@ def answer_columns(frame: pd.DataFrame, declared: list[str] | None = None, most:
             break
         chosen += group
     return chosen + (["quality"] if "quality" in frame.columns else [])
+
+
+def named_by(columns: list[str] | None, frame: pd.DataFrame, texts: list[str]) -> list[str] | None:
+    """The columns shown, with every column the caption or a sentence names (shown_checks.named_columns) added
+    before the quality flag: a word about a figure the page does not show sends the reader to the files."""
+    if columns is None:
+        return None
+    missing = [c for c in named_columns(frame, texts) if c not in columns and c != "run_id"]
+    return _before_quality(columns, missing)
+
+
+def telling_rows_apart(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | None:
+    """The columns shown, with the table's own columns (in its order) added until no two rows read alike in
+    them: the column that tells rows apart (a width, a worker count, a batch, a level) is part of the answer."""
+    if columns is None or not len(frame):
+        return columns
+    chosen = list(columns)
+    for column in (c for c in frame.columns if c not in chosen and c not in ("run_id", "quality")):
+        if not frame[chosen].astype(str).duplicated().any():
+            break
+        if frame[[*chosen, column]].astype(str).duplicated().sum() < frame[chosen].astype(str).duplicated().sum():
+            chosen = _before_quality(chosen, [column])
+    return chosen
+
+
+def _before_quality(columns: list[str], extra: list[str]) -> list[str]:
+    at = columns.index("quality") if "quality" in columns else len(columns)
+    return [*columns[:at], *extra, *columns[at:]]
 
 
 def flagged_rows(name: str, frame: pd.DataFrame) -> list[str]:
