@@ -66,9 +66,9 @@ def threads_decisions(result: Result) -> list[Decision]:
     # measured in one process: the advice holds for that layout; ranks sharing the host share its cores too, and the
     # same count in each of them would oversubscribe it (issue 60: 2 threads × 2 ranks on 2 cores)
     n, cores = decision.chosen.label.split()[0], int(t["cores"].iloc[0])
-    return [replace(decision, action=f"{n} torch thread{_s(n)} for a single process on this machine (the layout "
-                                     f"measured); R ranks on it share its {cores} cores: about {cores}/R threads "
-                                     "each")]
+    return [replace(decision, action=f"{n} torch thread{_s(n)} in a single process on this machine's {cores} "
+                                     f"cores (the layout measured; R ranks on it share them, about {cores}/R "
+                                     "threads each)")]
 
 
 def interpret_threads(result: Result) -> tuple[list[str], str | None]:
