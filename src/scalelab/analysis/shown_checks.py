@@ -7,8 +7,9 @@ page shows, its caption and the section's sentences) and returns one line per fa
   step's interval set beside a rate);
 - `share_faults`: the shares of a table of additive parts (a `share(%)` column, per run) sum to 100 % within
   rounding: an extra row beside its whole counts the same time twice;
-- `row_faults`: the columns shown tell the rows apart (no two rows read alike), and include every column the
-  caption or a sentence names;
+- `row_faults`: the columns shown tell the rows apart (no two rows alike in the describing columns shown: text,
+  integers, flags; a measured real number does not say which case a row is), and include every column the caption
+  or a sentence names;
 - `band_faults`: a headline figure lies within its own min–max band (`x_min(u)` .. `x_max(u)` beside `x(u)`).
 `table_faults` applies them all to one table; report.audit applies that to every table of a built report.
 """
@@ -99,16 +100,34 @@ def named_columns(frame: pd.DataFrame, texts: Iterable[str]) -> list[str]:
             and re.search(_WORD.format(re.escape(c)), joined)]
 
 
+NOT_DESCRIBING = ("run_id", "quality", "reason", "status")
+
+
+def describing(frame: pd.DataFrame, columns: Iterable[str]) -> list[str]:
+    """The columns among `columns` that say which case a row is (a rule, a batch, a setting: text, integers,
+    flags), not what was measured in it (a real number) nor its run, status or quality."""
+    return [c for c in columns if c in frame.columns and c not in NOT_DESCRIBING
+            and not pd.api.types.is_float_dtype(frame[c])]
+
+
+def alike(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """Rows that read alike in the describing columns among `columns` (all rows of a table of one row: none)."""
+    keys = describing(frame, columns)
+    if not keys:
+        return pd.Series(False, index=frame.index)
+    return frame[keys].astype(str).duplicated(keep=False)
+
+
 def row_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None, caption: str = "",
                sentences: Iterable[str] = ()) -> list[str]:
     shown = list(frame.columns if shown is None else shown)
     out = [f"{name}: the caption or a sentence names {c!r}, which the table does not show"
            for c in named_columns(frame, [caption, *sentences]) if c not in shown]
-    view = frame[[c for c in shown if c in frame.columns]].astype(str)
-    twins = view[view.duplicated(keep=False)]
-    if len(twins):
-        out.append(f"{name}: rows {', '.join(str(i) for i in twins.index[:4])} read alike in the columns shown "
-                   f"({', '.join(shown)}); the column that tells them apart is not shown")
+    twins = alike(frame, shown)
+    # only a fault where the whole table tells those rows apart: a column it shows is missing from the page
+    if twins.any() and not alike(frame, list(frame.columns))[twins].all():
+        out.append(f"{name}: rows {', '.join(str(i) for i in frame.index[twins][:4])} read alike in the columns "
+                   f"shown ({', '.join(describing(frame, shown))}); the column that tells them apart is not shown")
     return out
 
 

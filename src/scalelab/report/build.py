@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.shown_checks import named_columns
+from scalelab.analysis.shown_checks import alike, describing, named_columns
 from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
@@ -109,16 +109,19 @@ def named_by(columns: list[str] | None, frame: pd.DataFrame, texts: list[str]) -
 
 
 def telling_rows_apart(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | None:
-    """The columns shown, with the table's own columns (in its order) added until no two rows read alike in
-    them: the column that tells rows apart (a width, a worker count, a batch, a level) is part of the answer."""
+    """The columns shown, with the table's own describing columns (in its order; shown_checks.describing) added
+    until no two rows read alike in them: the column that tells rows apart (a width, a worker count, a batch, a
+    level) is part of the answer."""
     if columns is None or not len(frame):
         return columns
     chosen = list(columns)
-    for column in (c for c in frame.columns if c not in chosen and c not in ("run_id", "quality")):
-        if not frame[chosen].astype(str).duplicated().any():
+    for column in describing(frame, [c for c in frame.columns if c not in chosen]):
+        if not alike(frame, chosen).any():
             break
-        if frame[[*chosen, column]].astype(str).duplicated().sum() < frame[chosen].astype(str).duplicated().sum():
-            chosen = _before_quality(chosen, [column])
+        if alike(frame, [*chosen, column]).sum() < alike(frame, chosen).sum():
+            keys = describing(frame, chosen)
+            at = next((i for i, c in enumerate(chosen) if c not in keys), len(chosen))  # after the leading keys
+            chosen = [*chosen[:at], column, *chosen[at:]]
     return chosen
 
 
