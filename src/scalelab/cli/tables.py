@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from scalelab.analysis.tables import interval_parts, intervals_of
 from scalelab.report.build import answer_columns, named_by, telling_rows_apart
 from scalelab.report.render import format_value
 
@@ -27,15 +28,18 @@ def fitting_columns(frame: pd.DataFrame, width: int, declared: list[str] | None 
                                             list(frame.columns), frame, list(texts)), frame) or list(frame.columns)
     order = [*preferred, *(c for c in frame.columns if c not in preferred)]
     text = _text(frame)
-    shown, left, used = [], [], -GAP
-    for column in order:
-        need = _width(text, column) + GAP
-        if not shown or used + need <= width:
-            shown.append(column)
-            used += need
-        else:
-            left.append(column)
-    return [c for c in order if c in shown], left
+    # an interval's two ends go with their figure or not at all: half an interval would read as a figure
+    ends = {c: intervals_of(c, frame.columns) for c in order if interval_parts(str(c)) is None}
+    paired = {e for group in ends.values() if len(group) == 2 for e in group}
+    shown, used = [], -GAP
+    for column in (c for c in order if c not in paired):
+        for group in ([column, *ends.get(column, [])], [column]) if len(ends.get(column, [])) == 2 else ([column],):
+            need = sum(_width(text, c) + GAP for c in group)
+            if not shown or used + need <= width:
+                shown += group
+                used += need
+                break
+    return [c for c in order if c in shown], [c for c in order if c not in shown]
 
 
 def render(frame: pd.DataFrame, width: int | None, declared: list[str] | None = None,
