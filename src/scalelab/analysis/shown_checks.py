@@ -10,7 +10,9 @@ page shows, its caption and the section's sentences) and returns one line per fa
 - `row_faults`: the columns shown tell the rows apart (no two rows alike in the describing columns shown: text,
   integers, flags; a measured real number does not say which case a row is), and include every column the caption
   or a sentence names;
-- `band_faults`: a headline figure lies within its own min–max band (`x_min(u)` .. `x_max(u)` beside `x(u)`).
+- `band_faults`: a headline figure lies within its own min–max band (`x_min(u)` .. `x_max(u)` beside `x(u)`);
+- `part_faults`: a split part is not larger than its whole beyond their intervals, for the pairs PARTS (listed in
+  docs/definitions.md, "Parts and their wholes").
 `table_faults` applies them all to one table; report.audit applies that to every table of a built report.
 """
 from __future__ import annotations
@@ -146,8 +148,33 @@ def band_faults(name: str, frame: pd.DataFrame) -> list[str]:
     return out
 
 
+# (part, whole) column pairs of one row, as docs/definitions.md lists them ("Parts and their wholes")
+PARTS = (("comm_critical(ms)", "step(ms)"), ("waiting_for_peers(ms)", "step(ms)"), ("comm(ms)", "step(ms)"),
+         ("exposed_comm(ms)", "step(ms)"))
+
+
+def part_faults(name: str, frame: pd.DataFrame, pairs=PARTS) -> list[str]:
+    """A split part larger than its whole beyond their intervals (the part's low end above the whole's high end;
+    a figure without an interval counts as its own ends)."""
+    out = []
+    columns = list(frame.columns)
+    for part, whole in pairs:
+        if part not in frame or whole not in frame:
+            continue
+        p_low = next(iter(c for c in columns if figure_of(c, columns) == part and interval_parts(c)[1] == "low"), part)
+        w_high = next(iter(c for c in columns if figure_of(c, columns) == whole and interval_parts(c)[1] == "high"),
+                      whole)
+        for i, (p, w) in enumerate(zip(frame[p_low], frame[w_high])):
+            p, w = _num(p), _num(w)
+            if p is not None and w is not None and p > w * (1 + REL) + REL:
+                out.append(f"{name} ({_label(frame, i)}): {part} {frame[part].iloc[i]:.4g} is larger than its whole "
+                           f"{whole} {frame[whole].iloc[i]:.4g} beyond their intervals")
+    return out
+
+
 def table_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None = None, caption: str = "",
                  sentences: Iterable[str] = ()) -> list[str]:
     """Every fault of one table as a reader sees it (module docstring)."""
     return (interval_faults(name, frame, shown) + unit_faults(name, frame) + share_faults(name, frame)
-            + row_faults(name, frame, shown, caption, sentences) + band_faults(name, frame))
+            + row_faults(name, frame, shown, caption, sentences) + band_faults(name, frame)
+            + part_faults(name, frame))

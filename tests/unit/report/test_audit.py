@@ -98,3 +98,14 @@ def test_report_faults_reads_every_table_of_a_built_report():
     report = Report("r", sections=[Section("checkpointing", "t", tables=[TableBlock("c", planted)])])
     assert report_faults(report) == ["checkpointing/c: interval 'ci_low' names no figure of the table",
                                      "checkpointing/c: interval 'ci_high' names no figure of the table"]
+
+
+def test_a_split_part_is_not_larger_than_its_whole_beyond_their_intervals():
+    from scalelab.analysis.shown_checks import part_faults
+
+    row = {"sync": "gather_scatter", "step(ms)": 37.7, "step_ci_low(ms)": 36.0, "step_ci_high(ms)": 40.0,
+           "waiting_for_peers(ms)": 12.0, "comm(ms)": 20.0}
+    assert part_faults("s", pd.DataFrame([row])) == []
+    planted = pd.DataFrame([{**row, "waiting_for_peers(ms)": 46.4}])
+    assert part_faults("s", planted) == ["s (sync gather_scatter): waiting_for_peers(ms) 46.4 is larger than its "
+                                         "whole step(ms) 37.7 beyond their intervals"]
