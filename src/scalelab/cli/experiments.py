@@ -64,7 +64,8 @@ def command_for(experiment):
         # (a max-batch search's every trial)
         with warm.ranks():
             result = experiment.execute(experiment_context(st, kw["study"], out_dir), base, opts)
-        show_result(result, wide=bool(kw.get("wide")), columns=experiment.columns, captions=experiment.captions)
+        show_result(result, wide=bool(kw.get("wide")), columns=getattr(experiment, "columns", None),
+                    captions=getattr(experiment, "captions", None))
 
     params = [option_param(o) for o in experiment.options]
     if experiment.base:
