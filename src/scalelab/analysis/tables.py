@@ -81,5 +81,6 @@ def figure_of(interval: str, columns) -> str | None:
 
 def intervals_of(figure: str, columns) -> list[str]:
     """The interval columns (low, high) that belong to `figure` among `columns` (figure_of), in that order."""
-    found = {interval_parts(c)[1]: c for c in map(str, columns) if interval_parts(c) and figure_of(c, columns) == figure}
+    found = {interval_parts(c)[1]: c for c in map(str, columns)
+             if interval_parts(c) and figure_of(c, columns) == figure}
     return [found[end] for end in ("low", "high") if end in found]

@@ -39,8 +39,8 @@ from scalelab.zoo.models import parameter_bytes
 
 MIB = 2**20
 COLUMNS = ["bucket", "bucket_mb", "share_of_gradients", "status", "reason", "launches", "timed_steps", "step(ms)",
-           "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)", "waiting_for_peers(ms)",
-           "exposed_comm(ms)", "exposed_ci_low(ms)",
+           "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)",
+           "waiting_for_peers(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)",
            "exposed_ci_high(ms)", "overlap", "overlap_ci_low", "overlap_ci_high", "collectives_per_step",
            "bytes_per_step", "quality", "run_id", "baseline_run_id"]
 NOTE = ("one no-op-collectives baseline at the base config's bucket size serves every row (compute does not depend "

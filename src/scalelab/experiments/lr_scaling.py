@@ -162,7 +162,8 @@ def rule_decision(learned: pd.DataFrame, batch: int, only: bool = False) -> Deci
     higher is better, n = seeds: beyond seed noise over the whole family, by a material effect); `only`: the one
     rule that learned, against the best of those that did not."""
     sides = [figure_side({k: 100 * v if k in ("final_acc", *ACC_CI) else v for k, v in r.items()},
-                         r["lr_rule"], value="final_acc", low=ACC_CI[0], high=ACC_CI[1], n=int(r["n"]), values=int(r["n"]))
+                         r["lr_rule"], value="final_acc", low=ACC_CI[0], high=ACC_CI[1], n=int(r["n"]),
+                         values=int(r["n"]))
              for r in learned.to_dict("records")]
     decision = pick(sides, question=f"{QUESTION} {batch}", figure="final test accuracy",
                     unit=" %", lower_is_better=False, count="seeds", speed=False)
@@ -235,7 +236,8 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
             continue
         out.append(f"At batch {b} ({b // base_batch}x), among the rules that learned ({seed_band(int(best.n))}s "
                    "over seeds): "
-                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} % ({100 * r.final_acc_ci_low:.1f}–{100 * r.final_acc_ci_high:.1f} %)"
+                   + ", ".join(f"{r.lr_rule} {100 * r.final_acc:.1f} % "
+                               f"({100 * r.final_acc_ci_low:.1f}–{100 * r.final_acc_ci_high:.1f} %)"
                                for r in learned.itertuples()) + f" over {int(best.n)} seeds.")
         out += [d.card() for d in decisions if d.question == f"{QUESTION} {b}"]
     return out, card(decisions)
