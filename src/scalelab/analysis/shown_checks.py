@@ -12,7 +12,8 @@ page shows, its caption and the section's sentences) and returns one line per fa
   or a sentence names;
 - `band_faults`: a headline figure lies within its own min–max band (`x_min(u)` .. `x_max(u)` beside `x(u)`);
 - `part_faults`: a split part is not larger than its whole beyond their intervals, for the pairs PARTS (listed in
-  docs/definitions.md, "Parts and their wholes").
+  docs/definitions.md, "Parts and their wholes");
+- `coverage_faults`: an interval the caption calls a 95 % interval is one: its row's n reaches RANGE_MIN_N.
 `table_faults` applies them all to one table; report.audit applies that to every table of a built report.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from scalelab.analysis.intervals import RANGE_MIN_N, coverage
 from scalelab.analysis.tables import figure_of, interval_parts
 
 SHARE_COLUMN = "share(%)"
@@ -172,9 +174,21 @@ def part_faults(name: str, frame: pd.DataFrame, pairs=PARTS) -> list[str]:
     return out
 
 
+def coverage_faults(name: str, frame: pd.DataFrame, caption: str = "") -> list[str]:
+    """A caption that calls a table's intervals "95 % interval(s)" while a row's interval rests on fewer values
+    (its `n`) than make one (analysis.intervals.RANGE_MIN_N: below it the range covers less, 50 % for 2)."""
+    if "n" not in frame or not re.search(r"95 % intervals?\b", caption):
+        return []
+    with_interval = frame[[c for c in frame.columns if interval_parts(str(c))]].notna().any(axis=1)
+    few = frame[with_interval & (pd.to_numeric(frame["n"], errors="coerce") < RANGE_MIN_N)]
+    return [f"{name} ({_label(frame, i)}): the caption calls its interval a 95 % interval, but it rests on n = "
+            f"{int(frame['n'].iloc[i])} (the range of {int(frame['n'].iloc[i])} values covers "
+            f"{100 * coverage(int(frame['n'].iloc[i])):.1f} %)" for i in (frame.index.get_loc(j) for j in few.index)]
+
+
 def table_faults(name: str, frame: pd.DataFrame, shown: Iterable[str] | None = None, caption: str = "",
                  sentences: Iterable[str] = ()) -> list[str]:
     """Every fault of one table as a reader sees it (module docstring)."""
     return (interval_faults(name, frame, shown) + unit_faults(name, frame) + share_faults(name, frame)
             + row_faults(name, frame, shown, caption, sentences) + band_faults(name, frame)
-            + part_faults(name, frame))
+            + part_faults(name, frame) + coverage_faults(name, frame, caption))

@@ -109,3 +109,17 @@ def test_a_split_part_is_not_larger_than_its_whole_beyond_their_intervals():
     planted = pd.DataFrame([{**row, "waiting_for_peers(ms)": 46.4}])
     assert part_faults("s", planted) == ["s (sync gather_scatter): waiting_for_peers(ms) 46.4 is larger than its "
                                          "whole step(ms) 37.7 beyond their intervals"]
+
+
+def test_an_interval_labelled_95_percent_is_one():
+    from scalelab.analysis.shown_checks import coverage_faults
+
+    two_seeds = pd.DataFrame({"lr_rule": ["lars"], "final_acc": [0.8], "n": [2], "final_acc_ci_low": [0.79],
+                              "final_acc_ci_high": [0.82]})
+    # the planted case of issue 60 item 7: a 2-seed range labelled "95 % interval" (the learning-rate caption)
+    assert coverage_faults("lr", two_seeds, "final test accuracy (median over n seeds, its 95 % interval)") == [
+        "lr (lr_rule lars): the caption calls its interval a 95 % interval, but it rests on n = 2 (the range of 2 "
+        "values covers 50.0 %)"]
+    assert coverage_faults("lr", two_seeds.assign(n=6), "its 95 % interval") == []
+    from scalelab.experiments.lr_scaling import EXPERIMENT
+    assert coverage_faults("lr", two_seeds, EXPERIMENT.captions["lr_scaling"]) == []
