@@ -67,6 +67,11 @@ COMM_BLOCKING_MS = "comm/blocking(ms)"  # the loop's "comm" span (DDP waits insi
 COMM_WAIT_MS = "comm/wait(ms)"  # last gradient produced -> end of the sync: the blocking wait, every strategy
 COMM_CRITICAL_MS = "comm/critical(ms)"  # inside collectives once every peer had arrived (analysis/peers.py)
 COMM_PEERS_WAIT_MS = "comm/waiting_for_peers(ms)"  # inside collectives before the last peer arrived, per step
+# the part of the backward stage spent inside gradient collectives (DDP waits for its buckets inside backward):
+# per rank and step, the union of its backward collectives' intervals less the loop's "comm" span, within
+# [0, backward]; the profile splits backward into this and the rest, so that the stages still sum to the step
+COMM_IN_BACKWARD_MS = "comm/in_backward(ms)"
+BACKWARD_OUTSIDE_COMM_MS = "time/backward_outside_comm(ms)"  # the rest of backward, on the same steps
 COMM_ALGBW = "comm/algbw(GB/s)"
 COMM_BUSBW = "comm/busbw(GB/s)"
 COMM_COLLECTIVES_PER_STEP = "comm/collectives_per_step"

@@ -40,7 +40,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.intervals import mean_interval, median_interval
 from scalelab.analysis.keys import STAGES
 from scalelab.analysis.noise import noise_summary, timed_window, window_deltas
-from scalelab.analysis.peers import step_split
+from scalelab.analysis.peers import step_split, union_seconds
 from scalelab.analysis.precision import precision_summary
 
 STAGE_COLUMNS = [f"{s}(s)" for s in (*STAGES, "other")]
@@ -198,12 +198,30 @@ def comm_summary(frame: pd.DataFrame, one_clock: bool = True) -> dict:
             if len(split):
                 out[key] = 1e3 * float(split[col].mean())
                 add_mean_interval(out, key, split[col], 1e3)
+    if "comm_events" in timed and "backward(s)" in timed:
+        inside = timed.apply(in_backward_s, axis=1)
+        outside = timed["backward(s)"] - inside
+        for key, part in ((keys.COMM_IN_BACKWARD_MS, inside), (keys.BACKWARD_OUTSIDE_COMM_MS, outside)):
+            per_step = part.groupby(timed["step"]).mean()  # the mean over ranks, as a stage's
+            out[key] = 1e3 * float(per_step.mean())
+            add_mean_interval(out, key, per_step, 1e3)
     if "wait(s)" in timed and timed["wait(s)"].notna().any():
         out[keys.COMM_WAIT_MS] = 1e3 * float(by_step["wait(s)"].mean().mean())
     seconds = float(timed["comm_total(s)"].sum())
     out[keys.COMM_ALGBW] = float(timed["comm_alg_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     out[keys.COMM_BUSBW] = float(timed["comm_bus_bytes"].sum()) / seconds / 1e9 if seconds > 0 else 0.0
     return out
+
+
+def in_backward_s(record) -> float:
+    """Seconds of one rank's backward stage spent inside its gradient collectives (keys.COMM_IN_BACKWARD_MS): the
+    union of its backward-phase collective intervals less the time the loop spent in its "comm" span after
+    backward (a strategy that waits there, or syncs there, is inside collectives there), within [0, backward].
+    DDP launches its buckets and waits for them inside backward: all of its collective time is backward's."""
+    events = record["comm_events"] if isinstance(record["comm_events"], list) else []
+    union = union_seconds((e[2], e[2] + e[3]) for e in events if len(e) >= 4 and e[1] == "backward")
+    comm = record.get("comm(s)", 0.0)
+    return min(float(record["backward(s)"]), max(0.0, union - (0.0 if pd.isna(comm) else float(comm))))
 
 
 def split_per_step(timed: pd.DataFrame) -> pd.DataFrame:

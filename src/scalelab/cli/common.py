@@ -40,13 +40,19 @@ def experiment_context(store, study: str, out_dir: Path, write=say):
     return Context(Cells(store, study, progress=progress), out_dir, progress.say)
 
 
-def show_result(result) -> None:
-    """Each table in full (pandas does not squeeze columns to the terminal width), then notes and files."""
+def show_result(result, *, wide: bool = False, columns: dict | None = None, captions: dict | None = None) -> None:
+    """Each table with the columns that fit the terminal (cli.tables: the report's answer columns first, the rest
+    named below it; `wide`: every column), then notes and files, wrapped to the terminal."""
+    from scalelab.cli.tables import render
+
     for name, frame in result.tables.items():
         if name.endswith("_curves"):
             continue
         console.rule(name)
-        print(frame.drop(columns=["run_id"], errors="ignore").to_string(index=False, float_format="{:,.4g}".format))
+        frame = frame.drop(columns=["run_id"], errors="ignore")
+        for line in render(frame, None if wide else console.width, (columns or {}).get(name),
+                           [(captions or {}).get(name, "")]):
+            print(line)
     for key, value in result.notes.items():
-        console.print(f"{key}: {value}")
-    console.print("wrote " + ", ".join(str(p) for p in result.files))
+        console.print(f"{key}: {value}", markup=False, highlight=False)
+    console.print("wrote " + ", ".join(str(p) for p in result.files), markup=False, highlight=False)

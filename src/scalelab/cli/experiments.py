@@ -64,12 +64,16 @@ def command_for(experiment):
         # (a max-batch search's every trial)
         with warm.ranks():
             result = experiment.execute(experiment_context(st, kw["study"], out_dir), base, opts)
-        show_result(result)
+        show_result(result, wide=bool(kw.get("wide")), columns=getattr(experiment, "columns", None),
+                    captions=getattr(experiment, "captions", None))
 
     params = [option_param(o) for o in experiment.options]
     if experiment.base:
         params += config_params(skip=own)
     params += place_params()
+    params.append(inspect.Parameter("wide", KEYWORD, annotation=bool, default=typer.Option(
+        False, "--wide", help="Every column of every table, however wide (default: those that fit the terminal; "
+                              "the CSV and JSON hold them all).")))
     if experiment.takes_command:
         params.append(inspect.Parameter("command", KEYWORD, annotation=Optional[list[str]], default=typer.Argument(
             None, help="After --, a script of yours instead of the built-in loop: python train.py ARGS, with "

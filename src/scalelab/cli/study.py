@@ -13,6 +13,7 @@ from scalelab.cli.options import store_option
 from scalelab.errors import ConfigError
 from scalelab.lab import registry
 from scalelab.lab import results as saved
+from scalelab.lab.base import failed_cells
 from scalelab.lab.budget import parse_duration
 from scalelab.lab.cells import replay_only
 from scalelab.lab.progress import PlainProgress, progress_for_output
@@ -25,6 +26,8 @@ from scalelab.run import warm
 from scalelab.store import Store, open_store, read_json, write_json_atomic
 
 app = typer.Typer()
+# a study that wrote its report but could not measure every cell did not finish clean (2 is for usage errors)
+EXIT_FAILED_CELLS = 3
 DEFAULT_BUDGET_S, DEFAULT_QUICK_BUDGET_S = 600.0, 150.0  # the README's promise: under 10 minutes, about 2 minutes
 
 
@@ -97,9 +100,15 @@ def _study(spec, store: Optional[Path], out: Optional[Path], budget_s: Optional[
     finally:
         progress.close()
     html = write_study_report(spec, st, out_dir, answered, provenance, command)
-    console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s")
+    failed = failed_cells(answered)
+    console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s"
+                  + (f", {len(failed)} failed cell(s)" if failed else ""), highlight=False)
     console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "
                   f"{out_dir / 'report' / 'tables'})", highlight=False)
+    if failed:
+        console.print(f"failed: {'; '.join(failed)} (their sections say why); run the same command again to "
+                      f"re-measure them (exit {EXIT_FAILED_CELLS})", highlight=False)
+        raise typer.Exit(EXIT_FAILED_CELLS)
 
 
 @app.command("report")

@@ -59,7 +59,8 @@ def print_summary(run_id: str, summary: dict) -> None:
     table.add_column("value", justify="right")
     wanted = [keys.EPOCH_S, keys.EPOCH_NO_DATA_S, keys.THROUGHPUT, keys.STEP_MEDIAN_MS,
               *(keys.stage_ms(s) for s in ("data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other")),
-              keys.EVAL_MS, keys.COMM_TIME_MS, keys.COMM_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_BUSBW, keys.MEMORY_PEAK_RSS_GIB,
+              keys.EVAL_MS, keys.COMM_TIME_MS, keys.COMM_IN_BACKWARD_MS,
+              keys.COMM_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_BUSBW, keys.MEMORY_PEAK_RSS_GIB,
               keys.MEMORY_CUDA_MAX_ALLOCATED_GIB, keys.TRAIN_LOSS, keys.EVAL_LOSS, keys.EVAL_ACC, keys.STEPS_TIMED,
               keys.PRECISION_HALF_WIDTH_PCT, keys.PRECISION_TARGET_PCT, keys.PRECISION_REACHED, keys.QUALITY,
               keys.SCRIPT_WALL_S, keys.COMM_BYTES_TOTAL, keys.COMM_COLLECTIVES_TOTAL, keys.COMM_TIME_TOTAL_MS]

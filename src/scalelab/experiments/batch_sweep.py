@@ -31,7 +31,8 @@ def batch_decisions(table: pd.DataFrame) -> list[Decision]:
     undecided when a batch is neither beaten by nor equivalent to the highest."""
     if len(table) < 2:
         return []
-    sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT)
+    sides = [figure_side(r, f"batch {int(r['global_batch'])}", value=keys.THROUGHPUT,
+                         low=keys.ci_keys(keys.THROUGHPUT)[0], high=keys.ci_keys(keys.THROUGHPUT)[1])
              for r in table.to_dict("records")]
     decision = pick(sides, question="batch size", figure="throughput", unit=" samples/s", lower_is_better=False,
                     cheaper=lambda s: int(s.label.split()[1]), command="scalelab batch-sweep")
@@ -53,12 +54,25 @@ def batch_sweep(table: pd.DataFrame) -> tuple[list[str], str | None]:
            f"{fmt(lo[keys.THROUGHPUT])} to {fmt(hi[keys.THROUGHPUT])} samples/s "
            f"({ratio_words(hi[keys.THROUGHPUT] / lo[keys.THROUGHPUT], f'batch {int(lo.global_batch)}')}) "
            f"and the epoch from {fmt(lo[keys.EPOCH_S])} s to {fmt(hi[keys.EPOCH_S])} s.",
-           f"The highest throughput is at batch {int(best.global_batch)}: "
-           f"{fmt(best[keys.THROUGHPUT])} samples/s."]
+           _highest(t, best)]
     share = 1 - t[keys.EPOCH_NO_DATA_S] / t[keys.EPOCH_S]
     out.append(f"Data loading is {100 * share.min():.1f}–{100 * share.max():.1f} % of the epoch time.")
     decisions = batch_decisions(t)
     return out + [d.card() for d in decisions], card(decisions)
+
+
+def _highest(t: pd.DataFrame, best) -> str:
+    """The batch of the highest throughput, said as a finding only where its interval clears every other batch's
+    (issue 60: "The highest throughput is at batch 256" beside a card calling it within noise of batch 64)."""
+    low, high = keys.ci_keys(keys.THROUGHPUT)
+    others = t[t["global_batch"] != best["global_batch"]]
+    clear = (low in t and not pd.isna(best.get(low)) and len(others)
+             and bool((others[high] < best[low]).all()))
+    words = f"batch {int(best.global_batch)}: {fmt(best[keys.THROUGHPUT])} samples/s"
+    if clear:
+        return f"The highest throughput is at {words}, its interval clear of every other batch's."
+    return (f"The largest throughput figure is at {words}; its interval meets another batch's, so which batch is "
+            "fastest is not a finding here (the card below says which is kept).")
 
 
 def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
@@ -106,4 +120,5 @@ EXPERIMENT = Experiment(
                              "(GiB), step time min/median/max over timed steps (ms).",
               "batch_sweep.png": "Epoch time and step time (median, bars min..max) vs global batch."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

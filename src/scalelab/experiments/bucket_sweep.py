@@ -31,6 +31,7 @@ from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, la
 from scalelab.lab.decision import Decision, card, rank
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
+from scalelab.experiments.comparison import overlap_span, overlap_whole
 from scalelab.report import figures
 from scalelab.sync import registry as syncs
 from scalelab.train.setup import build_inputs
@@ -38,7 +39,8 @@ from scalelab.zoo.models import parameter_bytes
 
 MIB = 2**20
 COLUMNS = ["bucket", "bucket_mb", "share_of_gradients", "status", "reason", "launches", "timed_steps", "step(ms)",
-           "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)",
+           "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)",
+           "waiting_for_peers(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)",
            "exposed_ci_high(ms)", "overlap", "overlap_ci_low", "overlap_ci_high", "collectives_per_step",
            "bytes_per_step", "quality", "run_id", "baseline_run_id"]
 NOTE = ("one no-op-collectives baseline at the base config's bucket size serves every row (compute does not depend "
@@ -154,23 +156,19 @@ def interpret(result: Result) -> tuple[list[str], str | None]:
         where = (f"At {row['bucket']} ({row['share_of_gradients']:.2g} of the gradients, "
                  f"{row['collectives_per_step']:.0f} collective{'' if row['collectives_per_step'] == 1 else 's'} "
                  "per step)")
-        # an overlap is a share: its interval is shown within [0, 100] %, where the physics puts it
-        shares = (f"{100 * min(max(row['overlap_ci_low'], 0.0), 1.0):.0f} to "
-                f"{100 * min(max(row['overlap_ci_high'], 0.0), 1.0):.0f} %")
         if row.get("quality", "ok") == "re-measured":  # measured twice, ok the second time: its figures hold
             where += " (re-measured: the first measurement looked doubtful, the second is used)"
         elif not trusted(row.get("quality", "ok")):
             lines.append(f"{where} the overlap is not used: {row['quality']}.")
             continue
         # the share's whole: waiting + wire where measured (compare.exposed_with_interval), else time inside
-        split = [row.get(k) for k in ("waiting_for_peers(ms)", "comm_critical(ms)")]
-        comm = sum(split) if all(isinstance(v, (int, float)) and v == v for v in split) else row["comm(ms)"]
+        # collectives; the interval unclipped, so that it contains its point (below 0: interference)
+        of = f"{overlap_whole(row):.3g} ms of communication, waiting + wire ({overlap_span(row)})"
         if row["overlap_ci_low"] > 0:  # a share hidden beyond noise
-            lines.append(f"{where} backward hides {100 * row['overlap']:.0f} % of {comm:.3g} ms of "
-                         f"communication (interval {shares}).")
+            lines.append(f"{where} backward hides {100 * row['overlap']:.0f} % of {of}.")
         else:
             lines.append(f"{where} no communication is hidden beyond noise: overlap {100 * row['overlap']:.0f} % "
-                         f"of {comm:.3g} ms (interval {shares}).")
+                         f"of {of}.")
     return lines, card([decision])
 
 
@@ -197,13 +195,16 @@ EXPERIMENT = Experiment(
     figures=plot,
     interpret=interpret,
     decide=decisions,
-    version=2,  # the default bucket in its notes
+    version=3,  # issues 57, 60: overlap of waiting + wire, both shown; its interval unclipped
     captions={"bucket_sweep": "One row per bucket size: median step, compute (one no-op-collectives baseline), "
-                              "time inside collectives, exposed communication and overlap, with 95 % intervals.",
+                              "time inside collectives (comm), its parts waiting for peers and on the wire "
+                              "(comm_critical, after every peer had arrived), exposed communication and overlap = "
+                              "1 - exposed / (waiting + wire), with 95 % intervals.",
               "bucket_sweep.png": "Median step and exposed communication per bucket size (MiB, log scale), bars "
                                   "their 95 % intervals; dashed: compute, the step with no-op collectives."},
     columns={"bucket_sweep": ["bucket", "status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)",
-                              "comm(ms)", "exposed_comm(ms)", "overlap", "collectives_per_step", "quality"]},
+                              "comm(ms)", "waiting_for_peers(ms)", "comm_critical(ms)", "exposed_comm(ms)", "overlap", "overlap_ci_low",
+                              "overlap_ci_high", "quality"]},
     study_options=study_options,
     quick=False,
 )

@@ -159,4 +159,5 @@ EXPERIMENT = Experiment(
                                    "peak memory (right axis, its own scale); right: step time; vs checkpoint "
                                    "segments."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

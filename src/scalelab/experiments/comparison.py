@@ -135,6 +135,29 @@ def set_aside(row: dict, axis: str) -> str | None:
     return None if trusted(row.get("quality")) else f"{row[axis]}'s figures are not used: {row['quality']}."
 
 
+def critical_comm(row) -> float:
+    """Communication on the critical path (the wire time, after every peer had arrived) where it was measured (one
+    host), else the time inside collectives."""
+    value = row.get("comm_critical(ms)")
+    return row["comm(ms)"] if value is None or pd.isna(value) else value
+
+
+def overlap_whole(row) -> float:
+    """The communication an overlap is a share of (analysis.breakdown.exposed_figures, docs/definitions.md):
+    waiting for peers + wire where both were measured, else the time inside collectives."""
+    split = [row.get(k) for k in ("waiting_for_peers(ms)", "comm_critical(ms)")]
+    return sum(split) if all(isinstance(v, (int, float)) and v == v for v in split) else row["comm(ms)"]
+
+
+def overlap_span(row) -> str:
+    """The overlap's 95 % interval in words, as measured: never clipped, so it always contains its point (an
+    overlap below 0 is interference: the step lost more than its communication on the critical path)."""
+    low, high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
+    if low is None or pd.isna(low) or high is None or pd.isna(high):
+        return "no interval"
+    return f"interval {100 * low:.0f} to {100 * high:.0f} %"
+
+
 def answer_columns(axis: str) -> list[str]:
     """The columns a comparison table's answer needs (the report shows these, the files every column)."""
     return [axis, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)",

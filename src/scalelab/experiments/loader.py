@@ -116,7 +116,7 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
     labels = [f"w{int(r.num_workers)}{' pin' if r.pin_memory else ''}"
               f"{'' if pd.isna(r.prefetch_factor) else f' pf{int(r.prefetch_factor)}'}" for r in table.itertuples()]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    ax1.bar(labels, table[keys.THROUGHPUT], yerr=ci(table, keys.THROUGHPUT, "ci_low", "ci_high"), capsize=3)
+    ax1.bar(labels, table[keys.THROUGHPUT], yerr=ci(table, keys.THROUGHPUT, *keys.ci_keys(keys.THROUGHPUT)), capsize=3)
     ax1.set(ylabel="training throughput (samples/s), bars: 95 % interval", title="Throughput per loader setting")
     ax2.bar(labels, table["data_wait(%)"], color="tab:orange")
     ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
@@ -186,9 +186,13 @@ EXPERIMENT = Experiment(
     figures=lambda result, out: [loader_bars(result.tables["loader_sweep"], out / "loader_sweep.png")],
     interpret=lambda result: loader(result.tables["loader_sweep"]),
     decide=lambda result: loader_decisions(result.tables["loader_sweep"]),
-    version=2,  # decided on the median step by lab.decision (no 5 % rule, no note)
+    version=3,  # issue 60: intervals named after their figure
     captions={"loader_sweep": "Per loader setting: data wait (ms/step, % of step), throughput, and one epoch of the "
                               "loader alone.",
               "loader_sweep.png": "Throughput and data-wait share per loader setting."},
+    # the setting (what tells rows apart), the data wait it is about, and the step the decision is made on
+    columns={"loader_sweep": ["num_workers", "pin_memory", "prefetch_factor", "stage/data(ms)", "data_wait(%)",
+                              "time/step_median(ms)", "time/step_median_ci_low(ms)", "time/step_median_ci_high(ms)",
+                              "throughput(samples/s)", "epoch_iteration(s)", "quality"]},
     study_options=study_options,
 )

@@ -319,5 +319,13 @@ EXPERIMENT = Experiment(
               "model_grid.png": "Median step time and fits / does not fit over depth x width, per worker count.",
               "model_grid_memory.png": "Memory by kind per rank for each cell (stacked), with the peak memory "
                                        "training added."},
+    # what tells a cell apart (depth, width, workers) and what answers the question: fits, step, memory by kind
+    columns={"model_grid": ["depth", "width", "workers", "parameters", "fits", "status", "step(ms)",
+                            "gradients(bytes)", "optimizer_state(bytes)", "activations_saved(bytes)",
+                            "peak_added(bytes)"],
+             "model_grid_workers": ["depth", "width", "workers", "fit", "step(ratio)", "parameters(ratio)",
+                                    "gradients(ratio)", "optimizer_state(ratio)", "activations_saved(ratio)",
+                                    "peak_added(ratio)", "falls"]},
     study_options=study_options,
+    version=2,  # issue 60: its columns declared
 )

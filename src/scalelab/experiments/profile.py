@@ -8,32 +8,54 @@ import pandas as pd
 from scalelab.analysis import keys
 from scalelab.analysis.compare import run_quality
 from scalelab.analysis.interpret import fmt
-from scalelab.analysis.tables import HEADLINE, runs_frame
+from scalelab.analysis.tables import headline_columns, runs_frame
 from scalelab.lab.base import Experiment, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.report.figures import plt, save
 
 
+BACKWARD_COMPUTE = "backward: computing"
+BACKWARD_COMM = "backward: inside collectives"
+COMM_AFTER = "comm"  # the loop's span after backward: a blocking strategy's sync, a waiting one's wait
+
+
 def stage_profile_table(runs: list[dict]) -> pd.DataFrame:
-    """Mean time per step of each stage and its share of the step (seed 001 part 2b). Evaluation is its own line
-    after them: the time of one evaluation, outside every step, so it has no share. (Runs of scalelab 0.1 timed
-    evaluation inside the step: for them it stays a stage.)"""
+    """Mean time per step of each stage and its share of the step (seed 001 part 2b); the shares sum to 100 %.
+    Where the run measured its collectives, backward is split into its part inside gradient collectives
+    (keys.COMM_IN_BACKWARD_MS: DDP communicates inside backward) and the rest, so that the table says how much of a
+    step is communication without counting that time twice; `comm` is the loop's own span after backward (a blocking strategy's sync). Evaluation is its own line after them: the time of one evaluation,
+    outside every step, so it has no share. (Runs of scalelab 0.1 timed evaluation inside the step: for them it
+    stays a stage.)"""
     stages = ["data", "h2d", "forward", "backward", "comm", "optimizer", "eval", "other"]
+    columns = ["run_id", "stage", "time(ms)", *headline_columns("time(ms)"), "share(%)", "quality"]
+    low_col, high_col = keys.ci_keys("time(ms)")
     rows = []
     for run in runs:
         summary = run["summary"] or {}
         inside = [s for s in stages if s != "eval" or summary.get(keys.stage_ms("eval"))]
         total = sum(summary.get(keys.stage_ms(s), 0.0) for s in inside)
-        for s in inside:
-            ms = summary.get(keys.stage_ms(s), 0.0)
-            low, high = (summary.get(k) for k in keys.ci_keys(keys.stage_ms(s)))
+        for s, ms, low, high in _parts(summary, inside):
             rows.append({"run_id": run["run_id"], "stage": s, "time(ms)": ms, "n": summary.get(keys.STEPS_TIMED),
-                         "ci_low": low, "ci_high": high, "share(%)": 100.0 * ms / total if total else 0.0,
+                         low_col: low, high_col: high, "share(%)": 100.0 * ms / total if total else 0.0,
                          "quality": run_quality(summary)})
         if summary.get(keys.EVAL_MS) is not None:
             rows.append({"run_id": run["run_id"], "stage": EVAL_OUTSIDE, "time(ms)": summary[keys.EVAL_MS],
                          "n": summary.get(keys.EVALS), "share(%)": float("nan"), "quality": run_quality(summary)})
-    return pd.DataFrame(rows, columns=["run_id", "stage", "time(ms)", *HEADLINE, "share(%)", "quality"])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _parts(summary: dict, stages: list[str]):
+    """(label, mean ms, interval) per part of the step: the stages, backward split in two where it can be."""
+    for s in stages:
+        ms = summary.get(keys.stage_ms(s), 0.0)
+        low, high = (summary.get(k) for k in keys.ci_keys(keys.stage_ms(s)))
+        if s == "backward" and summary.get(keys.COMM_IN_BACKWARD_MS) is not None:
+            # two means over the same steps whose per-step values sum to backward's: they sum to its mean
+            for label, key in ((BACKWARD_COMPUTE, keys.BACKWARD_OUTSIDE_COMM_MS),
+                               (BACKWARD_COMM, keys.COMM_IN_BACKWARD_MS)):
+                yield (label, summary.get(key, 0.0), *(summary.get(k) for k in keys.ci_keys(key)))
+        else:
+            yield s, ms, low, high
 
 
 def rates_table(runs: list[dict]) -> pd.DataFrame:
@@ -80,12 +102,20 @@ def stage_pie(table: pd.DataFrame, path: Path) -> Path:
 def profile(table: pd.DataFrame, rates: pd.DataFrame | None = None) -> tuple[list[str], str | None]:
     if not len(table):
         return [], None
-    t = table[table["share(%)"].notna()].sort_values("time(ms)", ascending=False)  # the step's stages
+    first = table[(table["run_id"] == table["run_id"].iloc[0]) & table["share(%)"].notna()]  # the step's parts
+    t = first.sort_values("time(ms)", ascending=False)
     top = t.iloc[0]
     out = [f"{top.stage} takes the largest share of a step: {top['share(%)']:.1f} % ({fmt(top['time(ms)'], ' ms')})."]
     fb = t.set_index("stage")
-    if {"forward", "backward"} <= set(fb.index) and fb.at["forward", "time(ms)"] > 0:
-        out.append(f"backward / forward = {fb.at['backward', 'time(ms)'] / fb.at['forward', 'time(ms)']:.2f}.")
+    backward = fb["time(ms)"].reindex([BACKWARD_COMPUTE, BACKWARD_COMM, "backward"]).sum()
+    if "forward" in fb.index and fb.at["forward", "time(ms)"] > 0 and backward > 0:
+        out.append(f"backward / forward = {backward / fb.at['forward', 'time(ms)']:.2f}.")
+    if BACKWARD_COMM in fb.index:
+        inside, after = fb.at[BACKWARD_COMM, "time(ms)"], fb["time(ms)"].get(COMM_AFTER, 0.0)
+        shares = fb.at[BACKWARD_COMM, "share(%)"] + fb["share(%)"].get(COMM_AFTER, 0.0)
+        out.append(f"Inside collectives: {fmt(inside, ' ms')} a step during backward and {fmt(after, ' ms')} after "
+                   f"it, {shares:.1f} % of the step in all (the gradient sync of this run's strategy; part of it "
+                   "may be waiting for a peer still computing).")
     return out + utilisation(rates if rates is not None else pd.DataFrame()), None
 
 
@@ -105,11 +135,15 @@ EXPERIMENT = Experiment(
                                                          "profile_rates": rates_table(runs)}),
     figures=lambda result, out: [stage_pie(result.tables["profile"], out / "profile.png")],
     interpret=lambda result: profile(result.tables["profile"], result.tables.get("profile_rates")),
-    captions={"profile": "Mean time per step of each stage (ms) and its share (%).",
+    captions={"profile": "Mean time per step of each stage (ms), with its 95 % interval, and its share of the step "
+                         "(%; the shares sum to 100 %). Backward is split into its part inside gradient collectives "
+                         "(DDP communicates inside backward) and the rest; 'comm' is the sync's own span after "
+                         "it.",
               "profile_rates": "The run's throughput with and without the data wait (samples/s); on a GPU, NVML's "
                                "utilisation over the timed steps (the share of time a kernel ran, not of the chip "
                                "used) and the number of samples behind it.",
               "profile.png": f"Each stage's share of the mean step over the timed steps; stages under {SMALL:g} % "
                              "share one slice, which names them."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

@@ -22,6 +22,9 @@ from scalelab.experiments.comparison import (
     DEFAULTS,
     Axis,
     answer_columns,
+    critical_comm,
+    overlap_whole,
+    overlap_span,
     comm_captions,
     comm_figures,
     ordered,
@@ -69,21 +72,6 @@ def strategies(table: pd.DataFrame) -> tuple[list[str], Decision | None]:
     return out, decision
 
 
-def _percent_span(row) -> str:
-    """The overlap interval in words, its ends clipped to 0–100 % (a share cannot leave them; the unclipped
-    figures are in the table)."""
-    low, high = row.get("overlap_ci_low"), row.get("overlap_ci_high")
-    if low is None or pd.isna(low) or high is None or pd.isna(high):
-        return "no interval"
-    return f"interval {max(0, min(100, 100 * low)):.0f}–{max(0, min(100, 100 * high)):.0f} %"
-
-
-def _critical(row) -> float:
-    """Communication on the critical path where measured (one host), else the time inside collectives."""
-    value = row.get("comm_critical(ms)")
-    return row["comm(ms)"] if value is None or pd.isna(value) else value
-
-
 def overlap_sentences(real: pd.DataFrame) -> list[str]:
     """What each strategy hides, waits for and costs beyond its collectives: only from rows that pass their
     checks (compare.trusted); a blocking strategy is never said to hide anything."""
@@ -92,30 +80,54 @@ def overlap_sentences(real: pd.DataFrame) -> list[str]:
     out = [f"{r['sync']}'s overlap is not used: {r['quality']}." for r in rows if not trusted(r.get("quality"))]
     for r in ok:
         if r.get("blocks"):
-            out.append(f"{r['sync']} waits for its collectives after backward: it hides nothing by construction, "
-                       "and the measurement agrees (its overlap interval reaches 0).")
+            out.append(blocking_sentence(r))
         waiting = r.get("waiting_for_peers(ms)")
         if waiting is not None and not pd.isna(waiting) and waiting > 0.1 * (r.get("comm(ms)") or 0):
-            out.append(f"{r['sync']}: a rank stood up to {fmt(waiting, ' ms')} per step inside collectives waiting for "
-                       f"a peer still computing, which is not communication; the rank that set the step spent "
-                       f"{fmt(_critical(r), ' ms')} inside them after every peer had arrived (on average over ranks "
-                       f"{fmt(r['comm(ms)'], ' ms')} inside collectives).")
+            out.append(waiting_sentence(r, waiting))
         lost = r.get("interference(ms)")
         if lost is not None and not pd.isna(lost) and lost > 0:
             out.append(f"{r['sync']} costs the step {fmt(lost, ' ms')} beyond the time its collectives take, "
-                       f"beyond noise (exposed {fmt(r['exposed_comm(ms)'], ' ms')} > communication "
-                       f"{fmt(_critical(r), ' ms')}): interference, the collectives' threads "
+                       f"beyond noise (exposed {fmt(r['exposed_comm(ms)'], ' ms')} > communication, waiting + wire, "
+                       f"{fmt(overlap_whole(r), ' ms')}): interference, the collectives' threads "
                        f"compete with compute for the cores.")
     hiding = [r for r in ok if not r.get("blocks") and r.get("overlap_ci_low") is not None
               and not pd.isna(r["overlap_ci_low"]) and r["overlap_ci_low"] > 0]
     for r in hiding:  # each on its own figure: which hides more is a comparison its intervals would have to carry
         out.append(f"{r['sync']} hides {100 * min(1.0, r['overlap']):.0f} % of its "
-                   f"{fmt(_critical(r), ' ms')} of communication on the critical path behind compute "
-                   f"({_percent_span(r)}).")
+                   f"{fmt(overlap_whole(r), ' ms')} of communication (waiting + wire) behind compute "
+                   f"({overlap_span(r)}).")
     if ok and not hiding:
         out.append("No strategy hides communication behind compute beyond noise here (every overlap interval "
                    "reaches 0).")
     return out
+
+
+def blocking_sentence(r) -> str:
+    """What a blocking strategy's measured overlap says, by where its interval lies (it hides nothing by
+    construction; an interval above 0 is flagged by the checks and never reaches here)."""
+    head = f"{r['sync']} waits for its collectives after backward: it hides nothing by construction"
+    low, high = r.get("overlap_ci_low"), r.get("overlap_ci_high")
+    if low is None or pd.isna(low) or high is None or pd.isna(high):
+        return head + "; its overlap has no interval to hold that against."
+    if low <= 0 <= high:
+        return head + f", and the measurement agrees (its overlap {overlap_span(r)} reaches 0)."
+    return (head + f"; its overlap {100 * r['overlap']:.0f} % ({overlap_span(r)}) lies below 0: the step lost more "
+            f"than its {fmt(overlap_whole(r), ' ms')} of communication, waiting + wire (exposed "
+            f"{fmt(r['exposed_comm(ms)'], ' ms')}): interference, not hiding.")
+
+
+def waiting_sentence(r, waiting: float) -> str:
+    """Time inside collectives before every peer had arrived, in words that fit its size: longer than a whole step
+    without collectives (compute), the peers it waited for were not computing but inside the sync's own work."""
+    compute = r.get("compute(ms)")
+    why = ("waiting for a peer still computing, which is not communication"
+           if compute is None or pd.isna(compute) or waiting <= compute else
+           f"before every peer had arrived: longer than a whole step without collectives ({fmt(compute, ' ms')}), so "
+           "the peers it waited for were inside the sync's own work (a root gathering and scattering, say), "
+           "not computing")
+    return (f"{r['sync']}: a rank stood up to {fmt(waiting, ' ms')} per step inside collectives {why}; the rank "
+            f"that set the step spent {fmt(critical_comm(r), ' ms')} inside them after every peer had arrived (on "
+            f"average over ranks {fmt(r['comm(ms)'], ' ms')} inside collectives).")
 
 
 def strategies_decisions(result) -> list[Decision]:

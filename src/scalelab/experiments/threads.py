@@ -64,7 +64,12 @@ def threads_decisions(result: Result) -> list[Decision]:
                     command="scalelab threads")
     if decision is None:
         return []
-    return [replace(decision, action=f"{decision.chosen.label.split()[0]} torch threads per process")]
+    # measured in one process: the advice holds for that layout; ranks sharing the host share its cores too, and the
+    # same count in each of them would oversubscribe it (issue 60: 2 threads × 2 ranks on 2 cores)
+    n, cores = decision.chosen.label.split()[0], int(t["cores"].iloc[0])
+    return [replace(decision, action=f"{n} torch thread{_s(n)} in a single process on this machine's {cores} "
+                                     f"cores (the layout measured; R ranks on it share them, about {cores}/R "
+                                     "threads each)")]
 
 
 def interpret_threads(result: Result) -> tuple[list[str], str | None]:
@@ -137,4 +142,5 @@ EXPERIMENT = Experiment(
               "threads.png": "Step time (median, bars min..max) vs torch threads; the dashed line is the core "
                              "count."},
     study_options=study_options,
+    version=2,  # issue 60: intervals named after their figure
 )

@@ -122,8 +122,13 @@ class Experiment:
         else:
             results = ctx.cells.run(self.cells(base, opts), group=self.name, interleave=self.interleave)
             # a cell launched several times is one row, its launches pooled (scalelab.analysis.repeats)
-            completed = [r for r in ctx.cells.rows(results) if r["status"] == "completed"]
+            rows = ctx.cells.rows(results)
+            completed = [r for r in rows if r["status"] == "completed"]
             result = self.analyse(completed, base, opts)
+            failed = {r.cell.label: r.reason or r.status for r in results
+                      if r.status != "completed" and not r.cell.accepts(r.status, r.reason)}  # not an outcome
+            if failed:  # the section says which cell failed, why, and how to measure it again (issue 60)
+                result.notes[FAILED_CELLS] = {label: f"{why}; {REMEASURE}" for label, why in failed.items()}
         return self.write(result, ctx.out_dir, tables=ctx.tables)
 
     def write(self, result: Result, out_dir: Path, *, tables: bool = True) -> Result:
@@ -135,6 +140,21 @@ class Experiment:
         if self.figures is not None and any(len(t) for t in result.tables.values()):
             result.files += [p for p in self.figures(result, out_dir) if p is not None]
         return result
+
+
+FAILED_CELLS = "failed cells"  # a Result's note: cell label -> why it failed and how to re-measure it
+REMEASURE = "running the same study again re-measures it (its finished cells are kept)"
+
+
+def failed_cells(answered: list[tuple]) -> list[str]:
+    """"experiment: cell" for every cell the study's experiments could not measure (their FAILED_CELLS note), and
+    "experiment" for an experiment that failed as a whole (its "failed" note)."""
+    out = []
+    for experiment, result in answered:
+        out += [f"{experiment.name}: {label}" for label in (result.notes.get(FAILED_CELLS) or {})]
+        if "failed" in result.notes:
+            out.append(experiment.name)
+    return out
 
 
 def write_table(frame: pd.DataFrame, out_dir: Path, name: str) -> dict[str, Path]:

@@ -10,10 +10,11 @@ of them: a strategy is not changed at a batch where the default strategy also pa
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pandas as pd
 
-from scalelab.lab.decision import MATERIAL, Side, widen
+from scalelab.lab.decision import ALPHA, MATERIAL
 
 
 def recommendation(options: pd.DataFrame, workers: int, target: float, *, strategy: str, batch: float) -> str:
@@ -63,12 +64,15 @@ def efficiency_text(row: dict) -> str:
 
 
 def option_side(row: dict, family: int) -> tuple[float, tuple[float, float] | None]:
-    """(efficiency, its 95 % interval widened for `family` comparisons: `lab.decision.widen`)."""
+    """(efficiency, its 95 % interval widened for `family` comparisons: each half-width times
+    z(1 - ALPHA / 2 family) / z(1 - ALPHA / 2), Bonferroni on the normal approximation; a prediction has one look)."""
     low, high = row.get("efficiency_ci_low", math.nan), row.get("efficiency_ci_high", math.nan)
+    value = row["efficiency"]
     if not (math.isfinite(low) and math.isfinite(high)):
-        return row["efficiency"], None
-    side = Side(label="", value=row["efficiency"], interval=(low, high), n=1)
-    return row["efficiency"], widen(side, family)
+        return value, None
+    z = NormalDist().inv_cdf
+    factor = z(1 - ALPHA / (2 * max(1, family))) / z(1 - ALPHA / 2)
+    return value, (value - factor * (value - low), value + factor * (high - value))
 
 
 def beyond_intervals(a: tuple[float, tuple[float, float] | None], b: tuple[float, tuple[float, float] | None]) -> bool:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from scalelab.analysis.shown_checks import alike, describing, named_columns
+from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
 
@@ -46,9 +48,12 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
     ids = experiment.section in RUN_IDS_SHOWN
     shown = {key: frame if ids else frame.drop(columns=["run_id"], errors="ignore") for key, frame in tables.items()
              if not key.endswith("_curves")}
-    blocks = [TableBlock(key.replace("/", "_"), frame, experiment.captions.get(key, ""),
-                         with_run_id(answer_columns(frame, experiment.columns.get(key)), frame))
-              for key, frame in shown.items()]
+    blocks = []
+    for key, frame in shown.items():
+        caption = experiment.captions.get(key, "")
+        columns = telling_rows_apart(named_by(answer_columns(frame, experiment.columns.get(key)), frame,
+                                              [caption, *sentences]), frame)
+        blocks.append(TableBlock(key.replace("/", "_"), frame, caption, with_run_id(columns, frame)))
     figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
@@ -68,23 +73,61 @@ def with_run_id(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | N
     return [*columns, "run_id"]
 
 
-# what a table's answer is usually made of, in the order shown after its first (describing) column
-ANSWER = ["status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "time/epoch(s)", "throughput(samples/s)",
-          "ci_low", "ci_high", "speedup", "efficiency", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "overlap",
-          "busbw(GB/s)", "max_batch", "final_acc"]
+# what a table's answer is usually made of, in the order shown after its describing columns; each figure is
+# followed by its own interval where the table has one (analysis.tables.intervals_of: matched by name)
+ANSWER = ["status", "step(ms)", "time/step_median(ms)", "time/epoch(s)", "throughput(samples/s)", "speedup",
+          "efficiency", "compute(ms)", "comm(ms)", "exposed_comm(ms)", "overlap", "busbw(GB/s)", "max_batch",
+          "final_acc"]
 MOST_COLUMNS = 12  # a table this wide or narrower is shown whole
 
 
 def answer_columns(frame: pd.DataFrame, declared: list[str] | None = None, most: int = 10) -> list[str] | None:
     """The columns a table's answer needs (None: show them all): the experiment's own choice, else its first
-    column and the usual answer columns it has, at most `most`, its quality flag last."""
+    column and the usual answer columns it has, each figure with its interval, at most `most`, its quality flag
+    last."""
     if declared:
         return [c for c in declared if c in frame.columns]
     if frame.shape[1] <= MOST_COLUMNS:
         return None
-    chosen = [frame.columns[0], *(c for c in ANSWER if c in frame.columns and c != frame.columns[0])]
-    chosen = chosen[:most - 1] if "quality" in frame.columns else chosen[:most]
+    room = most - 1 if "quality" in frame.columns else most
+    chosen = [frame.columns[0]]
+    for figure in (c for c in ANSWER if c in frame.columns and c != frame.columns[0]):
+        group = [figure, *intervals_of(figure, frame.columns)]
+        if len(chosen) + len(group) > room:
+            break
+        chosen += group
     return chosen + (["quality"] if "quality" in frame.columns else [])
+
+
+def named_by(columns: list[str] | None, frame: pd.DataFrame, texts: list[str]) -> list[str] | None:
+    """The columns shown, with every column the caption or a sentence names (shown_checks.named_columns) added
+    before the quality flag: a word about a figure the page does not show sends the reader to the files."""
+    if columns is None:
+        return None
+    missing = [c for c in named_columns(frame, texts) if c not in columns and c != "run_id"]
+    return _before_quality(columns, missing)
+
+
+def telling_rows_apart(columns: list[str] | None, frame: pd.DataFrame) -> list[str] | None:
+    """The columns shown, with the table's own describing columns (in its order; shown_checks.describing) added
+    until no two rows read alike in them: the column that tells rows apart (a width, a worker count, a batch, a
+    level) is part of the answer."""
+    if columns is None or not len(frame):
+        return columns
+    chosen = list(columns)
+    for column in describing(frame, [c for c in frame.columns if c not in chosen]):
+        if not alike(frame, chosen).any():
+            break
+        if alike(frame, [*chosen, column]).sum() < alike(frame, chosen).sum():
+            keys = describing(frame, chosen)
+            at = next((i for i, c in enumerate(chosen) if c not in keys), len(chosen))  # after the leading keys
+            chosen = [*chosen[:at], column, *chosen[at:]]
+    return chosen
+
+
+def _before_quality(columns: list[str], extra: list[str]) -> list[str]:
+    at = columns.index("quality") if "quality" in columns else len(columns)
+    return [*columns[:at], *extra, *columns[at:]]
 
 
 def flagged_rows(name: str, frame: pd.DataFrame) -> list[str]:
@@ -154,26 +197,49 @@ def system_frame(files: RunDir) -> pd.DataFrame:
 
 
 def system_section(store, results: dict, out_dir: Path) -> Section | None:
-    """System metrics over time of the first multi-rank run of the study (the profile run by default)."""
+    """System metrics over time of the study's multi-rank run with the most samples (a 2-sample run says nothing
+    over time): CPU, memory and the loopback network per rank, with the number of samples behind each figure."""
     from scalelab.report.figures import system_metrics
 
+    best = None
     for result in results.values():
         for frame in result.tables.values():
-            for run_id in frame.get("run_id", pd.Series(dtype=str)).dropna():
+            for run_id in frame.get("run_id", pd.Series(dtype=str)).dropna().unique()[:MAX_SYSTEM_RUNS]:
                 files = RunDir(store.run_dir(run_id))
                 if len(files.system_files()) >= 2:
                     samples = system_frame(files)
-                    fig = system_metrics(samples, out_dir / "system.png")
-                    per_rank = samples.groupby("rank")["cpu_process(%)"].mean()
-                    sentences = [f"Run {run_id}: mean process CPU " + ", ".join(
-                        f"rank {r} {v:.0f} %" for r, v in per_rank.items()) +
-                        f"; peak resident memory {samples['rss(bytes)'].max() / 2**20:.0f} MiB."]
-                    table = samples.groupby("rank").agg(**{
-                        "samples": ("t(s)", "size"), "cpu_mean(%)": ("cpu_process(%)", "mean"),
-                        "rss_max(MiB)": ("rss(bytes)", lambda s: s.max() / 2**20)}).reset_index()
-                    return Section(id="system", title="System metrics during a run",
-                                   question="How busy were CPU, memory and network on each rank? "
-                                            "(seed 002 Q1, seed 003 figs 7-12)",
-                                   sentences=sentences, tables=[TableBlock("system", table, "Per rank.")],
-                                   figures=[FigureBlock(fig, SYSTEM_CAPTION)])
-    return None
+                    if best is None or len(samples) > len(best[1]):
+                        best = (run_id, samples)
+    if best is None:
+        return None
+    run_id, samples = best
+    fig = system_metrics(samples, out_dir / "system.png")
+    net = "lo_sent(bytes/s)" in samples
+    table = samples.groupby("rank").agg(**{
+        "samples": ("t(s)", "size"), "cpu_mean(%)": ("cpu_process(%)", "mean"),
+        "rss_max(MiB)": ("rss(bytes)", lambda x: x.max() / 2**20),
+        **({"loopback_sent_mean(MB/s)": ("lo_sent(bytes/s)", lambda x: x.mean() / 1e6)} if net else {})
+    }).reset_index()
+    per_rank = samples.groupby("rank")["cpu_process(%)"].mean()
+    sentences = [f"Run {run_id}: mean process CPU " + ", ".join(f"rank {r} {v:.0f} %" for r, v in per_rank.items())
+                 + f"; peak resident memory {samples['rss(bytes)'].max() / 2**20:.0f} MiB."]
+    if net:
+        sentences.append(f"The host's loopback interface (every rank's traffic, the collectives' network here) "
+                         f"sent {table['loopback_sent_mean(MB/s)'].mean():.3g} MB/s on average over the run.")
+    fewest = int(table["samples"].min())
+    if fewest < FEW_SAMPLES:
+        most = int(table["samples"].max())
+        counted = f"{fewest}" if fewest == most else f"{fewest} to {most}"
+        sentences.append(f"Each rank's figures rest on {counted} samples (one per sampling interval, "
+                         "sample_interval_s, over the run): too few to show load over time; a longer run or a "
+                         "shorter interval samples more.")
+    return Section(id="system", title="System metrics during a run",
+                   question="How busy were CPU, memory and network on each rank? (seed 002 Q1, seed 003 figs 7-12)",
+                   sentences=sentences, tables=[TableBlock("system", table, SYSTEM_TABLE_CAPTION)],
+                   figures=[FigureBlock(fig, SYSTEM_CAPTION)])
+
+
+MAX_SYSTEM_RUNS = 8  # runs read per table while looking for the one with the most samples
+FEW_SAMPLES = 5  # below this many samples per rank the section says its figures rest on too few
+SYSTEM_TABLE_CAPTION = ("Per rank: system samples, mean process CPU (%), peak resident memory (MiB) and mean bytes/s "
+                        "the host's loopback interface sent (all ranks: one counter per host).")

@@ -263,7 +263,7 @@ def table_json(frame: pd.DataFrame) -> bytes:
     return (json.dumps(records, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def write_report(report: Report, out_dir: Path, *, max_rows: int = 50) -> dict[str, Path]:
+def write_report(report: Report, out_dir: Path, *, max_rows: int = 64) -> dict[str, Path]:
     """Write report.html, report.md, tables/*.csv|json and figures/* under `out_dir`.
 
     Returns every written file keyed by its path relative to `out_dir` (POSIX separators). Tables longer than

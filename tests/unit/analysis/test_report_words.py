@@ -45,8 +45,8 @@ def faster_ratios(name: str, result: Result) -> list[float]:
         s = t.sort_values("global_batch")[keys.THROUGHPUT]
         return [s.iloc[-1] / s.iloc[0]]
     if name == "amp":
-        fp32 = t.loc[t["precision"] == "fp32", keys.THROUGHPUT].iloc[0]
-        return [x / fp32 for x in t[keys.THROUGHPUT]]
+        fp32 = t.loc[t["precision"] == "fp32", STEP].iloc[0]  # the decision's figure (issue 60)
+        return [fp32 / s for s in t[STEP]]
     if name == "checkpointing":
         off = t.loc[t["checkpoint_segments"] == 0, STEP].iloc[0]
         return [off / s for s in t[STEP]]

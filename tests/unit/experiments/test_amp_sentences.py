@@ -37,7 +37,7 @@ def test_runs_that_did_not_learn_give_no_recommendation():
     lines, rec = precision(table([0.109, 0.102], [0.104, 0.12]))  # the old default study's 40 steps: at chance
     assert rec.startswith("Undecided after 2 launches each: bf16 is faster beyond noise, but accuracy is not compared")
     assert "Keep fp32, the default meanwhile." in rec
-    assert lines[0] == "bf16 runs 1.18× faster than fp32 (throughput)."  # no accuracy beside it
+    assert lines[0] == "bf16 runs 1.15× faster than fp32 (median step)."  # no accuracy beside it
     assert lines[1:3] == ["fp32 did not learn: 10.5 % (range 10.2–10.9 % over 2 seeds) is not clear of chance "
                           "10.6 %.",
                           "bf16 did not learn: 11.2 % (range 10.4–12.0 % over 2 seeds) is not clear of chance "
@@ -68,7 +68,7 @@ def test_one_seed_compares_no_accuracy():
 
 def test_runs_that_learned_are_compared():
     lines, rec = precision(table([0.90, 0.92], [0.895, 0.915]))
-    assert lines[0] == ("bf16 runs 1.18× faster than fp32 (throughput) and ends at accuracy 90.5 % (range 89.5–91.5 "
+    assert lines[0] == ("bf16 runs 1.15× faster than fp32 (median step) and ends at accuracy 90.5 % (range 89.5–91.5 "
                         "%, 2 seeds) vs 91.0 % (range 90.0–92.0 %, 2 seeds) (fp32).")
     assert rec.startswith("Use bf16 (accuracy within 1 point of fp32's): bf16 beats fp32: 1.15× faster than fp32 (")
     lines, rec = precision(table([0.90, 0.92], [0.84, 0.86]))  # faster, but 6 points less accurate

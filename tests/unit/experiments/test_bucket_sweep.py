@@ -83,7 +83,9 @@ def test_overlap_is_called_hidden_only_when_its_interval_is_above_zero():
     lines, _ = sentences([row(1.5, 50, 45, 60, overlap=0.3, o_low=-0.1, o_high=0.5),
                           row(24, 55, 50, 62, overlap=0.6, o_low=0.2, o_high=0.9)])
     assert "no communication is hidden beyond noise" in lines[1] and "hides 60 %" in lines[2]
-    assert "interval 0 to 50 %" in lines[1]  # a share's interval stays within [0, 100] %
+    # the interval as measured, which contains its point (issue 60: clipped, "-1 % (interval 0 to 63 %)" did not),
+    # against the communication the overlap is taken against (comm_critical where measured)
+    assert "interval -10 to 50 %" in lines[1]
     assert not any("hides -" in line for line in lines)
 
 

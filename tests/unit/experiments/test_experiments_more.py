@@ -22,7 +22,7 @@ def test_lr_table_time_to_target_on_fixed_curves():
     row = t.iloc[0]
     assert row["final_acc"] == 0.91 and row["best_acc"] == 0.92
     assert row["time_to_90%(s)"] == 6.0 and row["epochs_to_90%"] == 3
-    assert row["n"] == 1 and math.isnan(row["ci_low"])  # one seed: no interval
+    assert row["n"] == 1 and math.isnan(row["final_acc_ci_low"])  # one seed: no interval
     never = lr_table(curves, 0.95).iloc[0]
     assert math.isnan(never["time_to_95%(s)"])
 
@@ -35,7 +35,7 @@ def test_seeds_give_accuracy_and_time_to_accuracy_their_interval():
                  "time(s)": 2.0 * e, "eval/acc": a, "eval/loss": 1.0} for e, a in enumerate(accs, 1)]
     rows = curve(0, [0.5, 0.91, 0.93]) + curve(1, [0.6, 0.8, 0.92]) + curve(2, [0.95, 0.96, 0.97])
     row = lr_table(pd.DataFrame(rows), 0.9).iloc[0]
-    assert (row["n"], row["final_acc"], row["ci_low"], row["ci_high"]) == (3, 0.93, 0.92, 0.97)
+    assert (row["n"], row["final_acc"], row["final_acc_ci_low"], row["final_acc_ci_high"]) == (3, 0.93, 0.92, 0.97)
     assert (row["time_to_90%(s)"], row["time_to_90%_ci_low(s)"], row["time_to_90%_ci_high(s)"]) == (4.0, 2.0, 6.0)
     slow = lr_table(pd.DataFrame(curve(0, [0.5, 0.91]) + curve(1, [0.5, 0.6])), 0.9).iloc[0]
     assert math.isnan(slow["time_to_90%(s)"]) and slow["seeds_reaching"] == 1

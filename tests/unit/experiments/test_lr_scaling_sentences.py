@@ -24,7 +24,7 @@ def result(finals: dict[tuple[int, str], list[float]]) -> Result:
 def test_the_table_says_whether_each_cell_learned():
     t = result({(256, "lars"): [0.8, 0.82], (256, "linear"): [0.10, 0.11], (256, "sqrt"): [0.9]}).tables["lr_scaling"]
     t = t.set_index("lr_rule")
-    assert (t.loc["lars", "chance"], t.loc["lars", "ci_low"], t.loc["lars", "ci_high"]) == (CHANCE, 0.8, 0.82)
+    assert (t.loc["lars", "chance"], t.loc["lars", "final_acc_ci_low"], t.loc["lars", "final_acc_ci_high"]) == (CHANCE, 0.8, 0.82)
     assert [bool(t.loc[r, "learned"]) for r in ("lars", "linear", "sqrt")] == [True, False, False]  # sqrt: one seed
 
 

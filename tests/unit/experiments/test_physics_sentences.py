@@ -1,6 +1,7 @@
 """Sentences that must survive the physics (issue 28): a blocking sync hides nothing, waiting for a peer is not
 communication, a step that loses more than its collectives take shows interference, a speedup above N is reported
-as superlinear, never dropped; the overlap interval in words stays within 0-100 %."""
+as superlinear, never dropped; the overlap interval in words is the one measured, so it contains its point (issue
+60: clipped to 0-100 %, "overlap -1 % (interval 0 to 63 %)" excluded its own point)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -21,9 +22,20 @@ def test_a_blocking_strategy_is_never_said_to_hide_communication():
     words = overlap_sentences(pd.DataFrame([row("gather_scatter"),
                                             row("allreduce", overlap=0.05, overlap_ci_low=-0.1)]))
     assert not any("hides the largest share" in w for w in words)
-    assert any(w.startswith("gather_scatter waits for its collectives after backward: it hides nothing") for w in words)
-    assert not any("%" in w for w in words[:2])  # no overlap figure beside "hides nothing" to contradict it
+    assert ("gather_scatter waits for its collectives after backward: it hides nothing by construction, and the "
+            "measurement agrees (its overlap interval -20 to 20 % reaches 0).") in words
     assert words[-1].startswith("No strategy hides communication behind compute beyond noise")
+
+
+def test_a_blocking_strategy_whose_interval_lies_below_0_is_not_said_to_agree():
+    """Issue 60: "gather_scatter ... the measurement agrees (its overlap interval reaches 0)" beside an
+    overlap_ci_high of -0.014: the sentence must follow the interval, not the row's being blocking."""
+    words = overlap_sentences(pd.DataFrame([row("gather_scatter", overlap=-0.3, overlap_ci_low=-0.6,
+                                                overlap_ci_high=-0.014, **{"exposed_comm(ms)": 39.0})]))
+    assert words[0] == ("gather_scatter waits for its collectives after backward: it hides nothing by construction; "
+                        "its overlap -30 % (interval -60 to -1 %) lies below 0: the step lost more than its 30 ms "
+                        "of communication on the critical path (exposed 39 ms): interference, not hiding.")
+    assert not any("agrees" in w for w in words)
 
 
 def test_waiting_for_a_peer_is_said_apart_from_communication():
@@ -33,11 +45,21 @@ def test_waiting_for_a_peer_is_said_apart_from_communication():
                "every peer had arrived (on average over ranks 40 ms inside collectives)." == w for w in words), words
 
 
-def test_an_overlapping_strategy_hides_with_its_interval_clipped_to_0_100():
+def test_waiting_longer_than_a_whole_step_without_collectives_is_not_called_computing():
+    """Issue 60: "waiting for a peer still computing" 46.4 ms beside a whole no-op step of 37.7 ms."""
+    words = overlap_sentences(pd.DataFrame([row("gather_scatter", **{"waiting_for_peers(ms)": 46.4,
+                                                                      "compute(ms)": 37.7})]))
+    said = next(w for w in words if "stood up to" in w)
+    assert "still computing" not in said
+    assert "longer than a whole step without collectives (37.7 ms), so the peers it waited for were inside the " \
+           "sync's own work" in said
+
+
+def test_an_overlapping_strategy_hides_with_its_interval_as_measured():
     ddp = row("ddp", blocks=False, overlap=0.7, overlap_ci_low=0.4, overlap_ci_high=1.03)
     words = overlap_sentences(pd.DataFrame([ddp, row("allreduce")]))
     assert words[-1] == ("ddp hides 70 % of its 30 ms of communication on the critical path behind compute "
-                         "(interval 40–100 %).")
+                         "(interval 40 to 103 %).")
 
 
 def test_interference_is_a_measured_figure_with_its_strategy():
