@@ -39,7 +39,11 @@ ADDED_TABLE_COLUMNS = {"compare_strategies": {"launches", "step_ci_low(ms)", "st
                                               # issue 28: a finding between rows counts launches
                                               "step_launch_min(ms)", "step_launch_max(ms)",
                                               # issue 57: the part under compute, overlap's twin in ms
-                                              "hidden(ms)", "hidden_ci_low(ms)", "hidden_ci_high(ms)"}}
+                                              "hidden(ms)", "hidden_ci_low(ms)", "hidden_ci_high(ms)",
+                                              # issue 56: the noise model's inputs (launch medians, the
+                                              # step-to-step spread within launches)
+                                              "step_launch_medians(ms)", "step_log_var_within",
+                                              "step_log_var_within_dof"}}
 # Issue 13: `bench comm` times a back-to-back loop and gives the median's interval; a 0.1 store's bench run has
 # neither, so these columns are empty (its busbw is the one it stored, from the median of single calls).
 EMPTY_NEW_COLUMNS = {"comm": {"time_loop(us)", "time_ci_low(us)", "time_ci_high(us)"}}

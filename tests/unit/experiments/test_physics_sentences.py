@@ -34,7 +34,7 @@ def test_a_blocking_strategy_whose_interval_lies_below_0_is_not_said_to_agree():
                                                 overlap_ci_high=-0.014, **{"exposed_comm(ms)": 39.0})]))
     assert words[0] == ("gather_scatter waits for its collectives after backward: it hides nothing by construction; "
                         "its overlap -30 % (interval -60 to -1 %) lies below 0: the step lost more than its 30 ms "
-                        "of communication on the critical path (exposed 39 ms): interference, not hiding.")
+                        "of communication, waiting + wire (exposed 39 ms): interference, not hiding.")
     assert not any("agrees" in w for w in words)
 
 
@@ -58,7 +58,7 @@ def test_waiting_longer_than_a_whole_step_without_collectives_is_not_called_comp
 def test_an_overlapping_strategy_hides_with_its_interval_as_measured():
     ddp = row("ddp", blocks=False, overlap=0.7, overlap_ci_low=0.4, overlap_ci_high=1.03)
     words = overlap_sentences(pd.DataFrame([ddp, row("allreduce")]))
-    assert words[-1] == ("ddp hides 70 % of its 30 ms of communication on the critical path behind compute "
+    assert words[-1] == ("ddp hides 70 % of its 30 ms of communication (waiting + wire) behind compute "
                          "(interval 40 to 103 %).")
 
 

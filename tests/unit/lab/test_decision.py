@@ -133,7 +133,8 @@ def test_the_batch_question_keeps_the_highest_or_the_smallest_equivalent_never_a
 
     def row(batch, step_ms, launches):
         thr = batch / step_ms * 1000
-        return {"global_batch": batch, "throughput(samples/s)": thr, "ci_low": thr * 0.97, "ci_high": thr * 1.03,
+        return {"global_batch": batch, "throughput(samples/s)": thr, "throughput_ci_low(samples/s)": thr * 0.97,
+                "throughput_ci_high(samples/s)": thr * 1.03,
                 "launches": len(launches), "quality": "ok", "step_launch_medians(ms)": launches}
     # the case: batch 16 has the lowest throughput; 256 the highest, 64 equivalent to it within 10 %
     table = pd.DataFrame([row(16, 10.0, spread(10.0, 0.01, 3)), row(64, 20.5, spread(20.5, 0.01, 3, turn=1)),
