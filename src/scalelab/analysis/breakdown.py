@@ -125,10 +125,11 @@ def without_collectives(summary: Mapping | None) -> bool:
     return (summary or {}).get(keys.COMM_COLLECTIVES_PER_STEP) == 0
 
 
-def baseline_step_ms(noop: Mapping | None) -> float | None:
+def baseline_step_ms(noop: Mapping | None, *, own: bool = False) -> float | None:
     """The no-op baseline's step that exposed communication is measured against: its fastest rank's median
-    (exposed_figures), the median step where that was not recorded; None without a baseline."""
-    value = step(noop, fastest=True).value if noop else math.nan
+    (exposed_figures), the median step where that was not recorded or where the run is its own baseline (`own`: no
+    sync at all); None without a baseline."""
+    value = step(noop, fastest=not own).value if noop else math.nan
     return None if math.isnan(value) else value
 
 
@@ -143,7 +144,9 @@ def exposed_figures(real: Mapping | None, noop: Mapping | None, *, fastest: bool
     Why the fastest rank: the no-op run's ranks never wait for each other, so its slowest rank's step holds their
     natural imbalance, which the real run shows as waiting for peers; subtracting it would count that imbalance
     out of exposed and in again in waiting, and the split would not add up."""
-    exposed = step(real, fastest=False) - step(noop, fastest=fastest) if noop is not None else Figure()
+    # a run with no sync at all is its own baseline: nothing is exposed (not its ranks' imbalance)
+    own = noop is not None and (noop is real or noop == real)
+    exposed = step(real, fastest=False) - step(noop, fastest=fastest and not own) if noop is not None else Figure()
     waiting, wire = figure(real, keys.COMM_PEERS_WAIT_MS), figure(real, keys.COMM_CRITICAL_MS)
     comm = waiting + wire
     hidden = comm - exposed

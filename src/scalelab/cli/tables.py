@@ -3,6 +3,8 @@ chosen in the order the report shows them (its answer columns, the ones that tel
 below the table; `--wide` prints every column, however wide. The CSV and JSON files always hold every column."""
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 
 from scalelab.analysis.tables import interval_parts, intervals_of
@@ -66,14 +68,5 @@ def render(frame: pd.DataFrame, width: int | None, declared: list[str] | None = 
 
 
 def _wrapped(text: str, width: int | None) -> str:
-    """A sentence broken into lines of at most `width` characters."""
-    if not width:
-        return text
-    lines, current = [], ""
-    for word in text.split(" "):
-        if current and len(current) + 1 + len(word) > width:
-            lines.append(current)
-            current = word
-        else:
-            current = f"{current} {word}" if current else word
-    return "\n".join([*lines, current])
+    """A sentence broken into lines of at most `width` characters (a word longer than that stands whole)."""
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False) if width else text
