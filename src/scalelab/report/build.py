@@ -172,8 +172,10 @@ def build_report(spec, answered: list[tuple], provenance: dict, command: str,
         sections.append(section)
         recs += [Recommendation(text, section.id) for text in r]
     sections += extra_sections or []
-    # the quick study launches each cell once: its comparisons rank nothing (analysis.interpret.MIN_LAUNCHES)
-    quick = " (quick: one launch per cell, so its comparisons are indicative and rank nothing)" if spec.quick else ""
+    # the quick study: fewer steps a cell, compared cells launched twice (lab.decision decides from 2 launches each
+    # on the study's pooled noise model), no max-batch search and no Horovod
+    quick = (" (quick: fewer steps a cell, compared cells launched twice, no max-batch search)"
+             if spec.quick else "")
     subtitle = (f"study '{spec.name}'{quick}: {len(spec.experiments)} experiments on "
                 f"{provenance.get('host', 'this machine')}")
     return Report(title="scalelab report", subtitle=subtitle, recommendations=recs, sections=sections,
