@@ -10,6 +10,11 @@ since a process started: callers difference them over a window (scalelab.analysi
   apart as well (seed 003's per-node table).
 - The run's processes: this host's ranks and their descendants started since the sampler started (DataLoader
   workers). A child the caller had before the run began (a one-rank run in the caller's process) is outside.
+- A run process's CPU includes its reaped children's (cutime + cstime, fields 16 and 17): DataLoader workers are
+  started anew each epoch and often live and end between two samples, so reading them alone missed their last
+  stretch (or all of them), and that CPU read as "busy outside the run" (a loader cell with 2 workers was flagged
+  noisy, 0.37-0.55 cores outside, in 4 of 4 studies on a quiet machine). A descendant that is gone is dropped from
+  the sum: reaping it moved its whole time into its parent's reaped-children time.
 """
 from __future__ import annotations
 
@@ -51,14 +56,19 @@ def read_cpu_times(root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> CpuTi
     return CpuTimes(busy / ticks_per_s, steal / ticks_per_s, (busy + idle + iowait + steal) / ticks_per_s, cpus)
 
 
-def read_process_times(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> tuple[float, float] | None:
-    """(utime, stime) of one process in seconds, from ROOT/<pid>/stat; None when it is gone."""
+def read_process_times(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S, *,
+                       children: bool = False) -> tuple[float, float] | None:
+    """(utime, stime) of one process in seconds, from ROOT/<pid>/stat, with its reaped children's (cutime, cstime)
+    added when `children`; None when it is gone."""
     try:
         text = (root / str(pid) / "stat").read_text()
     except OSError:
         return None
     rest = text[text.rindex(")") + 2:].split()  # the name may hold spaces and parentheses: split after the last ")"
-    return int(rest[11]) / ticks_per_s, int(rest[12]) / ticks_per_s  # fields 14 and 15 of proc(5); rest[0] is 3
+    user, system = int(rest[11]), int(rest[12])  # fields 14 and 15 of proc(5); rest[0] is 3
+    if children:  # fields 16 and 17: the reaped children's user and system time
+        user, system = user + int(rest[13]), system + int(rest[14])
+    return user / ticks_per_s, system / ticks_per_s
 
 
 def read_process_cpu(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
@@ -160,11 +170,15 @@ class RunCpu:
     def user_system(self, pids: Iterable[int] | None = None) -> tuple[float, float]:
         """The run's (user, system) CPU seconds now; PIDS (from `pids()`) lets a caller find the processes before
         it reads the clocks, so the slow part is not between the machine's reading and the run's."""
-        for pid in self.pids() if pids is None else pids:
-            times = read_process_times(pid, self.root)
-            if times is not None:
-                last = self._last.get(pid, (0.0, 0.0))
-                self._last[pid] = (max(times[0], last[0]), max(times[1], last[1]))
+        alive = self.pids() if pids is None else pids
+        for pid in set(alive) | set(self._last):
+            times = read_process_times(pid, self.root, children=True)
+            if times is None:
+                if pid not in (self._ranks or ()):  # reaped: its time is in its parent's reaped-children time now
+                    self._last.pop(pid, None)
+                continue  # a rank keeps its last reading (its parent, the launcher, is not the run's)
+            last = self._last.get(pid, (0.0, 0.0))
+            self._last[pid] = (max(times[0], last[0]), max(times[1], last[1]))
         return sum(u for u, _ in self._last.values()), sum(s for _, s in self._last.values())
 
     def seconds(self, pids: Iterable[int] | None = None) -> float:

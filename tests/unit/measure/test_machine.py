@@ -65,10 +65,28 @@ def test_run_cpu_keeps_the_last_reading_of_a_process_that_ended(tmp_path):
     run = RunCpu(lambda: pids, since=0.0, root=root)
     # the pids are not real processes here: RunCpu finds no children and reads the fake /proc/<pid>/stat
     first = run.seconds()
-    assert first == pytest.approx(2 * 250 / os.sysconf("SC_CLK_TCK") + 2 * 50 / os.sysconf("SC_CLK_TCK"))
+    # each: utime 250 + stime 50 + its reaped children's 3 + 4 ticks
+    assert first == pytest.approx(2 * (250 + 50 + 3 + 4) / os.sysconf("SC_CLK_TCK"))
     (root / "43" / "stat").unlink()  # 43 ended
     pids.discard(43)
     assert run.seconds() == pytest.approx(first)
+
+
+def test_a_reaped_loader_worker_counts_once_in_its_parents_children_time(tmp_path):
+    """A DataLoader worker read once (1 s), then ending and reaped by its rank between two samples: the rank's
+    cutime grows by the worker's whole time (1.5 s), the worker's own reading is dropped, nothing counts twice
+    and its last half second is not lost (it used to read as CPU busy outside the run)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    rank = "42 (python) S 1 42 42 0 -1 0 0 0 0 0 {u} 0 {cu} 0 20 0 1 0 100 1000 10\n"
+    worker = "44 (pt_data_worker) S 42 42 42 0 -1 0 0 0 0 0 {u} 0 0 0 20 0 1 0 100 1000 10\n"
+    root = fake_proc(tmp_path, pids={42: rank.format(u=2 * tick, cu=0), 44: worker.format(u=tick)})
+    run = RunCpu(lambda: {42}, since=0.0, root=root)
+    assert run.seconds({42, 44}) == pytest.approx(3.0)  # the rank's 2 s and the live worker's 1 s
+    (root / "44" / "stat").unlink()  # the worker ran 0.5 s more, ended and was reaped
+    (root / "42" / "stat").write_text(rank.format(u=2 * tick, cu=int(1.5 * tick)))
+    assert run.seconds({42}) == pytest.approx(3.5)
+    assert read_process_times(42, root, ticks_per_s=tick) == pytest.approx((2.0, 0.0))  # own time alone
+    assert read_process_times(42, root, ticks_per_s=tick, children=True) == pytest.approx((3.5, 0.0))
 
 
 def test_machine_sample_fields(tmp_path):
@@ -77,8 +95,9 @@ def test_machine_sample_fields(tmp_path):
     assert set(sample) == {"time", "cpu_busy(s)", "cpu_steal(s)", "cpu_total(s)", "cpus", "cpu_run(s)",
                            "cpu_run_user(s)", "cpu_run_system(s)", "load1"}  # no boot id in the fake /proc
     ticks = os.sysconf("SC_CLK_TCK")
-    assert (sample["cpu_run_user(s)"], sample["cpu_run_system(s)"]) == pytest.approx((250 / ticks, 50 / ticks))
-    assert sample["cpu_run(s)"] == pytest.approx(300 / ticks)
+    # its own 250 + 50 ticks and its reaped children's 3 + 4
+    assert (sample["cpu_run_user(s)"], sample["cpu_run_system(s)"]) == pytest.approx((253 / ticks, 54 / ticks))
+    assert sample["cpu_run(s)"] == pytest.approx(307 / ticks)
     assert sample["load1"] == 1.5
 
 
