@@ -176,6 +176,16 @@ def _warm_ranks(request):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_study_noise_model_left():
+    """A study sets its pooled noise model for the rest of its process (lab.decision.use_model: the report's cards
+    read it); a test that ran one in-process must not hand it to the next test's decisions."""
+    yield
+    from scalelab.lab.decision import use_model
+
+    use_model(None)
+
+
 @pytest.fixture
 def group(tmp_path):
     """A one-rank gloo process group in this process (a file rendezvous), with the collective intercept undone after

@@ -29,7 +29,7 @@ from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.budget import REFERENCE_S, Budget
-from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, use_model
+from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, pooled, use_model
 
 MAX_LAUNCHES = 12  # the most launches per cell a top-up asks for (the option's own limit is 20)
 from scalelab.lab.progress import PlainProgress, Progress
@@ -247,48 +247,56 @@ def top_up(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: 
     `answered` is updated in place; each grown result is saved, its notes say so."""
     grew = False
     for look in range(2, MAX_LOOKS + 1):
-        use_model(study_model(answered))
-        wanted = []
-        for i, (experiment, result) in enumerate(answered):
-            launches = (spec.options.get(experiment.name) or {}).get("launches")
-            if experiment.decide is None or not result.tables or not isinstance(launches, int):
-                continue
-            open_ = [d for d in experiment.decide(result) if d.verdict == UNDECIDED and d.more]
-            if open_:  # most promising: the fewest launches still needed
-                need = min(d.more for d in open_)
-                wanted.append((need - launches, i, min(need, 2 * launches, MAX_LAUNCHES), open_))
-        spent = False
-        for _, i, target, open_ in sorted(wanted, key=lambda w: (w[0], w[1])):
-            experiment, result = answered[i]
-            now = spec.options[experiment.name]["launches"]
-            per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
-            spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
-                1 if spec.quick else 0])
-            target = min(target, now + int(spare // per_launch) if per_launch > 0 else target)
-            if target <= now:
-                continue
-            progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
-                         f"({'; '.join(d.question for d in open_)}): {now} -> {target} launches per cell")
-            began = time.monotonic()
-            opts = {**(spec.options.get(experiment.name) or {}), "launches": target}
-            try:
-                grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
-                                           experiment.option_values(opts))
-            except (RunFailed, ScalelabError, RuntimeError) as err:
-                progress.say(f"== look {look} at {experiment.name} failed: {str(err).strip()[:200]}")
-                continue
-            took = time.monotonic() - began
-            plan.took[experiment.name] = plan.took.get(experiment.name, 0.0) + took
-            spec.options[experiment.name] = opts
-            grown.notes = {**result.notes, **grown.notes,
-                           "topped up": f"look {look}: {now} -> {target} launches per cell for the question(s) "
-                                        f"still open, in {took:.0f} s of the budget left"}
-            results.save(experiment, grown, ctx.out_dir)
-            answered[i] = (experiment, grown)
-            grew = spent = True
+        with pooled(study_model(answered)):  # this look's decisions read the pool; the caller's model is kept
+            spent = _look(spec, ctx, answered, plan, progress, look)
+        grew = grew or spent
         if not spent:
             break
     return grew
+
+
+def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: Progress, look: int) -> bool:
+    """One look of `top_up`: each experiment with a question still open, the fewest launches needed first, grows
+    while the budget covers it; True when any did."""
+    wanted = []
+    for i, (experiment, result) in enumerate(answered):
+        launches = (spec.options.get(experiment.name) or {}).get("launches")
+        if experiment.decide is None or not result.tables or not isinstance(launches, int):
+            continue
+        open_ = [d for d in experiment.decide(result) if d.verdict == UNDECIDED and d.more]
+        if open_:  # most promising: the fewest launches still needed
+            need = min(d.more for d in open_)
+            wanted.append((need - launches, i, min(need, 2 * launches, MAX_LAUNCHES), open_))
+    spent = False
+    for _, i, target, open_ in sorted(wanted, key=lambda w: (w[0], w[1])):
+        experiment, result = answered[i]
+        now = spec.options[experiment.name]["launches"]
+        per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
+        spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
+            1 if spec.quick else 0])
+        target = min(target, now + int(spare // per_launch) if per_launch > 0 else target)
+        if target <= now:
+            continue
+        progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
+                     f"({'; '.join(d.question for d in open_)}): {now} -> {target} launches per cell")
+        began = time.monotonic()
+        opts = {**(spec.options.get(experiment.name) or {}), "launches": target}
+        try:
+            grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
+                                       experiment.option_values(opts))
+        except (RunFailed, ScalelabError, RuntimeError) as err:
+            progress.say(f"== look {look} at {experiment.name} failed: {str(err).strip()[:200]}")
+            continue
+        took = time.monotonic() - began
+        plan.took[experiment.name] = plan.took.get(experiment.name, 0.0) + took
+        spec.options[experiment.name] = opts
+        grown.notes = {**result.notes, **grown.notes,
+                       "topped up": f"look {look}: {now} -> {target} launches per cell for the question(s) "
+                                    f"still open, in {took:.0f} s of the budget left"}
+        results.save(experiment, grown, ctx.out_dir)
+        answered[i] = (experiment, grown)
+        spent = True
+    return spent
 
 
 def _start_up(pools: warm.Pools) -> None:
