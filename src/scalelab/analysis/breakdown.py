@@ -125,11 +125,16 @@ def without_collectives(summary: Mapping | None) -> bool:
     return (summary or {}).get(keys.COMM_COLLECTIVES_PER_STEP) == 0
 
 
-def baseline_step_ms(noop: Mapping | None, *, own: bool = False) -> float | None:
+def own_baseline(real: Mapping | None, noop: Mapping | None) -> bool:
+    """The run is its own no-op baseline (no sync at all): the same summary on both sides."""
+    return noop is not None and (noop is real or noop == real)
+
+
+def baseline_step_ms(noop: Mapping | None, *, real: Mapping | None = None) -> float | None:
     """The no-op baseline's step that exposed communication is measured against: its fastest rank's median
-    (exposed_figures), the median step where that was not recorded or where the run is its own baseline (`own`: no
-    sync at all); None without a baseline."""
-    value = step(noop, fastest=not own).value if noop else math.nan
+    (exposed_figures), the median step where that was not recorded or where `real` is its own baseline
+    (own_baseline); None without a baseline."""
+    value = step(noop, fastest=not own_baseline(real, noop)).value if noop else math.nan
     return None if math.isnan(value) else value
 
 
@@ -145,7 +150,7 @@ def exposed_figures(real: Mapping | None, noop: Mapping | None, *, fastest: bool
     natural imbalance, which the real run shows as waiting for peers; subtracting it would count that imbalance
     out of exposed and in again in waiting, and the split would not add up."""
     # a run with no sync at all is its own baseline: nothing is exposed (not its ranks' imbalance)
-    own = noop is not None and (noop is real or noop == real)
+    own = own_baseline(real, noop)
     exposed = step(real, fastest=False) - step(noop, fastest=fastest and not own) if noop is not None else Figure()
     waiting, wire = figure(real, keys.COMM_PEERS_WAIT_MS), figure(real, keys.COMM_CRITICAL_MS)
     comm = waiting + wire

@@ -227,8 +227,7 @@ def with_baseline(row: dict, run: dict, baseline: dict | None) -> dict:
     """Add compute (the baseline run's median step), exposed comm, overlap, their intervals and the quality flag
     (the exposed part's, else the run's or its baseline's own) to a row of run_metrics."""
     base = (baseline or {}).get("summary", {}) or {}
-    own = baseline is not None and baseline.get("run_id") is not None and baseline.get("run_id") == run.get("run_id")
-    row["compute(ms)"] = baseline_step_ms(base, own=own)
+    row["compute(ms)"] = baseline_step_ms(base, real=run.get("summary") or {})
     row["baseline_run_id"] = (baseline or {}).get("run_id")
     critical = row.get("comm_critical(ms)")
     comm, comm_high = (row.get("comm(ms)"), None) if _missing(critical) else \
