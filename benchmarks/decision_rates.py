@@ -1,6 +1,7 @@
 """The decision rule's own error rates (scalelab.lab.decision), measured: each repetition runs the whole sequential
 procedure the study uses (first look at `--launches` launches per side; while undecided, a top-up to
-min(launches the card asks for, twice as many, 12), at most MAX_LOOKS looks), and its final answer is counted.
+decision.next_launches: the launches the card asks for and a fifth more, at most 3x and MAX_LAUNCHES; at most
+MAX_LOOKS looks), and its final answer is counted.
 
 - A/A: two identical configurations: how often "beats" or "worse" is said (a false decision);
 - A/B: B's step `--effect` (10 %) longer than A's: how often A is decided better (right direction) and how often
@@ -27,9 +28,7 @@ import numpy as np
 from scipy.stats import beta
 
 from scalelab.analysis.noise import fit
-from scalelab.lab.decision import BETTER, MAX_LOOKS, UNDECIDED, WORSE, Side, decide, pooled
-
-MAX_LAUNCHES = 12
+from scalelab.lab.decision import BETTER, MAX_LOOKS, UNDECIDED, WORSE, Side, decide, next_launches, pooled
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -55,7 +54,7 @@ def procedure(draw, pool_cells: list, n0: int, looks: int) -> str:
             d = decide(side("A", a), side("B", b), question="x")
         if d.verdict != UNDECIDED or look == looks or not d.more:
             return d.verdict
-        target = min(d.more, 2 * len(a), MAX_LAUNCHES)
+        target = next_launches(d.more, len(a))
         if target <= len(a):
             return d.verdict
         more_a, more_b = draw(target - len(a))

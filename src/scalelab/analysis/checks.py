@@ -60,6 +60,7 @@ import numpy as np
 
 from scalelab.analysis import keys
 from scalelab.analysis.compare import LINK_SLACK, OVERLAP_SLACK, trusted, worst_quality
+from scalelab.analysis.intervals import separated_95
 from scalelab.analysis.hvdcomm import COMM_SOURCE
 from scalelab.analysis.peers import rank_split, setter
 from scalelab.analysis.scaling import SUPERLINEAR
@@ -380,13 +381,15 @@ def decision_faults(records: list[Mapping]) -> list[str]:
         if worded_winner and verdict != "better":
             out.append(f"worded as a winner, verdict {verdict!r}: {said}")
         apart = _apart(chosen["interval"], against["interval"])
+        apart_95 = apart and separated_95(tuple(chosen["interval"]), chosen.get("values"),
+                                          tuple(against["interval"]), against.get("values"))
         if verdict == "better" or worded_winner:
             if not apart and not _excludes_one(d.get("interval"), d.get("speed", True)):
                 out.append(f"a winner whose intervals meet ({chosen['interval']} against {against['interval']}) "
                            f"and whose ratio interval {d.get('interval')} does not exclude no difference: {said}")
             if min(chosen["n"], against["n"]) < 2:
                 out.append(f"a winner from {min(chosen['n'], against['n'])} {d.get('count', 'launches')}: {said}")
-        if apart and _trusted_pair(chosen, against) and min(chosen["n"], against["n"]) >= 2:
+        if apart_95 and _trusted_pair(chosen, against) and min(chosen["n"], against["n"]) >= 2:
             effect = abs(chosen["value"] - against["value"]) / abs(against["value"] or 1)
             if verdict not in ("better", "worse") and not (verdict == "equivalent"
                                                            and effect < d.get("material", 0.02)):

@@ -152,6 +152,13 @@ def known(iv: tuple[float, float] | None) -> bool:
     return math.isfinite(low) and math.isfinite(high) and high > low
 
 
+def separated_95(a: tuple[float, float] | None, n_a: int | None, b: tuple[float, float] | None,
+                 n_b: int | None) -> bool:
+    """Two 95 % intervals that do not meet: `separated`, and each really a 95 % one (`coverage` of the n values
+    it is over; n None: a 95 % interval). Two ranges of 2 seeds (50 % intervals) that do not meet are no finding."""
+    return separated(a, b) and all(coverage(n) >= CONFIDENCE for n in (n_a, n_b))
+
+
 def separated(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
     """The two intervals do not meet: a difference between them is a finding, not noise. False when either is
     missing, NaN or of zero width (one value): nothing is separated from a single value."""

@@ -191,10 +191,11 @@ def _key(launches: Sequence[float]) -> tuple:
     return tuple(round(float(x), 9) for x in launches)
 
 
-def fit(cells: Sequence[tuple[str, Sequence[float], float, int]]) -> NoiseModel:
+def fit(cells: Sequence[tuple[str, Sequence[float], float, int]], *, log: bool = True) -> NoiseModel:
     """The model from the study's cells: (label, launch medians in ms, within-launch variance of ln step, its dof)
     each. Cells with identical launch medians are one cell (shared across experiments); cells of one launch add
-    to the within component only."""
+    to the within component only. `log` False: the values' own scale (an accuracy per seed, in points: its
+    seed-to-seed variance pooled over the cells alike)."""
     from scipy.stats import f as f_dist
 
     seen, launch, within = set(), [], []
@@ -206,7 +207,7 @@ def fit(cells: Sequence[tuple[str, Sequence[float], float, int]]) -> NoiseModel:
         if wdof and not math.isnan(wvar):
             within.append((wvar * wdof, wdof))
         if len(values) >= 2:
-            logs = np.log(values)
+            logs = np.log(values) if log else np.asarray(values)
             launch.append((label, tuple(values), float(((logs - logs.mean()) ** 2).sum()), len(values) - 1))
     ss, dof = sum(c[2] for c in launch), sum(c[3] for c in launch)
     apart = {}
@@ -277,8 +278,6 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
     when they differ); paired, the per-round differences of ln launch medians (n - 1 dof), used where its
     interval is the narrower; where both exist, each is judged at alpha / 2 (`Contrast.chosen_of_two`). None when
     a side has fewer than 2 launches or the model no estimate."""
-    from scipy.stats import t
-
     if len(a) < 2 or len(b) < 2:
         return None
     (va, da), (vb, db) = model.variance(a), model.variance(b)
@@ -290,12 +289,47 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
     if len(a) == len(b) >= 3:
         d = np.log(np.asarray(a, dtype=float)) - np.log(np.asarray(b, dtype=float))
         paired = Contrast(estimate, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
-        if paired.se > 0 and out is None:
-            out = paired
-        elif paired.se > 0:
-            two = alpha / 2
-            narrower = t.ppf(1 - two / 2, paired.dof) * paired.se < t.ppf(1 - two / 2, out.dof) * out.se
-            out = dataclasses.replace(paired if narrower else out, chosen_of_two=True)
+        out = _narrower(out, paired, alpha)
+    return out
+
+
+def _narrower(unpaired: Contrast | None, paired: Contrast, alpha: float) -> Contrast | None:
+    """The paired contrast where the unpaired is missing; else the narrower of the two, each judged at alpha / 2
+    (`Contrast.chosen_of_two`: choosing cannot inflate the error rate)."""
+    from scipy.stats import t
+
+    if not paired.se > 0:
+        return unpaired
+    if unpaired is None:
+        return paired
+    two = alpha / 2
+    narrower = t.ppf(1 - two / 2, paired.dof) * paired.se < t.ppf(1 - two / 2, unpaired.dof) * unpaired.se
+    return dataclasses.replace(paired if narrower else unpaired, chosen_of_two=True)
+
+
+def difference_contrast(a: Sequence[float], b: Sequence[float], lower: bool, alpha: float,
+                        pool: NoiseModel | None = None) -> Contrast | None:
+    """mean(a) - mean(b) (the other way round when `lower` is better) of two figures measured once per seed, in
+    points: unpaired, from `pool` (the seed-to-seed variance pooled over the experiment's cells, `fit(log=False)`,
+    a side's own where kept apart) or, without one, Welch's from each side's own seed spread; paired, when
+    both have the same n >= 3 seeds in seed order, the per-seed differences (n - 1 dof: a seed's initial weights and
+    data order are shared by both sides, so what they move cancels); where both exist, the narrower is used, each
+    judged at alpha / 2 (as `contrast`). None below 2 seeds a side."""
+    x, y = (np.asarray(v, dtype=float) for v in ((b, a) if lower else (a, b)))
+    if len(x) < 2 or len(y) < 2:
+        return None
+    (va, da), (vb, db) = ((pool.variance(v) for v in (x, y)) if pool is not None and pool.dof else
+                          ((float(v.var(ddof=1)), len(v) - 1) for v in (x, y)))
+    wa, wb = va / len(x), vb / len(y)
+    est = float(x.mean() - y.mean())
+    out = None
+    if wa + wb > 0 and da and db:
+        dof = da if (va, da) == (vb, db) else (wa + wb) ** 2 / (wa ** 2 / da + wb ** 2 / db)
+        out = Contrast(est, math.sqrt(wa + wb), dof)
+    if len(x) == len(y) >= 3:
+        d = x - y
+        paired = Contrast(est, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
+        out = _narrower(out, paired, alpha)
     return out
 
 

@@ -33,6 +33,7 @@ from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.checked import run_checked
 from scalelab.experiments.comparison import overlap_span, overlap_whole
 from scalelab.report import figures
+from scalelab.analysis.repeats import LAUNCH_MEDIANS, WITHIN_DOF, WITHIN_VAR
 from scalelab.sync import registry as syncs
 from scalelab.train.setup import build_inputs
 from scalelab.zoo.models import parameter_bytes
@@ -42,7 +43,10 @@ COLUMNS = ["bucket", "bucket_mb", "share_of_gradients", "status", "reason", "lau
            "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)", "comm(ms)", "comm_critical(ms)",
            "waiting_for_peers(ms)", "exposed_comm(ms)", "exposed_ci_low(ms)",
            "exposed_ci_high(ms)", "overlap", "overlap_ci_low", "overlap_ci_high", "collectives_per_step",
-           "bytes_per_step", "quality", "run_id", "baseline_run_id"]
+           "bytes_per_step", "quality", "run_id", "baseline_run_id",
+           # the launches' own medians and spread: the decision's noise model reads them (lab.decision.step_side);
+           # without them a size was compared on its two sides' own intervals, 48 launches short of deciding
+           "step_launch_min(ms)", "step_launch_max(ms)", LAUNCH_MEDIANS, WITHIN_VAR, WITHIN_DOF]
 NOTE = ("one no-op-collectives baseline at the base config's bucket size serves every row (compute does not depend "
         "on the bucket size; DDP's per-bucket bookkeeping does, a little): exposed comm = median step - its median "
         "step at its fastest rank, overlap = 1 - exposed / (waiting + wire), with conservative 95 % intervals")

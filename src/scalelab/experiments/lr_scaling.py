@@ -9,6 +9,7 @@ seeds interleaved in rounds; accuracy and time to accuracy are then the median o
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.interpret import interval
 from scalelab.analysis.intervals import median_interval
 from scalelab.analysis.learning import COMPARE_ONLY_LEARNED, chance_over, over_seeds, seed_band
+from scalelab.analysis.noise import NoiseModel, fit
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
@@ -65,6 +67,8 @@ def lr_table(curves: pd.DataFrame, target: float, chance: float = float("nan")) 
         t_low, t_high = median_interval(reached) if len(reached) == len(g) > 1 else (float("nan"),) * 2
         rows.append({"lr_rule": rule, "global_batch": batch, "workers": workers,
                      "final_acc": float(g["final_acc"].median()), "n": len(g), "final_acc_ci_low": acc_low,
+                     # each seed's final accuracy in seed order: rules are compared seed by seed (lab.decision)
+                     ACC_SEEDS: [float(x) for x in g["final_acc"]],
                      "final_acc_ci_high": acc_high, "chance": chance, "learned": fit.learned,
                      "best_acc": float(g["best_acc"].median()),
                      # reached by every seed, else not reached: a median over the seeds that got there would flatter
@@ -154,21 +158,42 @@ def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:
 
 
 ACC_CI = ("final_acc_ci_low", "final_acc_ci_high")  # the final accuracy's interval over seeds
+ACC_SEEDS = "final_acc_seeds"  # each seed's final accuracy, in seed order
 QUESTION = "learning-rate rule for batch"  # a decision's question, with its batch
 
 
-def rule_decision(learned: pd.DataFrame, batch: int, only: bool = False) -> Decision:
+def rule_decision(learned: pd.DataFrame, batch: int, only: bool = False, pool: NoiseModel | None = None) -> Decision:
     """The rule chosen at one batch among the rules that learned, on final accuracy over seeds (lab.decision,
     higher is better, n = seeds: beyond seed noise over the whole family, by a material effect); `only`: the one
     rule that learned, against the best of those that did not."""
-    sides = [figure_side({k: 100 * v if k in ("final_acc", *ACC_CI) else v for k, v in r.items()},
-                         r["lr_rule"], value="final_acc", low=ACC_CI[0], high=ACC_CI[1], n=int(r["n"]),
-                         values=int(r["n"]))
+    sides = [replace(figure_side({k: 100 * v if k in ("final_acc", *ACC_CI) else v for k, v in r.items()},
+                                 r["lr_rule"], value="final_acc", low=ACC_CI[0], high=ACC_CI[1], n=int(r["n"]),
+                                 values=int(r["n"])), launch_values=_seeds(r))
              for r in learned.to_dict("records")]
     decision = pick(sides, question=f"{QUESTION} {batch}", figure="final test accuracy",
-                    unit=" %", lower_is_better=False, count="seeds", speed=False)
+                    unit=" %", lower_is_better=False, count="seeds", speed=False, command="scalelab lr-scaling",
+                    pool=pool)
     return replace(decision, action=f"the {decision.chosen.label} rule for batch {batch}"
                                     + (" (the only one that learned)" if only else ""))
+
+
+def _seeds(row: dict) -> tuple[float, ...] | None:
+    """A row's per-seed final accuracies in points (None: a table saved before they were kept)."""
+    values = row.get(ACC_SEEDS)
+    return tuple(100 * float(v) for v in values) if isinstance(values, (list, tuple)) and len(values) else None
+
+
+def seed_pool(table: pd.DataFrame) -> NoiseModel | None:
+    """The seed-to-seed variance of final accuracy (points), pooled over every cell of the table that learned (at
+    every batch: one property of the model and data), a cell whose own spread is beyond the pool's kept apart
+    (noise.fit, on the points' own scale); None without per-seed figures. A cell at chance is left out: its tiny
+    spread says nothing of a learning run's and would narrow every interval."""
+    if ACC_SEEDS not in table:
+        return None
+    rows = [r for r in table.to_dict("records") if bool(r.get("learned", True))]
+    model = fit([(f"{r['lr_rule']} at batch {r['global_batch']}", _seeds(r) or (), math.nan, 0) for r in rows],
+                log=False)
+    return model if model.dof else None
 
 
 def lr_decisions(result) -> list[Decision]:
@@ -177,6 +202,7 @@ def lr_decisions(result) -> list[Decision]:
     if not len(t):
         return []
     base_batch = result.notes.get("base_batch", int(t["global_batch"].min()))
+    pool = seed_pool(t)
     out = []
     for b in sorted(t["global_batch"].unique()):
         g = t[t["global_batch"] == b]
@@ -185,10 +211,10 @@ def lr_decisions(result) -> list[Decision]:
         if b == base_batch or int(g["n"].max()) < 2 or not len(learned):
             continue
         if len(learned) >= 2:
-            out.append(rule_decision(learned, int(b)))
+            out.append(rule_decision(learned, int(b), pool=pool))
         elif len(missed):
             best = learned.sort_values("final_acc", ascending=False)
-            out.append(rule_decision(g.loc[[best.index[0], missed.index[0]]], int(b), only=True))
+            out.append(rule_decision(g.loc[[best.index[0], missed.index[0]]], int(b), only=True, pool=pool))
     return out
 
 
@@ -245,9 +271,9 @@ def lr_scaling_result(result) -> tuple[list[str], str | None]:
 
 def study_options(plan: StudyPlan) -> dict | None:
     """The options in the built-in study. 1024 (where the linear rule diverges) is left to `lr-scaling --batches`
-    (~30 s more). 2 seeds in the default study: a rule is recommended only from 2 or more (~25 s more)."""
+    (~30 s more). 3 seeds in the default study: rules are compared seed by seed (paired) from 3 on (~13 s a seed)."""
     q = plan.quick
-    return {"batches": [32, 256], "workers": [1], "target": 0.9, "seeds": 1 if q else 2,
+    return {"batches": [32, 256], "workers": [1], "target": 0.9, "seeds": 1 if q else 3,
             "rules": ["none", "linear", "lars"] if q else ["none", "linear", "sqrt", "linear_warmup",
                                                           "lars"],
             "set": {"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03,
@@ -268,7 +294,7 @@ EXPERIMENT = Experiment(
                     parse=_target),
              Option(name="seeds", default=1, help="Seeds per cell (initial weights and data order); accuracy and "
                                                   "time to accuracy get their interval over seeds.",
-                    parse=number(1, 20, integer=True))),
+                    parse=number(1, 40, integer=True))),
     defaults={"model": "cnn", "dataset": "mnist1d", "global_batch": 32, "lr": 0.03, "epochs": 40},
     cells=lambda base, opts: lr_cells(base, opts["batches"], opts["rules"], opts["workers"], seeds=opts["seeds"]),
     analyse=_analyse,

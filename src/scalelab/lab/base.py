@@ -242,4 +242,4 @@ def launches_option(default: int = 3) -> "Option":
     return Option(name="launches", default=default,
                   help="Launches per cell, interleaved in rounds; headline intervals come from all of them "
                        "(1: one launch, intervals from its steps only).",
-                  parse=number(1, 20, integer=True))
+                  parse=number(1, 40, integer=True))

@@ -14,7 +14,8 @@ The interval is that of ln(figure A / figure B) (docs/definitions.md, "Noise mod
 two headline figures, its standard error from the launch-to-launch component of the study's noise model
 (scalelab.analysis.noise: pooled over the study's cells on a log scale, a heterogeneous cell with its own), or
 from the per-round ratios (paired) where that is narrower; without launch medians (an accuracy over seeds, an
-old table) from the two sides' own intervals. Its level is family-wise and sequential: 1 - ALPHA / (family x
+old table) from the two sides' own intervals; an accuracy over seeds with each seed's figure kept, the
+difference of the two sides seed by seed (noise.difference_contrast: paired by seed, or Welch). Its level is family-wise and sequential: 1 - ALPHA / (family x
 MAX_LOOKS), Bonferroni over the k alternatives a choice is compared with and over the at most MAX_LOOKS looks the
 study takes at a comparison (its first round and its top-ups: lab/budget.py), so that repeated looks cannot push
 the false-decision rate over ALPHA. Two sides whose own 95 % intervals are disjoint are always decided (BETTER or
@@ -38,9 +39,9 @@ from dataclasses import asdict, dataclass, replace
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import (MIN_LAUNCHES, flagged, fmt, interval, launch_range, launches, ratio_words,
                                          span, steps)
-from scalelab.analysis.intervals import known, separated
-from scalelab.analysis.noise import (Contrast, NoiseModel, contrast, figure_interval, fit, geometric_shift,
-                                     launches_needed)
+from scalelab.analysis.intervals import known, separated, separated_95
+from scalelab.analysis.noise import (Contrast, NoiseModel, contrast, difference_contrast, figure_interval, fit,
+                                     geometric_shift, launches_needed)
 from scalelab.analysis.repeats import LAUNCH_MEDIANS
 from scalelab.analysis.stragglers import MATERIAL as STRAGGLER_MATERIAL
 
@@ -49,7 +50,8 @@ MATERIAL = STRAGGLER_MATERIAL
 MARGIN = 0.10  # equivalence margin of a time or a rate: the ratio within 1/1.1 .. 1.1 (docs/definitions.md)
 MARGIN_POINTS = 2.0  # equivalence margin of an accuracy over seeds, in points
 ALPHA = 0.05  # the false-decision rate each choice is held to, over its alternatives and its looks
-MAX_LOOKS = 3  # the first round and at most two top-ups (lab/budget.py): Bonferroni over them
+MAX_LOOKS = 6  # the first round and at most five top-ups (lab/study.top_up): Bonferroni over them
+MAX_LAUNCHES = 24  # the most launches per cell a top-up asks for (the option's own limit is 40)
 Z95 = 1.959964  # the normal quantile of a side's own 95 % interval (the fallback's standard error)
 
 BETTER, WORSE, EQUIVALENT, UNDECIDED = "better", "worse", "equivalent", "undecided"
@@ -124,6 +126,15 @@ def figure_side(row, label: str, *, value: str, low: str = "ci_low", high: str =
 def material(a: Side, b: Side, share: float = MATERIAL) -> bool:
     """|a - b| reaches `share` of b."""
     return abs(a.value - b.value) >= share * abs(b.value)
+
+
+def next_launches(need: int, now: int) -> int:
+    """The launches per cell a top-up asks for when a card needs `need` in all and each cell has `now`: a fifth
+    more than the card asks (its estimate is for 80 % power at a difference of the margin), at least one more, at
+    most three times as many (a look should not overshoot an estimate made from few launches) and MAX_LAUNCHES.
+    The study (lab.study.top_up) and the rule's own error-rate benchmark (benchmarks/decision_rates.py) both
+    grow by it, so that the rates measured are the study's."""
+    return max(now, min(max(math.ceil(1.2 * need), now + 1), 3 * now, MAX_LAUNCHES))
 
 
 def level(family: int) -> float:
@@ -205,7 +216,8 @@ class Decision:
         else:
             n = min(self.chosen.n, self.against.n)
             head = f"Undecided after {plural(n, self.count)} each: {self.why}"
-            run = f"`{self.command} --launches {self.more}`" if self.command else f"--launches {self.more}"
+            flag = "--seeds" if self.count == "seeds" else "--launches"
+            run = f"`{self.command} {flag} {self.more}`" if self.command else f"{flag} {self.more}"
             if self.more is not None and n < MIN_LAUNCHES:
                 head += f" ({run})"
             elif self.more is not None:
@@ -220,11 +232,11 @@ class Decision:
 def decide(chosen: Side, against: Side, *, question: str, figure: str = "median step", unit: str = " ms",
            lower_is_better: bool = True, family: int = 1, keep: str | None = None, action: str | None = None,
            caveat: str | None = None, share: float = MATERIAL, count: str = "launches", speed: bool = True,
-           command: str | None = None) -> Decision:
+           command: str | None = None, pool: NoiseModel | None = None) -> Decision:
     """The one rule (module docstring) applied to `chosen` against `against`."""
     base = Decision(question, figure, unit, chosen, against, UNDECIDED, "", family, lower_is_better, keep, action,
                     caveat, count, speed, command=command)
-    return replace(base, **_verdict(chosen, against, lower_is_better, family, share, count, speed))
+    return replace(base, **_verdict(chosen, against, lower_is_better, family, share, count, speed, pool))
 
 
 def model_for(sides: Sequence[Side]) -> NoiseModel:
@@ -233,7 +245,7 @@ def model_for(sides: Sequence[Side]) -> NoiseModel:
     return model if model is not None else fit([(s.label, s.launch_values or (), math.nan, 0) for s in sides])
 
 
-def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contrast | None:
+def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float, pool: NoiseModel | None) -> Contrast | None:
     """ln(speed of a / speed of b) (positive: a is better) or, for an accuracy, a - b in points."""
     if speed:
         if not (a.value > 0 and b.value > 0):
@@ -250,6 +262,8 @@ def _contrast(a: Side, b: Side, lower: bool, speed: bool, alpha: float) -> Contr
         ses = [(math.log(s.interval[1]) - math.log(s.interval[0])) / (2 * Z95) for s in (a, b)
                if s.interval[0] > 0]
         return Contrast(g, math.hypot(*ses), math.inf) if len(ses) == 2 else None
+    if a.launch_values and b.launch_values:  # each seed's figure, in seed order: compared seed by seed
+        return difference_contrast(a.launch_values, b.launch_values, lower, alpha, pool)
     d = (b.value - a.value) if lower else (a.value - b.value)
     return Contrast(d, math.hypot(*((s.interval[1] - s.interval[0]) / (2 * Z95) for s in (a, b))), math.inf)
 
@@ -263,7 +277,8 @@ def _model_side(side: Side, model: NoiseModel, time: bool) -> Side:
     return side if iv is None else replace(side, interval=iv, values=None)
 
 
-def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str, speed: bool) -> dict:
+def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: str, speed: bool,
+             pool: NoiseModel | None) -> dict:
     bad = [s for s in (a, b) if not trusted(s.quality)]
     if bad:
         return {"verdict": UNDECIDED, "why": f"{bad[0].label} is flagged ({bad[0].quality})"}
@@ -276,7 +291,7 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     if not (known(a.interval) and known(b.interval)):
         return {"verdict": UNDECIDED, "why": "a side has no interval"}
     alpha = level(family)
-    c = _contrast(a, b, lower, speed, alpha)
+    c = _contrast(a, b, lower, speed, alpha, pool)
     if c is None or not math.isfinite(c.se):
         return {"verdict": UNDECIDED, "why": "no noise estimate for these sides"}
     lo, hi = c.interval(alpha)
@@ -285,13 +300,15 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     if speed and a.launch_values and b.launch_values:  # each side's own 95 % interval from the model
         a, b = (_model_side(s, model_for([a, b]), lower) for s in (a, b))
         out.update(chosen=a, against=b)
-    disjoint = separated(a.interval, b.interval)
+    disjoint = separated_95(a.interval, a.values, b.interval, b.values)
     margin = MARGIN_POINTS if not speed else math.log(1 + MARGIN)
     big = material(a, b, share)
     fam = f", corrected for {family} alternatives and {MAX_LOOKS} looks" if family > 1 else \
         f", corrected for {MAX_LOOKS} looks"
-    how = ("paired by round" if c.paired else "the pooled launch noise" if math.isfinite(c.dof) else
-           "the two sides' own intervals")
+    how = ("paired by seed" if c.paired and count == "seeds" else "paired by round" if c.paired else
+           "the seed spread pooled over the experiment's cells" if count == "seeds" and pool is not None else
+           "each side's own seed spread (Welch)" if count == "seeds" and math.isfinite(c.dof) else
+           "the pooled launch noise" if math.isfinite(c.dof) else "the two sides' own intervals")
     dof = f", {c.dof:.0f} degrees of freedom" if math.isfinite(c.dof) else ""
     each = f"{how}{dof}{fam}, n = {plural(n, count)} each"
     apart = lo > 0 or hi < 0 or disjoint

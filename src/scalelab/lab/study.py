@@ -10,7 +10,7 @@ Its decisions read one noise model pooled over every cell of the study (scalelab
 rest of the process by `run_experiments`: the report's cards read it too). After the last experiment, the time
 left in the budget goes to the comparisons still undecided (`top_up`): most promising first (the fewest launches
 still needed), each experiment with open questions launched again with more launches per cell (the engine adds
-only the missing ones), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
+only the missing ones; how many: decision.next_launches), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
 rate), while the time left covers it. The grown launch counts are saved in the study's spec, so that a report
 re-derived from the stored runs reads the same launches.
 """
@@ -29,9 +29,7 @@ from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.budget import REFERENCE_S, Budget
-from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, pooled, use_model
-
-MAX_LAUNCHES = 12  # the most launches per cell a top-up asks for (the option's own limit is 20)
+from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, next_launches, pooled, use_model
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.run import warm
 from scalelab.run.execute import RunFailed
@@ -260,27 +258,30 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
     while the budget covers it; True when any did."""
     wanted = []
     for i, (experiment, result) in enumerate(answered):
-        launches = (spec.options.get(experiment.name) or {}).get("launches")
-        if experiment.decide is None or not result.tables or not isinstance(launches, int):
+        if experiment.decide is None or not result.tables:
             continue
         open_ = [d for d in experiment.decide(result) if d.verdict == UNDECIDED and d.more]
-        if open_:  # most promising: the fewest launches still needed
+        # what grows: the launches per cell, or the seeds where its questions count seeds (an accuracy)
+        grow = "seeds" if open_ and all(d.count == "seeds" for d in open_) else "launches"
+        launches = (spec.options.get(experiment.name) or {}).get(grow)
+        if open_ and isinstance(launches, int):  # most promising: the fewest launches still needed
             need = min(d.more for d in open_)
-            wanted.append((need - launches, i, min(need, 2 * launches, MAX_LAUNCHES), open_))
+            wanted.append((need - launches, i, next_launches(need, launches), open_, grow))
     spent = False
-    for _, i, target, open_ in sorted(wanted, key=lambda w: (w[0], w[1])):
+    for _, i, target, open_, grow in sorted(wanted, key=lambda w: (w[0], w[1])):
         experiment, result = answered[i]
-        now = spec.options[experiment.name]["launches"]
+        now = spec.options[experiment.name][grow]
         per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
         spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
             1 if spec.quick else 0])
         target = min(target, now + int(spare // per_launch) if per_launch > 0 else target)
         if target <= now:
             continue
+        unit = "seeds per cell" if grow == "seeds" else "launches per cell"
         progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
-                     f"({'; '.join(d.question for d in open_)}): {now} -> {target} launches per cell")
+                     f"({'; '.join(d.question for d in open_)}): {now} -> {target} {unit}")
         began = time.monotonic()
-        opts = {**(spec.options.get(experiment.name) or {}), "launches": target}
+        opts = {**(spec.options.get(experiment.name) or {}), grow: target}
         try:
             grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
                                        experiment.option_values(opts))
@@ -291,7 +292,7 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
         plan.took[experiment.name] = plan.took.get(experiment.name, 0.0) + took
         spec.options[experiment.name] = opts
         grown.notes = {**result.notes, **grown.notes,
-                       "topped up": f"look {look}: {now} -> {target} launches per cell for the question(s) "
+                       "topped up": f"look {look}: {now} -> {target} {unit} for the question(s) "
                                     f"still open, in {took:.0f} s of the budget left"}
         results.save(experiment, grown, ctx.out_dir)
         answered[i] = (experiment, grown)

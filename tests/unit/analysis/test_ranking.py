@@ -60,7 +60,7 @@ def test_three_launches_each_separated_make_a_finding_that_states_n():
     lines, d = rank(rows(ddp=50.0, allreduce=60.0), "sync", "gradient sync")
     assert d.verdict == BETTER and d.chosen.label == "ddp" and d.against.label == "allreduce"
     assert lines == [d.card()] and lines[0].startswith("Use ddp: ddp beats allreduce: 1.20× faster than allreduce (")
-    assert ("(the two sides' own intervals, corrected for 3 looks, n = 3 launches each). Median step of ddp: 50 ms "
+    assert ("(the two sides' own intervals, corrected for 6 looks, n = 3 launches each). Median step of ddp: 50 ms "
             "(95 % interval 49–51 ms, n = 3 launches); of allreduce: 60 ms (95 % interval 59–61 ms, n = 3 "
             "launches).") in lines[0]
 

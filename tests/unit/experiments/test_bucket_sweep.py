@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import run_experiment
+from scalelab.analysis.repeats import LAUNCH_MEDIANS
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.experiments import bucket_sweep
@@ -41,13 +42,15 @@ def test_sizes_are_shares_of_the_gradients_and_move_the_same_bytes(tmp_path):
     base = TrainConfig(model=f"{tmp_path / 'layered.py'}:make", dataset="synthetic", samples=64, eval_samples=16,
                        global_batch=16, steps=4, warmup_steps=1, ranks=2, sample_interval_s=0.1)
     result = run_experiment("bucket_sweep", base, Store(tmp_path / "store"), "s", tmp_path / "out",
-                            fractions=[1 / 16, 1.0], launches=1)
+                            fractions=[1 / 16, 1.0], launches=2)
     table = result.tables["bucket_sweep"]
     assert (table["status"] == "completed").all(), table[["bucket", "reason"]]
     assert list(table["bucket_mb"]) == [round(GRAD_BYTES / 16 / 2**20, 3), round(GRAD_BYTES / 2**20, 3)]
     assert list(table["bytes_per_step"]) == [GRAD_BYTES, GRAD_BYTES]
     assert list(table["collectives_per_step"]) == [4, 1]
     assert table["baseline_run_id"].nunique() == 1  # one no-op-collectives baseline for every size
+    # each size keeps its launches' own medians: the decision's noise model reads them (not the rows' intervals)
+    assert [len(m) for m in table[LAUNCH_MEDIANS]] == [2, 2]
     assert (tmp_path / "out" / "bucket_sweep.png").exists()
 
 

@@ -40,7 +40,7 @@ def test_threads_from_two_launches_each_recommend_with_n():
     assert rec.startswith("Use 2 torch threads in a single process on this machine's 2 cores (the layout measured; R "
                           "ranks on it share them, about 2/R threads each): 2 threads beats 1 thread: 1.67× faster "
                           "than 1 thread (")
-    assert rec.endswith("beyond noise (the two sides' own intervals, corrected for 3 looks, n = 2 "
+    assert rec.endswith("beyond noise (the two sides' own intervals, corrected for 6 looks, n = 2 "
                         "launches each). Median step of 2 threads: 60 ms (95 % interval 59–61 ms, n = 2 launches); of "
                         "1 thread: 100 ms (95 % interval 99–101 ms, n = 2 launches).")
 
@@ -66,7 +66,7 @@ def test_loader_within_noise_keeps_no_workers():
     table = loader_table(2)
     table.loc[1, [keys.STEP_MEDIAN_MS, LO, HI]] = [97.0, 90.0, 104.0]
     lines, rec = loader(table)
-    assert rec.startswith("Undecided after 2 launches each: the 98.3 % interval of the speed ratio reaches both "
+    assert rec.startswith("Undecided after 2 launches each: the 99.2 % interval of the speed ratio reaches both "
                           "sides of 1 and beyond the 10 % margin")
     assert "Keep num_workers=0 (pin_memory=False), the default meanwhile." in rec
 

@@ -37,10 +37,10 @@ def spread(center, pct, n, turn=0):
 def test_a_clear_win_beats_with_its_ratio_interval_and_both_sides():
     d = decide(side("2 workers", [30.0, 30.6, 29.7]), side("0 workers", [40.0, 40.4, 39.2]), question="loader")
     assert d.verdict == BETTER and d.recommends
-    assert d.card().startswith("Use 2 workers: 2 workers beats 0 workers: 1.33× faster than 0 workers (98.3 % "
-                               "interval of the speed ratio 1.28–1.37×)")
+    assert d.card().startswith("Use 2 workers: 2 workers beats 0 workers: 1.33× faster than 0 workers (99.2 % "
+                               "interval of the speed ratio 1.26–1.39×)")
     assert "n = 3 launches each" in d.card() and "of 0 workers: 40 ms" in d.card()
-    assert d.interval[0] > 1.0 and d.confidence == pytest.approx(1 - 0.05 / 3)
+    assert d.interval[0] > 1.0 and d.confidence == pytest.approx(1 - 0.05 / dec.MAX_LOOKS)
 
 
 def test_worse_beyond_noise_is_said_as_worse_never_within_noise():
@@ -69,10 +69,10 @@ def test_undecided_says_how_many_more_launches_would_decide_and_the_command():
     s2 = ((math.log(80) - math.log(120)) ** 2 / 2 + (math.log(90) - math.log(130)) ** 2 / 2) / 2
     assert fit([("a", [80.0, 120.0], math.nan, 0), ("b", [90.0, 130.0], math.nan, 0)]).launch_var == \
         pytest.approx(s2)
-    assert (f"Undecided after 2 launches each: the 98.3 % interval of the speed ratio reaches both sides of 1"
+    assert (f"Undecided after 2 launches each: the 99.2 % interval of the speed ratio reaches both sides of 1"
             in d.card())
-    # (z(1 - 0.0167/2) + z(0.8))^2 x 2 s^2 / ln(1.1)^2 launches each, rounded up
-    assert d.more == math.ceil((2.394 + 0.8416) ** 2 * 2 * s2 / math.log(1.1) ** 2)
+    # (z(1 - 0.05 / 6 / 2) + z(0.8))^2 x 2 s^2 / ln(1.1)^2 launches each, rounded up (6 looks)
+    assert d.more == math.ceil((2.638 + 0.8416) ** 2 * 2 * s2 / math.log(1.1) ** 2)
     assert f"about {d.more - 2} more launches each would decide a difference of 10 % " \
            f"(`scalelab threads --launches {d.more}`). No thread count is recommended yet." in d.card()
 
@@ -112,7 +112,7 @@ def test_pairing_by_round_cancels_drift_between_rounds():
 
 
 def test_many_alternatives_and_looks_tighten_the_level():
-    assert dec.level(1) == pytest.approx(0.05 / 3) and dec.level(4) == pytest.approx(0.05 / 12)
+    assert dec.level(1) == pytest.approx(0.05 / 6) and dec.level(4) == pytest.approx(0.05 / 24)
     # sides without launch medians (their own intervals give the standard error), whose intervals meet
     a, b = Side("a", 100.0, (96.5, 103.5), 3), Side("b", 107.0, (103.3, 110.7), 3)
     assert decide(a, b, question="x", family=1).verdict == BETTER

@@ -1,5 +1,6 @@
 """Spending the budget left on the questions still open (scalelab.lab.study.top_up): most promising first, at most
-MAX_LOOKS - 1 top-ups, each at most doubling the launches, only while the time measured per launch fits, the grown
+MAX_LOOKS - 1 top-ups, each growing to what the card needs and a fifth more, at most tripling the launches and at
+most MAX_LAUNCHES (decision.next_launches), only while the time measured per launch fits, the grown
 launch counts kept in the spec (what a re-derived report reads) and a note on each grown result."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 from scalelab.lab import results
 from scalelab.lab.base import Context, Experiment, Result, launches_option
 from scalelab.lab.budget import Budget
-from scalelab.lab.decision import BETTER, UNDECIDED, Decision, Side
+from scalelab.lab.decision import BETTER, MAX_LAUNCHES, MAX_LOOKS, UNDECIDED, Decision, Side
 from scalelab.lab.study import top_up
 
 QUIET = SimpleNamespace(say=lambda line: None)
@@ -53,22 +54,32 @@ def setup(tmp_path, seconds: float, took: float):
     return spec, ctx, answered, plan, calls
 
 
-def test_top_ups_go_most_promising_first_double_at_most_and_stop_after_two_looks(tmp_path):
+def test_top_ups_go_most_promising_first_grow_to_what_is_needed_and_stop_when_decided(tmp_path):
     spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10_000, took=1.0)
     assert top_up(spec, ctx, answered, plan, QUIET)
-    # look 2: near (4 more needed) before far (18 more), each 2 -> 4; look 3: near 4 -> 6 (what it needs), far -> 8
-    assert calls == [("near", 4), ("far", 4), ("near", 6), ("far", 8)]
-    assert spec.options == {"near": {"launches": 6}, "far": {"launches": 8}}
+    # look 2: near (4 more needed) before far (18 more): near 2 -> 6 (needs 6, x 1.2 = 8, at most 3 x 2), far 2 -> 6;
+    # look 3: far 6 -> 18 (at most 3 x 6); look 4: far 18 -> 24 (20 x 1.2); then both are decided
+    assert calls == [("near", 6), ("far", 6), ("far", 18), ("far", 24)]
+    assert spec.options == {"near": {"launches": 6}, "far": {"launches": 24}}
     saved = results.load(answered[1][0], tmp_path)
-    assert saved is not None and "look 3: 4 -> 6 launches per cell" in saved.notes["topped up"]
-    assert answered[1][0].decide(answered[1][1])[0].verdict == BETTER
+    assert saved is not None and "look 2: 2 -> 6 launches per cell" in saved.notes["topped up"]
+    assert all(e.decide(r)[0].verdict == BETTER for e, r in answered)
+
+
+def test_top_ups_stop_at_the_launch_cap_and_after_the_last_look(tmp_path):
+    spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10_000, took=1.0)
+    far, _ = answered[0]
+    answered[0] = (experiment("far", 1000, calls), answered[0][1])  # never decided: it needs 1,000 launches
+    assert top_up(spec, ctx, answered, plan, QUIET)
+    grown = [n for name, n in calls if name == "far"]
+    assert grown == [6, 18, MAX_LAUNCHES] and len(grown) <= MAX_LOOKS - 1
 
 
 def test_no_top_up_beyond_the_time_left(tmp_path):
     # 2 launches took 40 s: 20 s a launch; 61.6 s of budget, 60 of them before the reference cell and the report
     spec, ctx, answered, plan, calls = setup(tmp_path, seconds=61.6, took=40.0)
     assert top_up(spec, ctx, answered, plan, QUIET)
-    assert calls == [("near", 4), ("far", 3)]  # 2 more launches of near (40 s), then what is left: 1 of far
-    assert spec.options == {"near": {"launches": 4}, "far": {"launches": 3}}
+    assert calls == [("near", 5)]  # 3 more launches of near (60 s, it asks for 6): nothing is left for far
+    assert spec.options == {"near": {"launches": 5}, "far": {"launches": 2}}
     spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10.0, took=40.0)
     assert not top_up(spec, ctx, answered, plan, QUIET) and calls == []
