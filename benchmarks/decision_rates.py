@@ -45,21 +45,20 @@ def side(label: str, launches: list[float]) -> Side:
                 None, "ok", 6 * len(values), tuple(float(v) for v in values))
 
 
-def procedure(draw, pool_cells: list, n0: int, looks: int) -> str:
-    """The sequential procedure on one pair: `draw(k)` gives k more launches of (A, B) in rounds."""
+def procedure(draw, pool_cells: list, n0: int, looks: int, tell: bool = False):
+    """The sequential procedure on one pair: `draw(k)` gives k more launches of (A, B) in rounds; its verdict
+    (with `tell`, and the launches each side had)."""
     a, b = draw(n0)
     for look in range(1, looks + 1):
         model = fit([*pool_cells, ("A", a, math.nan, 0), ("B", b, math.nan, 0)])
         with pooled(model):
             d = decide(side("A", a), side("B", b), question="x")
-        if d.verdict != UNDECIDED or look == looks or not d.more:
-            return d.verdict
-        target = next_launches(d.more, len(a))
-        if target <= len(a):
-            return d.verdict
+        target = next_launches(d.more, len(a)) if d.more else len(a)
+        if d.verdict != UNDECIDED or look == looks or target <= len(a):
+            break
         more_a, more_b = draw(target - len(a))
         a, b = a + more_a, b + more_b
-    return d.verdict
+    return (d.verdict, len(a)) if tell else d.verdict
 
 
 def simulate(args, effect: float, looks: int, rng) -> dict:
@@ -86,8 +85,13 @@ def real(args, effect: float, looks: int) -> dict:
     from scalelab.lab.progress import PlainProgress
     from scalelab.store import Store
 
+    from scalelab.run import warm
+
     counts = {BETTER: 0, WORSE: 0, "equivalent": 0, UNDECIDED: 0}
-    with tempfile.TemporaryDirectory(prefix="scalelab-decision-rates-") as tmp:
+    # warm ranks, as the study runs its cells: a launch costs its steps, not a process start
+    with tempfile.TemporaryDirectory(prefix="scalelab-decision-rates-") as tmp, warm.ranks() as pools:
+        pools.start_zygote()
+        pools.zygote_ready()
         cells = Cells(Store(tmp), "rates", progress=PlainProgress(lambda line: None))
         for rep in range(args.real):
             base = dict(model="mlp", dataset="synthetic", samples=512, global_batch=64, steps=10, warmup_steps=2,
@@ -95,7 +99,7 @@ def real(args, effect: float, looks: int) -> dict:
             cfg_a = TrainConfig.from_dict({**base, "seed": 1000 + 2 * rep})
             cfg_b = TrainConfig.from_dict({**base, "seed": 1001 + 2 * rep,
                                            **({"net_latency_ms": args.latency_ms} if effect else {})})
-            have = {"n": 0}
+            have = {"n": 0, "a": [], "b": []}
 
             def draw(k):
                 have["n"] += k
@@ -107,9 +111,14 @@ def real(args, effect: float, looks: int) -> dict:
                     medians.setdefault(r["config"]["seed"], []).append(float(np.median(
                         timed_step_ms(r["files"].read_steps()))))
                 a, b = medians[cfg_a.seed], medians[cfg_b.seed]
+                have["a"], have["b"] = a, b
                 return a[-k:], b[-k:]
-            counts[procedure(draw, [], args.launches, looks)] += 1
-            print(f"  real {'A/B' if effect else 'A/A'} repetition {rep + 1}/{args.real}", file=sys.stderr)
+            verdict, n = procedure(draw, [], args.launches, looks, tell=True)
+            counts[verdict] += 1
+            ratio = math.exp(np.mean(np.log(have["b"])) - np.mean(np.log(have["a"])))
+            print(f"  real {'A/B' if effect else 'A/A'} repetition {rep + 1}/{args.real}: {verdict} after {n} "
+                  f"launches each; B/A step {ratio:.3f} (geometric means, A {np.median(have['a']):.1f} ms)",
+                  file=sys.stderr, flush=True)
     return counts
 
 
