@@ -94,8 +94,8 @@ def real(args, effect: float, looks: int) -> dict:
         pools.zygote_ready()
         cells = Cells(Store(tmp), "rates", progress=PlainProgress(lambda line: None))
         for rep in range(args.real):
-            base = dict(model="mlp", dataset="synthetic", samples=512, global_batch=64, steps=10, warmup_steps=2,
-                        ranks=2 if effect else 1)
+            base = dict(model=args.model, dataset="synthetic", samples=512, global_batch=args.batch, steps=10,
+                        warmup_steps=2, ranks=2 if effect else 1)
             cfg_a = TrainConfig.from_dict({**base, "seed": 1000 + 2 * rep})
             cfg_b = TrainConfig.from_dict({**base, "seed": 1001 + 2 * rep,
                                            **({"net_latency_ms": args.latency_ms} if effect else {})})
@@ -145,6 +145,8 @@ def main() -> None:
     p.add_argument("--sims", type=int, default=2000)
     p.add_argument("--real", type=int, default=0, help="real repetitions of each of A/A and A/B")
     p.add_argument("--latency-ms", type=float, default=1.0, help="A/B real: B's emulated collective latency")
+    p.add_argument("--model", default="cnn", help="real: the cells' model (the CNN: a step of ~10 ms on 2 cores)")
+    p.add_argument("--batch", type=int, default=32, help="real: the cells' global batch")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)

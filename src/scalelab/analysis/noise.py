@@ -162,6 +162,16 @@ class NoiseModel:
     within_dof: int = 0
     cells: int = 0
     apart: dict = field(default_factory=dict)  # tuple of launch medians -> (variance, dof, label)
+    steps: float = math.nan  # timed steps per launch, the median over the cells
+
+    def step_share(self) -> float:
+        """The share of one launch median's variance that is step-to-step noise, which longer launches would
+        shrink: (pi / 2) s_w^2 / steps (a median of `steps` values) over the launch-to-launch variance, at most 1.
+        The rest moves only with more launches, so when it is under half, more launches buy more precision per
+        second than longer ones (the study's top-ups add launches: lab.study.top_up)."""
+        if not (self.dof and self.within_dof and self.steps > 0 and self.launch_var > 0):
+            return math.nan
+        return min(1.0, math.pi / 2 * self.within_var / self.steps / self.launch_var)
 
     def variance(self, launches: Sequence[float]) -> tuple[float, int]:
         """(variance of one launch's ln median, its dof) for a cell with these launch medians: its own when it
@@ -181,6 +191,12 @@ class NoiseModel:
         if self.within_dof:
             text += (f"; step-to-step within a launch {100 * math.sqrt(self.within_var):.1f} % "
                      f"({self.within_dof} degrees of freedom)")
+        share = self.step_share()
+        if share == share:
+            buy = "more launches buy more precision than longer ones" if share < 0.5 else \
+                "longer launches would buy as much precision as more launches"
+            text += (f"; at {self.steps:.0f} timed steps a launch, step-to-step noise is {100 * share:.0f} % of a "
+                     f"launch median's variance: {buy}")
         if self.apart:
             text += "; kept apart (their own launch spread beyond the pool's): " + ", ".join(
                 f"{label} ({100 * math.sqrt(v):.1f} %, {d} dof)" for v, d, label in self.apart.values())
@@ -198,7 +214,7 @@ def fit(cells: Sequence[tuple[str, Sequence[float], float, int]], *, log: bool =
     seed-to-seed variance pooled over the cells alike)."""
     from scipy.stats import f as f_dist
 
-    seen, launch, within = set(), [], []
+    seen, launch, within, steps = set(), [], [], []
     for label, medians, wvar, wdof in cells:
         values = [float(x) for x in medians or () if x is not None and float(x) > 0]
         if not values or _key(values) in seen:
@@ -206,6 +222,7 @@ def fit(cells: Sequence[tuple[str, Sequence[float], float, int]], *, log: bool =
         seen.add(_key(values))
         if wdof and not math.isnan(wvar):
             within.append((wvar * wdof, wdof))
+            steps.append(wdof / len(values) + 1)  # each launch's dof is its timed steps - 1
         if len(values) >= 2:
             logs = np.log(values) if log else np.asarray(values)
             launch.append((label, tuple(values), float(((logs - logs.mean()) ** 2).sum()), len(values) - 1))
@@ -222,7 +239,7 @@ def fit(cells: Sequence[tuple[str, Sequence[float], float, int]], *, log: bool =
     pool_ss, pool_dof = sum(c[2] for c in kept), sum(c[3] for c in kept)
     wss, wdof = sum(w[0] for w in within), sum(w[1] for w in within)
     return NoiseModel(pool_ss / pool_dof if pool_dof else math.nan, pool_dof, wss / wdof if wdof else math.nan,
-                      wdof, len(kept), apart)
+                      wdof, len(kept), apart, float(np.median(steps)) if steps else math.nan)
 
 
 def model_of_tables(tables: Sequence) -> NoiseModel:

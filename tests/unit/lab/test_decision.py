@@ -198,3 +198,18 @@ def test_only_the_decision_module_decides_beyond_noise():
     planted = "from scalelab.analysis.intervals import separated\nok = separated((1, 2), (3, 4))\n"
     assert rule_callers({"experiments/loader.py": planted}) == ["experiments/loader.py:2 separated"]
     assert dec.MATERIAL == 0.02
+
+
+def test_the_model_says_whether_more_or_longer_launches_buy_precision():
+    """Two cells of 3 launches, 11 timed steps each (10 dof a launch): launch medians spread 10 % (ln variance
+    s_L^2), steps within a launch 20 % (s_w^2 = 0.04): a median of 11 steps varies (pi / 2) 0.04 / 11 = 0.0057,
+    s_L^2 about 0.0101 (exactly below): the step part is 57 % of it; with 2 % within-launch noise, 0.6 %."""
+    cells = [("a", spread(100.0, 0.1, 3), 0.04, 30), ("b", spread(50.0, 0.1, 3), 0.04, 30)]
+    model = fit(cells)
+    s2 = float(pd.Series([math.log(v) for v in spread(100.0, 0.1, 3)]).var())
+    assert model.steps == 11 and model.launch_var == pytest.approx(s2)
+    assert model.step_share() == pytest.approx(math.pi / 2 * 0.04 / 11 / s2)
+    assert "longer launches would buy as much precision" in model.words()
+    quiet = fit([(label, values, 0.0004, dof) for label, values, _, dof in cells])
+    assert quiet.step_share() == pytest.approx(math.pi / 2 * 0.0004 / 11 / s2)
+    assert "more launches buy more precision than longer ones" in quiet.words()
