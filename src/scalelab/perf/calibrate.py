@@ -42,11 +42,12 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
 def lone_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
     """One rank alone on this host per per-rank batch, at a lone rank's default threads, no namespace nodes: the
     compute of a worker with a node of its own (one rank per node: presets, hardware files) and the one-worker
-    baseline of speedup and efficiency. None when `base` is one rank alone already (its compute runs are these)."""
+    baseline of speedup and efficiency. None when `base` is one rank alone already (its compute runs are these).
+    Over Slurm nodes, a job step on the allocation's first node: a node of the cluster, as the other cells'."""
     if base.world_size == 1 and not base.local_nodes and base.threads is None:
         return []
-    alone = with_fields(base, ranks=1, nnodes=1, local_nodes=0, link_gbps=None, link_delay_ms=None, threads=None,
-                        global_batch=base.per_rank_batch)
+    alone = with_fields(base, ranks=1, nnodes=1, local_nodes=1 if uses_slurm(base) else 0, link_gbps=None,
+                        link_delay_ms=None, threads=None, global_batch=base.per_rank_batch)
     return [dataclasses.replace(c, label=c.label.replace("compute,", "compute of one rank alone,"))
             for c in calibration_cells(alone, batches)]
 

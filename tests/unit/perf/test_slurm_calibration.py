@@ -97,3 +97,9 @@ def test_the_calibrated_hardware_names_the_slurm_nodes_and_older_files_load_as_n
     data = cal.to_dict()
     del data["nodes_launcher"]
     assert Calibration.from_dict(data).nodes_launcher == "namespaces"
+
+
+def test_one_rank_alone_is_a_job_step_on_one_slurm_node():
+    (small, _) = calibrate_module.lone_cells(slurm_base(threads=1), [8, 16])
+    assert (small.config.local_nodes, small.config.nnodes, small.config.nodes_launcher) == (1, 1, "slurm")
+    assert (small.config.ranks, small.config.threads, small.config.per_rank_batch) == (1, None, 8)
