@@ -15,8 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from scalelab.lab.results import frame_of
 from scalelab.perf.calibration import Calibration
-from scalelab.store import RunDir, Store
+from scalelab.store import RunDir, Store, read_json
 from slurm_cluster import unavailable
 from test_slurm_nodes import ours_running, slurm3, steps_of, submit, wait_job  # noqa: F401 - slurm3: a fixture
 
@@ -29,7 +30,7 @@ STUDY = """
 name: slurmstudy
 experiments: [scale, predict]
 reference: false
-base: {model: mlp, model_options: {depth: 2, width: 512}, dataset: synthetic, samples: 2048, eval_samples: 64,
+base: {model: mlp, model_options: "depth=2,width=512", dataset: synthetic, samples: 2048, eval_samples: 64,
        global_batch: 48, steps: 6, warmup_steps: 1, ranks: 1, threads: 1, nodes_launcher: slurm}
 options:
   scale: {nodes: [1, 2, 3], batches: [48], mode: strong, launches: 1}
@@ -71,13 +72,13 @@ def test_a_study_under_slurm_reports_per_node_and_predicts_from_the_smaller_node
     print(f"calibration runs (Slurm job {job_id}): compute {cal.compute_runs}, bench {cal.bench_run}, in situ "
           f"{[r['run_id'] for r in cal.insitu]}, alone {alone}")
     # the validation: the run across all 3 nodes held out in node count, its error reported
-    val = pd.read_csv(next((out / "report" / "tables").glob("*validation*.csv")))
+    val = frame_of(read_json(out / "results" / "predict.json")["tables"]["validation"])
     held = val[val["workers"] == 3]
     assert len(held) == 1 and held["sample"].iloc[0].startswith("held out: nodes"), val.to_string()
     assert slurm_of(store, held["run_id"].iloc[0])["nodes"] == ["n0", "n1", "n2"]
     error = float(held["error(%)"].iloc[0])
     assert math.isfinite(error)
-    assert "held out: " in md and "median |error|" in md
+    assert f"across 3 workers (a node count no calibration run used): error {error:+.1f} %" in md.replace("\\|", "|")
     print(f"held out at 3 nodes: run {held['run_id'].iloc[0]}, predicted {held['predicted'].iloc[0]:.1f} ms, "
           f"measured {held['measured'].iloc[0]:.1f} ms, error {error:+.1f} %")
     print(val[["run_id", "workers", "per_rank_batch", "sample", "predicted", "measured", "error(%)"]].to_string())

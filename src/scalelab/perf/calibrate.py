@@ -196,11 +196,13 @@ def lone_text(cal: Calibration) -> str:
     if not cal.lone:
         return f"compute of one rank alone: {per_sample:.3g} ms per sample (the compute runs)"
     nodes = cal.compute_nodes or cal.nodes
-    where = f"{nodes} namespace nodes" if nodes > 1 else f"{cal.ranks} ranks"
+    where = f"{nodes} namespace nodes sharing this host" if nodes > 1 else f"{cal.ranks} ranks sharing this host"
+    if nodes > 1 and cal.nodes_launcher == "slurm":  # machines of their own, unless the allocation's share one
+        where = f"a rank of {nodes} Slurm nodes against one alone"
     odd = ("; below 1, a rank computed faster sharing the host than alone: a loaded host or threads that do not "
            "pay for this model, so the lone figures are suspect" if cal.host_slowdown < 1 else "")
     return (f"compute of one rank alone: {per_sample:.3g} ms per sample (one rank per node: presets, files); "
-            f"{where} sharing this host ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
+            f"{where} ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
             f"only{odd})")
 
 

@@ -103,3 +103,26 @@ def test_one_rank_alone_is_a_job_step_on_one_slurm_node():
     (small, _) = calibrate_module.lone_cells(slurm_base(threads=1), [8, 16])
     assert (small.config.local_nodes, small.config.nnodes, small.config.nodes_launcher) == (1, 1, "slurm")
     assert (small.config.ranks, small.config.threads, small.config.per_rank_batch) == (1, None, 8)
+
+
+def test_the_validation_reports_the_run_held_out_in_node_count_apart():
+    import pandas as pd
+
+    from scalelab.perf.validation import validation_text
+
+    val = pd.DataFrame([
+        {"sample": "in-sample", "error(%)": 2.0, "workers": 2, "predicted": 102.0, "measured": 100.0},
+        {"sample": "held out: batch", "error(%)": -4.0, "workers": 2, "predicted": 96.0, "measured": 100.0},
+        {"sample": "held out: nodes, batch", "error(%)": 12.5, "workers": 3, "predicted": 180.0, "measured": 160.0}])
+    text = validation_text(val, "this machine")
+    assert "held out: 2 run(s), median |error| 8.2 %" in text
+    assert "across 3 workers (a node count no calibration run used): error +12.5 % (predicted 180.0 ms, measured " \
+           "160.0 ms)" in text
+    assert "node count" not in validation_text(val[val["workers"] == 2], "this machine")
+
+
+def test_a_slurm_runs_network_is_the_clusters_link():
+    from scalelab.perf.links import network_label
+
+    assert network_label(slurm_base(3).to_dict()) == "3 Slurm nodes over the cluster's link"
+    assert network_label(slurm_base(3, nodes_launcher="namespaces").to_dict()) == "3 nodes over an unshaped link"
