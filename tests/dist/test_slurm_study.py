@@ -79,7 +79,9 @@ def test_a_study_under_slurm_reports_per_node_and_predicts_from_the_smaller_node
     error = float(held["error(%)"].iloc[0])
     assert math.isfinite(error)
     assert f"across 3 workers (a node count no calibration run used): error {error:+.1f} %" in md.replace("\\|", "|")
-    print(f"held out at 3 nodes: run {held['run_id'].iloc[0]}, predicted {held['predicted'].iloc[0]:.1f} ms, "
-          f"measured {held['measured'].iloc[0]:.1f} ms, error {error:+.1f} %")
+    row = held.iloc[0]
+    print(f"held out at 3 nodes: run {row['run_id']}, predicted {row['predicted']:.1f} ms (95 %: "
+          f"{row['predicted_ci_low']:.1f}-{row['predicted_ci_high']:.1f}), measured {row['measured']:.1f} ms, "
+          f"error {error:+.1f} %")
     print(val[["run_id", "workers", "per_rank_batch", "sample", "predicted", "measured", "error(%)"]].to_string())
     assert not steps_of(slurm3, job_id) and not ours_running(store)
