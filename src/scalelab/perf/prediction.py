@@ -255,7 +255,7 @@ def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.Dat
 
 def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, bucket_mb: float,
                      compression: str) -> tuple[list[Cell], str | None]:
-    """The measured points of `run_prediction`: `strategy` at base.ranks for each calibration batch (in-sample)
+    """The measured points of `run_prediction`: `strategy` on the base's ranks for each calibration batch (in-sample)
     and at the base's own per-rank batch (held out when the calibration did not measure it: the study's scale
     cell, reused), with the base's network emulation, over the base's nodes (ranks on each). ([], why) when nothing
     can be measured here."""
