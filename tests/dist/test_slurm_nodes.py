@@ -47,13 +47,13 @@ def slurm3(tmp_path):
     assert not [n for n in set(netns.list_namespaces()) - before if n.startswith(PREFIX)]
 
 
-def sbatch_script(args: list[str], nodes: int = 3) -> str:
+def sbatch_script(args: list[str], nodes: int = 3, minutes: int = 10) -> str:
     """The job: scalelab on the allocation's first node, every cell a job step (--launcher slurm)."""
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --time=00:10:00",
+        f"#SBATCH --time=00:{minutes:02d}:00",
         "#SBATCH --no-kill",  # a node lost fails its cell (scalelab names it); Slurm would cancel the whole job
         "set -euo pipefail",
         f"export GLOO_SOCKET_IFNAME={netns.IFACE}  # the interface the nodes share",
@@ -61,9 +61,9 @@ def sbatch_script(args: list[str], nodes: int = 3) -> str:
     ]) + "\n"
 
 
-def submit(slurm, tmp_path: Path, args: list[str]) -> tuple[str, Path]:
+def submit(slurm, tmp_path: Path, args: list[str], minutes: int = 10) -> tuple[str, Path]:
     script, out = tmp_path / "job.sbatch", tmp_path / "job.out"
-    script.write_text(sbatch_script(args))
+    script.write_text(sbatch_script(args, minutes=minutes))
     # sbatch hands its environment to the job: PYTHONPATH finds this checkout's scalelab on the nodes
     sub = slurm.run("sbatch", "--parsable", f"--output={out}", str(script), env=cli_env())
     assert sub.returncode == 0, sub.stderr

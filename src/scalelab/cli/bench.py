@@ -29,6 +29,9 @@ def bench_comm(
     local_nodes: int = field_option("local_nodes"),
     link_gbps: Optional[float] = field_option("link_gbps"),
     link_delay_ms: Optional[float] = field_option("link_delay_ms"),
+    launcher: str = typer.Option("namespaces", "--launcher", help="Where the --local-nodes nodes come from: "
+                                 "namespaces of this machine, or slurm (inside an allocation: one job step across its "
+                                 "first --local-nodes nodes, the cluster's own link)."),
     backend: str = typer.Option("auto", help="auto, gloo or nccl (nccl needs a CUDA GPU per rank)."),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16."),
     store: Optional[Path] = store_option(),
@@ -37,7 +40,7 @@ def bench_comm(
 
     cfg = CommBenchConfig(ops=ops, begin=begin, end=end, factor=factor, warmup=warmup, iters=iters, ranks=ranks,
                           backend=backend, dtype=dtype, local_nodes=local_nodes, link_gbps=link_gbps,
-                          link_delay_ms=link_delay_ms)
+                          link_delay_ms=link_delay_ms, nodes_launcher=launcher)
     try:
         out = run_commbench(cfg, open_store(store), argv=sys.argv, say=console.print)
     except RunFailed as err:

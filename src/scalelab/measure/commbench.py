@@ -230,11 +230,16 @@ class CommBenchConfig:
     local_nodes: int = 0  # nodes made of network namespaces on this machine (run/netns.py), ranks each; 0 = off
     link_gbps: float | None = None  # with local_nodes: each node's link shaped to this many Gbit/s (kernel tbf)
     link_delay_ms: float | None = None  # with local_nodes: one-way delay on each node's link (kernel netem)
+    # where the local_nodes nodes come from: namespaces of this machine, or the Slurm allocation's first nodes (one
+    # job step, run/slurmnodes.py: the cluster's own link, as the training cells under --launcher slurm)
+    nodes_launcher: str = "namespaces"
     sizes: tuple[int, ...] = field(init=False)  # the sweep, derived
 
     def __post_init__(self) -> None:
         self.ops = parse_ops(self.ops)
         self.begin, self.end = parse_size(self.begin, "begin"), parse_size(self.end, "end")
+        if self.nodes_launcher not in ("namespaces", "slurm"):
+            raise ConfigError("nodes_launcher", self.nodes_launcher, "allowed: namespaces, slurm")
         _config.check_local_nodes(self)
         # a collective needs two ranks: on one node two processes, across local nodes one per node is enough
         for name, low in (("factor", 2), ("warmup", 0), ("iters", 1), ("ranks", 1 if self.local_nodes > 1 else 2)):
@@ -286,6 +291,8 @@ class CommBenchConfig:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         out["ops"], out["sizes"], out["device"] = list(self.ops), list(self.sizes), self.device
         out["nnodes"] = self.nnodes  # derived, as in TrainConfig: the catalog counts ranks x nnodes workers
+        if out["nodes_launcher"] == "namespaces":  # the default left out: a bench cell's identity as before Slurm
+            del out["nodes_launcher"]
         return out
 
     @classmethod

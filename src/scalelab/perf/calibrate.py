@@ -21,6 +21,7 @@ from scalelab.perf.calibration import OWN_SCALE, STAGES, Calibration, calibratio
 from scalelab.perf.fit import Measured, bench_times, cell_run, compute_points, fit, fit_of
 from scalelab.perf.links import link_text
 from scalelab.run.execute import RunFailed
+from scalelab.run.slurmnodes import allocation, uses_slurm
 from scalelab.train.setup import build_inputs
 
 def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
@@ -41,11 +42,12 @@ def calibration_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
 def lone_cells(base: TrainConfig, batches: Sequence[int]) -> list[Cell]:
     """One rank alone on this host per per-rank batch, at a lone rank's default threads, no namespace nodes: the
     compute of a worker with a node of its own (one rank per node: presets, hardware files) and the one-worker
-    baseline of speedup and efficiency. None when `base` is one rank alone already (its compute runs are these)."""
+    baseline of speedup and efficiency. None when `base` is one rank alone already (its compute runs are these).
+    Over Slurm nodes, a job step on the allocation's first node: a node of the cluster, as the other cells'."""
     if base.world_size == 1 and not base.local_nodes and base.threads is None:
         return []
-    alone = with_fields(base, ranks=1, nnodes=1, local_nodes=0, link_gbps=None, link_delay_ms=None, threads=None,
-                        global_batch=base.per_rank_batch)
+    alone = with_fields(base, ranks=1, nnodes=1, local_nodes=1 if uses_slurm(base) else 0, link_gbps=None,
+                        link_delay_ms=None, threads=None, global_batch=base.per_rank_batch)
     return [dataclasses.replace(c, label=c.label.replace("compute,", "compute of one rank alone,"))
             for c in calibration_cells(alone, batches)]
 
@@ -91,8 +93,10 @@ def bench_config(base: TrainConfig, param_bytes: Sequence[int]):
     top, end = min(64 * pm.MIB, max(4 * pm.MIB, sum(param_bytes))), 1024
     while end < top:
         end *= 4
+    # over Slurm nodes the sweep is a job step across the same nodes: the cluster's own link (docs/model.md)
     nodes = {"local_nodes": base.local_nodes, "link_gbps": base.link_gbps, "link_delay_ms": base.link_delay_ms,
-             "ranks": base.ranks} if base.local_nodes > 1 else {"ranks": max(2, base.ranks)}
+             "ranks": base.ranks, "nodes_launcher": base.nodes_launcher} if base.local_nodes > 1 else {
+        "ranks": max(2, base.ranks)}
     return CommBenchConfig(ops="allreduce", begin=1024, end=end, factor=4, warmup=5, iters=30,
                            backend="auto" if base.backend == "auto" else base.backend, **nodes)
 
@@ -165,13 +169,15 @@ def calibrate(base: TrainConfig, cells: Cells, *, batches: Sequence[int], say: C
         model=base.model, dataset=base.dataset, ranks=bench.world, threads=base.threads,
         backend=bench.resolved_backend, accumulate=base.accumulate, compute={}, points=[], alpha_s=0.0,
         beta_s_per_byte=0.0, param_bytes=param_bytes, parameters=parameters, bench_run=bench_runs[0]["run_id"],
-        nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, key=key, repeats=repeats,
+        nodes=max(1, bench.local_nodes), link_gbps=bench.link_gbps, nodes_launcher=bench.nodes_launcher, key=key,
+        repeats=repeats,
         batches=sorted({float(c.config.per_rank_batch) for c in compute}), device=device_name(first["config"], first["files"]))
     cal = fit(template, measured)
     cal.replicates = uncertainty.replicates(template, measured)
     cal.residuals = modelerror.residuals(template, measured, cal)
     cal.save(path)
-    where = f" on {bench.local_nodes} nodes over {link_text(bench.link_gbps)}" if bench.local_nodes > 1 else ""
+    where = (f" on {bench.local_nodes} Slurm nodes over the cluster's link" if uses_slurm(bench) else
+             f" on {bench.local_nodes} nodes over {link_text(bench.link_gbps)}" if bench.local_nodes > 1 else "")
     say(f"[{study}] calibration: {base.world_size} rank(s){where} without sync at per-rank batches "
         f"{', '.join(str(int(p['per_rank_batch'])) for p in cal.points)}"
         f"{f' ({repeats} launches each)' if repeats > 1 else ''}; α = {cal.alpha_s * 1e6:.1f} µs, 1/β = "
@@ -190,11 +196,13 @@ def lone_text(cal: Calibration) -> str:
     if not cal.lone:
         return f"compute of one rank alone: {per_sample:.3g} ms per sample (the compute runs)"
     nodes = cal.compute_nodes or cal.nodes
-    where = f"{nodes} namespace nodes" if nodes > 1 else f"{cal.ranks} ranks"
+    where = f"{nodes} namespace nodes sharing this host" if nodes > 1 else f"{cal.ranks} ranks sharing this host"
+    if nodes > 1 and cal.nodes_launcher == "slurm":  # machines of their own, unless the allocation's share one
+        where = f"a rank of {nodes} Slurm nodes against one alone"
     odd = ("; below 1, a rank computed faster sharing the host than alone: a loaded host or threads that do not "
            "pay for this model, so the lone figures are suspect" if cal.host_slowdown < 1 else "")
     return (f"compute of one rank alone: {per_sample:.3g} ms per sample (one rank per node: presets, files); "
-            f"{where} sharing this host ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
+            f"{where} ×{cal.host_slowdown:.2f} (applied to this machine's shared-host rows "
             f"only{odd})")
 
 
@@ -232,13 +240,16 @@ def compute_at_nodes(cal: Calibration, base: TrainConfig, cells: Cells, workers:
     at that node count (`calibrate_compute`), as the frozen protocol does: namespace nodes share this host's cores,
     so compute at N nodes is not the calibration's. Only for a calibration over namespace nodes (`base.local_nodes`),
     for counts of whole nodes within `horizon` workers and MAX_MEASURED_NODES nodes; the rest keep `cal` (and are
-    marked extrapolation: `prediction.apply_horizon`)."""
+    marked extrapolation: `prediction.apply_horizon`). Over Slurm nodes, up to the allocation's node count (a step
+    cannot span more): the nodes may share a host too (the namespace cluster the tests make), and where they are
+    machines of their own the runs measure the compute the calibration's count already gave."""
     if base.local_nodes < 2:
         return {}
+    most = len(allocation().hosts) if uses_slurm(base) else MAX_MEASURED_NODES
     out: dict[int, Calibration] = {}
     for n in sorted({int(n) for n in workers}):
         nodes, rest = divmod(n, base.ranks)
-        if rest or nodes < 2 or nodes == cal.nodes or n > horizon or nodes > MAX_MEASURED_NODES:
+        if rest or nodes < 2 or nodes == cal.nodes or n > horizon or nodes > most:
             continue
         at = with_fields(base, local_nodes=nodes, nnodes=nodes, global_batch=base.per_rank_batch * base.ranks * nodes)
         out[n] = calibrate_compute(cal, at, cells, batches=batches, repeats=cal.repeats)

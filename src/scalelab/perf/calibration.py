@@ -50,6 +50,8 @@ class Calibration:
     key: str = ""  # identity of the measurement (cells + bench config)
     nodes: int = 1  # nodes the compute runs and the bench spanned (local_nodes; 1: ranks on this host's loopback)
     link_gbps: float | None = None  # each node's shaped link in the bench (kernel tbf); None: unshaped
+    # where the nodes came from: namespaces of this machine, or a Slurm allocation's (their link the cluster's own)
+    nodes_launcher: str = "namespaces"
     # α, β of a loopback bench on this machine when the bench ran over a shaped link: what moving bytes costs the
     # hosts themselves, the floor under every link (`hardware` for another link)
     host_alpha_s: float | None = None
@@ -126,6 +128,8 @@ class Calibration:
         alpha_intra, beta_intra, alpha, beta = link_costs(self, self.calibrated_link, k)
         where = (" loopback, this machine" if self.host is None else f", host {self.host}") + (
             f", {self.nodes} nodes over {link_text(self.link_gbps)}" if self.nodes > 1 else "")
+        if self.nodes > 1 and self.nodes_launcher == "slurm":  # not this machine: the allocation's nodes
+            where = f", {self.nodes} Slurm nodes over the cluster's link"
         return Hardware(name=f"{MEASURED} ({self.backend}{where})", alpha_intra=alpha_intra, beta_intra=beta_intra,
                         alpha_inter=alpha, beta_inter=beta, gpus_per_node=gpus_per_node, overlap=self.overlap,
                         source=f"α-β fit of `bench comm` run {self.bench_run} (mean per size), in-training scale "
@@ -149,7 +153,7 @@ class Calibration:
         optional = {"created", "comm_scale", "compute_scale", "overlap", "insitu", "device", "host", "nodes",
                     "link_gbps", "host_alpha_s", "host_beta_s_per_byte", "sync_scales", "veth_alpha_s",
                     "veth_beta_s_per_byte", "repeats", "compute_nodes", "replicates", "batches", "residuals",
-                    "lone", "lone_points"}
+                    "lone", "lone_points", "nodes_launcher"}
         missing = sorted(known - set(data) - optional)
         if missing:
             raise StoreError(f"calibration: field {missing[0]!r} missing; calibrate again (delete the file)")

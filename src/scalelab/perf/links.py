@@ -45,6 +45,8 @@ def network_label(config: dict) -> str:
     """What a run's collectives went over, for tables and plots; padding is marked approximate."""
     link = NodeLink.of(config)
     parts = [f"{config.get('nnodes', 1)} nodes over {link_text(link.gbps)}" if link.namespaced else "loopback"]
+    if link.namespaced and config.get("nodes_launcher") == "slurm":  # a Slurm allocation's: not scalelab's link
+        parts = [f"{config.get('nnodes', 1)} Slurm nodes over the cluster's link"]
     latency, bandwidth = float(config.get("net_latency_ms") or 0.0), config.get("net_bandwidth_gbps")
     if latency > 0 or bandwidth is not None:
         padded = [f"{latency:g} ms"] if latency > 0 else []

@@ -38,6 +38,7 @@ from scalelab.perf.horizon import (
 from scalelab.perf.intervals import intervals, step_quantiles
 from scalelab.perf.modelerror import seen_shares
 from scalelab.perf.validation import INTERVALS, VALIDATION_COLUMNS, validate_measured, validation_text
+from scalelab.run.slurmnodes import allocation, uses_slurm
 
 # ---------------------------------------------------------------- prediction
 
@@ -254,18 +255,34 @@ def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.Dat
 
 def validation_cells(base: TrainConfig, batches: Sequence[int], strategy: str, bucket_mb: float,
                      compression: str) -> tuple[list[Cell], str | None]:
-    """The measured points of `run_prediction`: `strategy` at base.ranks for each calibration batch (in-sample)
+    """The measured points of `run_prediction`: `strategy` on the base's ranks for each calibration batch (in-sample)
     and at the base's own per-rank batch (held out when the calibration did not measure it: the study's scale
-    cell, reused), with the base's network emulation. ([], why) when nothing can be measured here."""
+    cell, reused), with the base's network emulation, over the base's nodes (ranks on each). ([], why) when nothing
+    can be measured here."""
     batches = [*batches, int(base.per_rank_batch)]
-    if base.ranks < 2:
+    if base.world_size < 2:
         return [], "validation needs ranks >= 2 (one rank does not communicate)"
     if compression != "none" and strategy != "ddp":
         return [], f"compression {compression} is measured only with strategy ddp (as a DDP comm hook)"
     hook = compression if strategy == "ddp" else "none"
-    return [Cell(f"{strategy}, per-rank batch {b}", with_fields(base, global_batch=b * base.ranks, sync=strategy,
+    return [Cell(f"{strategy}, per-rank batch {b}", with_fields(base, global_batch=b * base.world_size, sync=strategy,
                                                                wrapper="auto", bucket_mb=bucket_mb, ddp_hook=hook))
             for b in sorted(set(batches))], None
+
+
+def held_out_nodes(base: TrainConfig, cells: Sequence[Cell]) -> list[Cell]:
+    """Under --launcher slurm, when the allocation has more nodes than the calibration ran on: the validation's cell
+    at the base's own per-rank batch once more across all of them. Its node count is one no calibration run used,
+    so the validation marks it held out (`validation.sample_of`) and reports its error apart."""
+    if not uses_slurm(base) or not cells:
+        return []
+    top = len(allocation().hosts)
+    if top <= base.local_nodes:
+        return []
+    cell = next(c for c in cells if c.config.per_rank_batch == base.per_rank_batch)
+    return [Cell(f"{cell.label}, {top} Slurm nodes (held out)",
+                 with_fields(cell.config, local_nodes=top, nnodes=top,
+                             global_batch=base.per_rank_batch * base.ranks * top))]
 
 
 def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
@@ -282,6 +299,7 @@ def run_prediction(ctx: Context, base: TrainConfig, *, hardware: Sequence[str],
     at = compute_at_nodes(cal, base, ctx.cells, workers, batches=calibration_batches, say=say,
                           horizon=HORIZON * measured_scale(cal.ranks, ())) if MEASURED in hardware else {}
     cells, why = validation_cells(base, calibration_batches, strategy, bucket_mb, compression)
+    cells += held_out_nodes(base, cells)
     validation = (validate_measured(cal, ctx.cells.runs(ctx.cells.run(cells, group="validation")), say=say)
                   if validate and cells else pd.DataFrame(columns=VALIDATION_COLUMNS))
     return prediction_result(cal, hws, workers=workers, mode=mode, batch=batch, strategy=strategy,

@@ -152,6 +152,12 @@ def validation_text(val: pd.DataFrame, where: str) -> str:
     if not len(held):
         parts.append("no held-out run: every validation run was at a batch the calibration measured, so this is "
                      "not a test of the model")
+    # a node count the calibration never ran (across a Slurm allocation's nodes: `prediction.held_out_nodes`)
+    across = held[held["sample"].str.contains("nodes")] if {"workers", "sample"} <= set(held) else held.iloc[:0]
+    for row in across.to_dict("records"):
+        parts.append(f"across {int(row['workers'])} workers (a node count no calibration run used): error "
+                     f"{row['error(%)']:+.1f} % (predicted {row['predicted']:.1f} ms, measured "
+                     f"{row['measured']:.1f} ms)")
     return (f"Validation on measured runs of {where} (each prediction's 95 % and 50 % intervals carry the "
             "calibration's sampling noise and the model's own error, so each should hold the measured step that "
             "often): " + "; ".join(parts) + ".")

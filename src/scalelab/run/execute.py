@@ -103,7 +103,9 @@ def run_recorded(kind: RunKind, cfg: Any, store: Store, run_id: str, *, launcher
     abort, explain = None if spec is not None else _interrupt_main_thread, None
     if uses_slurm(cfg) and launcher is torchrun_launch:
         # the same ranks, as one job step across the Slurm allocation's first local_nodes nodes
-        launcher = SlurmNodes(cfg, launcher=engines.get(cfg.engine).launcher)
+        # (a bench has no engine: torchrun starts its ranks)
+        launcher = SlurmNodes(cfg, launcher=engines.get(cfg.engine).launcher if hasattr(cfg, "engine")
+                              else "torchrun")
         abort, explain = launcher.abort, launcher.unreachable
     elif cfg.local_nodes and launcher is torchrun_launch:
         # the same ranks, across namespaced nodes of this machine: each node's agent runs the kind's launcher

@@ -314,6 +314,8 @@ def test_two_nccl_ranks_measure_and_check_every_op(store):
     (["--dtype", "int8"], "dtype: 'int8'"),
     (["--ranks", "1"], "ranks: 1"),
     (["--iters", "0"], "iters: 0"),
+    (["--ranks", "1", "--local-nodes", "2", "--launcher", "mpi"], "nodes_launcher: 'mpi'"),
+    (["--ranks", "1", "--local-nodes", "2", "--launcher", "slurm", "--link-gbps", "1"], "link_gbps: 1.0"),
 ])
 def test_bad_bench_input_is_one_line_and_exit_code_2(args, fragment, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("scalelab.config.cuda_device_count", lambda: 0)
