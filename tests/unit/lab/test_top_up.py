@@ -83,3 +83,33 @@ def test_no_top_up_beyond_the_time_left(tmp_path):
     assert spec.options == {"near": {"launches": 5}, "far": {"launches": 2}}
     spec, ctx, answered, plan, calls = setup(tmp_path, seconds=10.0, took=40.0)
     assert not top_up(spec, ctx, answered, plan, QUIET) and calls == []
+
+
+def test_a_question_over_seeds_grows_the_seeds(tmp_path):
+    """The learning-rate rules count seeds: their top-up asks for more seeds per cell, not launches."""
+    from scalelab.lab.base import Option, number
+
+    calls: list = []
+
+    def run(ctx, base, opts):
+        calls.append(("lr", opts["seeds"]))
+        return Result("lr", {"lr": pd.DataFrame({"n": [opts["seeds"]]})})
+
+    def decide(result):
+        n = int(result.tables["lr"]["n"].iloc[0])
+        a, b = Side("lars", 90.0, (89.0, 91.0), n), Side("linear", 88.0, (87.0, 89.0), n)
+        done = n >= 5
+        return [Decision("lr rule", "final test accuracy", " %", a, b, BETTER if done else UNDECIDED, "why",
+                         count="seeds", speed=False, more=None if done else 5)]
+    seeds = Option(name="seeds", default=1, help="", parse=number(1, 40, integer=True))
+    lr = Experiment(name="lr", command="lr", base=False, title="lr", question="?", help="", section="lr",
+                    options=(seeds,), run=run, decide=decide)
+    spec = SimpleNamespace(options={"lr": {"seeds": 3}}, quick=False, config=lambda name: None)
+    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
+    answered = [(lr, run(ctx, None, {"seeds": 3}))]
+    calls.clear()
+    plan = Budget(10_000, [], {}, quick=False, clock=lambda: 0.0)
+    plan.took = {"lr": 1.0}
+    assert top_up(spec, ctx, answered, plan, QUIET)
+    assert calls == [("lr", 6)] and spec.options == {"lr": {"seeds": 6}}  # 5 x 1.2, at least one more
+    assert "look 2: 3 -> 6 seeds per cell" in results.load(lr, tmp_path).notes["topped up"]
