@@ -71,6 +71,22 @@ def replaying() -> bool:
     return _REPLAY.get()
 
 
+_HELD: contextvars.ContextVar[dict] = contextvars.ContextVar("scalelab_held", default={})
+
+
+@contextmanager
+def held(launches: dict[str, int]) -> Iterator[None]:
+    """Within this block, a cell whose label is in `launches` gets at most that many repeats, whatever its
+    experiment asks: a setting already worse beyond noise stops being launched while the others grow (racing,
+    lab.study.top_up). The study saves what it held, so that a report re-derived from the store asks each cell
+    for the launches it has."""
+    token = _HELD.set(dict(launches))
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
 def config_identity(config: Any) -> dict:
     """The fields of a config that say what a run measures (`auto` resolved to what runs here)."""
     data = config.resolved().to_dict() if hasattr(config, "resolved") else config.to_dict()
@@ -238,7 +254,9 @@ class Cells:
         """Every cell's repeats, run where missing; one result per cell, in order. `group` names the experiment
         (runs are stored under study STUDY/GROUP); `interleave` runs repeats in rounds across the cells; cells in
         `again` are measured anew (module docstring), also when they are complete."""
-        cells = list(cells)
+        caps = _HELD.get()
+        cells = [dataclasses.replace(c, repeats=min(c.repeats, caps[c.label])) if c.label in caps else c
+                 for c in cells]
         fresh = {c.key for c in again}
         if fresh and not replaying():
             group = f"{group}/{AGAIN}"

@@ -167,6 +167,7 @@ class Decision:
     confidence: float = 0.95
     more: int | None = None
     command: str | None = None
+    worse: tuple[str, ...] = ()  # the compared settings the best beats beyond noise (no more launches: racing)
 
     @property
     def recommends(self) -> bool:
@@ -350,6 +351,13 @@ def _pick(ok: list[Side], labels: set[str], lower: bool, question: str, default:
     best, others = ordered[0], ordered[1:]
     family = len(others)
     verdicts = [decide(best, o, question=question, family=family, **kw) for o in others]
+    worse = tuple(d.against.label for d in verdicts if d.verdict == BETTER)
+    return replace(_kept(ok, best, verdicts, labels, question, default, cheaper, family, kw), worse=worse)
+
+
+def _kept(ok: list[Side], best: Side, verdicts: list[Decision], labels: set[str], question: str,
+          default: str | None, cheaper: Callable[[Side], float] | None, family: int, kw: dict) -> Decision:
+    """The decision `pick` says, from the best side's verdicts against every other (module docstring)."""
     open_ = [d for d in verdicts if d.verdict == UNDECIDED]
     if open_:
         d = open_[0]

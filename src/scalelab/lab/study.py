@@ -10,8 +10,9 @@ Its decisions read one noise model pooled over every cell of the study (scalelab
 rest of the process by `run_experiments`: the report's cards read it too). After the last experiment, the time
 left in the budget goes to the comparisons still undecided (`top_up`): most promising first (the fewest launches
 still needed), each experiment with open questions launched again with more launches per cell (the engine adds
-only the missing ones; how many: decision.next_launches), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
-rate), while the time left covers it. The grown launch counts are saved in the study's spec, so that a report
+only the missing ones; how many: decision.next_launches; a setting the best already beats beyond noise keeps the
+launches it has, `cells.held`: racing), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
+rate), while the time left covers it. The grown launch counts (and the held ones) are saved in the study's spec, so that a report
 re-derived from the stored runs reads the same launches.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from scalelab.errors import ConfigError, ScalelabError
 from scalelab.lab import registry, results
 from scalelab.lab.base import StudyPlan
 from scalelab.lab.budget import REFERENCE_S, Budget
+from scalelab.lab.cells import held
 from scalelab.lab.decision import MAX_LOOKS, UNDECIDED, next_launches, pooled, use_model
 from scalelab.lab.progress import PlainProgress, Progress
 from scalelab.run import warm
@@ -45,6 +47,8 @@ class StudySpec:
     options: dict = field(default_factory=dict)  # experiment name -> its options (+ "set": config overrides)
     # repeat one reference cell before the first experiment and after the last: its drift is the noise floor
     reference: bool = True
+    # experiment -> {cell label: launches}: settings a top-up stopped launching, worse beyond noise (racing)
+    held: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -60,6 +64,10 @@ class StudySpec:
             raise ConfigError("study.base", self.base, "allowed: a mapping of config field: value")
         if not isinstance(self.options, dict):
             raise ConfigError("study.options", self.options, "allowed: a mapping of experiment: options")
+        if not isinstance(self.held, dict) or not all(
+                isinstance(v, dict) and all(isinstance(n, int) and n >= 1 for n in v.values())
+                for v in self.held.values()):
+            raise ConfigError("study.held", self.held, "allowed: a mapping of experiment: {cell label: launches}")
         for name in self.experiments:
             if name not in names:
                 raise ConfigError("study.experiments", name, f"allowed: {', '.join(names)}")
@@ -260,17 +268,21 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
     for i, (experiment, result) in enumerate(answered):
         if experiment.decide is None or not result.tables:
             continue
-        open_ = [d for d in experiment.decide(result) if d.verdict == UNDECIDED and d.more]
+        decisions = experiment.decide(result)
+        open_ = [d for d in decisions if d.verdict == UNDECIDED and d.more]
         # what grows: the launches per cell, or the seeds where its questions count seeds (an accuracy)
         grow = "seeds" if open_ and all(d.count == "seeds" for d in open_) else "launches"
         launches = (spec.options.get(experiment.name) or {}).get(grow)
         if open_ and isinstance(launches, int):  # most promising: the fewest launches still needed
             need = min(d.more for d in open_)
-            wanted.append((need - launches, i, next_launches(need, launches), open_, grow))
+            # racing: a launched setting the best already beats beyond noise keeps the launches it has
+            worse = {label for d in decisions for label in d.worse} if grow == "launches" else set()
+            wanted.append((need - launches, i, next_launches(need, launches), open_, grow, worse))
     spent = False
-    for _, i, target, open_, grow in sorted(wanted, key=lambda w: (w[0], w[1])):
+    for _, i, target, open_, grow, worse in sorted(wanted, key=lambda w: (w[0], w[1])):
         experiment, result = answered[i]
         now = spec.options[experiment.name][grow]
+        caps = {**{label: now for label in sorted(worse)}, **spec.held.get(experiment.name, {})}
         per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
         spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
             1 if spec.quick else 0])
@@ -278,22 +290,26 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
         if target <= now:
             continue
         unit = "seeds per cell" if grow == "seeds" else "launches per cell"
+        kept = f"; held (worse beyond noise): {', '.join(f'{k} at {v}' for k, v in caps.items())}" if caps else ""
         progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
-                     f"({'; '.join(d.question for d in open_)}): {now} -> {target} {unit}")
+                     f"({'; '.join(d.question for d in open_)}): {now} -> {target} {unit}{kept}")
         began = time.monotonic()
         opts = {**(spec.options.get(experiment.name) or {}), grow: target}
         try:
-            grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
-                                       experiment.option_values(opts))
+            with held(caps):
+                grown = experiment.execute(ctx, spec.config(experiment.name) if experiment.base else None,
+                                           experiment.option_values(opts))
         except (RunFailed, ScalelabError, RuntimeError) as err:
             progress.say(f"== look {look} at {experiment.name} failed: {str(err).strip()[:200]}")
             continue
         took = time.monotonic() - began
         plan.took[experiment.name] = plan.took.get(experiment.name, 0.0) + took
         spec.options[experiment.name] = opts
+        if caps:
+            spec.held[experiment.name] = caps
         grown.notes = {**result.notes, **grown.notes,
                        "topped up": f"look {look}: {now} -> {target} {unit} for the question(s) "
-                                    f"still open, in {took:.0f} s of the budget left"}
+                                    f"still open{kept}, in {took:.0f} s of the budget left"}
         results.save(experiment, grown, ctx.out_dir)
         answered[i] = (experiment, grown)
         spent = True
@@ -340,7 +356,8 @@ def _run_each(spec: StudySpec, ctx, folder: Path, progress: Progress, reference,
         try:
             base = spec.config(name) if experiment.base else None
             opts = {**(spec.options.get(name) or {}), **decision.options}
-            result = experiment.execute(ctx, base, experiment.option_values(opts))
+            with held(spec.held.get(name, {})):  # a report re-derived from the store: what the top-ups held
+                result = experiment.execute(ctx, base, experiment.option_values(opts))
             progress.experiment_done(name, time.monotonic() - began)
             results.save(experiment, result, folder)
         except (RunFailed, ScalelabError, RuntimeError) as err:

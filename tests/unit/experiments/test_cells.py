@@ -159,3 +159,20 @@ def test_measuring_a_cell_again_adds_its_repeats_interleaved_and_supersedes_the_
         replayed = quiet_cells(store, "st").run([a, b], group="g", again=[a])
     assert replayed[0].run_ids == again[0].run_ids and replayed[0].earlier == first[0].run_ids
     assert len(store.list_runs()) == 6  # nothing ran in the replay, nothing was deleted
+
+
+def test_a_held_cell_keeps_its_launches_while_the_others_grow_and_replays_so(store):
+    """Racing (lab.study.top_up): within `held`, a cell whose label is held gets at most that many launches; a
+    report re-derived under the same hold reads the launches it has, not a missing one."""
+    cells = quiet_cells(store, "h")
+    first = cells.run([Cell("fast", tiny(), repeats=2), Cell("slow", tiny(seed=1), repeats=2)], group="g",
+                      interleave=True)
+    assert [len(r.run_ids) for r in first] == [2, 2]
+    with engine.held({"slow": 2}):
+        grown = cells.run([Cell("fast", tiny(), repeats=4), Cell("slow", tiny(seed=1), repeats=4)], group="g",
+                          interleave=True)
+    assert [len(r.run_ids) for r in grown] == [4, 2] and grown[1].run_ids == first[1].run_ids
+    assert len(store.list_runs(status="completed")) == 6
+    with replay_only(), engine.held({"slow": 2}):
+        again = cells.run([Cell("fast", tiny(), repeats=4), Cell("slow", tiny(seed=1), repeats=4)], group="g")
+    assert [r.status for r in again] == ["completed", "completed"] and [len(r.run_ids) for r in again] == [4, 2]

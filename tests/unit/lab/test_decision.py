@@ -213,3 +213,10 @@ def test_the_model_says_whether_more_or_longer_launches_buy_precision():
     quiet = fit([(label, values, 0.0004, dof) for label, values, _, dof in cells])
     assert quiet.step_share() == pytest.approx(math.pi / 2 * 0.0004 / 11 / s2)
     assert "more launches buy more precision than longer ones" in quiet.words()
+
+
+def test_pick_names_the_settings_the_best_beats_beyond_noise():
+    """Racing reads `Decision.worse`: here the best (a) beats c beyond noise while b is still open."""
+    sides = [side("a", [10.0, 10.1, 9.9]), side("b", [10.4, 9.6, 10.9]), side("c", [20.0, 20.2, 19.8])]
+    d = pick(sides, question="x")
+    assert d.verdict == UNDECIDED and d.worse == ("c",)

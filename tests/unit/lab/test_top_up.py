@@ -44,7 +44,7 @@ def setup(tmp_path, seconds: float, took: float):
     now = [0.0]
     near, far = (experiment(name, needs, calls, now, took / 2) for name, needs in (("near", 6), ("far", 20)))
     spec = SimpleNamespace(options={"near": {"launches": 2}, "far": {"launches": 2}}, quick=True,
-                           config=lambda name: None)
+                           config=lambda name: None, held={})
     ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
     answered = [(far, far.run(ctx, None, {"launches": 2})), (near, near.run(ctx, None, {"launches": 2}))]
     calls.clear()
@@ -104,7 +104,7 @@ def test_a_question_over_seeds_grows_the_seeds(tmp_path):
     seeds = Option(name="seeds", default=1, help="", parse=number(1, 40, integer=True))
     lr = Experiment(name="lr", command="lr", base=False, title="lr", question="?", help="", section="lr",
                     options=(seeds,), run=run, decide=decide)
-    spec = SimpleNamespace(options={"lr": {"seeds": 3}}, quick=False, config=lambda name: None)
+    spec = SimpleNamespace(options={"lr": {"seeds": 3}}, quick=False, config=lambda name: None, held={})
     ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
     answered = [(lr, run(ctx, None, {"seeds": 3}))]
     calls.clear()
@@ -113,3 +113,32 @@ def test_a_question_over_seeds_grows_the_seeds(tmp_path):
     assert top_up(spec, ctx, answered, plan, QUIET)
     assert calls == [("lr", 6)] and spec.options == {"lr": {"seeds": 6}}  # 5 x 1.2, at least one more
     assert "look 2: 3 -> 6 seeds per cell" in results.load(lr, tmp_path).notes["topped up"]
+
+
+def test_a_setting_worse_beyond_noise_is_held_while_the_question_stays_open(tmp_path):
+    """Racing: the card's best already beats "slow" beyond noise; another side is still open: the top-up runs under
+    `held({"slow": 2})` and the study's spec keeps the hold (what a re-derived report asks the store for)."""
+    from scalelab.lab import cells as engine
+
+    seen: list = []
+
+    def run(ctx, base, opts):
+        seen.append((opts["launches"], engine._HELD.get()))
+        return Result("race", {"race": pd.DataFrame({"launches": [opts["launches"]]})})
+
+    def decide(result):
+        n = int(result.tables["race"]["launches"].iloc[0])
+        a, b = Side("best", 10.0, (9.0, 11.0), n), Side("close", 10.5, (9.5, 11.5), n)
+        return [Decision("setting", "median step", " ms", a, b, UNDECIDED if n < 6 else BETTER, "why",
+                         more=None if n >= 6 else 6, worse=("slow",))]
+    race = Experiment(name="race", command="race", base=False, title="race", question="?", help="", section="race",
+                      options=(launches_option(),), run=run, decide=decide)
+    spec = SimpleNamespace(options={"race": {"launches": 2}}, quick=False, config=lambda name: None, held={})
+    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
+    answered = [(race, run(ctx, None, {"launches": 2}))]
+    seen.clear()
+    plan = Budget(10_000, [], {}, quick=False, clock=lambda: 0.0)
+    plan.took = {"race": 1.0}
+    assert top_up(spec, ctx, answered, plan, QUIET)
+    assert seen == [(6, {"slow": 2})] and spec.held == {"race": {"slow": 2}}
+    assert "held (worse beyond noise): slow at 2" in results.load(race, tmp_path).notes["topped up"]
