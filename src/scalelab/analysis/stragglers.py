@@ -17,9 +17,18 @@ same order; a step where they differ is skipped, as in peers.step_split):
   to the others never exceeds the step's waiting for peers, and with one straggler it equals it.
 The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
 
-Named straggler, only beyond noise (`straggler`): the rank whose wait caused has an interval that lies above every
-other rank's (intervals separated) and whose lower end is at least MATERIAL (2 %) of the median step: a rank that
-is last by a few microseconds on every step is last, but not what makes the step slow. A slower link is not a
+Named straggler, only beyond noise and material (`straggler`): the rank whose wait caused has an interval that lies
+above every other rank's (intervals separated) and whose lower end reaches both
+- MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every step is last, but not what
+  makes the step slow; and
+- the other ranks' jitter (`jitter(ms)`): the step-to-step standard deviation of a rank's own time (its step less
+  its waiting for peers), about its launch's mean, pooled over launches; the median over the other ranks. A rank
+  late on average by less than another rank's own time varies from step to step is the ranks' natural imbalance,
+  which the interval alone names once the steps are many (the control of the known-truth tests, no sleep: a steady
+  0.7-5 ms against a jitter of 1.9-8.8 ms; a sleep of 30 ms: 29-34 ms against 1.4-8.2 ms; docs/definitions.md).
+  The others' jitter, not the straggler's own nor the step's: a rank that stalls on some steps only (or is
+  throttled) varies its own time and the step's by its stalls, and would otherwise hide behind them.
+A slower link is not a
 straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives late, and its cost is
 wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
@@ -47,7 +56,8 @@ STAGES = ("data", "h2d", "forward", "backward", "forward_backward", "optimizer")
 SPAN_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", "optimizer")  # as the loop runs
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
-           "caused_low(ms)", "caused_high(ms)")
+           "caused_low(ms)", "caused_high(ms)", "jitter(ms)")
+LAUNCH = 10**6  # a pooled cell's steps are numbered launch x LAUNCH + step (_on_one_clock)
 
 
 def _offset(offsets: Sequence[float] | None, rank: int) -> float:
@@ -91,6 +101,7 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
     share), at how many steps it was last at the final collective (the rank the step waited for), and the mean
     wait it caused per step in ms with its 95 % interval. Empty when no step could be compared."""
     caused: dict[int, list[float]] = {}
+    own: dict[int, dict[int, list[float]]] = {}  # rank -> launch -> its own time per step (wall less its waiting)
     last: dict[int, int] = {}
     set_step: dict[int, int] = {}
     total = 0
@@ -103,6 +114,9 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
         for r in ranks:
             caused.setdefault(r, []).append(found["caused"][r])
             last[r] = last.get(r, 0) + found["last"].count(r)
+            if steps[step][r].get("wall(s)") is not None and not steps[step][r].get("no_period"):
+                waited = sum(hi - lo for lo, hi in found["waits"][r])
+                own.setdefault(r, {}).setdefault(step // LAUNCH, []).append(steps[step][r]["wall(s)"] - waited)
         set_step[found["last"][-1]] = set_step.get(found["last"][-1], 0) + 1
     rows = []
     for r in sorted(caused):
@@ -111,8 +125,18 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
                      "collectives": total, "last": last.get(r, 0),
                      "last(share)": last.get(r, 0) / total if total else math.nan,
                      "set_step": set_step.get(r, 0), "caused(ms)": 1e3 * float(np.mean(caused[r])),
-                     "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high})
+                     "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high,
+                     "jitter(ms)": 1e3 * within_sd(list(own.get(r, {}).values()))})
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def within_sd(groups: Sequence[Sequence[float]]) -> float:
+    """The standard deviation of values about their own group's mean, pooled over the groups (a launch's steps
+    about that launch's mean: launches of one cell may differ in their level, which is no step-to-step jitter);
+    NaN with fewer than 2 values in any group."""
+    squares = sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups if len(g) > 1)
+    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt(squares / dof) if dof else math.nan
 
 
 def stage_spans(rec: dict) -> dict[str, tuple[float, float]]:
@@ -177,15 +201,23 @@ def median_step_ms(records: list[dict]) -> float:
     return 1e3 * float(np.median(walls)) if walls else math.nan
 
 
+def jitter_ms(table: pd.DataFrame, rank: int) -> float:
+    """The ranks' natural jitter against which `rank`'s wait caused is held: the median of the other ranks'
+    jitter(ms) (0 where none is known: no floor)."""
+    values = [v for v in table.loc[table["rank"] != rank, "jitter(ms)"] if math.isfinite(v)] \
+        if "jitter(ms)" in table else []
+    return float(np.median(values)) if values else 0.0
+
+
 def straggler(table: pd.DataFrame, step_ms: float, *, material: float = MATERIAL) -> int | None:
     """The rank named as the straggler (module docstring), or None: no rank's wait caused stands above every
-    other's beyond noise and by at least `material` of the step."""
+    other's beyond noise, by at least `material` of the step and the other ranks' jitter."""
     if len(table) < 2:
         return None
     top = table.sort_values("caused(ms)").iloc[-1]
     others = table[table["rank"] != top["rank"]]
     low = top["caused_low(ms)"]
-    if not (math.isfinite(low) and low >= material * step_ms):
+    if not (math.isfinite(low) and low >= material * step_ms and low >= jitter_ms(table, int(top["rank"]))):
         return None
     if not all(math.isfinite(h) and h < low for h in others["caused_high(ms)"]):
         return None
@@ -224,14 +256,15 @@ def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dic
     """Pseudo step records of a user's script that marks no steps (`scalelab run` without the probe API): the
     collectives it made, metered into each rank's result (`comm_outside`), one record per collective, the first
     `warmup` of them warm-up. A record's wall(s) is that rank's time from this collective's enter to the next's
-    (the last: its own length), so the step the material share refers to is the period between collectives."""
+    (the last: its own length, marked "no_period": no part of the ranks' jitter), so the step the material share
+    refers to is the period between collectives."""
     out = []
     for rank, result in results.items():
         events = (result.get("comm_outside") or {}).get("comm_events") or []
         for k, ev in enumerate(events):
             period = (events[k + 1][2] - ev[2]) if k + 1 < len(events) else ev[3]
             out.append({"step": k + 1, "rank": rank, "warmup": k < warmup, "comm_events": [list(ev)],
-                        "wall(s)": period})
+                        "wall(s)": period, **({"no_period": True} if k + 1 == len(events) else {})})
     return out
 
 
@@ -260,7 +293,7 @@ def _on_one_clock(records: list[dict], offsets: Sequence[float] | None, launch: 
     apart from every other launch's (launch x 10^6 + step): launches pooled into one arrival table."""
     out = []
     for rec in aligned_records(records, offsets):
-        moved = {**rec, "step": launch * 10**6 + rec["step"]}
+        moved = {**rec, "step": launch * LAUNCH + rec["step"]}
         if rec.get("t_end(perf_s)") is not None:
             moved["t_end(perf_s)"] = rec["t_end(perf_s)"] - _offset(offsets, rec["rank"])
         out.append(moved)
@@ -327,7 +360,8 @@ def straggler_lines(verdict: dict) -> list[str]:
         return [(f"No straggler beyond noise: the most any rank made the others wait was rank "
                  f"{int(worst['rank'])}'s {_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's "
                  f"must stand above every other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms "
-                 f"{per}). Slow communication that every rank shares is wire time, not a straggler.")]
+                 f"{per} and the other ranks' jitter, {jitter_ms(table, int(worst['rank'])):.2f} ms). Slow "
+                 f"communication that every rank shares is wire time, not a straggler.")]
     where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
     lines = [(f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; "
               f"the others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "
