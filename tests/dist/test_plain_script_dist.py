@@ -21,7 +21,7 @@ import pytest
 from conftest import CONTROL_RATIO, run_cli
 
 from scalelab.analysis import keys
-from scalelab.analysis.stragglers import run_straggler, straggler_lines
+from scalelab.analysis.stragglers import jitter_ms, run_straggler, straggler_lines
 from scalelab.lab.explain import explain
 from scalelab.store import Store
 from scalelab.store.rundir import RunDir
@@ -177,14 +177,16 @@ KNOWN_RUNS = 3  # runs per injected delay: the figures' median is held to the de
 
 
 def known_truth_row(run: dict, delay_ms: float) -> dict:
-    """One run's known-truth figures: waiting for peers, the named straggler and its cost to the others, per step."""
+    """One run's known-truth figures: waiting for peers, the named straggler and its cost to the others, per step;
+    the most any rank cost the others (with its interval's low) and the other ranks' jitter it was held to."""
     verdict = run_straggler(RunDir(run["dir"]).load())
     s = run["summary"]
+    top = verdict["table"].sort_values("caused(ms)").iloc[-1]
     row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
            "cost(ms)": verdict.get("caused(ms)", float("nan")), "collectives": s[keys.COMM_COLLECTIVES_PER_STEP],
-           "n": s[keys.STEPS_TIMED]}
-    if verdict["rank"] is None:  # the most any rank cost the others
-        row["most(ms)"] = float(verdict["table"]["caused(ms)"].max())
+           "n": s[keys.STEPS_TIMED], "most(ms)": float(top["caused(ms)"]), "most_low(ms)": float(top["caused_low(ms)"]),
+           "most_rank": int(top["rank"]), "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])),
+           "step(ms)": verdict["step(ms)"]}
     print(row)
     return row
 
@@ -196,17 +198,18 @@ def wide_control(tmp_path_factory) -> dict:
     return known_truth_row(plain_run(folder, folder / "store", "--steps", "24", "--wide"), 0.0)
 
 
-def test_without_a_sleep_the_natural_imbalance_is_far_below_the_injected_delays(wide_control):
-    """The control: whatever any rank cost the others stays well under the smallest delay injected below (30 ms),
-    so that the known-truth bounds of +-20 % measure the delay, not the imbalance (its waiting, 1.4-11 ms in the
-    runs seen, is absorbed by a delay well above it: the early rank waits d, not d plus it). It may name a
-    straggler: on a quiet machine a rank was late by a steady ~1.3 ms a step (n = 22, 1 of 1 run), beyond
-    noise and 2 % of the step, which the rule rightly names (docs/definitions.md, "Straggler")."""
-    cost = wide_control["cost(ms)"] if wide_control["straggler"] is not None else wide_control.get("most(ms)", 0.0)
-    print(f"control: waiting {wide_control['waiting(ms)']:.2f} ms, straggler {wide_control['straggler']}, "
-          f"cost to the others {cost:.2f} ms, n = {wide_control['n']} steps")
-    assert wide_control["collectives"] >= 2, wide_control
-    assert cost <= 0.4 * 30, wide_control
+def test_without_a_sleep_no_straggler_is_named(wide_control):
+    """The control: the ranks' natural imbalance is named by no rule of noise alone once the steps are many (a
+    steady 1.3 ms lateness, n = 22, beyond noise and 2 % of the step, was named before issue 57); a straggler must
+    also cost the others more than the other ranks' own time varies from step to step (docs/definitions.md,
+    "Straggler"). The figures go in the failure message."""
+    c = wide_control
+    shown = (f"control: waiting {c['waiting(ms)']:.2f} ms, straggler {c['straggler']}, most any rank cost the others "
+             f"rank {c['most_rank']}'s {c['most(ms)']:.2f} ms (low {c['most_low(ms)']:.2f}), the others' jitter "
+             f"{c['jitter(ms)']:.2f} ms, step {c['step(ms)']:.1f} ms, n = {c['n']} steps")
+    print(shown)
+    assert c["collectives"] >= 2, shown
+    assert c["straggler"] is None, shown
 
 
 @pytest.mark.parametrize("delay_ms", [30, 80])

@@ -21,16 +21,16 @@ Named straggler, only beyond noise and material (`straggler`): the rank whose wa
 above every other rank's (intervals separated) and whose lower end reaches both
 - MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every step is last, but not what
   makes the step slow; and
-- the other ranks' jitter (`jitter(ms)`): the step-to-step standard deviation of a rank's own time (its step less
-  its waiting for peers), about its launch's mean, pooled over launches; the median over the other ranks. A rank
-  late on average by less than another rank's own time varies from step to step is the ranks' natural imbalance,
-  which the interval alone names once the steps are many (the control of the known-truth tests, no sleep: a steady
-  0.7-5 ms against a jitter of 1.9-8.8 ms; a sleep of 30 ms: 29-34 ms against 1.4-8.2 ms; docs/definitions.md).
-  The others' jitter, not the straggler's own nor the step's: a rank that stalls on some steps only (or is
-  throttled) varies its own time and the step's by its stalls, and would otherwise hide behind them.
-A slower link is not a
-straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives late, and its cost is
-wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
+- the other ranks' jitter (`jitter(ms)`): the step-to-step spread of a rank's own time (its step less its waiting
+  for peers), a robust standard deviation about its launch's median (`within_spread`); the median over the other
+  ranks. A rank late on average by less than another rank's own time varies from step to step is the ranks'
+  natural imbalance, which the interval alone names once the steps are many (the known-truth tests' controls,
+  no sleep: the cost's low end at most 0.70 of the jitter in 14 runs; a sleep of 30 or 80 ms: at least 1.40 of
+  it in 36; docs/definitions.md, "Straggler"). The others' jitter, not the straggler's own nor the step's: a rank
+  that stalls on many steps (or is throttled) varies its own time and the step's by its stalls, and would
+  otherwise hide behind them.
+A slower link is not a straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives
+late, and its cost is wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
 Where it loses its time (`stage_excess`): per step and stage (data, h2d, forward, backward, optimizer), the
 straggler's own time there minus the median over the other ranks' own time, a rank's own time in a stage being its
@@ -57,6 +57,7 @@ SPAN_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", 
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
            "caused_low(ms)", "caused_high(ms)", "jitter(ms)")
+MAD_SCALE = 1.4826  # the median absolute deviation of a normal sample times this estimates its standard deviation
 LAUNCH = 10**6  # a pooled cell's steps are numbered launch x LAUNCH + step (_on_one_clock)
 
 
@@ -126,17 +127,19 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
                      "last(share)": last.get(r, 0) / total if total else math.nan,
                      "set_step": set_step.get(r, 0), "caused(ms)": 1e3 * float(np.mean(caused[r])),
                      "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high,
-                     "jitter(ms)": 1e3 * within_sd(list(own.get(r, {}).values()))})
+                     "jitter(ms)": 1e3 * within_spread(list(own.get(r, {}).values()))})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def within_sd(groups: Sequence[Sequence[float]]) -> float:
-    """The standard deviation of values about their own group's mean, pooled over the groups (a launch's steps
-    about that launch's mean: launches of one cell may differ in their level, which is no step-to-step jitter);
-    NaN with fewer than 2 values in any group."""
-    squares = sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups if len(g) > 1)
-    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
-    return math.sqrt(squares / dof) if dof else math.nan
+def within_spread(groups: Sequence[Sequence[float]]) -> float:
+    """A robust standard deviation of values about their own group's median, pooled over the groups:
+    MAD_SCALE x the median absolute deviation (a launch's steps about that launch's median: launches of one cell
+    may differ in their level, which is no step-to-step jitter). Robust because a loaded machine takes a rank off
+    its core for a time slice or more on a few steps: those stalls are not its step-to-step jitter, and one of
+    them in 22 steps moved a rank's standard deviation from about 10 to 28 ms (and hid a 30 ms sleep behind it).
+    NaN with fewer than 2 values in every group."""
+    deviations = [abs(v - float(np.median(g))) for g in groups if len(g) > 1 for v in g]
+    return MAD_SCALE * float(np.median(deviations)) if deviations else math.nan
 
 
 def stage_spans(rec: dict) -> dict[str, tuple[float, float]]:
