@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CONTROL_RATIO, run_cli
+from conftest import CONTROL_RATIO, control_figures, run_cli
 
 from scalelab.analysis import keys
 from scalelab.analysis.stragglers import jitter_ms, run_straggler, straggler_lines
@@ -204,9 +204,7 @@ def test_without_a_sleep_no_straggler_is_named(wide_control):
     also cost the others more than the other ranks' own time varies from step to step (docs/definitions.md,
     "Straggler"). The figures go in the failure message."""
     c = wide_control
-    shown = (f"control: waiting {c['waiting(ms)']:.2f} ms, straggler {c['straggler']}, most any rank cost the others "
-             f"rank {c['most_rank']}'s {c['most(ms)']:.2f} ms (low {c['most_low(ms)']:.2f}), the others' jitter "
-             f"{c['jitter(ms)']:.2f} ms, step {c['step(ms)']:.1f} ms, n = {c['n']} steps")
+    shown = control_figures(c)
     print(shown)
     assert c["collectives"] >= 2, shown
     assert c["straggler"] is None, shown

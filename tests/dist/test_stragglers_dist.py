@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CONTROL_RATIO, heartbeat_process, namespaces_unusable, run_cli, start_cli
+from conftest import CONTROL_RATIO, control_figures, heartbeat_process, namespaces_unusable, run_cli, start_cli
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
 from scalelab.analysis.stragglers import find_straggler, jitter_ms, straggler_lines
@@ -143,9 +143,7 @@ def test_in_scalelabs_loop_without_a_sleep_no_straggler_is_named(loop_control):
     """The ranks' natural imbalance, however steady, is held to the other ranks' jitter (docs/definitions.md,
     "Straggler"); the control's figures go in the failure message."""
     c = loop_control
-    shown = (f"control: waiting {c['waiting(ms)']:.2f} ms, straggler {c['straggler']}, most any rank cost the others "
-             f"rank {c['most_rank']}'s {c['most(ms)']:.2f} ms (low {c['most_low(ms)']:.2f}), the others' jitter "
-             f"{c['jitter(ms)']:.2f} ms, step {c['step(ms)']:.1f} ms, n = {c['n']} steps")
+    shown = control_figures(c)
     print(shown)
     assert c["collectives"] >= 2, shown
     assert c["straggler"] is None, shown
