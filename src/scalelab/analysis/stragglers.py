@@ -21,14 +21,18 @@ Named straggler, only beyond noise and material (`straggler`): the rank whose wa
 above every other rank's (intervals separated) and whose lower end reaches both
 - MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every step is last, but not what
   makes the step slow; and
-- the other ranks' jitter (`jitter(ms)`): the step-to-step spread of a rank's own time (its step less its waiting
-  for peers), a robust standard deviation about its launch's median (`within_spread`); the median over the other
-  ranks. A rank late on average by less than another rank's own time varies from step to step is the ranks'
-  natural imbalance, which the interval alone names once the steps are many (the known-truth tests' controls,
-  no sleep: the cost's low end at most 0.70 of the jitter in 14 runs; a sleep of 30 or 80 ms: at least 1.40 of
-  it in 36; docs/definitions.md, "Straggler"). The others' jitter, not the straggler's own nor the step's: a rank
-  that stalls on many steps (or is throttled) varies its own time and the step's by its stalls, and would
-  otherwise hide behind them.
+- in its own work, by the other ranks' jitter: a rank's own work in a step is its time outside collectives (its
+  step less the union of its collectives' intervals, `own_work`); its excess (`work_excess(ms)`) is, per step, its
+  own work less the other ranks' median, a mean with its 95 % interval; the interval's low end must reach the
+  other ranks' jitter (`jitter(ms)`: the step-to-step spread of a rank's own work, a robust standard deviation
+  about its launch's median, `within_spread`; the median over the other ranks). A straggler makes the others
+  wait because its own work is longer; the ranks' natural imbalance makes one late by a steady few ms with no
+  longer own work (it leaves the last collective later, or a peer's collective thread runs late), which the
+  cost's interval alone names once the steps are many. Known truth (docs/definitions.md, "Straggler"): in 14
+  no-sleep controls the excess's low end is at most 0.28 of the jitter; with a sleep of 30 or 80 ms at least
+  2.57 (36 runs); a rank held to a quarter of a core 1.63 and 4.18. Time inside collectives is left out of the
+  jitter: a throttled straggler stretches its peers' wire time, which would otherwise raise the floor it is held
+  to (the wait-free own time's spread was 8-16 ms there and did not name it in 3 of 4 runs).
 A slower link is not a straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives
 late, and its cost is wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
@@ -56,7 +60,7 @@ STAGES = ("data", "h2d", "forward", "backward", "forward_backward", "optimizer")
 SPAN_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", "optimizer")  # as the loop runs
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
-           "caused_low(ms)", "caused_high(ms)", "jitter(ms)")
+           "caused_low(ms)", "caused_high(ms)", "work_excess(ms)", "work_excess_low(ms)", "jitter(ms)")
 MAD_SCALE = 1.4826  # the median absolute deviation of a normal sample times this estimates its standard deviation
 LAUNCH = 10**6  # a pooled cell's steps are numbered launch x LAUNCH + step (_on_one_clock)
 
@@ -102,7 +106,7 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
     share), at how many steps it was last at the final collective (the rank the step waited for), and the mean
     wait it caused per step in ms with its 95 % interval. Empty when no step could be compared."""
     caused: dict[int, list[float]] = {}
-    own: dict[int, dict[int, list[float]]] = {}  # rank -> launch -> its own time per step (wall less its waiting)
+    work: dict[int, dict[int, float]] = {}  # step -> rank -> its own work (outside collectives), seconds
     last: dict[int, int] = {}
     set_step: dict[int, int] = {}
     total = 0
@@ -115,20 +119,35 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
         for r in ranks:
             caused.setdefault(r, []).append(found["caused"][r])
             last[r] = last.get(r, 0) + found["last"].count(r)
-            if steps[step][r].get("wall(s)") is not None and not steps[step][r].get("no_period"):
-                waited = sum(hi - lo for lo, hi in found["waits"][r])
-                own.setdefault(r, {}).setdefault(step // LAUNCH, []).append(steps[step][r]["wall(s)"] - waited)
+            if (own := own_work(steps[step][r])) is not None:
+                work.setdefault(step, {})[r] = own
         set_step[found["last"][-1]] = set_step.get(found["last"][-1], 0) + 1
     rows = []
     for r in sorted(caused):
         low, high = mean_interval(caused[r], positive=True)  # a wait: never below 0
+        excess = [w[r] - float(np.median([v for q, v in w.items() if q != r]))
+                  for w in work.values() if r in w and len(w) > 1]
+        ex_low = mean_interval(excess)[0] if len(excess) > 1 else math.nan
+        by_launch: dict[int, list[float]] = {}
+        for step, w in work.items():
+            if r in w:
+                by_launch.setdefault(step // LAUNCH, []).append(w[r])
         rows.append({"rank": r, "node": r // ranks_per_node if ranks_per_node else None, "steps": len(caused[r]),
                      "collectives": total, "last": last.get(r, 0),
                      "last(share)": last.get(r, 0) / total if total else math.nan,
                      "set_step": set_step.get(r, 0), "caused(ms)": 1e3 * float(np.mean(caused[r])),
                      "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high,
-                     "jitter(ms)": 1e3 * within_spread(list(own.get(r, {}).values()))})
+                     "work_excess(ms)": 1e3 * float(np.mean(excess)) if excess else math.nan,
+                     "work_excess_low(ms)": 1e3 * ex_low, "jitter(ms)": 1e3 * within_spread(list(by_launch.values()))})
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def own_work(rec: dict) -> float | None:
+    """A rank's own work in a step record: its wall time less the union of its collectives' intervals (waiting and
+    wire alike: what peers can lengthen); None without wall(s), or for a script's last collective (no period)."""
+    if rec.get("wall(s)") is None or rec.get("no_period"):
+        return None
+    return rec["wall(s)"] - union_seconds((e[2], e[2] + e[3]) for e in rec.get("comm_events") or [])
 
 
 def within_spread(groups: Sequence[Sequence[float]]) -> float:
@@ -205,8 +224,8 @@ def median_step_ms(records: list[dict]) -> float:
 
 
 def jitter_ms(table: pd.DataFrame, rank: int) -> float:
-    """The ranks' natural jitter against which `rank`'s wait caused is held: the median of the other ranks'
-    jitter(ms) (0 where none is known: no floor)."""
+    """The ranks' natural jitter against which `rank`'s excess own work is held: the median of the other ranks'
+    jitter(ms) (0 where none is known)."""
     values = [v for v in table.loc[table["rank"] != rank, "jitter(ms)"] if math.isfinite(v)] \
         if "jitter(ms)" in table else []
     return float(np.median(values)) if values else 0.0
@@ -214,13 +233,17 @@ def jitter_ms(table: pd.DataFrame, rank: int) -> float:
 
 def straggler(table: pd.DataFrame, step_ms: float, *, material: float = MATERIAL) -> int | None:
     """The rank named as the straggler (module docstring), or None: no rank's wait caused stands above every
-    other's beyond noise, by at least `material` of the step and the other ranks' jitter."""
+    other's beyond noise, by at least `material` of the step, while its own work exceeds the others' by their
+    jitter (module docstring; a table without own work, records with no wall time, has no such floor)."""
     if len(table) < 2:
         return None
     top = table.sort_values("caused(ms)").iloc[-1]
     others = table[table["rank"] != top["rank"]]
     low = top["caused_low(ms)"]
-    if not (math.isfinite(low) and low >= material * step_ms and low >= jitter_ms(table, int(top["rank"]))):
+    if not (math.isfinite(low) and low >= material * step_ms):
+        return None
+    excess = top.get("work_excess_low(ms)", math.nan)
+    if excess is not None and math.isfinite(excess) and excess < jitter_ms(table, int(top["rank"])):
         return None
     if not all(math.isfinite(h) and h < low for h in others["caused_high(ms)"]):
         return None
@@ -259,7 +282,7 @@ def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dic
     """Pseudo step records of a user's script that marks no steps (`scalelab run` without the probe API): the
     collectives it made, metered into each rank's result (`comm_outside`), one record per collective, the first
     `warmup` of them warm-up. A record's wall(s) is that rank's time from this collective's enter to the next's
-    (the last: its own length, marked "no_period": no part of the ranks' jitter), so the step the material share
+    (the last: its own length, marked "no_period": no part of the ranks' own work), so the step the material share
     refers to is the period between collectives."""
     out = []
     for rank, result in results.items():
@@ -363,8 +386,9 @@ def straggler_lines(verdict: dict) -> list[str]:
         return [(f"No straggler beyond noise: the most any rank made the others wait was rank "
                  f"{int(worst['rank'])}'s {_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's "
                  f"must stand above every other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms "
-                 f"{per} and the other ranks' jitter, {jitter_ms(table, int(worst['rank'])):.2f} ms). Slow "
-                 f"communication that every rank shares is wire time, not a straggler.")]
+                 f"{per}, with its own work longer than theirs by their jitter, "
+                 f"{jitter_ms(table, int(worst['rank'])):.2f} ms). Slow communication that every rank shares is wire "
+                 f"time, not a straggler.")]
     where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
     lines = [(f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; "
               f"the others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "
