@@ -196,7 +196,8 @@ def known_truth_row(run: dict, delay_ms: float) -> dict:
     row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
            "cost(ms)": verdict.get("caused(ms)", float("nan")), "collectives": s[keys.COMM_COLLECTIVES_PER_STEP],
            "n": s[keys.STEPS_TIMED], "most(ms)": float(top["caused(ms)"]), "most_low(ms)": float(top["caused_low(ms)"]),
-           "most_rank": int(top["rank"]), "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])),
+           "most_rank": int(top["rank"]), "work_low(ms)": float(top["work_excess_low(ms)"]),
+           "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])),
            "step(ms)": verdict["step(ms)"]}
     print(row)
     return row

@@ -128,6 +128,7 @@ def _known_truth_row(tmp_path: Path, delay_ms: float, i: int) -> dict:
     row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
            "cost(ms)": verdict.get("caused(ms)", float("nan")), "most(ms)": float(top["caused(ms)"]),
            "most_low(ms)": float(top["caused_low(ms)"]), "most_rank": int(top["rank"]),
+           "work_low(ms)": float(top["work_excess_low(ms)"]),
            "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])), "step(ms)": verdict["step(ms)"],
            "collectives": s[keys.COMM_COLLECTIVES_PER_STEP], "n": s[keys.STEPS_TIMED]}
     print(row)
