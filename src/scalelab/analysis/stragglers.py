@@ -18,21 +18,15 @@ same order; a step where they differ is skipped, as in peers.step_split):
 The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
 
 Named straggler, only beyond noise and material (`straggler`): the rank whose wait caused has an interval that lies
-above every other rank's (intervals separated) and whose lower end reaches both
-- MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every step is last, but not what
-  makes the step slow; and
-- in its own work, by the other ranks' jitter: a rank's own work in a step is its time outside collectives (its
-  step less the union of its collectives' intervals, `own_work`); its excess (`work_excess(ms)`) is, per step, its
-  own work less the other ranks' median, a mean with its 95 % interval; the interval's low end must reach the
-  other ranks' jitter (`jitter(ms)`: the step-to-step spread of a rank's own work, a robust standard deviation
-  about its launch's median, `within_spread`; the median over the other ranks). A straggler makes the others
-  wait because its own work is longer; the ranks' natural imbalance makes one late by a steady few ms with no
-  longer own work (it leaves the last collective later, or a peer's collective thread runs late), which the
-  cost's interval alone names once the steps are many. Known truth (docs/definitions.md, "Straggler"): in 14
-  no-sleep controls the excess's low end is at most 0.28 of the jitter; with a sleep of 30 or 80 ms at least
-  2.57 (36 runs); a rank held to a quarter of a core 1.63 and 4.18. Time inside collectives is left out of the
-  jitter: a throttled straggler stretches its peers' wire time, which would otherwise raise the floor it is held
-  to (the wait-free own time's spread was 8-16 ms there and did not name it in 3 of 4 runs).
+above every other rank's (intervals separated), and
+- whose lower end reaches MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every
+  step is last, but not what makes the step slow; and
+- whose own work is longer than the others' by their jitter: a rank's own work in a step is its time outside
+  collectives (`own_work`); its excess (`work_excess(ms)`) is, per step, its own work less the other ranks' median, a mean
+  whose interval's low end must reach the others' jitter (`jitter(ms)`: a robust step-to-step spread of their own
+  work, `within_spread`). A straggler makes the others wait because its own work is longer; the ranks' natural
+  imbalance makes one late by a steady few ms without it, which the cost's interval alone names once the steps are
+  many. Why and the known truth that sets the factor of 1: docs/definitions.md, "Straggler".
 A slower link is not a straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives
 late, and its cost is wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
