@@ -24,9 +24,9 @@ above every other rank's (intervals separated), and
 - whose own work is longer than the others' by their jitter: a rank's own work in a step is its time outside
   collectives (`own_work`); its excess (`work_excess(ms)`) is, per step, its own work less the other ranks'
   median, a mean whose interval's low end must reach the others' jitter (`jitter(ms)`: a robust step-to-step spread
-  of their own work, `within_spread`). A straggler makes the others wait because its own work is longer; the ranks' natural
-  imbalance makes one late by a steady few ms without it, which the cost's interval alone names once the steps are
-  many. Why and the known truth that sets the factor of 1: docs/definitions.md, "Straggler".
+  of their own work, `within_spread`). A straggler makes the others wait because its own work is longer; the
+  ranks' natural imbalance makes one late by a steady few ms without it, which the cost's interval alone names once
+  the steps are many. Why and the known truth that sets the factor of 1: docs/definitions.md, "Straggler".
 A slower link is not a straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives
 late, and its cost is wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
