@@ -214,6 +214,15 @@ def store(tmp_path):
 CONTROL_RATIO = 1.5
 
 
+def control_figures(c: dict) -> str:
+    """A no-sleep control's straggler figures in one line (its known-truth row: tests/dist/test_stragglers_dist.py,
+    test_plain_script_dist.py), for its test's output and failure message."""
+    return (f"control: waiting {c['waiting(ms)']:.2f} ms, straggler {c['straggler']}, most any rank cost the others "
+            f"rank {c['most_rank']}'s {c['most(ms)']:.2f} ms (low {c['most_low(ms)']:.2f}), its own work beyond "
+            f"the others' (low) {c['work_low(ms)']:.2f} ms against their jitter {c['jitter(ms)']:.2f} ms, step "
+            f"{c['step(ms)']:.1f} ms, n = {c['n']} steps")
+
+
 @pytest.fixture(scope="session")
 def scenario_runs(tmp_path_factory):
     """Runs of tests/dist/sense_scenarios.py's known-answer scenarios and their controls (the same config without

@@ -6,7 +6,8 @@ run with `scalelab run` on 2 CPU ranks; its steps are found at the DDP model's f
 - a sleep in rank 1 between its forward and backward: the straggler loses its time in forward_backward (the trace
   draws that span);
 - a sleep in every rank's data loading: data wait, not waiting for peers (no more than the control's);
-- no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none);
+- no_sync accumulation over 4 micro-batches: one step per optimizer step (evaluation forwards none), each with its
+  one collective, also when a comm hook holds the GIL while its allreduce completes;
 - a script with neither a DDP model nor an optimizer has no steps: `explain` says so and names the straggler from
   its collectives alone.
 Each prints n, the figure with its interval and the injected value. The control is the same script without a sleep:
@@ -18,10 +19,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CONTROL_RATIO, run_cli
+from conftest import CONTROL_RATIO, control_figures, run_cli
 
 from scalelab.analysis import keys
-from scalelab.analysis.stragglers import run_straggler, straggler_lines
+from scalelab.analysis.stragglers import jitter_ms, run_straggler, straggler_lines
 from scalelab.lab.explain import explain
 from scalelab.store import Store
 from scalelab.store.rundir import RunDir
@@ -52,6 +53,7 @@ p.add_argument("--sleep-data", type=float, default=0.0, help="seconds per batch 
 p.add_argument("--eval-every", type=int, default=0)
 p.add_argument("--raw", action="store_true", help="no model: all_reduce a tensor each step")
 p.add_argument("--wide", action="store_true", help="a 4.3 MB model in 2 gradient buckets (1 MiB cap)")
+p.add_argument("--gil-hook", type=float, default=0.0, help="a comm hook holding the GIL this long after all_reduce")
 a = p.parse_args()
 
 
@@ -89,6 +91,15 @@ if a.wide:  # buckets fill from the last layer: [4 MiB + the head], then the fir
                 bucket_cap_mb=1)
 else:
     model = DDP(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)))
+if a.gil_hook:
+    def gil_hook(state, bucket):  # the allreduce completes while this thread holds the GIL, before .then below
+        fut = dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future()
+        t = time.perf_counter()
+        while time.perf_counter() - t < a.gil_hook:
+            pass
+        return fut.then(lambda f: f.value()[0])
+
+    model.register_comm_hook(None, gil_hook)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
 data = Data(20000)
 loader = DataLoader(data, batch_size=a.batch // world, sampler=DistributedSampler(data, shuffle=False),
@@ -177,14 +188,17 @@ KNOWN_RUNS = 3  # runs per injected delay: the figures' median is held to the de
 
 
 def known_truth_row(run: dict, delay_ms: float) -> dict:
-    """One run's known-truth figures: waiting for peers, the named straggler and its cost to the others, per step."""
+    """One run's known-truth figures: waiting for peers, the named straggler and its cost to the others, per step;
+    the most any rank cost the others (with its interval's low) and the other ranks' jitter it was held to."""
     verdict = run_straggler(RunDir(run["dir"]).load())
     s = run["summary"]
+    top = verdict["table"].sort_values("caused(ms)").iloc[-1]
     row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
            "cost(ms)": verdict.get("caused(ms)", float("nan")), "collectives": s[keys.COMM_COLLECTIVES_PER_STEP],
-           "n": s[keys.STEPS_TIMED]}
-    if verdict["rank"] is None:  # the most any rank cost the others
-        row["most(ms)"] = float(verdict["table"]["caused(ms)"].max())
+           "n": s[keys.STEPS_TIMED], "most(ms)": float(top["caused(ms)"]), "most_low(ms)": float(top["caused_low(ms)"]),
+           "most_rank": int(top["rank"]), "work_low(ms)": float(top["work_excess_low(ms)"]),
+           "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])),
+           "step(ms)": verdict["step(ms)"]}
     print(row)
     return row
 
@@ -196,17 +210,16 @@ def wide_control(tmp_path_factory) -> dict:
     return known_truth_row(plain_run(folder, folder / "store", "--steps", "24", "--wide"), 0.0)
 
 
-def test_without_a_sleep_the_natural_imbalance_is_far_below_the_injected_delays(wide_control):
-    """The control: whatever any rank cost the others stays well under the smallest delay injected below (30 ms),
-    so that the known-truth bounds of +-20 % measure the delay, not the imbalance (its waiting, 1.4-11 ms in the
-    runs seen, is absorbed by a delay well above it: the early rank waits d, not d plus it). It may name a
-    straggler: on a quiet machine a rank was late by a steady ~1.3 ms a step (n = 22, 1 of 1 run), beyond
-    noise and 2 % of the step, which the rule rightly names (docs/definitions.md, "Straggler")."""
-    cost = wide_control["cost(ms)"] if wide_control["straggler"] is not None else wide_control.get("most(ms)", 0.0)
-    print(f"control: waiting {wide_control['waiting(ms)']:.2f} ms, straggler {wide_control['straggler']}, "
-          f"cost to the others {cost:.2f} ms, n = {wide_control['n']} steps")
-    assert wide_control["collectives"] >= 2, wide_control
-    assert cost <= 0.4 * 30, wide_control
+def test_without_a_sleep_no_straggler_is_named(wide_control):
+    """The control: the ranks' natural imbalance is named by no rule of noise alone once the steps are many (a
+    steady 1.3 ms lateness, n = 22, beyond noise and 2 % of the step, was named before issue 57); a straggler must
+    also cost the others more than the other ranks' own time varies from step to step (docs/definitions.md,
+    "Straggler"). The figures go in the failure message."""
+    c = wide_control
+    shown = control_figures(c)
+    print(shown)
+    assert c["collectives"] >= 2, shown
+    assert c["straggler"] is None, shown
 
 
 @pytest.mark.parametrize("delay_ms", [30, 80])
@@ -249,8 +262,14 @@ def test_a_sleep_in_every_ranks_data_loading_is_data_wait_not_waiting(tmp_path, 
     assert s[keys.COMM_PEERS_WAIT_MS] <= CONTROL_RATIO * base + 0.25 * 1e3 * SLEEP_S
 
 
-def test_no_sync_accumulation_is_one_step_per_optimizer_step(tmp_path):
-    run = plain_run(tmp_path, tmp_path / "store", "--steps", "6", "--accumulate", "4", "--eval-every", "2")
+@pytest.mark.parametrize("gil_hook", [0.0, 0.003])
+def test_no_sync_accumulation_is_one_step_per_optimizer_step(tmp_path, gil_hook):
+    """0.003: the script's comm hook holds the GIL 3 ms after its all_reduce, so the collective completes before
+    the hook chains its `then`: the meter's callback on gloo's thread then waits for the GIL while the script's
+    thread goes on to the next step (the cause of this test's rare failure, issue 57: a step of 0 collectives and
+    one of 2; 2 of 4 runs so before the meter waited for it, scalelab.sync.meter.CommMeter.settle)."""
+    run = plain_run(tmp_path, tmp_path / "store", "--steps", "6", "--accumulate", "4", "--eval-every", "2",
+                    "--gil-hook", str(gil_hook))
     records = RunDir(run["dir"]).read_steps()
     by_rank = {r: [x for x in records if x["rank"] == r] for r in (0, 1)}
     print(f"steps per rank: {[len(v) for v in by_rank.values()]} for 6 updates of 4 micro-batches")

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CONTROL_RATIO, heartbeat_process, namespaces_unusable, run_cli, start_cli
+from conftest import CONTROL_RATIO, control_figures, heartbeat_process, namespaces_unusable, run_cli, start_cli
 from scalelab.analysis import keys
 from scalelab.analysis.nodes import node_rows
-from scalelab.analysis.stragglers import find_straggler, straggler_lines
+from scalelab.analysis.stragglers import find_straggler, jitter_ms, straggler_lines
 from scalelab.config import TrainConfig
 from scalelab.lab.stragglers import explain_lines, straggler_sentences, straggler_table
 from scalelab.run.execute import execute
@@ -124,8 +124,12 @@ def _known_truth_row(tmp_path: Path, delay_ms: float, i: int) -> dict:
             Store(root), say=lambda _: None)
     verdict, run = _verdict(root)
     s = run["summary"]
+    top = verdict["table"].sort_values("caused(ms)").iloc[-1]
     row = {"d(ms)": delay_ms, "waiting(ms)": s[keys.COMM_PEERS_WAIT_MS], "straggler": verdict["rank"],
-           "cost(ms)": verdict.get("caused(ms)", float("nan")), "most(ms)": float(verdict["table"]["caused(ms)"].max()),
+           "cost(ms)": verdict.get("caused(ms)", float("nan")), "most(ms)": float(top["caused(ms)"]),
+           "most_low(ms)": float(top["caused_low(ms)"]), "most_rank": int(top["rank"]),
+           "work_low(ms)": float(top["work_excess_low(ms)"]),
+           "jitter(ms)": jitter_ms(verdict["table"], int(top["rank"])), "step(ms)": verdict["step(ms)"],
            "collectives": s[keys.COMM_COLLECTIVES_PER_STEP], "n": s[keys.STEPS_TIMED]}
     print(row)
     return row
@@ -137,7 +141,13 @@ def loop_control(tmp_path_factory) -> dict:
 
 
 def test_in_scalelabs_loop_without_a_sleep_no_straggler_is_named(loop_control):
-    assert loop_control["straggler"] is None and loop_control["collectives"] >= 2, loop_control
+    """The ranks' natural imbalance, however steady, is held to the other ranks' jitter (docs/definitions.md,
+    "Straggler"); the control's figures go in the failure message."""
+    c = loop_control
+    shown = control_figures(c)
+    print(shown)
+    assert c["collectives"] >= 2, shown
+    assert c["straggler"] is None, shown
 
 
 @pytest.mark.parametrize("delay_ms", [30, 80])

@@ -17,11 +17,18 @@ same order; a step where they differ is skipped, as in peers.step_split):
   to the others never exceeds the step's waiting for peers, and with one straggler it equals it.
 The wait caused is a mean over the timed steps with its 95 % interval (scalelab.analysis.intervals.mean_interval).
 
-Named straggler, only beyond noise (`straggler`): the rank whose wait caused has an interval that lies above every
-other rank's (intervals separated) and whose lower end is at least MATERIAL (2 %) of the median step: a rank that
-is last by a few microseconds on every step is last, but not what makes the step slow. A slower link is not a
-straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives late, and its cost is
-wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
+Named straggler, only beyond noise and material (`straggler`): the rank whose wait caused has an interval that lies
+above every other rank's (intervals separated), and
+- whose lower end reaches MATERIAL (2 %) of the median step: a rank that is last by a few microseconds on every
+  step is last, but not what makes the step slow; and
+- whose own work is longer than the others' by their jitter: a rank's own work in a step is its time outside
+  collectives (`own_work`); its excess (`work_excess(ms)`) is, per step, its own work less the other ranks'
+  median, a mean whose interval's low end must reach the others' jitter (`jitter(ms)`: a robust step-to-step spread
+  of their own work, `within_spread`). A straggler makes the others wait because its own work is longer; the
+  ranks' natural imbalance makes one late by a steady few ms without it, which the cost's interval alone names once
+  the steps are many. Why and the known truth that sets the factor of 1: docs/definitions.md, "Straggler".
+A slower link is not a straggler: in a ring allreduce it slows every rank inside the collective, no rank arrives
+late, and its cost is wire time (communication once every peer has arrived, peers.step_split) and per-node MB/s.
 
 Where it loses its time (`stage_excess`): per step and stage (data, h2d, forward, backward, optimizer), the
 straggler's own time there minus the median over the other ranks' own time, a rank's own time in a stage being its
@@ -47,7 +54,9 @@ STAGES = ("data", "h2d", "forward", "backward", "forward_backward", "optimizer")
 SPAN_ORDER = ("data", "h2d", "forward", "backward", "forward_backward", "comm", "optimizer")  # as the loop runs
 MATERIAL = 0.02  # least share of the median step a named straggler's wait caused must reach (its interval's low)
 COLUMNS = ("rank", "node", "steps", "collectives", "last", "last(share)", "set_step", "caused(ms)",
-           "caused_low(ms)", "caused_high(ms)")
+           "caused_low(ms)", "caused_high(ms)", "work_excess(ms)", "work_excess_low(ms)", "jitter(ms)")
+MAD_SCALE = 1.4826  # the median absolute deviation of a normal sample times this estimates its standard deviation
+LAUNCH = 10**6  # a pooled cell's steps are numbered launch x LAUNCH + step (_on_one_clock)
 
 
 def _offset(offsets: Sequence[float] | None, rank: int) -> float:
@@ -91,6 +100,7 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
     share), at how many steps it was last at the final collective (the rank the step waited for), and the mean
     wait it caused per step in ms with its 95 % interval. Empty when no step could be compared."""
     caused: dict[int, list[float]] = {}
+    work: dict[int, dict[int, float]] = {}  # step -> rank -> its own work (outside collectives), seconds
     last: dict[int, int] = {}
     set_step: dict[int, int] = {}
     total = 0
@@ -103,16 +113,46 @@ def arrival_table(records: list[dict], offsets: Sequence[float] | None = None, *
         for r in ranks:
             caused.setdefault(r, []).append(found["caused"][r])
             last[r] = last.get(r, 0) + found["last"].count(r)
+            if (own := own_work(steps[step][r])) is not None:
+                work.setdefault(step, {})[r] = own
         set_step[found["last"][-1]] = set_step.get(found["last"][-1], 0) + 1
     rows = []
     for r in sorted(caused):
         low, high = mean_interval(caused[r], positive=True)  # a wait: never below 0
+        excess = [w[r] - float(np.median([v for q, v in w.items() if q != r]))
+                  for w in work.values() if r in w and len(w) > 1]
+        ex_low = mean_interval(excess)[0] if len(excess) > 1 else math.nan
+        by_launch: dict[int, list[float]] = {}
+        for step, w in work.items():
+            if r in w:
+                by_launch.setdefault(step // LAUNCH, []).append(w[r])
         rows.append({"rank": r, "node": r // ranks_per_node if ranks_per_node else None, "steps": len(caused[r]),
                      "collectives": total, "last": last.get(r, 0),
                      "last(share)": last.get(r, 0) / total if total else math.nan,
                      "set_step": set_step.get(r, 0), "caused(ms)": 1e3 * float(np.mean(caused[r])),
-                     "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high})
+                     "caused_low(ms)": 1e3 * low, "caused_high(ms)": 1e3 * high,
+                     "work_excess(ms)": 1e3 * float(np.mean(excess)) if excess else math.nan,
+                     "work_excess_low(ms)": 1e3 * ex_low, "jitter(ms)": 1e3 * within_spread(list(by_launch.values()))})
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def own_work(rec: dict) -> float | None:
+    """A rank's own work in a step record: its wall time less the union of its collectives' intervals (waiting and
+    wire alike: what peers can lengthen); None without wall(s), or for a script's last collective (no period)."""
+    if rec.get("wall(s)") is None or rec.get("no_period"):
+        return None
+    return rec["wall(s)"] - union_seconds((e[2], e[2] + e[3]) for e in rec.get("comm_events") or [])
+
+
+def within_spread(groups: Sequence[Sequence[float]]) -> float:
+    """A robust standard deviation of values about their own group's median, pooled over the groups:
+    MAD_SCALE x the median absolute deviation (a launch's steps about that launch's median: launches of one cell
+    may differ in their level, which is no step-to-step jitter). Robust because a loaded machine takes a rank off
+    its core for a time slice or more on a few steps: those stalls are not its step-to-step jitter, and one of
+    them in 22 steps moved a rank's standard deviation from about 10 to 28 ms (and hid a 30 ms sleep behind it).
+    NaN with fewer than 2 values in every group."""
+    deviations = [abs(v - float(np.median(g))) for g in groups if len(g) > 1 for v in g]
+    return MAD_SCALE * float(np.median(deviations)) if deviations else math.nan
 
 
 def stage_spans(rec: dict) -> dict[str, tuple[float, float]]:
@@ -177,15 +217,27 @@ def median_step_ms(records: list[dict]) -> float:
     return 1e3 * float(np.median(walls)) if walls else math.nan
 
 
+def jitter_ms(table: pd.DataFrame, rank: int) -> float:
+    """The ranks' natural jitter against which `rank`'s excess own work is held: the median of the other ranks'
+    jitter(ms) (0 where none is known)."""
+    values = [v for v in table.loc[table["rank"] != rank, "jitter(ms)"] if math.isfinite(v)] \
+        if "jitter(ms)" in table else []
+    return float(np.median(values)) if values else 0.0
+
+
 def straggler(table: pd.DataFrame, step_ms: float, *, material: float = MATERIAL) -> int | None:
     """The rank named as the straggler (module docstring), or None: no rank's wait caused stands above every
-    other's beyond noise and by at least `material` of the step."""
+    other's beyond noise, by at least `material` of the step, while its own work exceeds the others' by their
+    jitter (module docstring; a table without own work, records with no wall time, has no such floor)."""
     if len(table) < 2:
         return None
     top = table.sort_values("caused(ms)").iloc[-1]
     others = table[table["rank"] != top["rank"]]
     low = top["caused_low(ms)"]
     if not (math.isfinite(low) and low >= material * step_ms):
+        return None
+    excess = top.get("work_excess_low(ms)", math.nan)
+    if excess is not None and math.isfinite(excess) and excess < jitter_ms(table, int(top["rank"])):
         return None
     if not all(math.isfinite(h) and h < low for h in others["caused_high(ms)"]):
         return None
@@ -224,14 +276,15 @@ def collective_records(results: dict[int, dict], *, warmup: int = 2) -> list[dic
     """Pseudo step records of a user's script that marks no steps (`scalelab run` without the probe API): the
     collectives it made, metered into each rank's result (`comm_outside`), one record per collective, the first
     `warmup` of them warm-up. A record's wall(s) is that rank's time from this collective's enter to the next's
-    (the last: its own length), so the step the material share refers to is the period between collectives."""
+    (the last: its own length, marked "no_period": no part of the ranks' own work), so the step the material share
+    refers to is the period between collectives."""
     out = []
     for rank, result in results.items():
         events = (result.get("comm_outside") or {}).get("comm_events") or []
         for k, ev in enumerate(events):
             period = (events[k + 1][2] - ev[2]) if k + 1 < len(events) else ev[3]
             out.append({"step": k + 1, "rank": rank, "warmup": k < warmup, "comm_events": [list(ev)],
-                        "wall(s)": period})
+                        "wall(s)": period, **({"no_period": True} if k + 1 == len(events) else {})})
     return out
 
 
@@ -260,7 +313,7 @@ def _on_one_clock(records: list[dict], offsets: Sequence[float] | None, launch: 
     apart from every other launch's (launch x 10^6 + step): launches pooled into one arrival table."""
     out = []
     for rec in aligned_records(records, offsets):
-        moved = {**rec, "step": launch * 10**6 + rec["step"]}
+        moved = {**rec, "step": launch * LAUNCH + rec["step"]}
         if rec.get("t_end(perf_s)") is not None:
             moved["t_end(perf_s)"] = rec["t_end(perf_s)"] - _offset(offsets, rec["rank"])
         out.append(moved)
@@ -327,7 +380,9 @@ def straggler_lines(verdict: dict) -> list[str]:
         return [(f"No straggler beyond noise: the most any rank made the others wait was rank "
                  f"{int(worst['rank'])}'s {_ms(worst)} per {per} (n = {int(worst['steps'])} {per}s; a straggler's "
                  f"must stand above every other rank's and reach {MATERIAL:.0%} of the {verdict['step(ms)']:.1f} ms "
-                 f"{per}). Slow communication that every rank shares is wire time, not a straggler.")]
+                 f"{per}, with its own work longer than theirs by their jitter, "
+                 f"{jitter_ms(table, int(worst['rank'])):.2f} ms). Slow communication that every rank shares is wire "
+                 f"time, not a straggler.")]
     where = f" (node {int(verdict['node'])})" if verdict.get("node") is not None else ""
     lines = [(f"Straggler: rank {rank}{where}, last to arrive at {verdict['last(share)']:.0%} of the collectives; "
               f"the others waited {verdict['caused(ms)']:.2f} ms per {per} for it (95 % interval "

@@ -79,8 +79,8 @@ def straggler_sentences(table: pd.DataFrame | None, where: str = "") -> list[str
     if named.empty:
         cells = "the multi-worker cell" if len(table) == 1 else f"any of the {len(table)} multi-worker cells"
         return [f"{where + ': no' if where else 'No'} rank is a straggler beyond noise in {cells}: where ranks "
-                "waited inside collectives, they waited for each other alike (imbalance or a shared link, not one "
-                "slow rank)."]
+                "waited inside collectives, they waited for each other alike, or one by less than the others' own "
+                "time varies from step to step (imbalance or a shared link, not one slow rank)."]
     out = []
     for d in named.to_dict("records"):
         where = f" on node {int(d['straggler_node'])}" if d["straggler_node"] is not None and not (

@@ -3,7 +3,11 @@
 A record holds the op, the phase of the step it serves ("forward": DDP's buffer broadcast; "backward": gradient
 sync; "optimizer": reserved for optimizer-side collectives), payload bytes and the interval inside the collective:
 - synchronous collectives: from the call to its return (`collective`);
-- asynchronous ones: from launch to the moment the caller's future completes (`track`);
+- asynchronous ones: from launch to the moment the caller's future completes (`track`). A collective that has
+  completed is recorded before the step that saw it complete is read (`settle`): its record is made by a callback on
+  the completing (gloo) thread, which needs the GIL, and the caller may learn of the completion first (a `then`
+  chained after the meter's, registered once the work had completed, runs on the caller's thread at once); the
+  step's end would otherwise read it in the next step (issue 57: 0 and 2 collectives in two found steps);
 - on CUDA, between CUDA events on the stream that waits for the collective (read at `take_step`, or later:
   `close_step` ends a step and its `EndedComm.read` reads the events when the training loop reads that step).
 Asynchronous collectives overlap compute and each other, so a step's time inside collectives is the length of the
@@ -71,6 +75,7 @@ class CommMeter:
         self._lock = threading.Lock()  # async completions arrive on gloo / timer threads
         self._records: list[Collective] = []
         self._pending: list[tuple] = []  # (record, start event, end event): CUDA times read at take_step
+        self._landing: list[tuple] = []  # (future, recorded): tracked collectives whose record is not made yet
 
     @classmethod
     def from_config(cls, cfg, world: int, device: torch.device | None = None) -> "CommMeter":
@@ -146,7 +151,17 @@ class CommMeter:
             return value
 
         if not self.emulating:
-            return fut.then(lambda f: finish(f.value()))
+            recorded = threading.Event()
+
+            def landed(f: torch.futures.Future):
+                try:
+                    return finish(f.value())
+                finally:
+                    recorded.set()
+
+            with self._lock:
+                self._landing.append((fut, recorded))
+            return fut.then(landed)
         out: torch.futures.Future = torch.futures.Future(devices=self._devices)
 
         def done(f: torch.futures.Future) -> None:
@@ -166,8 +181,19 @@ class CommMeter:
         fut.add_done_callback(done)
         return out
 
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Wait until every tracked collective whose future has completed is recorded: its callback may still be
+        waiting for the GIL on the thread that completed it (module docstring). One still running stays in flight
+        and is recorded in the step where it completes."""
+        with self._lock:
+            self._landing = [(f, ev) for f, ev in self._landing if not ev.is_set()]
+            waiting = [ev for f, ev in self._landing if f.done()]
+        for ev in waiting:  # Event.wait releases the GIL, so the callback can run
+            ev.wait(timeout_s)
+
     def idle(self) -> bool:
         """Whether no collective has been recorded since the last `take_step`."""
+        self.settle()
         with self._lock:
             return not self._records and not self._pending
 
@@ -178,6 +204,7 @@ class CommMeter:
     def close_step(self) -> "EndedComm":
         """End this step's collection (the next one starts empty); read its totals from the returned object, now or
         later: the training loop reads a step's CUDA events when the next step has ended (never waits at its end)."""
+        self.settle()
         with self._lock:
             records, self._records = self._records, []
             pending, self._pending = self._pending, []

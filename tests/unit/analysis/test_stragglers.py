@@ -123,6 +123,69 @@ def test_a_rank_late_by_less_than_the_material_share_is_not_named():
     assert st.straggler(table, st.median_step_ms(records), material=0.001) == 1
 
 
+def paired(own0, own1):
+    """Two ranks that each work their own time (s) from the step's start, then meet at one collective that ends
+    1 ms after the later arrives: the earlier waits the difference."""
+    out = []
+    for t, (a, b) in enumerate(zip(own0, own1), 1):
+        base = 10.0 * t
+        end = base + max(a, b) + 0.001
+        out += [rec(0, t, [base + a], [end], wall=end - base), rec(1, t, [base + b], [end], wall=end - base)]
+    return out
+
+
+def test_a_steady_lateness_within_the_other_ranks_jitter_is_not_named():
+    """Both ranks slowed alike from step to step (a loaded machine: rank 0's own work varies by ~7 ms), rank 1's
+    own work 2 ms longer on every step: its cost is beyond noise (its interval is [2, 2]) and 4 % of the step, but
+    its excess is within what rank 0's own work varies from step to step: the ranks' natural imbalance."""
+    swing = [0.005 * (1 if t % 2 else -1) * (1 + t % 3) / 2 for t in range(24)]
+    records = paired([0.050 + w for w in swing], [0.052 + w for w in swing])
+    table = st.arrival_table(records).set_index("rank")
+    assert table.loc[1, "caused(ms)"] == pytest.approx(2.0) and table.loc[1, "caused_low(ms)"] == pytest.approx(2.0)
+    assert table.loc[1, "work_excess_low(ms)"] == pytest.approx(2.0) and table.loc[0, "jitter(ms)"] > 2.0
+    verdict = st.find_straggler(records)
+    assert verdict["rank"] is None
+    assert "own work longer than theirs by their jitter" in st.straggler_lines(verdict)[0]
+    quiet = paired([0.050 + w / 10 for w in swing], [0.052 + w / 10 for w in swing])  # the same, 10x steadier
+    assert st.find_straggler(quiet)["rank"] == 1
+
+
+def test_a_rank_late_without_longer_own_work_is_not_named():
+    """The control's natural imbalance: rank 1 starts each step 3 ms after rank 0 (it left the last collective
+    later) and works as long: it arrives 3 ms late on every step, beyond noise and 5 % of the step, but its own
+    work is no longer than rank 0's: no straggler. The same lateness from 3 ms more own work is one."""
+    out, longer = [], []
+    for t in range(1, 25):
+        base, own = 10.0 * t, 0.050 + 0.0003 * (t % 3)
+        end = base + 0.003 + own + 0.001
+        out += [rec(0, t, [base + own], [end], wall=end - base),
+                rec(1, t, [base + 0.003 + own], [end], wall=end - base - 0.003)]
+        longer += [rec(0, t, [base + own], [end], wall=end - base),
+                   rec(1, t, [base + 0.003 + own], [end], wall=end - base)]
+    late = st.find_straggler(out)
+    table = late["table"].set_index("rank")
+    assert table.loc[1, "caused_low(ms)"] == pytest.approx(3.0) and abs(table.loc[1, "work_excess(ms)"]) < 1e-6
+    assert late["rank"] is None
+    assert st.find_straggler(longer)["rank"] == 1
+
+
+def test_a_rank_that_stalls_on_every_other_step_is_named_against_the_others_jitter():
+    """Rank 1 stalls 80 ms every second step: its own work (and the step) varies by ~60 ms from step to step, rank
+    0's by 0.2 ms: the others' jitter is the floor, so the stalls do not hide behind themselves."""
+    own0 = [0.050 + 0.0002 * (t % 3) for t in range(24)]
+    own1 = [0.0505 + (0.080 if t % 2 == 0 else 0.0) for t in range(24)]
+    verdict = st.find_straggler(paired(own0, own1))
+    table = verdict["table"].set_index("rank")
+    assert verdict["rank"] == 1 and table.loc[1, "jitter(ms)"] > 40 > 1 > table.loc[0, "jitter(ms)"], table
+    assert verdict["caused(ms)"] == pytest.approx(1e3 * sum(b - a for a, b in zip(own0, own1)) / 24)
+
+
+def test_jitter_is_a_robust_spread_about_each_launchs_own_median():
+    assert st.within_spread([[1.0, 2.0, 3.0], [11.0, 12.0, 13.0]]) == pytest.approx(st.MAD_SCALE)  # not 5 apart
+    assert st.within_spread([[10.0] * 10 + [110.0]]) == 0.0  # one stall of the machine is no jitter
+    assert math.isnan(st.within_spread([[4.0]]))
+
+
 def test_clock_offsets_are_taken_off_before_arrivals_are_compared():
     records = symmetric_slow_link()
     for r in records:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pandas as pd
 import pytest
@@ -145,6 +146,34 @@ def test_records_from_other_threads_are_all_kept():
     for t in threads:
         t.join()
     assert meter.take_step()["comm_bytes"] == 2000
+
+
+def test_a_completed_collective_is_in_the_step_that_saw_it_complete_not_the_next():
+    """Issue 57's flake: the meter's callback runs on the completing (gloo) thread and needs the GIL; the caller can
+    learn of the completion first (its own `then`, chained after the work completed, runs at once on its thread)
+    and end the step. Here the completing thread's callback is held back 0.2 s (its clock read): the step's end
+    still reads the collective, by waiting for it, and a collective still running is not waited for."""
+    main = threading.get_ident()
+
+    def clock():
+        if threading.get_ident() != main:
+            time.sleep(0.2)  # the callback, late for the GIL
+        return time.perf_counter()
+
+    meter = CommMeter(2, clock=clock)
+    done, running = torch.futures.Future(), torch.futures.Future()
+    meter.track(done, "allreduce", 4, phase="backward", start=0.0)
+    meter.track(running, "allreduce", 8, phase="backward", start=0.0)
+    completer = threading.Thread(target=done.set_result, args=(None,))
+    completer.start()
+    while not done.done():  # the caller sees it complete ...
+        time.sleep(0.001)
+    assert not meter.idle()  # ... and its step holds it
+    step = meter.take_step()
+    assert step["collectives"] == 1 and step["comm_bytes"] == 4, step
+    completer.join()
+    running.set_result(None)  # the one still running lands in the step where it completes
+    assert meter.take_step()["comm_bytes"] == 8
 
 
 def test_bad_phase_or_op_fails_at_record_time():
