@@ -21,7 +21,7 @@ from scalelab.analysis.breakdown import SCRIPT_VARIANT, scaling_breakdown
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
-from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
+from scalelab.analysis.scaling import EFFICIENCY_CI, SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
 from scalelab.experiments.scale_lost import lost_speedup_sentences, waterfall
 from scalelab.lab.base import (
@@ -245,8 +245,8 @@ def scale_result(result) -> tuple[list[str], str | None]:
             batch = d["global_batch"] if mode == "strong" else d["per_worker_batch"]
             part = (f"{mode} scaling to {d['workers']} workers at {'global' if mode == 'strong' else 'per-worker'} "
                     f"batch {batch}: speedup {fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %"
-                    + (f" (95 % interval {100 * d['ci_low']:.0f}–{100 * d['ci_high']:.0f} %)"
-                       if not pd.isna(d.get("ci_low", float("nan"))) else ""))
+                    + (f" (95 % interval {100 * d[EFFICIENCY_CI[0]]:.0f}–{100 * d[EFFICIENCY_CI[1]]:.0f} %)"
+                       if not pd.isna(d.get(EFFICIENCY_CI[0], float("nan"))) else ""))
             if d.get("exposed_comm(ms)") is not None and d.get("step(ms)"):
                 part += (f"; exposed communication {fmt(d['exposed_comm(ms)'], ' ms')} of a "
                          f"{fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
@@ -294,7 +294,7 @@ def workers_decision(table: pd.DataFrame, fair: pd.DataFrame) -> Decision | None
                       action=f"{int(best['workers'])} workers at global batch {int(best['global_batch'])}")
     if decision.verdict != BETTER:
         return decision
-    low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+    low, high = (best.get(c, float("nan")) for c in EFFICIENCY_CI)
     efficiency = f"strong-scaling efficiency {100 * best['efficiency']:.0f} %{efficiency_interval(low, high)}"
     # faster beyond noise is the answer; whether it pays off is said beside it, never as another verdict
     if not pd.isna(low) and low < 0.5 <= high:
@@ -367,17 +367,18 @@ EXPERIMENT = Experiment(
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
               "scale_strong": "Strong scaling, one row per worker count and batch: median step and its 95 % "
-                              "interval, speedup with its interval, efficiency, exposed communication; every "
+                              "interval, speedup and efficiency with their intervals, exposed communication; every "
                               "column is in the files.",
               "scale_weak": "Weak scaling, one row per worker count and per-worker batch: median step and its 95 % "
-                            "interval, throughput speedup with its interval, efficiency, exposed communication."},
+                            "interval, throughput speedup and efficiency with their intervals, exposed communication."},
     columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
-                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
-    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
-                                "share_of_gap", "within_noise", "measured", "needs"]
+                    *EFFICIENCY_CI, "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
+    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "value_ci_low(ms)",
+                                "value_ci_high(ms)", "share_of_gap", "within_noise", "measured", "needs"]
        for name in ("scale_strong", "scale_weak")}
     | {f"{name}_stragglers": list(STRAGGLER_SHOWN) for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
-    version=2,  # 2: exposed at the no-op's fastest rank, overlap = hidden / (waiting + wire), stragglers pooled
+    version=3,  # 2: exposed at the no-op's fastest rank, overlap = hidden / (waiting + wire), stragglers pooled;
+    # 3: intervals named after their figure (efficiency_ci_low, value_ci_low(ms)), so saved tables are re-derived
 )

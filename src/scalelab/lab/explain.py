@@ -231,7 +231,7 @@ def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
         return ["no part is beyond noise: nothing to suggest from these runs (longer runs narrow the intervals)."]
 
     def ms(row: dict) -> str:
-        return f"{row['value(ms)']:.3g} ms a step (95 % interval {row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})"
+        return f"{row['value(ms)']:.3g} ms a step (95 % interval {row['value_ci_low(ms)']:.3g}–{row['value_ci_high(ms)']:.3g})"
 
     s, c = run.get("summary") or {}, run.get("config") or {}
     out = [f"largest cause: {PARTS[cause['part']]}, {ms(cause)}."] if cause is not None else []
@@ -324,7 +324,7 @@ def lines(ex: Explanation) -> list[str]:
             out.append(f"{label:<58}{'not measured':>12}  needs: {said_once(row['needs'], said)}")
             continue
         value = row["value(ms)"]
-        interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
+        interval = (f"{row['value_ci_low(ms)']:.3g}–{row['value_ci_high(ms)']:.3g}" if pd.notna(row["value_ci_low(ms)"]) else "")
         share = f"{100 * row['share_of_gap']:.0f} %" if pd.notna(row["share_of_gap"]) else ""
         note = ("  (holds the parts not measured)" if not row["measured"] else
                 "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
@@ -350,7 +350,7 @@ def side_by_side(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> 
     def cell(row) -> str:
         if not row["measured"] and row["part"] != "rest":
             return "not measured"
-        interval = f" ({row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})" if pd.notna(row["ci_low(ms)"]) else ""
+        interval = f" ({row['value_ci_low(ms)']:.3g}–{row['value_ci_high(ms)']:.3g})" if pd.notna(row["value_ci_low(ms)"]) else ""
         return f"{row['value(ms)']:.3g}{interval}"
 
     rows = []
