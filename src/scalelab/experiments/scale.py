@@ -40,7 +40,7 @@ from scalelab.lab.checked import run_checked
 from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
 from scalelab.lab.stragglers import SHOWN as STRAGGLER_SHOWN
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
-from scalelab.report.figures import ci, plt, save
+from scalelab.report.figures import COMPUTE_LABEL, ci, plt, save
 from scalelab.sync import registry as syncs
 
 MODES = ("strong", "weak")
@@ -180,13 +180,13 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
 
 
 def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
-    """Per cell: step time split into compute (the step with no-op collectives) and exposed communication (stacked
+    """Per cell: step time split into compute (COMPUTE_LABEL) and exposed communication (stacked
     bars; a negative exposed part downwards), with the exposed part's 95 % interval."""
     labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
     compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"])
     exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
-    ax.bar(labels, compute, label="compute (step with no-op collectives, fastest rank)")
+    ax.bar(labels, compute, label=COMPUTE_LABEL)
     ax.bar(labels, exposed, bottom=compute, label="exposed communication")
     if "exposed_ci_low(ms)" in table:
         low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
@@ -353,9 +353,10 @@ EXPERIMENT = Experiment(
               "scale_weak_stragglers": "As for strong scaling: the straggler of each multi-worker cell, if any.",
               "scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
               "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
-              "scale_strong_breakdown.png": "Per cell: compute (the step with no-op collectives, at its fastest "
-                                            "rank) + exposed communication; diamonds: time inside collectives.",
-              "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
+              "scale_strong_breakdown.png": f"Per cell: {COMPUTE_LABEL} + exposed communication; diamonds: time "
+                                            "inside collectives.",
+              "scale_weak_breakdown.png": f"Per cell, weak scaling: {COMPUTE_LABEL} + exposed communication; "
+                                          "diamonds: time inside collectives.",
               "scale_strong_lost_speedup.png": "Where the speedup went, per cell: from the ideal step (the "
                                                "1-worker step scaled to the same work) to the measured one.",
               "scale_weak_lost_speedup.png": "Where the speedup went, weak scaling: ideal step -> measured step.",
