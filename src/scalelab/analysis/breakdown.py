@@ -310,7 +310,8 @@ def exposed_sum(table: pd.DataFrame) -> str | None:
     if comm <= 0:
         return line
     hidden = rows["hidden"] if v["hidden"] < 0 else rows["interference"]
-    share, low, high = (0.0 - float(hidden[c]) / comm for c in ("value(ms)", "value_ci_high(ms)", "value_ci_low(ms)"))  # no -0
+    # no -0; negated, so the high end gives the low share
+    share, low, high = (0.0 - float(hidden[c]) / comm for c in ("value(ms)", "value_ci_high(ms)", "value_ci_low(ms)"))
     exposed = rows["exposed"]
     if low > 1 + OVERLAP_SLACK or (_number(exposed["value_ci_high(ms)"]) and exposed["value_ci_high(ms)"] < 0):
         verdict = ("implausible: more than all of it ran under compute beyond noise (the no-op baseline ran slower "
