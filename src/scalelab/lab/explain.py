@@ -348,8 +348,9 @@ def _lines(ex: Explanation, label_width: int) -> list[str]:
         share = f"{100 * row['share_of_gap']:.0f} %" if pd.notna(row["share_of_gap"]) else ""
         note = ("  (holds the parts not measured)" if not row["measured"] else
                 "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
-        out.append(f"{label:<{label_width}}{value:>9.3g}  {interval:>17}  {share:>7}{note}")
-        out += more
+        row_line = f"{label:<{label_width}}{value:>9.3g}  {interval:>17}  {share:>7}"
+        # the note after the whole label: beside the figures, or after the label's end below them
+        out += [row_line + note] if not more else [row_line, *more[:-1], more[-1] + note]
     if rest_too_large(ex.table):
         out.append("the rest is above 20 % of the gap: a cause is not accounted for (or the runs drifted apart).")
     missing = [p for p in LEAVES if not ex.table.set_index("part").loc[p, "measured"]]

@@ -79,3 +79,12 @@ def test_wrapped_keeps_alignment_and_indentation():
     out = wrapped(line, 60)
     assert out[0].startswith("    · waiting for peers" + " " * 20) and out[1].startswith("        ")
     assert max(map(len, out)) <= 60
+
+
+def test_a_parts_note_follows_the_end_of_its_label():
+    ex = explanation()
+    ex.table.loc[ex.table["part"] == "compute", "within_noise"] = True
+    out = lines(ex, 80)
+    end = next(x for x in out if "against the ideal" in x)
+    assert end.strip() == "against the ideal  (within noise)" and max(map(len, out)) <= 80
+    assert next(x for x in lines(ex, 120) if "compute slowdown" in x).endswith("%  (within noise)")
