@@ -302,7 +302,7 @@ def bucket_suggestion(store: Store, run: dict) -> list[str]:
             f"{steps[here]:.3g} ms ({here:g} MiB; one launch each unless `scalelab bucket-sweep` pooled more).")]
 
 
-LABEL_WIDTH = 58  # the parts' column, where the terminal allows (an unknown width: this)
+LABEL_WIDTH = 70  # the parts' column: the longest label and 2 spaces, where the terminal allows (unknown: this)
 FIGURES_WIDTH = 37  # ms (9), 95 % interval (2 + 17), of gap (2 + 7)
 
 
