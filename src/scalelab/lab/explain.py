@@ -20,6 +20,7 @@ bucket sweep of the same config is stored (runs that differ from this one in buc
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import textwrap
 from dataclasses import dataclass, field
@@ -311,10 +312,10 @@ def lines(ex: Explanation, width: int | None = None) -> list[str]:
     `width`: the terminal's; the parts' column narrows to leave the figures on the part's line (a label longer
     than it goes on below), and every line is broken to it (lab.terminal.wrapped)."""
     label_width = LABEL_WIDTH if width is None else max(min(LABEL_WIDTH, width - FIGURES_WIDTH), 12)
-    return [part for line in _lines(ex, label_width) for part in wrapped(line, width)]
+    return [part for line in _lines(ex, label_width, width) for part in wrapped(line, width)]
 
 
-def _lines(ex: Explanation, label_width: int) -> list[str]:
+def _lines(ex: Explanation, label_width: int, width: int | None) -> list[str]:
     if ex.table is None or ex.brief:
         return list(ex.notes)
     c, s = ex.run["config"] or {}, ex.run["summary"] or {}
@@ -350,7 +351,12 @@ def _lines(ex: Explanation, label_width: int) -> list[str]:
                 "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
         row_line = f"{label:<{label_width}}{value:>9.3g}  {interval:>17}  {share:>7}"
         # the note after the whole label: beside the figures, or after the label's end below them
-        out += [row_line + note] if not more else [row_line, *more[:-1], more[-1] + note]
+        lines_of_row = [row_line, *more]
+        if note and len(lines_of_row[-1] + note) > (width or math.inf):  # a note of its own, not broken
+            lines_of_row.append(f"{indent}  {note.strip()}")
+        else:
+            lines_of_row[-1] += note
+        out += lines_of_row
     if rest_too_large(ex.table):
         out.append("the rest is above 20 % of the gap: a cause is not accounted for (or the runs drifted apart).")
     missing = [p for p in LEAVES if not ex.table.set_index("part").loc[p, "measured"]]
