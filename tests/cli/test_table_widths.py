@@ -29,3 +29,30 @@ def test_wide_shows_every_column():
     lines = render(wide_frame(), None)
     assert len(lines) == 3 and len(lines[0].split()) == len(wide_frame().columns)
     assert max(len(x) for x in lines) > 752 // 2
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_boxed_table_fits_by_the_same_rule_and_keeps_what_it_must(width):
+    """`runs list` and `predict` print boxed tables through the same fitting rule (cli.tables.fitting_columns,
+    boxed: 3 characters a column and a closing rule): no line wider than the terminal, `keep` whatever the width,
+    shown in their own order, the rest named."""
+    import io
+
+    from rich.console import Console
+
+    from scalelab.cli.tables import fitting_columns, print_fitted
+
+    frame = wide_frame().assign(run_id=["run-20261123-044511-b8b1bf" * 4] * 2)
+    order = ["run_id", "workers", "step(ms)", *(f"figure_{i}(ms)" for i in range(40))]
+    wanted = ["run_id", "step(ms)", "workers", *(f"figure_{i}(ms)" for i in range(40))]
+    out = io.StringIO()
+    print_fitted(Console(file=out, width=width), frame, order=order, wanted=wanted, wide=False, keep=("run_id",))
+    lines = out.getvalue().splitlines()
+    assert "run_id" in lines[1] and "not shown, to fit" in out.getvalue()
+    assert "run-20261123-044511-b8b1bf" in lines[3]  # kept although alone it is wider than 80 with its borders
+    shown, left = fitting_columns(frame, width, wanted=wanted, order=order, keep=("run_id",), boxed=True)
+    assert shown[0] == "run_id" and left[-1] == "figure_39(ms)"
+    plain, _ = fitting_columns(frame, width, wanted=wanted, order=order)
+    assert len(plain) >= len(shown)  # plain columns cost 2 characters each, boxed ones 3
+    # an interval goes with its figure only where both ends are wanted: none is added that was not asked for
+    assert "step_ci_low(ms)" not in fitting_columns(frame, None, wanted=wanted, order=order)[0]

@@ -60,7 +60,7 @@ def _part(table, name) -> dict:
 
 def _say(case: str, n: int, part: dict, injected_ms: float) -> None:
     print(f"\n{case}: n={n} attributed {part['value(ms)']:.1f} ms "
-          f"(interval {part['ci_low(ms)']:.1f}-{part['ci_high(ms)']:.1f}) vs injected {injected_ms:.1f} ms")
+          f"(interval {part['value_ci_low(ms)']:.1f}-{part['value_ci_high(ms)']:.1f}) vs injected {injected_ms:.1f} ms")
 
 
 def test_a_straggler_is_waiting_for_peers(scenario_runs):
@@ -75,7 +75,7 @@ def test_a_straggler_is_waiting_for_peers(scenario_runs):
     injected = 1e3 * sense.STRAGGLER_S
     waiting, compute = _part(table, "waiting"), _part(table, "compute")
     _say("straggler", runs["real"]["summary"]["steps/timed"], waiting, injected)
-    print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    print(table[["part", "value(ms)", "value_ci_low(ms)", "value_ci_high(ms)", "measured"]].to_string())
     shown = {"injected(ms)": injected, **{f"{part}(ms)": (round(_part(table, part)["value(ms)"], 2),
                                                           round(_part(control, part)["value(ms)"], 2))
                                           for part in ("waiting", "compute")}}  # (straggler, control)
@@ -105,7 +105,7 @@ def test_a_data_delay_is_data_wait(tmp_path, scenario_runs):
     injected = 1e3 * sense.DATA_SLEEP_S * sense.PER_RANK_BATCH
     data = _part(table, "data")
     _say("data delay", runs["real"]["summary"]["steps/timed"], data, injected)
-    print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    print(table[["part", "value(ms)", "value_ci_low(ms)", "value_ci_high(ms)", "measured"]].to_string())
     # the data part is already a difference against a run without the delay (the 1-worker run's data wait); its
     # noise is that of the loader's own work, which the control's data stage measures on this machine (no constant)
     own = scenario_runs(sense.data_wait(scenario_runs.folder, sleep_s=0.0))["summary"][keys.stage_ms("data")]
@@ -136,7 +136,7 @@ def test_a_smaller_batch_without_sync_is_compute_slowdown_only(scenario_runs, sl
     compute = _part(table, "compute")
     injected = 1e3 * fixed_s / 2
     _say("half batch, no sync (compute slowdown)", runs["real"]["summary"]["steps/timed"], compute, injected)
-    print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    print(table[["part", "value(ms)", "value_ci_low(ms)", "value_ci_high(ms)", "measured"]].to_string())
     print({"injected(ms)": injected, "compute(ms)": (compute["value(ms)"], control)})  # (run, control)
     assert table["measured"].all(), table
     # the fixed cost the ranks cannot halve, on top of the layer's own slowdown on 2 ranks of shared cores (the
@@ -203,7 +203,7 @@ def test_a_scripts_straggler_is_waiting_for_peers_in_explain(tmp_path):
     waiting = _part(table, "waiting")
     injected = 1e3 * sense.STRAGGLER_S
     _say("straggler in a user's script (probe)", ex.run["summary"]["steps/timed"], waiting, injected)
-    print(table[["part", "value(ms)", "ci_low(ms)", "ci_high(ms)", "measured"]].to_string())
+    print(table[["part", "value(ms)", "value_ci_low(ms)", "value_ci_high(ms)", "measured"]].to_string())
     # the control: the same script on 2 ranks without the sleep; what its ranks wait for each other is the ordinary
     # imbalance of 2 ranks on shared cores (a figure of the machine and its load) that the sleep comes on top of
     control_script = tmp_path / "control.py"

@@ -63,7 +63,7 @@ ADDITIVE = ("data", "compute", "sync_work", "exposed")  # ideal + these + rest =
 # strategy), past its interval.
 OVERLAP_SLACK = 0.05
 REST_LIMIT = 0.20  # |rest| beyond this share of the gap is said in words (issue 31: it must stay small)
-COLUMNS = ["part", "level", "value(ms)", "ci_low(ms)", "ci_high(ms)", "within_noise", "measured", "needs",
+COLUMNS = ["part", "level", "value(ms)", "value_ci_low(ms)", "value_ci_high(ms)", "within_noise", "measured", "needs",
            "share_of_gap"]
 # what a part that needs a variant without sync says for a user's script (`scalelab run`, the probe, Lightning)
 SCRIPT_VARIANT = ("not measurable for a script of yours: scalelab cannot remove the sync of code it did not write "
@@ -208,7 +208,7 @@ def breakdown(real: Mapping | None, *, one: Mapping | None = None, nosync: Mappi
         f = parts[name]
         measured = f.known() and (name != "rest" or all_known)
         rows.append({"part": name, "level": 1 if name in SUBPARTS else 0, "value(ms)": f.value,
-                     "ci_low(ms)": f.low, "ci_high(ms)": f.high, "within_noise": _within_noise(f),
+                     "value_ci_low(ms)": f.low, "value_ci_high(ms)": f.high, "within_noise": _within_noise(f),
                      "measured": measured, "needs": None if measured else _needs(name, need, real is not None),
                      "share_of_gap": f.value / gap.value if gap.known() and gap.value and name not in
                      ("ideal", "measured") else math.nan, "what": what})
@@ -277,9 +277,9 @@ def largest_cause(table: pd.DataFrame, *, material: float = MATERIAL) -> dict | 
     straggler rule's material share (scalelab.analysis.stragglers). None when no part is both. When it is the
     exposed communication, `largest_split` names what it is made of."""
     step = table.set_index("part").loc["measured", "value(ms)"]
-    parts = table[table["part"].isin(ADDITIVE) & table["measured"] & (table["ci_low(ms)"] > 0)]
+    parts = table[table["part"].isin(ADDITIVE) & table["measured"] & (table["value_ci_low(ms)"] > 0)]
     if _number(step):
-        parts = parts[parts["ci_low(ms)"] >= material * step]
+        parts = parts[parts["value_ci_low(ms)"] >= material * step]
     if not len(parts):
         return None
     return parts.loc[parts["value(ms)"].idxmax()].to_dict()
@@ -288,7 +288,7 @@ def largest_cause(table: pd.DataFrame, *, material: float = MATERIAL) -> dict | 
 def largest_split(table: pd.DataFrame) -> dict | None:
     """The positive part of exposed communication's split (waiting, wire, interference) that is largest beyond
     noise, as its row (what to act on when exposed communication is the largest cause); None when none is."""
-    parts = table[table["part"].isin(SUBPARTS) & table["measured"] & (table["ci_low(ms)"] > 0)]
+    parts = table[table["part"].isin(SUBPARTS) & table["measured"] & (table["value_ci_low(ms)"] > 0)]
     return parts.loc[parts["value(ms)"].idxmax()].to_dict() if len(parts) else None
 
 
@@ -310,9 +310,10 @@ def exposed_sum(table: pd.DataFrame) -> str | None:
     if comm <= 0:
         return line
     hidden = rows["hidden"] if v["hidden"] < 0 else rows["interference"]
-    share, low, high = (0.0 - float(hidden[c]) / comm for c in ("value(ms)", "ci_high(ms)", "ci_low(ms)"))  # no -0
+    # no -0; negated, so the high end gives the low share
+    share, low, high = (0.0 - float(hidden[c]) / comm for c in ("value(ms)", "value_ci_high(ms)", "value_ci_low(ms)"))
     exposed = rows["exposed"]
-    if low > 1 + OVERLAP_SLACK or (_number(exposed["ci_high(ms)"]) and exposed["ci_high(ms)"] < 0):
+    if low > 1 + OVERLAP_SLACK or (_number(exposed["value_ci_high(ms)"]) and exposed["value_ci_high(ms)"] < 0):
         verdict = ("implausible: more than all of it ran under compute beyond noise (the no-op baseline ran slower "
                    "than the real run): not a finding")
     elif low <= 0 <= high:

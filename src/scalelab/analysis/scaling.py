@@ -6,7 +6,8 @@
 
 Speedup and efficiency carry 95 % intervals from both sides' intervals (epoch times in strong scaling, throughputs
 in weak; scalelab.analysis.intervals.ratio_interval); efficiency is the headline: `n` (timed steps of the cell),
-`ci_low`, `ci_high` follow it.
+`efficiency_ci_low`, `efficiency_ci_high` follow it (every interval is named after its figure:
+scalelab.analysis.tables.figure_of).
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from scalelab.analysis.repeats import LAUNCH_MEDIANS, LAUNCHES, WITHIN_DOF, WITH
 COMM_METRICS = [keys.COMM_TIME_MS, keys.COMM_SUM_MS, keys.COMM_WAIT_MS, keys.COMM_BLOCKING_MS, keys.COMM_CRITICAL_MS,
                 keys.COMM_PEERS_WAIT_MS, keys.COMM_BYTES_PER_STEP, keys.COMM_ALGBW,
                 keys.COMM_BUSBW, keys.COMM_COLLECTIVES_PER_STEP, keys.COMM_LOOPBACK_BYTES_PER_STEP]
-RATE_CI = ["epoch_ci_low(s)", "epoch_ci_high(s)", "throughput_ci_low", "throughput_ci_high"]
+EFFICIENCY_CI = ("efficiency_ci_low", "efficiency_ci_high")  # named after their figure, as every interval
+RATE_CI = ["epoch_ci_low(s)", "epoch_ci_high(s)", *keys.ci_keys(keys.THROUGHPUT)]
 
 
 def strong_speedup(t1: float, tn: float) -> float:
@@ -82,11 +84,11 @@ def scaling_table(runs: list[dict], mode: str) -> pd.DataFrame:
     frame["reference_run_id"] = references  # the 1-worker run speedup and efficiency are relative to
     frame["run_ids"] = [",".join(r.get("run_ids") or [r["run_id"]]) for r in runs]  # the cell's launches
     frame["n"] = [(r["summary"] or {}).get(keys.STEPS_TIMED) for r in runs]
-    frame["ci_low"] = frame["speedup_ci_low"] / frame["workers"]
-    frame["ci_high"] = frame["speedup_ci_high"] / frame["workers"]
+    frame[EFFICIENCY_CI[0]] = frame["speedup_ci_low"] / frame["workers"]
+    frame[EFFICIENCY_CI[1]] = frame["speedup_ci_high"] / frame["workers"]
     own = {run["run_id"]: worst_quality(faster_than_link(run), run_quality(run["summary"] or {})) for run in runs}
     frame["quality"] = [worst_quality(efficiency_quality(e, lo), own.get(rid))
-                        for e, lo, rid in zip(frame["efficiency"], frame["ci_low"], frame["run_id"])]
+                        for e, lo, rid in zip(frame["efficiency"], frame[EFFICIENCY_CI[0]], frame["run_id"])]
     frame.insert(1, "mode", mode)
     return frame.sort_values([key, "workers"], kind="stable").reset_index(drop=True)
 

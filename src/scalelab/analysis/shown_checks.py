@@ -174,13 +174,37 @@ def part_faults(name: str, frame: pd.DataFrame, pairs=PARTS) -> list[str]:
     return out
 
 
+CALLED_95 = r"95 % intervals?\b"  # how a caption calls its intervals 95 % ones
+
+
+def few_values(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose interval rests on fewer values (their `n`) than make a 95 % one (RANGE_MIN_N); none
+    without an `n` column."""
+    if "n" not in frame:
+        return frame.iloc[0:0]
+    with_interval = frame[[c for c in frame.columns if interval_parts(str(c))]].notna().any(axis=1)
+    return frame[with_interval & (pd.to_numeric(frame["n"], errors="coerce") < RANGE_MIN_N)]
+
+
+def honest_caption(caption: str, frame: pd.DataFrame) -> str:
+    """`caption` as it may stand above `frame`: where a row's interval rests on fewer than RANGE_MIN_N values, the
+    caption's "95 % interval" says what it is there (the range of the values, and what that covers at the fewest),
+    so coverage_faults holds; unchanged otherwise."""
+    few = few_values(frame)
+    if not len(few) or not re.search(CALLED_95, caption):
+        return caption
+    n = int(pd.to_numeric(few["n"], errors="coerce").min())
+    return re.sub(r"95 % interval(s?)\b", lambda m: (
+        f"interval{m[1]} (95 % from n = {RANGE_MIN_N} values up; with fewer, the range of the n values, which "
+        f"covers {100 * coverage(n):.1f} % at n = {n})"), caption, count=1).replace("95 % interval", "interval")
+
+
 def coverage_faults(name: str, frame: pd.DataFrame, caption: str = "") -> list[str]:
     """A caption that calls a table's intervals "95 % interval(s)" while a row's interval rests on fewer values
     (its `n`) than make one (analysis.intervals.RANGE_MIN_N: below it the range covers less, 50 % for 2)."""
-    if "n" not in frame or not re.search(r"95 % intervals?\b", caption):
+    if not re.search(CALLED_95, caption):
         return []
-    with_interval = frame[[c for c in frame.columns if interval_parts(str(c))]].notna().any(axis=1)
-    few = frame[with_interval & (pd.to_numeric(frame["n"], errors="coerce") < RANGE_MIN_N)]
+    few = few_values(frame)
     return [f"{name} ({_label(frame, i)}): the caption calls its interval a 95 % interval, but it rests on n = "
             f"{int(frame['n'].iloc[i])} (the range of {int(frame['n'].iloc[i])} values covers "
             f"{100 * coverage(int(frame['n'].iloc[i])):.1f} %)" for i in (frame.index.get_loc(j) for j in few.index)]

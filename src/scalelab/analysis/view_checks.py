@@ -71,7 +71,8 @@ def _exposed_disagrees(row: Mapping, part: pd.DataFrame) -> list[str]:
     if None in (waiting, wire, share) or waiting + wire <= 0:
         return out
     beyond = part.loc["hidden"] if _number(part.loc["hidden"], "value(ms)") else part.loc["interference"]
-    hidden = [_number(beyond, k) for k in ("value(ms)", "ci_high(ms)", "ci_low(ms)")]  # negated: high <-> low
+    # negated: high <-> low
+    hidden = [_number(beyond, k) for k in ("value(ms)", "value_ci_high(ms)", "value_ci_low(ms)")]
     if hidden[0] is None:
         return out
     ms = [-(h or 0.0) for h in hidden]

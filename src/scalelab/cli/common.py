@@ -9,6 +9,7 @@ from rich.console import Console
 from scalelab.lab.base import Context
 from scalelab.lab.cells import Cells
 from scalelab.lab.progress import PlainProgress
+from scalelab.lab.terminal import terminal_width, wrapped
 from scalelab.store import open_store
 
 console = Console()
@@ -16,8 +17,10 @@ err_console = Console(stderr=True)
 
 
 def say(line: str) -> None:
-    """Progress lines are plain text: '[study 1/3]' must not be read as rich markup."""
-    console.print(line, markup=False, highlight=False, soft_wrap=True)
+    """Progress lines are plain text: '[study 1/3]' must not be read as rich markup; broken to the terminal's width
+    where one is known (lab.terminal: COLUMNS or a terminal), else whole, for logs."""
+    for part in wrapped(line, terminal_width()):
+        console.print(part, markup=False, highlight=False, soft_wrap=True)
 
 
 def run_failed(err: Exception) -> typer.Exit:

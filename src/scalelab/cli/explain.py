@@ -11,6 +11,7 @@ from scalelab.cli.options import store_option
 from scalelab.lab.explain import explain, lines
 from scalelab.lab.pooled import cell_lines, study_cell
 from scalelab.lab.stragglers import explain_lines
+from scalelab.lab.terminal import terminal_width
 from scalelab.store import open_store
 
 
@@ -27,5 +28,5 @@ def explain_cmd(run: str = typer.Argument(..., help="Run id or a unique prefix."
     # why not N x, then who the others waited for (not in a no-op-collectives variant: its collectives do nothing),
     # then, for a launch of a study cell, the cell's pooled figures the report shows
     waited = [] if (ex.run.get("config") or {}).get("noop_collectives") else explain_lines(ex.run)
-    for line in lines(ex) + waited + cell_lines(study_cell(opened.root, ex.run), ex.run["run_id"]):
+    for line in lines(ex, terminal_width()) + waited + cell_lines(study_cell(opened.root, ex.run), ex.run["run_id"]):
         say(line)

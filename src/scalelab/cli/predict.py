@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import typer
 
-from scalelab.cli import fitted
+from scalelab.cli.tables import print_fitted
 from scalelab.cli.common import console, experiment_context, run_failed, store_and_out
 from scalelab.cli.options import KEYWORD, config_params, config_values, merge, parse_sets, place_params
 from scalelab.config import load_yaml
@@ -46,7 +46,7 @@ DEFAULT_WORKERS = [2**k for k in range(13)]  # 1 .. 4096
 DEFAULT_HARDWARE = ["measured", "10gbe", "ib_hdr", "nvlink3"]
 DEFAULTS = {"ranks": 2, "steps": 20}  # per calibration run, below the YAML file, --set and flags
 # the prediction as printed, one table per hardware: columns in this order, kept in WANTED's while they fit the
-# terminal (cli/fitted.py); every column of prediction.csv with --wide
+# terminal (cli/tables.py); every column of prediction.csv with --wide
 SHOWN = ["workers", "step(ms)", "95 % (ms)", "efficiency", "extrapolation", "speedup", "nodes", "per_rank_batch",
          "compute(ms)", "exposed_comm(ms)", "50 % (ms)", "sampling ±%", "model ±%"]
 WANTED = ["workers", "step(ms)", "95 % (ms)", "efficiency", "extrapolation", "speedup", "nodes", "exposed_comm(ms)",
@@ -220,7 +220,7 @@ predict_cmd.__signature__ = inspect.Signature([
 
 def show(result, *, wide: bool = False) -> None:
     """The prediction a person reads first, in the terminal's width: per hardware its worker counts, step with its
-    95 % interval, efficiency and whether it is extrapolation (cli/fitted.py keeps what fits); the validation
+    95 % interval, efficiency and whether it is extrapolation (cli/tables.py keeps what fits); the validation
     likewise; then the notes as a short list. `wide`: every column and every note in full."""
     pred = result.tables["prediction"]
     console.rule(f"prediction ({pred['mode'].iloc[0]} scaling, {pred['strategy'].iloc[0]}, "
@@ -228,12 +228,12 @@ def show(result, *, wide: bool = False) -> None:
     rows = pred if wide else shown_rows(pred)
     for hw, group in rows.groupby("hardware", sort=False):
         console.print(f"{hw} ({group['checked'].iloc[0]})", markup=False, highlight=False)
-        fitted.print_fitted(console, printed(group), order=SHOWN, wanted=WANTED, wide=wide,
+        print_fitted(console, printed(group), order=SHOWN, wanted=WANTED, wide=wide,
                             keep=("workers",), elsewhere="--wide, and prediction.csv")
     if "validation" in result.tables:
         where = result.meta.get("compute_of", "this machine")
         console.rule(f"validation: predicted vs measured median step (ms) on {where}")
-        fitted.print_fitted(console, printed(result.tables["validation"], point="predicted", low="predicted_ci_low",
+        print_fitted(console, printed(result.tables["validation"], point="predicted", low="predicted_ci_low",
                                              high="predicted_ci_high", low50="predicted_ci50_low",
                                              high50="predicted_ci50_high"),
                             order=VALIDATION_SHOWN, wanted=VALIDATION_WANTED, wide=wide,

@@ -8,7 +8,7 @@ from typing import Optional
 import pandas as pd
 import typer
 
-from scalelab.cli import fitted
+from scalelab.cli.tables import print_fitted
 from scalelab.cli.common import console
 from scalelab.cli.options import store_option
 from scalelab.errors import ScalelabError
@@ -54,7 +54,7 @@ def runs_list(
     if as_json:
         print(frame[cols].to_json(orient="records"))
         return
-    fitted.print_fitted(console, frame, order=LIST_COLUMNS, wanted=WANTED, wide=wide, keep=("run_id",),
+    print_fitted(console, frame, order=LIST_COLUMNS, wanted=WANTED, wide=wide, keep=("run_id",),
                         text=cell_text)
 
 

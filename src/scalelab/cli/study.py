@@ -18,22 +18,27 @@ from scalelab.lab.budget import parse_duration
 from scalelab.lab.cells import replay_only
 from scalelab.lab.progress import PlainProgress, progress_for_output
 from scalelab.lab.registry import names as experiment_names
-from scalelab.lab.study import default_spec, load_spec, read_spec, run_experiments, save_spec
+from scalelab.lab.study import audit, default_spec, load_spec, read_spec, run_experiments, save_spec
 from scalelab.provenance import collect_provenance
+from scalelab.report.audit import report_faults
 from scalelab.report.build import build_report, system_section
 from scalelab.report.render import write_report
 from scalelab.run import warm
-from scalelab.store import Store, open_store, read_json, write_json_atomic
+from scalelab.store import Store, open_store, read_json, write_json_atomic, write_text_atomic
 
 app = typer.Typer()
 # a study that wrote its report but could not measure every cell did not finish clean (2 is for usage errors)
 EXIT_FAILED_CELLS = 3
+# a study whose report says more than its figures carry (its audit found faults) did not finish clean either
+EXIT_AUDIT_FAULTS = 4
+AUDIT_FILE = "audit.txt"  # in the report folder: every fault, whole (the terminal shows each cut to its width)
 DEFAULT_BUDGET_S, DEFAULT_QUICK_BUDGET_S = 600.0, 150.0  # the README's promise: under 10 minutes, about 2 minutes
 
 
-def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict, command: str) -> Path:
+def write_study_report(spec, store, out_dir: Path, answered: list[tuple], provenance: dict,
+                       command: str) -> tuple[Path, list[str]]:
     """The study's report from its answered experiments and the study-wide figures saved beside them (lab.results);
-    returns the HTML file's path."""
+    returns the HTML file's path and the study's audit (study_audit), written beside the report as AUDIT_FILE."""
     folder = saved.results_dir(out_dir)
     results = {experiment.name: result for experiment, result in answered}
     extra = [s for s in [system_section(store, results, folder)] if s is not None]
@@ -41,7 +46,32 @@ def write_study_report(spec, store, out_dir: Path, answered: list[tuple], proven
     report = build_report(spec, answered, provenance, command, extra_sections=extra,
                           noise_floor=figures.get("noise_floor"), budget=budget_line(figures))
     files = write_report(report, out_dir / "report")
-    return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html"
+    faults = study_audit(answered, report)
+    write_text_atomic(out_dir / "report" / AUDIT_FILE, "".join(f"{f}\n" for f in faults))
+    return files["report.html"] if "report.html" in files else out_dir / "report" / "report.html", faults
+
+
+def study_audit(answered: list[tuple], report) -> list[str]:
+    """One line per fault of the study: a sentence, recommendation or decision its figures do not carry
+    (lab.study.audit) and a table of the built report that does not hold up as a reader sees it: its shown
+    columns, caption and sentences (report.audit.report_faults). None is the bar."""
+    return audit(answered) + report_faults(report)
+
+
+def print_audit(faults: list[str], where: Path) -> None:
+    """The audit's verdict in the terminal: passed, or the count and each fault on one line cut to the terminal's
+    width (`where` holds them whole)."""
+    if not faults:
+        console.print("audit: passed (sentences, decisions and every table as the report shows it)", highlight=False)
+        return
+    console.print(f"audit: {len(faults)} fault(s); whole lines in {where}", highlight=False, soft_wrap=False)
+    for fault in faults:
+        console.print(clipped(f"  {fault}", console.width), markup=False, highlight=False, soft_wrap=True)
+
+
+def clipped(line: str, width: int) -> str:
+    """`line` cut to `width` characters, its end marked (a fault's whole text is in the audit file)."""
+    return line if len(line) <= width else line[:max(width - 1, 0)] + "…"
 
 
 def budget_line(figures: dict) -> str | None:
@@ -99,16 +129,19 @@ def _study(spec, store: Optional[Path], out: Optional[Path], budget_s: Optional[
         answered = run_experiments(spec, st, out_dir, progress, budget_s=budget_s)
     finally:
         progress.close()
-    html = write_study_report(spec, st, out_dir, answered, provenance, command)
+    html, faults = write_study_report(spec, st, out_dir, answered, provenance, command)
     failed = failed_cells(answered)
     console.print(f"study '{spec.name}' done in {time.monotonic() - start:.0f} s"
                   + (f", {len(failed)} failed cell(s)" if failed else ""), highlight=False)
     console.print(f"report: {html}  (open it in a browser; Markdown beside it, tables as CSV/JSON in "
                   f"{out_dir / 'report' / 'tables'})", highlight=False)
+    print_audit(faults, out_dir / "report" / AUDIT_FILE)
     if failed:
         console.print(f"failed: {'; '.join(failed)} (their sections say why); run the same command again to "
                       f"re-measure them (exit {EXIT_FAILED_CELLS})", highlight=False)
         raise typer.Exit(EXIT_FAILED_CELLS)
+    if faults:
+        raise typer.Exit(EXIT_AUDIT_FAULTS)
 
 
 @app.command("report")
@@ -125,6 +158,9 @@ def report_cmd(study_dir: Path = typer.Argument(..., help="A study folder (holds
     kept = [n for n in spec.experiments if saved.load(registry.get(n), folder) is not None]
     with replay_only():
         answered = run_experiments(spec, st, study_dir, PlainProgress(lambda line: None), reuse_saved=True)
-    html = write_study_report(spec, st, study_dir, answered, recorded["provenance"], recorded["command"])
+    html, faults = write_study_report(spec, st, study_dir, answered, recorded["provenance"], recorded["command"])
     console.print(f"report rebuilt: {len(kept)} of {len(spec.experiments)} experiments from their saved results, "
                   f"{len(spec.experiments) - len(kept)} derived again from stored runs: {html}", highlight=False)
+    print_audit(faults, study_dir / "report" / AUDIT_FILE)
+    if faults:
+        raise typer.Exit(EXIT_AUDIT_FAULTS)

@@ -123,7 +123,7 @@ def plot(result: Result, out: Path) -> list[Path]:
                                   ("exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "exposed comm")):
         err = [(t[col] - t[low]).clip(lower=0), (t[high] - t[col]).clip(lower=0)]
         ax.errorbar(x, t[col], yerr=err, marker="o", capsize=3, label=label)
-    ax.plot(x, t["compute(ms)"], ls="--", color="grey", label="compute (no-op collectives)")
+    ax.plot(x, t["compute(ms)"], ls="--", color="grey", label=figures.COMPUTE_LABEL)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(x), [f"{mb:.3g}" for mb in x])
     ax.minorticks_off()
@@ -200,7 +200,7 @@ EXPERIMENT = Experiment(
     interpret=interpret,
     decide=decisions,
     version=3,  # issues 57, 60: overlap of waiting + wire, both shown; its interval unclipped
-    captions={"bucket_sweep": "One row per bucket size: median step, compute (one no-op-collectives baseline), "
+    captions={"bucket_sweep": f"One row per bucket size: median step, {figures.COMPUTE_LABEL}; one baseline for all, "
                               "time inside collectives (comm), its parts waiting for peers and on the wire "
                               "(comm_critical, after every peer had arrived), exposed communication and overlap = "
                               "1 - exposed / (waiting + wire), with 95 % intervals.",

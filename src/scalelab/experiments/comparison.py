@@ -166,11 +166,12 @@ def answer_columns(axis: str) -> list[str]:
 
 def comm_captions(table: str, what: str) -> dict[str, str]:
     """Captions of a comparison's table and plots."""
-    return {table: f"One row per {what}: the median step with its interval, compute (the same config with "
-                   "no-op collectives), time inside collectives and the part of it on the critical path (after "
+    return {table: f"One row per {what}: the median step with its interval, {figures.COMPUTE_LABEL}, "
+                   "time inside collectives and the part of it on the critical path (after "
                    "every peer had arrived; before that: waiting for peers), exposed communication and overlap, "
                    "bytes moved per step; every column is in the files.",
-            f"{table}.png": f"Per {what}: the median step split into compute and exposed communication (bars: "
+            f"{table}.png": f"Per {what}: the median step split into {figures.COMPUTE_LABEL} and exposed "
+                            "communication (bars: "
                             "the step's 95 % interval), and the time inside collectives (diamonds), which "
                             "overlap with compute can hide.",
             f"{table}_bytes.png": f"Per {what}: payload bytes per optimizer step by phase (the ranks' mean), and "

@@ -21,7 +21,7 @@ from scalelab.analysis.breakdown import SCRIPT_VARIANT, scaling_breakdown
 from scalelab.analysis.compare import trusted
 from scalelab.analysis.interpret import fmt
 from scalelab.analysis.nodes import node_table
-from scalelab.analysis.scaling import SUPERLINEAR, add_exposed_comm, scaling_table
+from scalelab.analysis.scaling import EFFICIENCY_CI, SUPERLINEAR, add_exposed_comm, scaling_table
 from scalelab.config import TrainConfig
 from scalelab.experiments.scale_lost import lost_speedup_sentences, waterfall
 from scalelab.lab.base import (
@@ -40,7 +40,7 @@ from scalelab.lab.checked import run_checked
 from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
 from scalelab.lab.stragglers import SHOWN as STRAGGLER_SHOWN
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
-from scalelab.report.figures import ci, plt, save
+from scalelab.report.figures import COMPUTE_LABEL, ci, plt, save
 from scalelab.sync import registry as syncs
 
 MODES = ("strong", "weak")
@@ -180,13 +180,13 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
 
 
 def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
-    """Per cell: step time split into compute (the step with no-op collectives) and exposed communication (stacked
+    """Per cell: step time split into compute (COMPUTE_LABEL) and exposed communication (stacked
     bars; a negative exposed part downwards), with the exposed part's 95 % interval."""
     labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
     compute = table["compute(ms)"].astype(float).fillna(table["step(ms)"])
     exposed = table["exposed_comm(ms)"].astype(float).fillna(0)
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
-    ax.bar(labels, compute, label="compute (step with no-op collectives, fastest rank)")
+    ax.bar(labels, compute, label=COMPUTE_LABEL)
     ax.bar(labels, exposed, bottom=compute, label="exposed communication")
     if "exposed_ci_low(ms)" in table:
         low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
@@ -245,8 +245,8 @@ def scale_result(result) -> tuple[list[str], str | None]:
             batch = d["global_batch"] if mode == "strong" else d["per_worker_batch"]
             part = (f"{mode} scaling to {d['workers']} workers at {'global' if mode == 'strong' else 'per-worker'} "
                     f"batch {batch}: speedup {fmt(d['speedup'])}x, efficiency {100 * d['efficiency']:.0f} %"
-                    + (f" (95 % interval {100 * d['ci_low']:.0f}–{100 * d['ci_high']:.0f} %)"
-                       if not pd.isna(d.get("ci_low", float("nan"))) else ""))
+                    + (f" (95 % interval {100 * d[EFFICIENCY_CI[0]]:.0f}–{100 * d[EFFICIENCY_CI[1]]:.0f} %)"
+                       if not pd.isna(d.get(EFFICIENCY_CI[0], float("nan"))) else ""))
             if d.get("exposed_comm(ms)") is not None and d.get("step(ms)"):
                 part += (f"; exposed communication {fmt(d['exposed_comm(ms)'], ' ms')} of a "
                          f"{fmt(d['step(ms)'], ' ms')} step ({100 * d['exposed_comm(ms)'] / d['step(ms)']:.0f} %)")
@@ -294,7 +294,7 @@ def workers_decision(table: pd.DataFrame, fair: pd.DataFrame) -> Decision | None
                       action=f"{int(best['workers'])} workers at global batch {int(best['global_batch'])}")
     if decision.verdict != BETTER:
         return decision
-    low, high = (best.get(c, float("nan")) for c in ("ci_low", "ci_high"))
+    low, high = (best.get(c, float("nan")) for c in EFFICIENCY_CI)
     efficiency = f"strong-scaling efficiency {100 * best['efficiency']:.0f} %{efficiency_interval(low, high)}"
     # faster beyond noise is the answer; whether it pays off is said beside it, never as another verdict
     if not pd.isna(low) and low < 0.5 <= high:
@@ -353,9 +353,10 @@ EXPERIMENT = Experiment(
               "scale_weak_stragglers": "As for strong scaling: the straggler of each multi-worker cell, if any.",
               "scale_strong.png": "Strong scaling: measured speedup vs workers, with the ideal line.",
               "scale_weak.png": "Weak scaling: throughput speedup vs workers, with the ideal line.",
-              "scale_strong_breakdown.png": "Per cell: compute (the step with no-op collectives, at its fastest "
-                                            "rank) + exposed communication; diamonds: time inside collectives.",
-              "scale_weak_breakdown.png": "Per cell: compute + exposed communication (weak scaling).",
+              "scale_strong_breakdown.png": f"Per cell: {COMPUTE_LABEL} + exposed communication; diamonds: time "
+                                            "inside collectives.",
+              "scale_weak_breakdown.png": f"Per cell, weak scaling: {COMPUTE_LABEL} + exposed communication; "
+                                          "diamonds: time inside collectives.",
               "scale_strong_lost_speedup.png": "Where the speedup went, per cell: from the ideal step (the "
                                                "1-worker step scaled to the same work) to the measured one.",
               "scale_weak_lost_speedup.png": "Where the speedup went, weak scaling: ideal step -> measured step.",
@@ -367,17 +368,18 @@ EXPERIMENT = Experiment(
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
               "scale_strong": "Strong scaling, one row per worker count and batch: median step and its 95 % "
-                              "interval, speedup with its interval, efficiency, exposed communication; every "
+                              "interval, speedup and efficiency with their intervals, exposed communication; every "
                               "column is in the files.",
               "scale_weak": "Weak scaling, one row per worker count and per-worker batch: median step and its 95 % "
-                            "interval, throughput speedup with its interval, efficiency, exposed communication."},
+                            "interval, throughput speedup and efficiency with their intervals, exposed communication."},
     columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
-                    "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
-    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "ci_low(ms)", "ci_high(ms)",
-                                "share_of_gap", "within_noise", "measured", "needs"]
+                    *EFFICIENCY_CI, "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
+    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "value_ci_low(ms)",
+                                "value_ci_high(ms)", "share_of_gap", "within_noise", "measured", "needs"]
        for name in ("scale_strong", "scale_weak")}
     | {f"{name}_stragglers": list(STRAGGLER_SHOWN) for name in ("scale_strong", "scale_weak")},
     study_options=study_options,
-    version=2,  # 2: exposed at the no-op's fastest rank, overlap = hidden / (waiting + wire), stragglers pooled
+    version=3,  # 2: exposed at the no-op's fastest rank, overlap = hidden / (waiting + wire), stragglers pooled;
+    # 3: intervals named after their figure (efficiency_ci_low, value_ci_low(ms)), so saved tables are re-derived
 )

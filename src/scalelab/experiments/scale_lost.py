@@ -41,7 +41,7 @@ def waterfall(table: pd.DataFrame, path: Path) -> Path:
                 ax.bar(i, value, bottom=level, color="tab:red" if value > 0 else "tab:green",
                        edgecolor="black" if row["measured"] else "tab:gray", hatch="" if row["measured"] else "//")
                 level += value
-            low, high = row["ci_low(ms)"], row["ci_high(ms)"]
+            low, high = row["value_ci_low(ms)"], row["value_ci_high(ms)"]
             if pd.notna(low) and pd.notna(high):
                 top = level if name not in ("ideal", "measured") else value
                 ax.errorbar(i, top, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
@@ -61,7 +61,7 @@ def _split_bars(ax, part: pd.DataFrame, *, start: int) -> list[str]:
     names = []
     for i, name in enumerate(SUBPARTS, start):
         row = part.loc[name]
-        value, low, high = (float(row[c]) for c in ("value(ms)", "ci_low(ms)", "ci_high(ms)"))
+        value, low, high = (float(row[c]) for c in ("value(ms)", "value_ci_low(ms)", "value_ci_high(ms)"))
         names.append(f"exposed: {name}" + ("" if row["measured"] else "\n(not measured)"))
         if pd.isna(value):
             continue
@@ -90,7 +90,7 @@ def lost_speedup_sentences(result) -> list[str]:
             cause = largest_cause(group)
             if cause is not None:
                 line += (f"; the largest cause is {PARTS[cause['part']]}, {fmt(cause['value(ms)'], ' ms')} "
-                         f"(95 % interval {fmt(cause['ci_low(ms)'])}–{fmt(cause['ci_high(ms)'], ' ms')})")
+                         f"(95 % interval {fmt(cause['value_ci_low(ms)'])}–{fmt(cause['value_ci_high(ms)'], ' ms')})")
                 within = largest_split(group) if cause["part"] == "exposed" else None
                 if within is not None:
                     line += (f", mostly {PARTS[within['part']]} ({fmt(within['value(ms)'], ' ms')} of the time "

@@ -114,7 +114,7 @@ def step_side(row, label: str, *, value: str = "step(ms)", low: str = "step_ci_l
                 launch_range(row, low, high), str(row.get("quality") or "ok"), steps(row), _launch_values(row))
 
 
-def figure_side(row, label: str, *, value: str, low: str = "ci_low", high: str = "ci_high", n: int | None = None,
+def figure_side(row, label: str, *, value: str, low: str, high: str, n: int | None = None,
                 values: int | None = None) -> Side:
     """A row's figure of another kind (a throughput, an accuracy over seeds) as a side; n: its launches (seeds).
     A rate's launches vary as its step's (ln rate = ln work - ln step): the launch medians serve it alike."""

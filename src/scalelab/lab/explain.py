@@ -20,7 +20,9 @@ bucket sweep of the same config is stored (runs that differ from this one in buc
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
+import textwrap
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -39,6 +41,7 @@ from scalelab.analysis.breakdown import (
 from scalelab.config import TrainConfig
 from scalelab.errors import ScalelabError
 from scalelab.lab.cells import cell_key, config_identity, with_fields
+from scalelab.lab.terminal import wrapped
 from scalelab.run.script import ScriptConfig
 from scalelab.store.catalog import Store
 
@@ -231,7 +234,8 @@ def suggestions(store: Store, run: dict, table: pd.DataFrame) -> list[str]:
         return ["no part is beyond noise: nothing to suggest from these runs (longer runs narrow the intervals)."]
 
     def ms(row: dict) -> str:
-        return f"{row['value(ms)']:.3g} ms a step (95 % interval {row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})"
+        return (f"{row['value(ms)']:.3g} ms a step (95 % interval {row['value_ci_low(ms)']:.3g}–"
+                f"{row['value_ci_high(ms)']:.3g})")
 
     s, c = run.get("summary") or {}, run.get("config") or {}
     out = [f"largest cause: {PARTS[cause['part']]}, {ms(cause)}."] if cause is not None else []
@@ -299,8 +303,19 @@ def bucket_suggestion(store: Store, run: dict) -> list[str]:
             f"{steps[here]:.3g} ms ({here:g} MiB; one launch each unless `scalelab bucket-sweep` pooled more).")]
 
 
-def lines(ex: Explanation) -> list[str]:
-    """The breakdown as terminal lines: the named runs, one line per part, the largest cause and what to try."""
+LABEL_WIDTH = 70  # the parts' column: the longest label and 2 spaces, where the terminal allows (unknown: this)
+FIGURES_WIDTH = 37  # ms (9), 95 % interval (2 + 17), of gap (2 + 7)
+
+
+def lines(ex: Explanation, width: int | None = None) -> list[str]:
+    """The breakdown as terminal lines: the named runs, one line per part, the largest cause and what to try.
+    `width`: the terminal's; the parts' column narrows to leave the figures on the part's line (a label longer
+    than it goes on below), and every line is broken to it (lab.terminal.wrapped)."""
+    label_width = LABEL_WIDTH if width is None else max(min(LABEL_WIDTH, width - FIGURES_WIDTH), 12)
+    return [part for line in _lines(ex, label_width, width) for part in wrapped(line, width)]
+
+
+def _lines(ex: Explanation, label_width: int, width: int | None) -> list[str]:
     if ex.table is None or ex.brief:
         return list(ex.notes)
     c, s = ex.run["config"] or {}, ex.run["summary"] or {}
@@ -314,21 +329,34 @@ def lines(ex: Explanation) -> list[str]:
     for name, label in (("one", "1-worker run"), ("nosync", "no-sync variant"), ("noop", "no-op collectives")):
         got = ex.named.get(name)
         out.append(f"  {label}: {got['run_id'] if got else 'not stored'}")
-    out.append(f"{'part':<58}{'ms':>9}  {'95 % interval':>17}  {'of gap':>7}")
+    out.append(f"{'part':<{label_width}}{'ms':>9}  {'95 % interval':>17}  {'of gap':>7}")
     said: set[str] = set()  # a long "needs" (a script's variants) is said once, then "as above"
     for row in ex.table.to_dict("records"):
         indent = "    " if row["level"] else ""
         sign = "" if row["part"] in ("ideal", "measured") else "+ " if not row["level"] else "· "
-        label = (indent + sign + PARTS[row["part"]])[:56]
+        # a label longer than its column goes on below it, under its own indentation
+        first, *more = textwrap.wrap(indent + sign + PARTS[row["part"]], label_width - 2, drop_whitespace=True,
+                                     subsequent_indent=indent + "  ") or [""]
+        label = first
         if not row["measured"] and row["part"] != "rest":
-            out.append(f"{label:<58}{'not measured':>12}  needs: {said_once(row['needs'], said)}")
+            row_line, needs = f"{label:<{label_width}}{'not measured':>12}", f"needs: {said_once(row['needs'], said)}"
+            # the label's end before what it needs, which goes on below it
+            out += [f"{row_line}  {needs}"] if not more else [row_line, *more, f"{indent}    {needs}"]
             continue
         value = row["value(ms)"]
-        interval = (f"{row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g}" if pd.notna(row["ci_low(ms)"]) else "")
+        interval = (f"{row['value_ci_low(ms)']:.3g}–{row['value_ci_high(ms)']:.3g}"
+                    if pd.notna(row["value_ci_low(ms)"]) else "")
         share = f"{100 * row['share_of_gap']:.0f} %" if pd.notna(row["share_of_gap"]) else ""
         note = ("  (holds the parts not measured)" if not row["measured"] else
                 "  (within noise)" if row["within_noise"] is True and row["value(ms)"] != 0 else "")
-        out.append(f"{label:<58}{value:>9.3g}  {interval:>17}  {share:>7}{note}")
+        row_line = f"{label:<{label_width}}{value:>9.3g}  {interval:>17}  {share:>7}"
+        # the note after the whole label: beside the figures, or after the label's end below them
+        lines_of_row = [row_line, *more]
+        if note and len(lines_of_row[-1] + note) > (width or math.inf):  # a note of its own, not broken
+            lines_of_row.append(f"{indent}  {note.strip()}")
+        else:
+            lines_of_row[-1] += note
+        out += lines_of_row
     if rest_too_large(ex.table):
         out.append("the rest is above 20 % of the gap: a cause is not accounted for (or the runs drifted apart).")
     missing = [p for p in LEAVES if not ex.table.set_index("part").loc[p, "measured"]]
@@ -350,7 +378,8 @@ def side_by_side(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> 
     def cell(row) -> str:
         if not row["measured"] and row["part"] != "rest":
             return "not measured"
-        interval = f" ({row['ci_low(ms)']:.3g}–{row['ci_high(ms)']:.3g})" if pd.notna(row["ci_low(ms)"]) else ""
+        interval = (f" ({row['value_ci_low(ms)']:.3g}–{row['value_ci_high(ms)']:.3g})"
+                    if pd.notna(row["value_ci_low(ms)"]) else "")
         return f"{row['value(ms)']:.3g}{interval}"
 
     rows = []

@@ -14,6 +14,7 @@ import time
 from typing import Callable, Protocol
 
 from scalelab.config import TrainConfig
+from scalelab.lab.terminal import terminal_width, wrapped
 
 
 class Progress(Protocol):
@@ -109,7 +110,8 @@ class LiveProgress(PlainProgress):
         from rich.live import Live
 
         self.console = Console()
-        super().__init__(lambda line: self.console.print(line, markup=False, highlight=False, soft_wrap=True))
+        super().__init__(lambda line: [self.console.print(part, markup=False, highlight=False, soft_wrap=True)
+                                       for part in wrapped(line, self.console.width)])
         self.current = ""
         self.files = None  # RunDir of the cell's run, once it exists
         self.warmup_steps = 0
@@ -178,4 +180,4 @@ def auto_budget(files) -> float | None:
 def progress_for_output() -> Progress:
     """Live on a terminal, plain lines when the output is not one."""
     return LiveProgress() if sys.stdout.isatty() else PlainProgress(
-        lambda line: print(line, flush=True))
+        lambda line: print("\n".join(wrapped(line, terminal_width())), flush=True))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalelab.analysis.shown_checks import alike, describing, named_columns
+from scalelab.analysis.shown_checks import alike, describing, honest_caption, named_columns
 from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
 from scalelab.store import RunDir, read_jsonl
@@ -50,7 +50,7 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
              if not key.endswith("_curves")}
     blocks = []
     for key, frame in shown.items():
-        caption = experiment.captions.get(key, "")
+        caption = honest_caption(experiment.captions.get(key, ""), frame)
         columns = telling_rows_apart(named_by(answer_columns(frame, experiment.columns.get(key)), frame,
                                               [caption, *sentences]), frame)
         blocks.append(TableBlock(key.replace("/", "_"), frame, caption, with_run_id(columns, frame)))

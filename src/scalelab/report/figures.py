@@ -44,6 +44,9 @@ def ci(frame: pd.DataFrame, point: str = keys.STEP_MEDIAN_MS, low: str | None = 
 
 
 STEP_CI_LABEL = "step time (ms): median, bars its 95 % interval"
+# compute in every legend and caption that splits a step (docs/definitions.md, "Exposed communication"): the same
+# config with no-op collectives, at its fastest rank; one wording, so a caption and its legend cannot disagree
+COMPUTE_LABEL = "compute (median step with no-op collectives, at its fastest rank)"
 
 
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
@@ -59,7 +62,7 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     spread = ci(table.assign(step=step), "step", "step_ci_low(ms)", "step_ci_high(ms)")
     reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
-    ax.bar(labels, compute, label="compute (median step, no-op collectives)")
+    ax.bar(labels, compute, label=COMPUTE_LABEL)
     ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - compute)")
     if "exposed_ci_low(ms)" in table:
         low, high = (table[c].astype(float).where(done) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))

@@ -63,11 +63,12 @@ def test_parts_add_up_to_the_gap_with_exact_numbers():
 def test_every_part_has_its_interval():
     real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3)
     table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
-    assert (table["ci_low(ms)"] <= table["value(ms)"]).all() and (table["value(ms)"] <= table["ci_high(ms)"]).all()
+    assert (table["value_ci_low(ms)"] <= table["value(ms)"]).all()
+    assert (table["value(ms)"] <= table["value_ci_high(ms)"]).all()
     # exposed = real's step [79, 81] - noop's fastest rank [61.5, 62.5]
-    assert (table.loc["exposed", "ci_low(ms)"], table.loc["exposed", "ci_high(ms)"]) == (16.5, 19.5)
+    assert (table.loc["exposed", "value_ci_low(ms)"], table.loc["exposed", "value_ci_high(ms)"]) == (16.5, 19.5)
     # ideal = 0.5 x [99, 101]
-    assert (table.loc["ideal", "ci_low(ms)"], table.loc["ideal", "ci_high(ms)"]) == (49.5, 50.5)
+    assert (table.loc["ideal", "value_ci_low(ms)"], table.loc["ideal", "value_ci_high(ms)"]) == (49.5, 50.5)
 
 
 def test_exposed_beyond_waiting_and_wire_is_interference_and_below_is_hidden():
@@ -134,7 +135,7 @@ def test_a_difference_within_noise_is_still_named_and_said_to_be_within_noise():
     real = summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=8.0, collectives=3)
     table = breakdown(real, one=ONE, nosync=NOSYNC, noop=NOOP, k=0.5).set_index("part")
     assert table.loc["hidden", "value(ms)"] == -2.0 and table.loc["interference", "value(ms)"] == 0.0
-    assert (table.loc["hidden", "ci_low(ms)"], table.loc["hidden", "ci_high(ms)"]) == (-4.5, 0.5)
+    assert (table.loc["hidden", "value_ci_low(ms)"], table.loc["hidden", "value_ci_high(ms)"]) == (-4.5, 0.5)
     assert table.loc["hidden", "within_noise"] and not table.loc["waiting", "within_noise"]
     assert table.loc["rest", "value(ms)"] == pytest.approx(-1.0)
     assert largest_cause(table.reset_index())["part"] == "exposed"  # additive parts only
@@ -197,3 +198,16 @@ def test_more_than_all_communication_under_compute_beyond_noise_is_said_to_be_im
     assert said.startswith("exposed communication -114 ms = waiting 9.3 + wire 37.9 − 161 ran under compute")
     assert said.endswith("implausible: more than all of it ran under compute beyond noise (the no-op baseline ran "
                          "slower than the real run): not a finding")
+
+
+def test_the_lost_speedup_tables_intervals_are_named_after_their_figure():
+    """Issue 60: `value_ci_low(ms)` bounds `value(ms)` by name (a bare `ci_low(ms)` bounds nothing), and the table
+    as the scale section shows it passes the interval checks."""
+    from scalelab.analysis.shown_checks import interval_faults, unit_faults
+    from scalelab.experiments.scale import EXPERIMENT
+
+    table = breakdown(summary(80.0, fastest=70.0, data=8.0, waiting=12.0, wire=6.0, collectives=3), one=ONE,
+                      nosync=NOSYNC, noop=NOOP, k=0.5).assign(workers=2, global_batch=64)
+    shown = [c for c in EXPERIMENT.columns["scale_strong_lost_speedup"] if c in table]
+    assert "value_ci_low(ms)" in shown
+    assert interval_faults("lost", table, shown) == [] and unit_faults("lost", table) == []

@@ -66,7 +66,7 @@ def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged_superli
     runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 2.0, 250, 20.0), run("c", 4, 64, 1.5, 333, 15.0)]
     t = scaling_table(runs, "strong").set_index("workers")
     assert (t.at[2, "speedup_ci_low"], t.at[2, "speedup_ci_high"]) == (pytest.approx(4.5 / 2.2), pytest.approx(5.5 / 1.8))
-    assert (t.at[2, "ci_low"], t.at[2, "ci_high"]) == (pytest.approx(4.5 / 2.2 / 2), pytest.approx(5.5 / 1.8 / 2))
+    assert (t.at[2, "efficiency_ci_low"], t.at[2, "efficiency_ci_high"]) == (pytest.approx(4.5 / 2.2 / 2), pytest.approx(5.5 / 1.8 / 2))
     # 1.02..1.53: not noise; superlinear is a finding (caches), flagged but trusted: never dropped silently
     assert t.at[2, "quality"] == "superlinear: speedup above the worker count beyond its interval (efficiency 102 % at least)"
     assert trusted(t.at[2, "quality"])
@@ -75,7 +75,7 @@ def test_efficiency_carries_an_interval_and_above_1_beyond_it_is_flagged_superli
     assert list(t["n"].isna()) == [True] * 3  # the fixtures have no step count
     # weak scaling: throughputs' intervals, XN / X1
     weak = scaling_table([run("a", 1, 32, 1, 100.0, 10.0), run("b", 2, 64, 1, 180.0, 11.0)], "weak")
-    assert weak["ci_high"].iloc[1] == pytest.approx(180 / 0.9 / (100 / 1.1) / 2)
+    assert weak["efficiency_ci_high"].iloc[1] == pytest.approx(180 / 0.9 / (100 / 1.1) / 2)
 
 
 def test_a_noisy_run_is_flagged_in_the_scaling_table():
@@ -83,3 +83,20 @@ def test_a_noisy_run_is_flagged_in_the_scaling_table():
     runs[1]["summary"].update({"quality/noisy": True, "quality/noise_reason": "noisy: steal 9 %"})
     t = scaling_table(runs, "strong").set_index("workers")
     assert (t.at[1, "quality"], t.at[2, "quality"]) == ("ok", "noisy: steal 9 %")
+
+
+def test_every_interval_of_the_scaling_tables_is_named_after_its_figure():
+    """Issue 60: a bare `ci_low` belongs to no figure (analysis.tables.figure_of), so a reader (or the column
+    choice) cannot tell which figure it bounds; efficiency's interval is `efficiency_ci_low`, and the table as the
+    report shows it passes the interval checks (each interval beside its figure, containing it)."""
+    from scalelab.analysis.shown_checks import interval_faults, unit_faults
+    from scalelab.analysis.tables import figure_of
+    from scalelab.experiments.scale import EXPERIMENT
+
+    runs = [run("a", 1, 64, 5.0, 100, 50.0), run("b", 2, 64, 3.0, 170, 30.0)]
+    for mode in ("strong", "weak"):
+        t = scaling_table(runs, mode)
+        assert figure_of("efficiency_ci_low", t.columns) == "efficiency"
+        shown = [c for c in EXPERIMENT.columns[f"scale_{mode}"] if c in t]
+        assert "efficiency_ci_low" in shown and "efficiency_ci_high" in shown
+        assert interval_faults(mode, t, shown) == [] and unit_faults(mode, t) == []

@@ -58,7 +58,7 @@ def test_a_cells_views_read_one_value_of_each_quantity():
     assert row["hidden(ms)"] == pytest.approx(12.9) == -part.loc["hidden", "value(ms)"]
     assert row["overlap"] == pytest.approx(12.9 / 36.8)
     assert (row["overlap_ci_low"] * 36.8, row["overlap_ci_high"] * 36.8) == pytest.approx(
-        (-part.loc["hidden", "ci_high(ms)"], -part.loc["hidden", "ci_low(ms)"]))
+        (-part.loc["hidden", "value_ci_high(ms)"], -part.loc["hidden", "value_ci_low(ms)"]))
     assert exposed_sum(tables["scale_strong_lost_speedup"]).startswith(
         "exposed communication 23.9 ms = waiting 3.4 + wire 33.4 − 12.9 ran under compute; overlap 35 %")
     assert cell_view_faults(tables) == []
@@ -78,7 +78,7 @@ def test_an_overlap_whose_interval_is_not_the_hidden_parts_fails():
     two = tables["scale_strong"]["workers"] == 2
     tables["scale_strong"].loc[two, ["overlap_ci_low", "overlap_ci_high"]] = (0.04, 0.67)  # from exposed alone
     lost = tables["scale_strong_lost_speedup"]
-    lost.loc[lost["part"] == "hidden", ["ci_low(ms)", "ci_high(ms)"]] = (-28.6, 0.72)
+    lost.loc[lost["part"] == "hidden", ["value_ci_low(ms)", "value_ci_high(ms)"]] = (-28.6, 0.72)
     faults = cell_view_faults(tables)
     assert any("disagree on whether it is beyond noise" in f for f in faults), faults
     tables = cell_tables()

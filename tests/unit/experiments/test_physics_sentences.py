@@ -80,10 +80,10 @@ def test_a_superlinear_speedup_is_reported_not_dropped():
     class Result:
         tables = {"scale_strong": pd.DataFrame([
             {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
-             "ci_low": 0.9, "ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0,
+             "efficiency_ci_low": 0.9, "efficiency_ci_high": 1.1, "speedup_ci_low": 0.9, "quality": "ok", "step(ms)": 10.0,
              "step_ci_low(ms)": 9.8, "step_ci_high(ms)": 10.2, "launches": 3},
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 2.5, "efficiency": 1.25,
-             "ci_low": 1.05, "ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0, "launches": 3,
+             "efficiency_ci_low": 1.05, "efficiency_ci_high": 1.4, "speedup_ci_low": 2.1, "step(ms)": 4.0, "launches": 3,
              "step_ci_low(ms)": 3.9, "step_ci_high(ms)": 4.1,
              "quality": "superlinear: speedup above the worker count beyond its interval"}])}
     words, rec = scale_result(Result())
@@ -96,9 +96,9 @@ def test_a_worker_count_from_one_launch_is_not_recommended():
     class Result:
         tables = {"scale_strong": pd.DataFrame([
             {"workers": 1, "global_batch": 64, "per_worker_batch": 64, "speedup": 1.0, "efficiency": 1.0,
-             "ci_low": 0.9, "ci_high": 1.1, "quality": "ok", "step(ms)": 10.0, "launches": 1},
+             "efficiency_ci_low": 0.9, "efficiency_ci_high": 1.1, "quality": "ok", "step(ms)": 10.0, "launches": 1},
             {"workers": 2, "global_batch": 64, "per_worker_batch": 32, "speedup": 1.8, "efficiency": 0.9,
-             "ci_low": 0.8, "ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
+             "efficiency_ci_low": 0.8, "efficiency_ci_high": 0.95, "quality": "ok", "step(ms)": 5.5, "launches": 1}])}
     words, rec = scale_result(Result())
     assert rec.startswith("Undecided after 1 launch each: a comparison between configurations needs 2 or more "
                           "launches each (`scalelab scale --launches 2`). No worker count is recommended yet.")

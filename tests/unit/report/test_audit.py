@@ -123,3 +123,23 @@ def test_an_interval_labelled_95_percent_is_one():
     assert coverage_faults("lr", two_seeds.assign(n=6), "its 95 % interval") == []
     from scalelab.experiments.lr_scaling import EXPERIMENT
     assert coverage_faults("lr", two_seeds, EXPERIMENT.captions["lr_scaling"]) == []
+
+
+def test_a_caption_says_what_an_interval_of_few_values_is():
+    """Issue 60: a table whose rows rest on n = 2 timed steps (a tiny study) had its caption call their range a
+    "95 % interval" (it covers 50 %): the report's caption now says what it is there, and the check holds."""
+    from scalelab.analysis.shown_checks import coverage_faults, honest_caption
+    from scalelab.lab.base import Experiment, Result
+    from scalelab.report.build import section_for
+
+    caption = "One row per stage: its median time with its 95 % interval and share; 95 % intervals throughout."
+    few = pd.DataFrame({"stage": ["data", "forward"], "time(ms)": [1.0, 2.0], "n": [2, 2],
+                        "time_ci_low(ms)": [0.9, 1.9], "time_ci_high(ms)": [1.1, 2.1]})
+    assert coverage_faults("t", few, caption) != []
+    honest = honest_caption(caption, few)
+    assert coverage_faults("t", few, honest) == [] and "covers 50.0 % at n = 2" in honest
+    assert honest_caption(caption, few.assign(n=18)) == caption  # enough values: a 95 % interval, so called
+    experiment = Experiment(name="profile", command=None, section="profile", title="t", question="q", help="h",
+                            captions={"profile": caption}, run=lambda ctx, base, opts: None)
+    section, _ = section_for(experiment, Result("profile", {"profile": few}))
+    assert section.tables[0].caption == honest and report_faults(Report(title="r", sections=[section])) == []
