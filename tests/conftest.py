@@ -303,6 +303,12 @@ def cli_env(extra: dict | None = None) -> dict:
 
 # rich reads them at each layout when they were not set as its consoles were built (the server starts without them)
 SCREEN = ("COLUMNS", "LINES")
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 though no terminal is behind them: the suite must see
+# what `-n 0` sees (no width), or every CLI call from a worker would have its lines broken at 80 columns
+# (scalelab.lab.terminal reads COLUMNS); a test that wants a width sets it itself
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in SCREEN:
+        os.environ.pop(_name, None)
 # not read when a process starts, though `warm_zygote.forks` cannot know it: pytest's name of the running test
 NOT_AT_START = (*SCREEN, "PYTEST_CURRENT_TEST")
 
