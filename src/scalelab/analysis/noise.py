@@ -298,16 +298,26 @@ def contrast(estimate: float, a: Sequence[float], b: Sequence[float], model: Noi
     if len(a) < 2 or len(b) < 2:
         return None
     (va, da), (vb, db) = model.variance(a), model.variance(b)
-    out = None
-    if da and db and va == va and vb == vb:
-        wa, wb = va / len(a), vb / len(b)
-        dof = da if (va, da) == (vb, db) else (wa + wb) ** 2 / (wa ** 2 / da + wb ** 2 / db)
-        out = Contrast(estimate, math.sqrt(wa + wb), dof)
+    out = _unpaired(estimate, (va, da, len(a)), (vb, db, len(b))) if da and db and va == va and vb == vb else None
     if len(a) == len(b) >= 3:
         d = np.log(np.asarray(a, dtype=float)) - np.log(np.asarray(b, dtype=float))
-        paired = Contrast(estimate, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
-        out = _narrower(out, paired, alpha)
+        out = _narrower(out, _paired(estimate, d), alpha)
     return out
+
+
+def _unpaired(estimate: float, a: tuple[float, int, int], b: tuple[float, int, int]) -> Contrast:
+    """The unpaired contrast from each side's (variance of one value, its dof, n): the dof of a shared variance,
+    else Welch-Satterthwaite's."""
+    (va, da, na), (vb, db, nb) = a, b
+    wa, wb = va / na, vb / nb
+    dof = da if (va, da) == (vb, db) else (wa + wb) ** 2 / (wa ** 2 / da + wb ** 2 / db)
+    return Contrast(estimate, math.sqrt(wa + wb), dof)
+
+
+def _paired(estimate: float, differences: np.ndarray) -> Contrast:
+    """The paired contrast from the per-round (per-seed) differences: their sd / sqrt(n), n - 1 dof."""
+    n = len(differences)
+    return Contrast(estimate, float(np.std(differences, ddof=1) / math.sqrt(n)), n - 1, paired=True)
 
 
 def _narrower(unpaired: Contrast | None, paired: Contrast, alpha: float) -> Contrast | None:
@@ -337,16 +347,10 @@ def difference_contrast(a: Sequence[float], b: Sequence[float], lower: bool, alp
         return None
     (va, da), (vb, db) = ((pool.variance(v) for v in (x, y)) if pool is not None and pool.dof else
                           ((float(v.var(ddof=1)), len(v) - 1) for v in (x, y)))
-    wa, wb = va / len(x), vb / len(y)
     est = float(x.mean() - y.mean())
-    out = None
-    if wa + wb > 0 and da and db:
-        dof = da if (va, da) == (vb, db) else (wa + wb) ** 2 / (wa ** 2 / da + wb ** 2 / db)
-        out = Contrast(est, math.sqrt(wa + wb), dof)
+    out = _unpaired(est, (va, da, len(x)), (vb, db, len(y))) if va + vb > 0 and da and db else None
     if len(x) == len(y) >= 3:
-        d = x - y
-        paired = Contrast(est, float(np.std(d, ddof=1) / math.sqrt(len(d))), len(d) - 1, paired=True)
-        out = _narrower(out, paired, alpha)
+        out = _narrower(out, _paired(est, x - y), alpha)
     return out
 
 

@@ -15,7 +15,8 @@ two headline figures, its standard error from the launch-to-launch component of 
 (scalelab.analysis.noise: pooled over the study's cells on a log scale, a heterogeneous cell with its own), or
 from the per-round ratios (paired) where that is narrower; without launch medians (an accuracy over seeds, an
 old table) from the two sides' own intervals; an accuracy over seeds with each seed's figure kept, the
-difference of the two sides seed by seed (noise.difference_contrast: paired by seed, or Welch). Its level is family-wise and sequential: 1 - ALPHA / (family x
+difference of the two sides seed by seed (noise.difference_contrast: paired by seed, or on the seed spread
+pooled over the cells, Welch's without a pool). Its level is family-wise and sequential: 1 - ALPHA / (family x
 MAX_LOOKS), Bonferroni over the k alternatives a choice is compared with and over the at most MAX_LOOKS looks the
 study takes at a comparison (its first round and its top-ups: lab/budget.py), so that repeated looks cannot push
 the false-decision rate over ALPHA. Two sides whose own 95 % intervals are disjoint are always decided (BETTER or
@@ -342,21 +343,21 @@ def pick(sides: Sequence[Side], *, question: str, default: str | None = None,
         return replace(decide(ok[0] if ok else sides[0], bad if ok else sides[1], question=question, **kw),
                        keep=_default(default, labels))
     with pooled(model_for(ok)):  # the study's model, else one pooled over this choice's sides
-        return _pick(ok, labels, lower, question, default, cheaper, kw)
+        return _pick(ok, lower, question, default, cheaper, kw)
 
 
-def _pick(ok: list[Side], labels: set[str], lower: bool, question: str, default: str | None,
+def _pick(ok: list[Side], lower: bool, question: str, default: str | None,
           cheaper: Callable[[Side], float] | None, kw: dict) -> Decision:
     ordered = sorted(ok, key=lambda s: s.value if lower else -s.value)
     best, others = ordered[0], ordered[1:]
     family = len(others)
     verdicts = [decide(best, o, question=question, family=family, **kw) for o in others]
     worse = tuple(d.against.label for d in verdicts if d.verdict == BETTER)
-    return replace(_kept(ok, best, verdicts, labels, question, default, cheaper, family, kw), worse=worse)
+    return replace(_kept(ok, best, verdicts, question, default, cheaper, family, kw), worse=worse)
 
 
-def _kept(ok: list[Side], best: Side, verdicts: list[Decision], labels: set[str], question: str,
-          default: str | None, cheaper: Callable[[Side], float] | None, family: int, kw: dict) -> Decision:
+def _kept(ok: list[Side], best: Side, verdicts: list[Decision], question: str, default: str | None,
+          cheaper: Callable[[Side], float] | None, family: int, kw: dict) -> Decision:
     """The decision `pick` says, from the best side's verdicts against every other (module docstring)."""
     open_ = [d for d in verdicts if d.verdict == UNDECIDED]
     if open_:

@@ -11,9 +11,9 @@ rest of the process by `run_experiments`: the report's cards read it too). After
 left in the budget goes to the comparisons still undecided (`top_up`): most promising first (the fewest launches
 still needed), each experiment with open questions launched again with more launches per cell (the engine adds
 only the missing ones; how many: decision.next_launches; a setting the best already beats beyond noise keeps the
-launches it has, `cells.held`: racing), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks holds the error
-rate), while the time left covers it. The grown launch counts (and the held ones) are saved in the study's spec, so that a report
-re-derived from the stored runs reads the same launches.
+launches it has, `cells.held`: racing), at most MAX_LOOKS - 1 times (the decision rule's Bonferroni over looks
+holds the error rate), while the time left covers it. The grown launch counts (and the held ones) are saved in the
+study's spec, so that a report re-derived from the stored runs reads the same launches.
 """
 from __future__ import annotations
 
