@@ -85,6 +85,17 @@ def test_no_top_up_beyond_the_time_left(tmp_path):
     assert not top_up(spec, ctx, answered, plan, QUIET) and calls == []
 
 
+def alone(tmp_path, experiment: Experiment, options: dict):
+    """A full study of `experiment` alone with these options: its first result in, 1 s spent on it, 10,000 s of
+    budget left; (spec, ctx, answered, plan) as top_up takes them."""
+    spec = SimpleNamespace(options={experiment.name: dict(options)}, quick=False, config=lambda name: None, held={})
+    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
+    answered = [(experiment, experiment.run(ctx, None, dict(options)))]
+    plan = Budget(10_000, [], {}, quick=False, clock=lambda: 0.0)
+    plan.took = {experiment.name: 1.0}
+    return spec, ctx, answered, plan
+
+
 def test_a_question_over_seeds_grows_the_seeds(tmp_path):
     """The learning-rate rules count seeds: their top-up asks for more seeds per cell, not launches."""
     from scalelab.lab.base import Option, number
@@ -104,12 +115,8 @@ def test_a_question_over_seeds_grows_the_seeds(tmp_path):
     seeds = Option(name="seeds", default=1, help="", parse=number(1, 40, integer=True))
     lr = Experiment(name="lr", command="lr", base=False, title="lr", question="?", help="", section="lr",
                     options=(seeds,), run=run, decide=decide)
-    spec = SimpleNamespace(options={"lr": {"seeds": 3}}, quick=False, config=lambda name: None, held={})
-    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
-    answered = [(lr, run(ctx, None, {"seeds": 3}))]
+    spec, ctx, answered, plan = alone(tmp_path, lr, {"seeds": 3})
     calls.clear()
-    plan = Budget(10_000, [], {}, quick=False, clock=lambda: 0.0)
-    plan.took = {"lr": 1.0}
     assert top_up(spec, ctx, answered, plan, QUIET)
     assert calls == [("lr", 6)] and spec.options == {"lr": {"seeds": 6}}  # 5 x 1.2, at least one more
     assert "look 2: 3 -> 6 seeds per cell" in results.load(lr, tmp_path).notes["topped up"]
@@ -133,12 +140,8 @@ def test_a_setting_worse_beyond_noise_is_held_while_the_question_stays_open(tmp_
                          more=None if n >= 6 else 6, worse=("slow",))]
     race = Experiment(name="race", command="race", base=False, title="race", question="?", help="", section="race",
                       options=(launches_option(),), run=run, decide=decide)
-    spec = SimpleNamespace(options={"race": {"launches": 2}}, quick=False, config=lambda name: None, held={})
-    ctx = Context(cells=None, out_dir=tmp_path, say=lambda line: None, tables=False)
-    answered = [(race, run(ctx, None, {"launches": 2}))]
+    spec, ctx, answered, plan = alone(tmp_path, race, {"launches": 2})
     seen.clear()
-    plan = Budget(10_000, [], {}, quick=False, clock=lambda: 0.0)
-    plan.took = {"race": 1.0}
     assert top_up(spec, ctx, answered, plan, QUIET)
     assert seen == [(6, {"slow": 2})] and spec.held == {"race": {"slow": 2}}
     assert "held (worse beyond noise): slow at 2" in results.load(race, tmp_path).notes["topped up"]
