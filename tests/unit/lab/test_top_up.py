@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 from scalelab.lab import results
 from scalelab.lab.base import Context, Experiment, Result, launches_option
@@ -145,3 +146,13 @@ def test_a_setting_worse_beyond_noise_is_held_while_the_question_stays_open(tmp_
     assert top_up(spec, ctx, answered, plan, QUIET)
     assert seen == [(6, {"slow": 2})] and spec.held == {"race": {"slow": 2}}
     assert "held (worse beyond noise): slow at 2" in results.load(race, tmp_path).notes["topped up"]
+
+
+def test_a_study_file_with_a_bad_hold_is_one_config_error():
+    from scalelab.errors import ConfigError
+    from scalelab.lab.study import StudySpec
+
+    for bad in ("batch 16", {"batch_sweep": {"batch 16": 0}}, {"batch_sweep": ["batch 16"]}):
+        with pytest.raises(ConfigError, match="study.held"):
+            StudySpec(held=bad)
+    assert StudySpec(held={"batch_sweep": {"batch 16": 2}}).held == {"batch_sweep": {"batch 16": 2}}
