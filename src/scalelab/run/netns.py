@@ -185,23 +185,13 @@ def kill_inside(netns: str) -> None:
         time.sleep(0.1)
 
 
-def remove_namespaces(names: list[str], patience_s: float = 20.0) -> None:
+def remove_namespaces(names: list[str]) -> None:
     """Kill what runs inside, then delete: the veths, bridge and qdiscs in them go with the namespaces; their
-    files under /etc/netns too. A namespace still listed afterwards is killed and deleted again until
-    `patience_s` has passed: after a node's processes were SIGKILLed mid-job (a Slurm step's), one still dying
-    kept all four namespaces of a cluster listed at the first try (seen once in the suite)."""
-    deadline = time.monotonic() + patience_s
-    left = list(names)
-    while left:
-        for name in left:
-            kill_inside(name)
-            _ip("netns", "del", name, check=False)
-            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-        listed = set(list_namespaces())
-        left = [n for n in left if n in listed]
-        if not left or time.monotonic() > deadline:
-            return
-        time.sleep(0.5)
+    files under /etc/netns too."""
+    for name in names:
+        kill_inside(name)
+        _ip("netns", "del", name, check=False)
+        shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def write_hosts(node: "Node") -> None:

@@ -123,29 +123,3 @@ def test_a_bench_across_nodes_counts_every_node_s_ranks_in_the_catalog(store):
     assert CommBenchConfig.from_dict(cfg.to_dict()).world == 2
     store.create_run(cfg.to_dict(), {}, kind="bench")
     assert list(store.list_runs()["ranks"]) == [2]
-
-
-def test_a_namespace_still_listed_after_its_delete_is_deleted_again(monkeypatch, tmp_path):
-    """The first `ip netns del` leaves "a" listed (a process in it still dying); it is killed and deleted again,
-    and "b", gone at once, is not touched twice."""
-    listed = {"a", "b"}
-    calls: list = []
-    tries = {"a": 0}
-
-    def ip(*args, check=True):
-        calls.append(args)
-        if args[:2] == ("netns", "del"):
-            name = args[2]
-            tries[name] = tries.get(name, 0) + 1
-            if name != "a" or tries["a"] >= 2:
-                listed.discard(name)
-        return subprocess.CompletedProcess(args, 0, "", "")
-
-    monkeypatch.setattr(netns, "_ip", ip)
-    monkeypatch.setattr(netns, "kill_inside", lambda name: calls.append(("kill", name)))
-    monkeypatch.setattr(netns, "list_namespaces", lambda: sorted(listed))
-    monkeypatch.setattr(netns, "NETNS_ETC", tmp_path)
-    monkeypatch.setattr(netns.time, "sleep", lambda s: None)
-    netns.remove_namespaces(["a", "b"])
-    assert not listed and tries == {"a": 2, "b": 1}
-    assert calls.count(("kill", "a")) == 2 and calls.count(("kill", "b")) == 1
