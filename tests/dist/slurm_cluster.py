@@ -193,6 +193,13 @@ def slurm_cluster(root: Path, nodes: int = 2, *, link_gbps: float | None = None)
         stop(slurm)
 
 
+def leftovers(slurm: SlurmCluster) -> list[str]:
+    """This cluster's namespaces still listed. Its own names, not every new PREFIX name: a Slurm test of the
+    other xdist worker (test_slurm_study) may hold a cluster of its own at the same time (two CI runs failed on
+    that, reading the other worker's live cluster as this one's leftover)."""
+    return sorted(set(slurm.cluster.namespaces) & set(netns.list_namespaces()))
+
+
 def stop(slurm: SlurmCluster) -> None:
     """SIGTERM every daemon by its pid (SIGKILL after a grace), then remove the namespaces and what runs in them."""
     for proc in slurm.daemons:

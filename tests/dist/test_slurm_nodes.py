@@ -28,7 +28,7 @@ from scalelab.analysis import keys
 from scalelab.perf.links import wire_beta
 from scalelab.run import netns
 from scalelab.store import RunDir, Store
-from slurm_cluster import PREFIX, slurm_cluster, unavailable
+from slurm_cluster import leftovers, slurm_cluster, unavailable
 
 LINK_GBPS = 0.5
 JOB_TIMEOUT_S = 420.0
@@ -40,11 +40,10 @@ pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailab
 @pytest.fixture
 def slurm3(tmp_path):
     """A 3-node Slurm cluster over 0.5 Gbit/s links; every daemon, namespace and job process gone afterwards."""
-    before = set(netns.list_namespaces())
     with slurm_cluster(tmp_path / "slurm", nodes=3, link_gbps=LINK_GBPS) as cluster:
         yield cluster
     assert all(d.poll() is not None for d in cluster.daemons)
-    assert not [n for n in set(netns.list_namespaces()) - before if n.startswith(PREFIX)]
+    assert not leftovers(cluster)
 
 
 def sbatch_script(args: list[str], nodes: int = 3, minutes: int = 10) -> str:

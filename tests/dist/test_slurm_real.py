@@ -15,7 +15,7 @@ from conftest import TINY_MLP, cli_env, run_cli
 from scalelab.engines import registry
 from scalelab.run import netns
 from scalelab.store import Store, read_jsonl
-from slurm_cluster import PREFIX, slurm_cluster, unavailable
+from slurm_cluster import leftovers, slurm_cluster, unavailable
 
 JOB_TIMEOUT_S = 150.0
 HOROVOD_MISSING = registry.get("horovod").unavailable()
@@ -26,11 +26,10 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.skipif(unavailable() is not 
 @pytest.fixture
 def slurm(tmp_path):
     """A 2-node Slurm cluster for the test; every daemon, namespace and job process is gone afterwards."""
-    before = set(netns.list_namespaces())
     with slurm_cluster(tmp_path / "slurm", nodes=2) as cluster:
         yield cluster
     assert all(d.poll() is not None for d in cluster.daemons)
-    assert not [n for n in set(netns.list_namespaces()) - before if n.startswith(PREFIX)]
+    assert not leftovers(cluster)
 
 
 def _job_state(slurm, job_id: str) -> str | None:
