@@ -120,6 +120,9 @@ def test_ranks_under_their_own_parents_are_found_by_the_run_directory(tmp_path):
 
 
 def test_child_pids_from_proc_match_psutil_and_runcpu_keeps_only_children_started_during_the_run():
+    """A child started right after the run began (as a loader worker of a warm rank is) is the run's, one started
+    before is not, on time.time() as the ranks pass it. psutil's create_time reads up to a second early (btime in
+    whole seconds): on it the first child looked older than the run and its CPU counted as outside."""
     import os
     import subprocess
     import sys
@@ -131,9 +134,8 @@ def test_child_pids_from_proc_match_psutil_and_runcpu_keeps_only_children_starte
 
     before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        # on psutil's own clock (boot time + start ticks), which may differ from time.time() by up to a second
-        since = psutil.Process(before.pid).create_time() + 0.005
         time.sleep(0.05)  # start times have 10 ms ticks
+        since = time.time()
         during = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         try:
             assert sorted(child_pids(os.getpid())) == sorted(c.pid for c in psutil.Process().children())
@@ -146,6 +148,16 @@ def test_child_pids_from_proc_match_psutil_and_runcpu_keeps_only_children_starte
     finally:
         before.kill()
         before.wait()
+
+
+def test_a_start_time_is_read_in_seconds_since_boot_from_the_stat_file(tmp_path):
+    from scalelab.measure.machine import started_at
+
+    (tmp_path / "7").mkdir()
+    fields = ["S"] + ["0"] * 18 + ["12345"] + ["0"] * 10  # field 22 (starttime) is the 20th after "(comm)"
+    (tmp_path / "7" / "stat").write_text("7 (a (b) c) " + " ".join(fields) + "\n")
+    assert started_at(7, tmp_path, ticks_per_s=100) == 123.45
+    assert started_at(8, tmp_path) is None
 
 
 def test_warm_ranks_are_the_pids_their_launcher_names(tmp_path, monkeypatch):
