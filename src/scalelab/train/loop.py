@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -128,6 +129,9 @@ def make_loader(data: Dataset, cfg: TrainConfig, ctx: DistContext) -> tuple[Data
         # Workers are started anew each epoch (not persistent) so they see the dataset's epoch for augmentation;
         # their start-up lands in the first step's data wait, as in a plain PyTorch loop.
         extra = {"prefetch_factor": cfg.prefetch_factor or 2}
+        # more workers than cores is a setting the loader sweep measures on purpose (its table has the cores);
+        # torch's warning of it, two lines of 300 characters per epoch and rank, filled a study's terminal
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
     loader = DataLoader(data, batch_sampler=sampler, num_workers=workers,
                         pin_memory=cfg.resolved_pin_memory and ctx.device.type == "cuda", **extra)
     return loader, sampler
