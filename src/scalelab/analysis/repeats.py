@@ -11,8 +11,11 @@ with the cells it is compared with, and its headline figures come from all launc
 - GPU utilisation is the mean over every launch's NVML samples, and their count the sum;
 - every other numeric figure of the summary is the median over the launches; a figure with an interval
   (keys.ci_keys) keeps the median launch's interval, widened to reach every launch's value, by the same reasoning;
-- the run's doubts carry over: noisy when any launch was noisy (with that launch's reason), and a quality other
-  than ok when any launch had one;
+- a launch flagged noisy (the machine busy outside it) is set aside when the clean launches are at least 2 and
+  at least as many: the figures are the clean launches', and the quality says how many were set aside and why
+  (a question the clean launches can decide stays open no longer for one neighbour's burst; a top-up adds
+  launches in their place). With fewer clean launches the run's doubts carry over: noisy when any launch was
+  noisy (with that launch's reason), and a quality other than ok when any launch had one;
 - `launches` says how many there were, and the lowest and highest of the launches' own median steps are kept
   (keys.STEP_LAUNCH_MEDIAN_MIN_MS / _MAX_MS): a finding between two cells needs their launches not to interleave
   (scalelab.analysis.interpret.ranking), and a finding between configurations counts launches, not steps;
@@ -36,6 +39,7 @@ LAUNCHES = "launches"
 LAUNCH_MEDIANS = "step_launch_medians(ms)"  # list of each launch's median step, in launch order
 WITHIN_VAR = "step_log_var_within"  # variance of ln(step) around its launch's mean, pooled over launches
 WITHIN_DOF = "step_log_var_within_dof"
+SET_ASIDE = "launches_set_aside"  # launches left out of the figures: flagged noisy, with enough clean ones beside
 
 
 def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict:
@@ -43,6 +47,15 @@ def pool(summaries: Sequence[dict], steps_ms: Sequence[Sequence[float]]) -> dict
     times (ms, in order)."""
     if len(summaries) == 1:
         return {**summaries[0], LAUNCHES: 1, **launch_spread(steps_ms)}
+    noisy = [i for i, s in enumerate(summaries) if s.get(keys.QUALITY_NOISY)]
+    clean = [i for i in range(len(summaries)) if i not in noisy]
+    if noisy and len(clean) >= max(2, len(noisy)):
+        out = pool([summaries[i] for i in clean], [steps_ms[i] for i in clean])
+        if out.get(keys.QUALITY) in (None, "ok"):  # a clean launch's own doubt (implausible, ...) comes first
+            reason = summaries[noisy[-1]].get(keys.QUALITY_NOISE_REASON) or "noisy"
+            out[keys.QUALITY] = f"{len(noisy)} of {len(summaries)} launches set aside ({reason})"
+        out[SET_ASIDE] = len(noisy)
+        return out
     out: dict = {}
     for key in dict.fromkeys(k for s in summaries for k in s):  # in order: the same table in every process
         values = [s[key] for s in summaries if key in s]
