@@ -44,3 +44,22 @@ def intervals(cal: Calibration, points: Sequence[float], quantiles: Sequence[tup
                                 c["model_half_width(%)"])):
             out[k].append(v)
     return out
+
+
+def efficiency_interval(ideal: float, step: float, low: float, high: float) -> tuple[float, float, float]:
+    """(efficiency, its 95 % low, high) of a predicted step of n ranks with its 95 % interval (low, high), against
+    the `ideal` step: the per-rank batch at one lone rank's throughput (the one-worker step in weak scaling, it
+    over n in strong), so efficiency = ideal / step and speedup = n · efficiency (docs/definitions.md).
+
+    Each of n ranks does at least a lone rank's work for its samples and a step holds its compute, so the true
+    efficiency is at most 1 (speedup at most n): physics, and the one bound applied here. The step's interval is
+    log-normal around the point (`modelerror.combine`) and knows no such floor; with a wide model-error term (few
+    residuals) its low end falls below the ideal and, divided into it, gave an efficiency interval of 66–143 %
+    (issue 61). The efficiency's interval is the step's inverted, (ideal / high, ideal / low), cut at 1: an
+    interval cut to the values its quantity can take keeps its coverage. The step's own interval is not cut at the
+    ideal: that is a point estimate whose own uncertainty the step's interval carries (in the ratio it cancels).
+    NaN ends stay NaN."""
+    def ratio(s: float) -> float:
+        return min(1.0, ideal / s) if math.isfinite(s) and s > 0 else math.nan
+
+    return ratio(step), ratio(high), ratio(low)

@@ -35,7 +35,7 @@ from scalelab.perf.horizon import (
     reach,
     unseen_share,
 )
-from scalelab.perf.intervals import intervals, step_quantiles
+from scalelab.perf.intervals import efficiency_interval, intervals, step_quantiles
 from scalelab.perf.modelerror import seen_shares
 from scalelab.perf.validation import INTERVALS, VALIDATION_COLUMNS, validate_measured, validation_text
 from scalelab.run.slurmnodes import allocation, uses_slurm
@@ -170,8 +170,14 @@ def hardware_rows(cal: Calibration, hw: Hardware, workers: Sequence[int], *, mod
     unbiased = factor * frame["step(ms)"] / pd.Series(parts["point"], index=frame.index)  # 1 but for one worker
     for k in ("low", "high", "low50", "high50"):
         parts[k] = (pd.Series(parts[k], index=frame.index) * unbiased).tolist()
-    frame = frame.assign(**{"step(ms)": frame["step(ms)"] * factor, pm.THROUGHPUT: frame[pm.THROUGHPUT] / factor,
-                            "speedup": frame["speedup"] / factor, "efficiency": frame["efficiency"] / factor})
+    ideal = frame["efficiency"] * frame["step(ms)"]  # per-rank batch / one lone rank's throughput
+    frame = frame.assign(**{"step(ms)": frame["step(ms)"] * factor, pm.THROUGHPUT: frame[pm.THROUGHPUT] / factor})
+    # efficiency and speedup at most 1 and n, their interval from the step's (`intervals.efficiency_interval`)
+    bounded = [efficiency_interval(i, s, lo, hi) if n > 1 else (1.0, math.nan, math.nan) for i, s, lo, hi, n in
+               zip(ideal, frame["step(ms)"], parts["low"], parts["high"], frame["workers"])]
+    efficiency = pd.Series([b[0] for b in bounded], index=frame.index)
+    frame = frame.assign(efficiency=efficiency, speedup=efficiency * frame["workers"],
+                         efficiency_ci_low=[b[1] for b in bounded], efficiency_ci_high=[b[2] for b in bounded])
     return frame.assign(**{"step_ci_low(ms)": parts["low"], "step_ci_high(ms)": parts["high"],
                            "step_ci50_low(ms)": parts["low50"], "step_ci50_high(ms)": parts["high50"],
                            "sampling_half_width(%)": parts["sampling_half_width(%)"],
@@ -242,11 +248,12 @@ def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.Dat
         c = intervals(cal, points, step_quantiles(cal, steps, len(group), replicas), strategy=strategy, bias=checked,
                       in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
         for j, (i, step) in enumerate(zip(group.index, points)):
-            work = rows.loc[i, "efficiency"] * step  # efficiency × step: fixed by the one-worker baseline
-            many = workers > 1
-            out["efficiency"][i] = work / (c["point"][j] if many else step)
-            out["efficiency_ci_low"][i] = work / c["high"][j] if many else math.nan
-            out["efficiency_ci_high"][i] = work / c["low"][j] if many else math.nan
+            ideal = rows.loc[i, "efficiency"] * step  # efficiency × step: fixed by the one-worker baseline
+            if workers > 1:  # at most 1, the interval from the step's (`intervals.efficiency_interval`)
+                (out["efficiency"][i], out["efficiency_ci_low"][i],
+                 out["efficiency_ci_high"][i]) = efficiency_interval(ideal, c["point"][j], c["low"][j], c["high"][j])
+            else:
+                out["efficiency"][i] = 1.0
     return out
 
 
