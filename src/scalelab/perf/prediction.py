@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
-from scalelab.analysis.hardware import Hardware
+from scalelab.analysis.hardware import Hardware, placement
 from scalelab.config import TrainConfig
 from scalelab.errors import ConfigError
 from scalelab.lab.base import Context, Result
@@ -37,6 +37,7 @@ from scalelab.perf.horizon import (
 )
 from scalelab.perf.intervals import efficiency_interval, intervals, step_quantiles
 from scalelab.perf.modelerror import seen_shares
+from scalelab.perf.sharedhost import applies, step_text
 from scalelab.perf.validation import INTERVALS, VALIDATION_COLUMNS, validate_measured, validation_text
 from scalelab.run.slurmnodes import allocation, uses_slurm
 
@@ -161,10 +162,12 @@ def hardware_rows(cal: Calibration, hw: Hardware, workers: Sequence[int], *, mod
     frame = steps(cal)
     # the strategy's calibration bias belongs to this machine's own figures (perf/modelerror.py): a preset
     # or a hardware file gets the spread alone; one worker does not communicate, so it has no bias
+    own = hardware_checked(cal, hw) == CHECKED
     parts = intervals(cal, frame["step(ms)"].tolist(),
                       step_quantiles(cal, lambda c: steps(c)["step(ms)"].tolist(), len(frame)),
-                      strategy=strategy, bias=hardware_checked(cal, hw) == CHECKED,
-                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+                      strategy=strategy, bias=own,
+                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}),
+                      step=[own and applies(cal, int(n), int(k)) for n, k in zip(frame["workers"], frame["nodes"])])
     factor = pd.Series([p / s if n > 1 else 1.0 for p, s, n in
                         zip(parts["point"], frame["step(ms)"], frame["workers"])], index=frame.index)
     unbiased = factor * frame["step(ms)"] / pd.Series(parts["point"], index=frame.index)  # 1 but for one worker
@@ -245,8 +248,10 @@ def option_intervals(cal: Calibration, hw: Hardware, workers: int, table: pd.Dat
                                      alone=models.get("alone"))["step(ms)"] for b in group["per_rank_batch"]]
 
         points = group["step(ms)"].tolist()
+        shared = checked and applies(cal, workers, placement(workers, hw.gpus_per_node)[0])
         c = intervals(cal, points, step_quantiles(cal, steps, len(group), replicas), strategy=strategy, bias=checked,
-                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}))
+                      in_flight=modelerror.concurrent(cal, {"sync": strategy, "bucket_mb": bucket_mb}),
+                      step=[shared] * len(points))
         for j, (i, step) in enumerate(zip(group.index, points)):
             ideal = rows.loc[i, "efficiency"] * step  # efficiency × step: fixed by the one-worker baseline
             if workers > 1:  # at most 1, the interval from the step's (`intervals.efficiency_interval`)
@@ -339,6 +344,14 @@ def apply_horizon(table: pd.DataFrame, cal: Calibration, validation: pd.DataFram
     return table, {"scale": scale, "horizon": HORIZON * scale, "cores": cores, "own": own, "shares": seen}
 
 
+def shared_step_text(cal: Calibration, table: pd.DataFrame) -> str:
+    """The shared-host step rule in words (`sharedhost.step_text`) for the most nodes of this machine's rows it
+    applies to; "" where it applies to none."""
+    own = table[table["hardware"] == row_label(cal, cal.hardware())]
+    rows = [(int(n), int(k)) for n, k in zip(own["workers"], own["nodes"]) if applies(cal, int(n), int(k))]
+    return step_text(cal, *max(rows, key=lambda r: r[1])) if rows else ""
+
+
 def horizon_text(horizon: dict, top: int) -> str:
     """The horizon in words (the note, and the sentences' source)."""
     text = (f"predictions beyond {horizon['horizon']} workers ({HORIZON}x the largest measured scale, "
@@ -390,7 +403,8 @@ def prediction_result(cal: Calibration, hws: Sequence[Hardware], *, workers: Seq
     notes = {"calibration": f"{calibration} (compute of {compute_origin(cal)}; {links}; in training collectives "
                             f"×{cal.comm_scale:.2f}{own_scales_text(cal)}, compute ×{cal.compute_scale:.2f}, "
                             f"overlap {cal.overlap:.2f}; {lone_text(cal)}; "
-                            f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors)",
+                            f"{cal.parameters:,} parameters in {len(cal.param_bytes)} tensors"
+                            f"{shared_step_text(cal, table)})",
              "efficiency < 50 % from": {hw: (f"{n} workers" + (" (extrapolation)" if extrapolated(n, horizon["scale"])
                                                                else "") if n else f"never up to {top} workers")
                                         for hw, n in below.items()},
