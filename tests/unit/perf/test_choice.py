@@ -23,6 +23,18 @@ def options(*rows) -> pd.DataFrame:
                           "efficiency_ci_high": hi, "meets_target": e >= 0.5} for s, b, e, lo, hi in rows])
 
 
+def spread_calibration(residual: float, strategies: tuple[str, ...], compute: float):
+    """The synthetic calibration with leave-one-batch-out residuals of ±`residual` (mean 0) for `strategies` and
+    replicas ×(1 − compute)..×(1 + compute) on compute."""
+    residuals = [{"check": "leave batch out", "link": "loopback", "sync": s, "per_rank_batch": float(b),
+                  "residual": r, "comm_share": 0.0} for s in strategies for b, r in
+                 enumerate([residual, -residual] * 2)]
+    cal = synthetic_calibration(residuals=residuals)
+    cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}}
+                      for f in np.linspace(1 - compute, 1 + compute, 21)]
+    return cal
+
+
 def test_equal_options_keep_the_default():
     """bucketed and ddp at the same 0.5752 (the issue's tie): the first of equals is no longer taken."""
     table = options(("bucketed", 32, 0.5752, 0.52, 0.63), ("ddp", 32, 0.5752, 0.52, 0.63))
@@ -50,12 +62,7 @@ def test_a_better_option_beyond_both_intervals_is_recommended_and_one_within_the
 def test_options_carry_an_efficiency_interval_from_the_step_interval():
     """Replicas ×0.8..×1.2 on compute, residuals of mean 0: each option's efficiency interval is the inverse of its
     step's (the one-worker baseline held at its point); without replicas there is none."""
-    residuals = [{"check": "leave batch out", "link": "loopback", "sync": s, "per_rank_batch": float(b),
-                  "residual": r, "comm_share": 0.0} for s in ("ddp", "allreduce") for b, r in
-                 enumerate([0.05, -0.05, 0.05, -0.05])]
-    cal = synthetic_calibration(residuals=residuals)
-    cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}}
-                      for f in np.linspace(0.8, 1.2, 21)]
+    cal = spread_calibration(0.05, ("ddp", "allreduce"), 0.2)
     table = options_for_efficiency(cal, PRESETS["10gbe"], 16, per_rank_batches=[8, 64], strategies=["ddp"])
     for row in table.to_dict("records"):
         assert row["efficiency_ci_low"] < row["efficiency"] < row["efficiency_ci_high"]
@@ -76,13 +83,7 @@ def test_a_default_that_was_not_predicted_recommends_nothing():
 def wide_calibration():
     """Residuals of ±30 % in log step (a wide model-error term, as a calibration with few residuals has) and
     replicas ×0.9..×1.1 on compute: a step interval wide enough to reach below the compute-only baseline."""
-    residuals = [{"check": "leave batch out", "link": "loopback", "sync": s, "per_rank_batch": float(b),
-                  "residual": r, "comm_share": 0.0} for s in ("ddp", "bucketed") for b, r in
-                 enumerate([0.3, -0.3, 0.3, -0.3])]
-    cal = synthetic_calibration(residuals=residuals)
-    cal.replicates = [{"compute": {s: [c0 * f, c1 * f] for s, (c0, c1) in cal.compute.items()}}
-                      for f in np.linspace(0.9, 1.1, 21)]
-    return cal
+    return spread_calibration(0.3, ("ddp", "bucketed"), 0.1)
 
 
 def test_a_wide_step_interval_gives_an_efficiency_interval_at_most_100_percent():
