@@ -63,6 +63,6 @@ def efficiency_interval(ideal: float, step: float, low: float, high: float) -> t
     ideal: that is a point estimate whose own uncertainty the step's interval carries (in the ratio it cancels).
     NaN ends stay NaN."""
     def ratio(s: float) -> float:
-        return min(1.0, ideal / s) if math.isfinite(s) and s > 0 else math.nan
+        return min(1.0, ideal / s) if math.isfinite(s) and s > 0 and math.isfinite(ideal) else math.nan
 
     return ratio(step), ratio(high), ratio(low)

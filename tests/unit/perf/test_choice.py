@@ -12,6 +12,7 @@ import pytest
 
 from scalelab.perf.choice import option_side, recommendation
 from scalelab.perf.hardware import PRESETS
+from scalelab.perf.intervals import efficiency_interval
 from scalelab.perf.prediction import options_for_efficiency, predict_table
 
 from test_prediction import synthetic_calibration
@@ -130,3 +131,14 @@ def test_prediction_table_efficiency_and_speedup_within_their_bounds():
     assert two["efficiency"] == 1 and two["speedup"] == 2
     for table in (wide, biased):
         assert (table["efficiency"] <= 1).all() and (table["speedup"] <= table["workers"]).all()
+
+
+def test_efficiency_interval_on_exact_inputs():
+    """ideal 10 ms: a step of 12.5 (10–16) gives 0.8 (0.625–1.0, the low end of the step below the ideal cut at
+    1); a step below the ideal gives 1; missing ends stay missing, never a made-up 1."""
+    assert efficiency_interval(10.0, 12.5, 10.0, 16.0) == (0.8, 0.625, 1.0)
+    assert efficiency_interval(10.0, 12.5, 8.0, 16.0) == (0.8, 0.625, 1.0)
+    assert efficiency_interval(10.0, 9.0, 8.0, 11.0)[0] == 1.0
+    point, low, high = efficiency_interval(10.0, 12.5, math.nan, math.nan)
+    assert point == 0.8 and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in efficiency_interval(math.nan, 12.5, 10.0, 16.0))
