@@ -14,7 +14,9 @@ Each check reads one table row (a dict) and returns None when the row obeys it, 
 Three more hold the claims made from a table, not its figures (`claim_contradictions`): an accuracy is compared,
 and a setting recommended, only from runs that learned (tables with `learned`: scalelab.analysis.learning); no
 recommendation rests on a prediction marked extrapolation (`extrapolation`: scalelab.perf.horizon); no batch is
-recommended under the study's demonstration memory cap (`limit`: scalelab.experiments.max_batch).
+recommended under the study's demonstration memory cap (`limit`: scalelab.experiments.max_batch). One holds a
+model's predictions to physics (`predicted_beyond_bounds`): no predicted efficiency or end of its interval above
+100 %, no predicted speedup above the worker count, in the tables or in words.
 
 The experiments apply the row checks when they build their tables (the row's `quality`: scalelab.analysis.compare,
 scalelab.analysis.scaling); the host's peak spans two experiments, so `mark_host_peak` applies it to a study's
@@ -200,7 +202,37 @@ def contradictions(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec
         if rec and recommends(rec) and _names(row, chosen_part(rec)):
             out.append(f"{name}: the recommendation rests on {_label(row)} ({why}): {rec}")
         out += [f"{name}: {s}" for s in sentences if _names(row, s) and not any(w in s for w in SET_ASIDE)]
-    return out + claim_contradictions(tables, sentences, rec) + cell_view_faults(tables)
+    return (out + claim_contradictions(tables, sentences, rec) + cell_view_faults(tables)
+            + predicted_beyond_bounds(tables, sentences, rec))
+
+
+PREDICTED = ("prediction", "options")  # the tables of a model's predictions (scalelab.perf.prediction)
+_EFFICIENCY_TEXT = re.compile(r"efficiency (\d+(?:\.\d+)?) %(?: \(95 %: (\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) %\))?")
+
+
+def predicted_beyond_bounds(tables: Mapping[str, pd.DataFrame], sentences: list[str], rec: str | None) -> list[str]:
+    """A predicted efficiency, or an end of its interval, above 100 %, or a predicted speedup above the worker
+    count, in a prediction table (PREDICTED) or in the words of the experiment that has one: a model's rank does
+    at least a lone rank's work, so neither can be (perf/intervals.efficiency_interval). Measured figures are not
+    held to it here: noise may take one past the bound, and `superlinear` asks that it be said."""
+    if not any(name in tables for name in PREDICTED):
+        return []
+    out = []
+    for name in PREDICTED:
+        table = tables.get(name)
+        for row in table.to_dict("records") if isinstance(table, pd.DataFrame) else ():
+            ends = [_number(row, k) for k in ("efficiency", "efficiency_ci_low", "efficiency_ci_high")]
+            speedup, workers = _number(row, "speedup"), _number(row, "workers")
+            if any(e is not None and e > 1 + ROUNDING for e in ends):
+                out.append(f"{name}: {_label(row)} at {row.get('workers')} workers: a predicted efficiency above "
+                           f"100 % ({', '.join(f'{100 * e:.0f} %' for e in ends if e is not None)})")
+            if speedup is not None and workers is not None and speedup > workers * (1 + ROUNDING):
+                out.append(f"{name}: a predicted speedup {speedup:.3g} above its {workers:g} workers")
+    for text in [*sentences, *([rec] if rec else [])]:
+        for match in _EFFICIENCY_TEXT.finditer(text):
+            if any(float(v) > 100 for v in match.groups() if v is not None):
+                out.append(f"a predicted efficiency above 100 % in words ({match.group(0)}): {text}")
+    return out
 
 
 def recommends(card: str) -> bool:

@@ -38,7 +38,8 @@ from scalelab.perf.elsewhere import calibrate_from, largest_batch, predict_from,
 from scalelab.perf.hardware import hardware_from_dict, presets
 from scalelab.perf.horizon import HORIZON
 from scalelab.perf.perfmodel import COMPRESSION, modelled_syncs
-from scalelab.perf.prediction import resolve_hardware, run_prediction
+from scalelab.perf.prediction import run_prediction
+from scalelab.perf.table import resolve_hardware
 from scalelab.run.execute import RunFailed
 from scalelab.sync import registry as sync_registry
 

@@ -218,7 +218,8 @@ EXPERIMENT = Experiment(
     interpret=predict_result,
     captions={"prediction": "Predicted step, speedup and efficiency per hardware and worker count (the model: "
                             "compute + exposed communication; docs/model.md) with its 95 % interval from the "
-                            "calibration's bootstrap (step_ci_low/high); `extrapolation`: beyond 8x the largest "
+                            "calibration's bootstrap (step_ci_low/high), and the efficiency's, the step's inverted, "
+                            "at most 100 % (efficiency_ci_low/high); `extrapolation`: beyond 8x the largest "
                             "measured scale; `checked`: presets and hardware files are unvalidated. An unshaped "
                             "namespace link is predicted from its own bench, run at calibration (in-sample for the "
                             "link).",

@@ -20,6 +20,7 @@ from scalelab.perf import modelerror, uncertainty
 from scalelab.perf.calibration import OWN_SCALE, STAGES, Calibration, calibration_path, device_name, own_scales_text
 from scalelab.perf.fit import Measured, bench_times, cell_run, compute_points, fit, fit_of
 from scalelab.perf.links import link_text
+from scalelab.perf.sharedhost import step_text
 from scalelab.run.execute import RunFailed
 from scalelab.run.slurmnodes import allocation, uses_slurm
 from scalelab.train.setup import build_inputs
@@ -253,5 +254,5 @@ def compute_at_nodes(cal: Calibration, base: TrainConfig, cells: Cells, workers:
             continue
         at = with_fields(base, local_nodes=nodes, nnodes=nodes, global_batch=base.per_rank_batch * base.ranks * nodes)
         out[n] = calibrate_compute(cal, at, cells, batches=batches, repeats=cal.repeats)
-        say(f"[{cells.study}] compute at {nodes} nodes: {lone_text(out[n])}")
+        say(f"[{cells.study}] compute at {nodes} nodes: {lone_text(out[n])}{step_text(cal, n, nodes)}")
     return out

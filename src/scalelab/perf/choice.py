@@ -64,15 +64,19 @@ def efficiency_text(row: dict) -> str:
 
 
 def option_side(row: dict, family: int) -> tuple[float, tuple[float, float] | None]:
-    """(efficiency, its 95 % interval widened for `family` comparisons: each half-width times
-    z(1 - ALPHA / 2 family) / z(1 - ALPHA / 2), Bonferroni on the normal approximation; a prediction has one look)."""
+    """(efficiency, its 95 % interval widened for `family` comparisons: each half-width in log efficiency times
+    z(1 - ALPHA / 2 family) / z(1 - ALPHA / 2), Bonferroni on the normal approximation; a prediction has one look).
+    The interval is the step's inverted (`intervals.efficiency_interval`), normal in log step, so it is widened in
+    log; the high end is cut at 1 again after widening, as efficiency cannot exceed 1 (docs/definitions.md): no
+    comparison rests on an interval past that bound. Widening the cut interval and cutting again gives what
+    widening the uncut one would (the point is at most 1 and the widening moves every end away from it)."""
     low, high = row.get("efficiency_ci_low", math.nan), row.get("efficiency_ci_high", math.nan)
     value = row["efficiency"]
-    if not (math.isfinite(low) and math.isfinite(high)):
+    if not (math.isfinite(low) and math.isfinite(high)) or min(low, value) <= 0:
         return value, None
     z = NormalDist().inv_cdf
     factor = z(1 - ALPHA / (2 * max(1, family))) / z(1 - ALPHA / 2)
-    return value, (value - factor * (value - low), value + factor * (high - value))
+    return value, (value * (low / value) ** factor, min(1.0, value * (high / value) ** factor))
 
 
 def beyond_intervals(a: tuple[float, tuple[float, float] | None], b: tuple[float, tuple[float, float] | None]) -> bool:

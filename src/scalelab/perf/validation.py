@@ -16,6 +16,7 @@ from scalelab.perf.intervals import intervals, step_quantiles
 from scalelab.perf.links import NodeLink, network_label
 from scalelab.perf.modelerror import concurrent, refusal, seen_shares
 from scalelab.perf.runmodel import predict_run
+from scalelab.perf.sharedhost import applies
 
 # predicted: the model's step (model(ms)) with its strategy's calibration bias (bias(%), perf/modelerror.py)
 VALIDATION_COLUMNS = ["run_id", "sync", "per_rank_batch", "accumulate", "bucket_mb", "ddp_hook", "network",
@@ -87,7 +88,8 @@ def validate_measured(cal: Calibration, runs: Sequence[dict], *,
         strategy = "ddp" if cfg.get("sync", "auto") == "auto" else cfg["sync"]
         c = {k: v[0] for k, v in intervals(cal, [p["step(ms)"] - padding], q, strategy=strategy,
                                            link=NodeLink.of(cfg), launches=int(run.get("launches", 1)),
-                                           in_flight=concurrent(cal, cfg)).items()}
+                                           in_flight=concurrent(cal, cfg),
+                                           step=[applies(cal, n, cfg.get("nnodes", 1))]).items()}
         share = c["point"] / (c["point"] + padding) if padding else 1.0  # the half-widths in % of the padded point
         c.update({k: c[k] + padding for k in ("point", "low", "high", "low50", "high50")})
         c.update({k: c[k] * share for k in ("sampling_half_width(%)", "model_half_width(%)")})

@@ -98,3 +98,23 @@ def test_claims_that_rest_on_what_cannot_carry_them():
     batch = pd.DataFrame({"variant": ["base"], "limit": ["demonstration"]})
     assert checks.contradictions({"max_batch": batch}, [], "use as configured: 5 samples fit.") != []
     assert checks.contradictions({"max_batch": batch}, ["No batch is recommended: ..."], None) == []
+
+
+def test_a_predicted_efficiency_or_speedup_past_its_bound_is_a_fault():
+    """The planted case is the study's card of issue 61 ("efficiency 97 % (95 %: 66–143 %)") and its options row,
+    a prediction row with speedup above n; the same tables within the bounds have no fault, and a measured table
+    (scale) is not held to it."""
+    options = pd.DataFrame([{"strategy": "bucketed", "per_rank_batch": 4096, "workers": 16, "efficiency": 0.97,
+                             "efficiency_ci_low": 0.66, "efficiency_ci_high": 1.43}])
+    prediction = pd.DataFrame([{"workers": 2, "hardware": "10gbe", "speedup": 2.04, "efficiency": 1.02}])
+    card = ("For larger clusters (10gbe): keep the default (the best: bucketed with per-rank batch 4096 at "
+            "efficiency 97 % (95 %: 66–143 %))")
+    faults = checks.contradictions({"options": options, "prediction": prediction}, ["predicted efficiency 58 %"],
+                                   card)
+    assert sum("predicted efficiency above 100 %" in f for f in faults) == 3  # options row, prediction row, card
+    assert sum("predicted speedup 2.04 above its 2 workers" in f for f in faults) == 1
+    within = {"options": options.assign(efficiency_ci_high=1.0),
+              "prediction": prediction.assign(speedup=2.0, efficiency=1.0)}
+    assert checks.predicted_beyond_bounds(within, [], card.replace("143", "100")) == []
+    measured = {"scale": pd.DataFrame([{"workers": 2, "speedup": 2.1, "efficiency": 1.05}])}
+    assert checks.predicted_beyond_bounds(measured, ["efficiency 105 %"], None) == []

@@ -238,8 +238,9 @@ def test_validation_refuses_a_refused_link_without_an_interval_and_moves_the_bia
     from scalelab.perf.validation import validate_measured
 
     lobo = calibrated() + singles([-0.2, -0.25], "bucketed", in_flight=True)
+    # a 16-core host: 3 nodes are not past its cores, so the shared-host step (perf/sharedhost.py) is not taken
     cal = synthetic_calibration(nodes=2, link_gbps=1.0, host_alpha_s=1e-5, host_beta_s_per_byte=1e-9,
-                                veth_alpha_s=1e-5, veth_beta_s_per_byte=1e-9,
+                                veth_alpha_s=1e-5, veth_beta_s_per_byte=1e-9, device="16-core CPU",
                                 residuals=lobo + unshaped([0.5, 0.45]))
     cal.replicates = [{"compute": cal.compute}] * 3
     cfg = {"model": "m", "dataset": "d", "ranks": 1, "nnodes": 3, "local_nodes": 3, "global_batch": 60,

@@ -19,8 +19,8 @@ from scalelab.perf.fit import bench_means, compute_points
 from scalelab.perf.elsewhere import (calibrate_from, largest_batch, model_config, run_dirs, stored_runs,
                                      validation_runs, without_communication)
 from scalelab.perf.hardware import PRESETS, fit_alpha_beta, hardware_from_dict
-from scalelab.perf.prediction import (compute_origin, predict_table, prediction_result, resolve_hardware, row_label,
-                                      same_device)
+from scalelab.perf.prediction import prediction_result
+from scalelab.perf.table import compute_origin, predict_table, resolve_hardware, row_label, same_device
 from scalelab.store import RunDir
 from test_prediction import synthetic_calibration  # round numbers: compute(b) = 2 + 0.1·b ms a stage pair
 
