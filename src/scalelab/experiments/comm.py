@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
+from pathlib import Path
 
 import pandas as pd
 
@@ -11,6 +11,10 @@ from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.measure.commbench import CommBenchConfig, busbw_gbps, format_size, read_results
+from scalelab.report import figures
+from scalelab.report.figures import Series
+from scalelab.run.exports import plot_busbw
+from scalelab.run.kinds import busbw_title
 
 
 def bench_config(opts: dict):
@@ -23,12 +27,22 @@ def _run(ctx: Context, base, opts: dict) -> Result:
     if res.status == "missing":
         return Result("comm", {}, notes={"missing": f"{ctx.cells.study}/comm"})
     rundir = ctx.cells.runs([res])[0]["files"]
-    result = Result("comm", {"comm": comm_table(read_results(rundir.path))}, notes={"run": rundir.run_id})
+    raw = read_results(rundir.path)
+    result = Result("comm", {"comm": comm_table(raw)}, notes={"run": rundir.run_id})
     if res.status == "failed":
         result.notes["failed"] = res.reason
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    result.files.append(shutil.copyfile(rundir.busbw_plot, ctx.out_dir / "comm_busbw.png"))
+    result.files.append(busbw_figure(raw, ctx.out_dir / "comm_busbw.png", busbw_title(bench_config(opts))))
     return result
+
+
+def busbw_figure(results: pd.DataFrame, path: Path, title: str | None = None) -> Path:
+    """The bench's busbw plot (run.exports.plot_busbw, the one its run folder holds) drawn again for the report,
+    saved with the record of what it drew: each op's line reads the study table's busbw(GB/s) (report.drawn)."""
+    ops = list(dict.fromkeys(results["op"])) if len(results) else []
+    skipped = {op for op in ops if not (results[results["op"] == op]["status"] == "ok").any()}
+    series = [Series(f"{op} (skipped)") if op in skipped else Series(op, "comm", "busbw(GB/s)") for op in ops]
+    return plot_busbw(results, path, title=title, save=lambda fig, p: figures.save(fig, p, series))
 
 
 def _opt(name: str, help: str) -> Option:

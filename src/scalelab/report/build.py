@@ -14,6 +14,7 @@ import pandas as pd
 from scalelab.analysis.shown_checks import alike, describing, honest_caption, named_columns
 from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
+from scalelab.report.drawn import read_record
 from scalelab.store import RunDir, read_jsonl
 
 def definitions() -> list[str]:
@@ -54,7 +55,7 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
         columns = telling_rows_apart(named_by(answer_columns(frame, experiment.columns.get(key)), frame,
                                               [caption, *sentences]), frame)
         blocks.append(TableBlock(key.replace("/", "_"), frame, caption, with_run_id(columns, frame)))
-    figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
+    figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, ""), read_record(p)) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
     notes += [line for key, frame in tables.items() for line in flagged_rows(key, frame)]
@@ -238,7 +239,7 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
     return Section(id="system", title="System metrics during a run",
                    question="How busy were CPU, memory and network on each rank? (seed 002 Q1, seed 003 figs 7-12)",
                    sentences=sentences, tables=[TableBlock("system", table, SYSTEM_TABLE_CAPTION)],
-                   figures=[FigureBlock(fig, SYSTEM_CAPTION)])
+                   figures=[FigureBlock(fig, SYSTEM_CAPTION, read_record(fig))])
 
 
 MAX_SYSTEM_RUNS = 8  # runs read per table while looking for the one with the most samples

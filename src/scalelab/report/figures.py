@@ -15,17 +15,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from scalelab.analysis import keys  # noqa: E402
+from scalelab.analysis.figure_checks import COMPUTE_LABEL  # noqa: E402,F401  (the plots' one wording of compute)
+from scalelab.report.drawn import Series, write_record  # noqa: E402
 from scalelab.store import atomic_file  # noqa: E402
 
 
-def save(fig, path: Path) -> Path:
-    """Lay out `fig`, write it to `path` atomically (PNG at 110 dpi) and close it; returns `path`."""
+def save(fig, path: Path, series: list[Series] | None = None) -> Path:
+    """Lay out `fig`, write it to `path` atomically (PNG at 110 dpi) with the record of what it drew beside it
+    (report.drawn: its labels as drawn, and `series`, the table and column each legend entry reads), and close it;
+    returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:  # a figure laid out by its own engine (constrained) keeps it
         fig.tight_layout()
     try:
         with atomic_file(path, "wb") as f:
             fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png")
+        write_record(fig, path, series)
     finally:
         plt.close(fig)
     return path
@@ -43,17 +48,20 @@ def ci(frame: pd.DataFrame, point: str = keys.STEP_MEDIAN_MS, low: str | None = 
             (frame[high].astype(float) - value).clip(lower=0).fillna(0)]
 
 
+def has_values(frame: pd.DataFrame, column: str) -> bool:
+    """Whether `frame` has `column` with at least one value (an interval of no row draws nothing: no legend)."""
+    return column in frame and frame[column].notna().any()
+
+
 STEP_CI_LABEL = "step time (ms): median, bars its 95 % interval"
-# compute in every legend and caption that splits a step (docs/definitions.md, "Exposed communication"): the same
-# config with no-op collectives, at its fastest rank; one wording, so a caption and its legend cannot disagree
-COMPUTE_LABEL = "compute (median step with no-op collectives, at its fastest rank)"
 
 
-def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
+def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: str | None = None) -> Path:
     """Per strategy / backend (column `label`): compute (the median step of the same config with no-op
     collectives) + exposed communication, stacked (a negative exposed part is drawn downwards, not hidden), with
     the exposed part's 95 % interval; the median step's min..max spread and the time inside collectives marked.
-    Rows that did not run (status skipped / failed) keep their slot, labelled with their status."""
+    Rows that did not run (status skipped / failed) keep their slot, labelled with their status. `name`: the
+    table's key in its result, recorded with each series (report.drawn)."""
     labels = [str(v) for v in table[label]]
     done = table["status"].eq("completed") if "status" in table else pd.Series(True, index=table.index)
     step = table["step(ms)"].astype(float).where(done)
@@ -64,7 +72,7 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
     ax.bar(labels, compute, label=COMPUTE_LABEL)
     ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - compute)")
-    if "exposed_ci_low(ms)" in table:
+    if has_values(table, "exposed_ci_low(ms)"):  # a legend entry only for an interval drawn
         low, high = (table[c].astype(float).where(done) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
         ax.errorbar([x + 0.2 for x in range(len(labels))], compute + exposed,
                     yerr=[(exposed - low).clip(lower=0).fillna(0), (high - exposed).clip(lower=0).fillna(0)],
@@ -81,10 +89,16 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     ax.set_ylim(0, 1.5 * top)  # room for the legend above the bars
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
-    return save(fig, path)
+    drawn = [Series(COMPUTE_LABEL, name, "compute(ms)"),
+             Series("exposed communication (step - compute)", name, "exposed_comm(ms)"),
+             Series("median step, bars its 95 % interval", name, "step(ms)"),
+             Series("time inside collectives", name, "comm(ms)")]
+    if has_values(table, "exposed_ci_low(ms)"):
+        drawn.append(Series("exposed, 95 % interval", name, "exposed_ci_low(ms)"))
+    return save(fig, path, drawn)
 
 
-def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
+def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str, name: str | None = None) -> Path:
     """Per strategy / backend: payload bytes per step (stacked by phase, as the CommMeter counts them) beside
     the bytes the loopback interface carried per step (all ranks, system sampler). Rows that did not run keep
     their slot, labelled with their status."""
@@ -94,15 +108,19 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
     width = 0.4
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
     bottom = pd.Series(0.0, index=table.index)
+    series = []
     for phase in ("forward", "backward", "optimizer"):
         values = table[f"bytes_{phase}_per_step"].astype(float).where(done).fillna(0) / 1e6
         if values.any():
             ax.bar([i - width / 2 for i in x], values, width, bottom=bottom, label=f"payload, {phase} (mean of ranks)")
+            series.append(Series(f"payload, {phase} (mean of ranks)", name, f"bytes_{phase}_per_step", 1e-6))
             bottom = bottom + values
     if not bottom.any():  # no collectives at all (e.g. noop only): still show the zero
         ax.bar([i - width / 2 for i in x], bottom, width, label="payload (mean of ranks)")
+        series.append(Series("payload (mean of ranks)", name, "bytes_backward_per_step", 1e-6))
     loop = table["loopback_bytes_per_step"].astype(float).where(done) / 1e6
     ax.bar([i + width / 2 for i in x], loop.fillna(0), width, color="tab:gray", label="loopback interface (host)")
+    series.append(Series("loopback interface (host)", name, "loopback_bytes_per_step", 1e-6))
     top = max(float(bottom.max()), float(loop.max()) if loop.notna().any() else 0.0, 1e-6)
     for i, total, ok, status in zip(x, bottom, done, table.get("status", ["completed"] * len(table))):
         if ok:  # small payloads (PowerSGD) are invisible next to big ones: print them
@@ -110,11 +128,11 @@ def comm_bytes_bars(table: pd.DataFrame, path: Path, *, label: str) -> Path:
         else:
             ax.text(i, 0.02 * top, str(status), ha="center", va="bottom", rotation=90, color="gray")
     ax.set_xticks(x, labels)
-    ax.set(ylabel="MB per step (10^6 bytes)", title=f"Bytes per optimizer step per {label}")
+    ax.set(ylabel="bytes per step (MB, 10^6 bytes)", title=f"Bytes per optimizer step per {label}")
     ax.set_ylim(0, 1.35 * top)
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def system_metrics(frame: pd.DataFrame, path: Path) -> Path:
