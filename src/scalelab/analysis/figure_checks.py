@@ -28,7 +28,7 @@ COMPUTE_LABEL = "compute (median step with no-op collectives, at its fastest ran
 
 # (unit of the column, factor it is drawn at) -> the unit its axis shows
 CONVERSIONS = {("bytes", 1e-6): "MB", ("bytes", 2.0 ** -20): "MiB", ("bytes", 2.0 ** -30): "GiB",
-               ("s", 1e3): "ms", ("ms", 1e-3): "s", ("", 100.0): "%"}
+               ("GiB", 2.0 ** 10): "MiB", ("s", 1e3): "ms", ("ms", 1e-3): "s", ("", 100.0): "%"}
 DIMENSIONLESS = ("", "x")  # how an axis of a ratio (speedup, a count) may name its unit
 
 
@@ -42,12 +42,13 @@ def column_unit(column: str) -> str:
 
 
 def axis_unit(label: str) -> str | None:
-    """The unit an axis label names: the start of its first parenthesised group, up to a comma, ';' or ' ='
-    ("time per step (ms)" -> "ms"; "speedup (x, epoch times)" -> "x"); None when it names none."""
+    """The unit an axis label names: the first word of its first parenthesised group ("time per step (ms)" ->
+    "ms"; "speedup (x, epoch times)" -> "x"; "data wait (% of step)" -> "%"); None when it names none."""
     match = re.search(r"\(([^()]*)\)", label)
     if not match:
         return None
-    return re.split(r",|;| =", match[1], maxsplit=1)[0].strip()
+    words = re.split(r"[,;=\s]+", match[1].strip(), maxsplit=1)
+    return words[0] if words else ""
 
 
 def drawn_unit(unit: str, scale: float) -> str | None:

@@ -132,7 +132,7 @@ def plot(result: Result, out: Path) -> list[Path]:
     ax.minorticks_off()
     ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("time per step (ms)")
-    ax.set_title("DDP bucket size: step and exposed communication (95 % intervals)")
+    ax.set_title(f"DDP bucket size: step and exposed communication ({figures.ci_label(t)}s)")
     ax.legend()
     return [figures.save(fig, out / "bucket_sweep.png", series)]
 

@@ -40,7 +40,7 @@ from scalelab.lab.checked import run_checked
 from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
 from scalelab.lab.stragglers import SHOWN as STRAGGLER_SHOWN
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
-from scalelab.report.figures import COMPUTE_LABEL, Series, ci, has_values, plt, save
+from scalelab.report.figures import COMPUTE_LABEL, Series, ci, ci_label, has_values, plt, save
 from scalelab.sync import registry as syncs
 
 MODES = ("strong", "weak")
@@ -176,7 +176,7 @@ def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str, name: str 
                     fmt="o-", capsize=3, label=label)
         series.append(Series(label, name, "speedup"))
     figure = "epoch times" if mode == "strong" else "throughputs"
-    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}), bars: 95 % interval",
+    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}),\nbars: {ci_label(table)}",
            title=f"{mode.title()} scaling")
     ax.set_xticks(sorted(table["workers"].unique()))
     ax.legend()
@@ -197,16 +197,16 @@ def compute_comm_bars(table: pd.DataFrame, path: Path, *, name: str | None = Non
         low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
         ax.errorbar(labels, compute + exposed, yerr=[(exposed - low).clip(lower=0).fillna(0),
                                                      (high - exposed).clip(lower=0).fillna(0)],
-                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
-        series.append(Series("exposed, 95 % interval", name, "exposed_ci_low(ms)"))
+                    fmt="none", ecolor="tab:red", capsize=2, label=f"exposed, {ci_label(table)}")
+        series.append(Series(f"exposed, {ci_label(table)}", name, "exposed_ci_low(ms)"))
     if has_values(table, keys.COMM_TIME_MS):
         ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
         series.append(Series("time inside collectives", name, keys.COMM_TIME_MS))
     if has_values(table, "step_ci_low(ms)"):
         ax.errorbar([x - 0.2 for x in range(len(labels))], table["step(ms)"].astype(float),
                     yerr=ci(table, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)"), fmt="none", ecolor="black",
-                    capsize=3, label="median step, 95 % interval")
-        series.append(Series("median step, 95 % interval", name, "step(ms)"))
+                    capsize=3, label=f"median step, {ci_label(table)}")
+        series.append(Series(f"median step, {ci_label(table)}", name, "step(ms)"))
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()

@@ -16,6 +16,8 @@ import pandas as pd  # noqa: E402
 
 from scalelab.analysis import keys  # noqa: E402
 from scalelab.analysis.figure_checks import COMPUTE_LABEL  # noqa: E402,F401  (the plots' one wording of compute)
+from scalelab.analysis.intervals import coverage  # noqa: E402
+from scalelab.analysis.shown_checks import few_values  # noqa: E402
 from scalelab.report.drawn import Series, write_record  # noqa: E402
 from scalelab.store import atomic_file  # noqa: E402
 
@@ -53,7 +55,20 @@ def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and frame[column].notna().any()
 
 
-STEP_CI_LABEL = "step time (ms): median, bars its 95 % interval"
+def ci_label(frame: pd.DataFrame) -> str:
+    """What a figure of `frame` calls its intervals: "95 % interval", or, where a row's interval rests on fewer
+    values (`n`) than make one (analysis.shown_checks.few_values), what it covers at the fewest, so the drawn words
+    hold (analysis.figure_checks.figure_coverage_faults)."""
+    few = few_values(frame)
+    if not len(few):
+        return "95 % interval"
+    n = int(pd.to_numeric(few["n"], errors="coerce").min())
+    return f"{100 * coverage(n):.0f} % interval (range of {n} values)"
+
+
+def step_ci_label(frame: pd.DataFrame) -> str:
+    """STEP_CI_LABEL with the intervals of `frame` named as they are (ci_label)."""
+    return f"step time (ms): median,\nbars its {ci_label(frame)}"  # two lines: the long form fits the axis
 
 
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: str | None = None) -> Path:
@@ -76,9 +91,9 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: st
         low, high = (table[c].astype(float).where(done) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
         ax.errorbar([x + 0.2 for x in range(len(labels))], compute + exposed,
                     yerr=[(exposed - low).clip(lower=0).fillna(0), (high - exposed).clip(lower=0).fillna(0)],
-                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
+                    fmt="none", ecolor="tab:red", capsize=2, label=f"exposed, {ci_label(table)}")
     ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
-                label="median step, bars its 95 % interval")
+                label=f"median step, bars its {ci_label(table)}")
     ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")
     top = max(float((compute + exposed).max()), float(table["step_ci_high(ms)"].astype(float).fillna(0).max()), 1e-6)
     for i, (ok, status) in enumerate(zip(done, table.get("status", ["completed"] * len(table)))):
@@ -91,10 +106,10 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: st
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
     drawn = [Series(COMPUTE_LABEL, name, "compute(ms)"),
              Series("exposed communication (step - compute)", name, "exposed_comm(ms)"),
-             Series("median step, bars its 95 % interval", name, "step(ms)"),
+             Series(f"median step, bars its {ci_label(table)}", name, "step(ms)"),
              Series("time inside collectives", name, "comm(ms)")]
     if has_values(table, "exposed_ci_low(ms)"):
-        drawn.append(Series("exposed, 95 % interval", name, "exposed_ci_low(ms)"))
+        drawn.append(Series(f"exposed, {ci_label(table)}", name, "exposed_ci_low(ms)"))
     return save(fig, path, drawn)
 
 
