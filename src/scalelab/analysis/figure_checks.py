@@ -5,11 +5,13 @@ reads one figure's record, its caption and its section's tables and returns one 
   value, in its table (a reference line such as "ideal" reads none); a figure with no record is a fault, one
   whose record declares no series (`series` null) is held to its texts only (the two checks below);
 - `axis_unit_faults`: an axis label names its unit, and it is the unit of the columns plotted on that axis, after
-  the factor they were drawn at (bytes x 1e-6 -> MB, a fraction x 100 -> %, s x 1000 -> ms: CONVERSIONS);
+  the factor they were drawn at (bytes x 1e-6 -> MB, a fraction x 100 -> %, s x 1000 -> ms: CONVERSIONS); a pie's
+  wedges are on no axis;
 - `figure_coverage_faults`: a caption, legend entry or axis label that calls an interval a "95 % interval" is
   one: no row of a table it plots rests on fewer values (`n`) than make one (shown_checks.coverage_faults);
-- `compute_faults`: every text of a figure that names compute ("compute (...)") uses the one definition,
-  COMPUTE_LABEL (docs/definitions.md, "Exposed communication"): a caption and its legend cannot disagree.
+- `compute_faults`: every text of a figure that defines compute ("compute (...)", "compute, the ...") uses the
+  one definition, COMPUTE_LABEL (docs/definitions.md, "Exposed communication"): a caption and its legend cannot
+  disagree.
 `figure_faults` applies them all; report.audit applies it to every figure of a built report.
 """
 from __future__ import annotations
@@ -92,7 +94,7 @@ def axis_unit_faults(name: str, drawn: Mapping | None) -> list[str]:
         return []
     axes = drawn.get("axes", [])
     out = []
-    for s in (s for s in _series(drawn) if s.get("column") is not None):
+    for s in (s for s in _series(drawn) if s.get("column") is not None and s.get("axis", 0) is not None):
         i = int(s.get("axis", 0))
         if i >= len(axes):
             out.append(f"{name}: series {s['label']!r} is on axes {i}, which the figure does not have")
@@ -132,9 +134,10 @@ def figure_coverage_faults(name: str, drawn: Mapping | None, caption: str,
 def compute_faults(name: str, drawn: Mapping | None, caption: str) -> list[str]:
     out = []
     for text in texts(drawn, caption):
-        for match in re.finditer(r"\bcompute \(", text, flags=re.IGNORECASE):
+        # "compute (...)" or "compute, the ...": compute defined in place, which must be the one definition
+        for match in re.finditer(r"\bcompute(?: \(|, the )", text, flags=re.IGNORECASE):
             if not text[match.start():].lower().startswith(COMPUTE_LABEL.lower()):
-                said = text[match.start():].split(")")[0] + ")"
+                said = re.split(r"[);]", text[match.start():])[0].rstrip(".") + (")" if "(" in match[0] else "")
                 out.append(f"{name}: {said!r} is not the one definition of compute ({COMPUTE_LABEL!r})")
     return out
 

@@ -132,7 +132,7 @@ def plot(result: Result, out: Path) -> list[Path]:
     ax.minorticks_off()
     ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("time per step (ms)")
-    ax.set_title(f"DDP bucket size: step and exposed communication ({figures.ci_label(t)}s)")
+    ax.set_title(f"DDP bucket size: step and exposed communication\nbars: {figures.ci_label(t)}")
     ax.legend()
     return [figures.save(fig, out / "bucket_sweep.png", series)]
 
@@ -208,7 +208,7 @@ EXPERIMENT = Experiment(
                               "(comm_critical, after every peer had arrived), exposed communication and overlap = "
                               "1 - exposed / (waiting + wire), with 95 % intervals.",
               "bucket_sweep.png": "Median step and exposed communication per bucket size (MiB, log scale), bars "
-                                  "their 95 % intervals; dashed: compute, the step with no-op collectives."},
+                                  f"their 95 % intervals; dashed: {figures.COMPUTE_LABEL}."},
     columns={"bucket_sweep": ["bucket", "status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)",
                               "comm(ms)", "waiting_for_peers(ms)", "comm_critical(ms)", "exposed_comm(ms)", "overlap", "overlap_ci_low",
                               "overlap_ci_high", "quality"]},

@@ -148,11 +148,11 @@ def _figures(result: Result, out) -> list:
     for name, table in result.tables.items():
         if name.endswith("_lost_speedup"):
             if len(table):
-                files.append(waterfall(table, out / f"{name}.png"))
+                files.append(waterfall(table, out / f"{name}.png", name=name))
             continue
         if name.endswith("_nodes"):
             if len(table):
-                files.append(per_node(table, out / f"{name}.png"))
+                files.append(per_node(table, out / f"{name}.png", name=name))
             continue
         if name.endswith("_stragglers"):  # a table in words (straggler_sentences), no figure
             continue
@@ -213,32 +213,35 @@ def compute_comm_bars(table: pd.DataFrame, path: Path, *, name: str | None = Non
     return save(fig, path, series)
 
 
-def per_node(table: pd.DataFrame, path: Path) -> Path:
+def per_node(table: pd.DataFrame, path: Path, *, name: str | None = None) -> Path:
     """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
     and system (% of one core, system stacked on user) and network MB/s sent off the node."""
     cells = list(table.groupby(["nodes", "global_batch"], sort=True))
     most = int(table["node"].max()) + 1
     width = 0.8 / most
     fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(cells) * 3), 4))
+    series = [Series("", name, "cpu_user(%)", axis=1), Series("", name, "cpu_system(%)", axis=1),
+              Series("", name, "net_sent(MB/s)", axis=2)]
     for node in range(most):
         mine = [g[g["node"] == node] for _, g in cells]
         x = [i + (node - (most - 1) / 2) * width for i in range(len(cells))]
         value = lambda col: [float(m[col].iloc[0]) if len(m) and pd.notna(m[col].iloc[0]) else 0.0 for m in mine]
         colour = f"C{node % 10}"
         axes[0].bar(x, value("epoch(s)"), width, color=colour, label=f"node {node}")
+        series.append(Series(f"node {node}", name, "epoch(s)"))
         axes[1].bar(x, value("cpu_user(%)"), width, color=colour)
         axes[1].bar(x, value("cpu_system(%)"), width, bottom=value("cpu_user(%)"), color=colour, hatch="//",
                     edgecolor="white")
         axes[2].bar(x, value("net_sent(MB/s)"), width, color=colour)
     names = [f"{int(k)} node{'s' * (k > 1)}\nb{int(b)}" for (k, b), _ in cells]
-    for ax, (ylabel, title) in zip(axes, (("s per epoch", "Time per epoch"),
-                                          ("% of one core (hatched: system)", "CPU user / system"),
-                                          ("MB/s", "Network sent off the node"))):
+    for ax, (ylabel, title) in zip(axes, (("time per epoch (s)", "Time per epoch"),
+                                          ("CPU (% of one core; hatched: system)", "CPU user / system"),
+                                          ("sent (MB/s)", "Network sent off the node"))):
         ax.set_xticks(range(len(cells)), names)
         ax.set(ylabel=ylabel, title=title)
     axes[0].legend()
     fig.tight_layout()
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def scale_result(result) -> tuple[list[str], str | None]:

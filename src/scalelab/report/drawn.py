@@ -29,12 +29,12 @@ class Series:
     """One plotted series: its legend `label`, the `table` (a result's table key) and `column` it reads (None: a
     reference line such as "ideal", which reads no table), the factor its values are multiplied by before they are
     drawn (`scale`: 1e-6 for bytes drawn as MB, 100 for a fraction drawn in %) and the index of its axes among the
-    figure's (a twin axis is another axes)."""
+    figure's (a twin axis is another axes; None: drawn on no value axis, a pie's wedge)."""
     label: str
     table: str | None = None
     column: str | None = None
     scale: float = 1.0
-    axis: int = 0
+    axis: int | None = 0
 
 
 def record_path(image: Path) -> Path:

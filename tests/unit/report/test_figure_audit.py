@@ -114,6 +114,9 @@ def test_every_text_that_names_compute_uses_the_one_definition():
     assert compute_faults("f", drawn("ms (ms)", [COMPUTE_LABEL], None), "compute (step with no sync) + exposed") == [
         f"f: 'compute (step with no sync)' is not the one definition of compute ({COMPUTE_LABEL!r})"]
     assert len(compute_faults("f", drawn("ms (ms)", ["compute (no-op collectives)"], None), "")) == 1
+    # the bucket sweep's caption until issue 60's figure audit: compute defined in other words than its legend's
+    assert compute_faults("f", None, "dashed: compute, the step with no-op collectives.") == [
+        f"f: 'compute, the step with no-op collectives' is not the one definition of compute ({COMPUTE_LABEL!r})"]
 
 
 def test_the_report_carries_the_records_and_its_audit_reads_them(tmp_path):
@@ -194,3 +197,31 @@ def test_a_figure_names_its_intervals_by_the_values_behind_them():
     assert figures.ci_label(frame) == "50 % interval (range of 2 values)"
     assert figure_coverage_faults("f", drawn(figures.step_ci_label(frame), [], [
         {"label": "", "table": "t", "column": "step(ms)"}]), "", {"t": frame}) == []
+
+
+def test_the_per_node_bars_name_their_units_and_columns(tmp_path):
+    nodes = pd.DataFrame({"nodes": [2, 2], "global_batch": [64, 64], "node": [0, 1], "epoch(s)": [3.0, 3.2],
+                          "cpu_user(%)": [80.0, 70.0], "cpu_system(%)": [10.0, 12.0], "net_sent(MB/s)": [5.0, 5.5]})
+    png = scale.per_node(nodes, tmp_path / "n.png", name="scale_strong_nodes")
+    record = read_record(png)
+    assert [ax["ylabel"] for ax in record["axes"]] == ["time per epoch (s)", "CPU (% of one core; hatched: system)",
+                                                       "sent (MB/s)"]
+    assert figure_faults("scaling/n.png", record, "", {"scale_strong_nodes": nodes}) == []
+
+
+def test_the_bucket_sweep_figure_holds_to_its_table(tmp_path):
+    from scalelab.experiments import bucket_sweep
+
+    t = pd.DataFrame({"bucket_mb": [1.0, 25.0], "status": ["completed", "completed"], "n": [8, 8],
+                      "step(ms)": [30.0, 28.0], "step_ci_low(ms)": [29.0, 27.0], "step_ci_high(ms)": [31.0, 29.0],
+                      "exposed_comm(ms)": [8.0, 6.0], "exposed_ci_low(ms)": [7.0, 5.0],
+                      "exposed_ci_high(ms)": [9.0, 7.0], "compute(ms)": [22.0, 22.0]})
+    [png] = bucket_sweep.plot(Result("bucket_sweep", {"bucket_sweep": t}), tmp_path)
+    record = read_record(png)
+    assert record["axes"][0]["ylabel"] == "time per step (ms)"  # was "ms per step": no unit an audit could read
+    assert figure_faults("buckets/b.png", record, "", {"bucket_sweep": t}) == []
+    assert record["axes"][0]["title"].endswith("bars: 95 % interval")
+    few = t.assign(n=[2, 2])
+    [png] = bucket_sweep.plot(Result("bucket_sweep", {"bucket_sweep": few}), tmp_path)
+    assert figure_faults("buckets/b.png", read_record(png), "", {"bucket_sweep": few}) == []
+    assert read_record(png)["axes"][0]["title"].endswith("bars: 50 % interval (range of 2 values)")
