@@ -1,9 +1,10 @@
 """A report's figures held to their tables, read from what each figure recorded it drew (report.drawn: per axes
 its title, axis labels and legend entries as drawn; per series the table and column it reads). Pure: each check
 reads one figure's record, its caption and its section's tables and returns one line per fault, none when it holds:
-- `legend_faults`: every legend entry is a declared series, and each series reads a column that exists, with a
-  value, in its table (a reference line such as "ideal" reads none); a figure with no record is a fault, one
-  whose record declares no series (`series` null) is held to its texts only (the two checks below);
+- `legend_faults`: every legend entry is a declared series, and each series reads a column that exists in its
+  table, with a value where the series has a legend entry (a reference line such as "ideal" reads none); a
+  figure with no record is a fault, one whose record declares no series (`series` null) is held to its texts
+  only (the two checks below);
 - `axis_unit_faults`: an axis label names its unit, and it is the unit of the columns plotted on that axis, after
   the factor they were drawn at (bytes x 1e-6 -> MB, a fraction x 100 -> %, s x 1000 -> ms: CONVERSIONS); a pie's
   wedges are on no axis;
@@ -83,7 +84,7 @@ def legend_faults(name: str, drawn: Mapping | None, tables: Mapping[str, pd.Data
         elif s["column"] not in frame.columns:
             out.append(f"{name}: series {s['label']!r} reads {s['column']!r}, which table {s['table']!r} does not "
                        "have")
-        elif not pd.to_numeric(frame[s["column"]], errors="coerce").notna().any():
+        elif s["label"] and not pd.to_numeric(frame[s["column"]], errors="coerce").notna().any():  # a legend entry
             out.append(f"{name}: series {s['label']!r} reads {s['column']!r}, which has no value in table "
                        f"{s['table']!r}")
     return out
