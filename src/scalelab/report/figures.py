@@ -71,6 +71,9 @@ def step_ci_label(frame: pd.DataFrame) -> str:
     return f"step time (ms): median,\nbars its {ci_label(frame)}"  # two lines: the long form fits the axis
 
 
+NO_BASELINE_LABEL = "median step (no no-op baseline ran: compute not measured)"
+
+
 def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: str | None = None) -> Path:
     """Per strategy / backend (column `label`): compute (the median step of the same config with no-op
     collectives) + exposed communication, stacked (a negative exposed part is drawn downwards, not hidden), with
@@ -80,13 +83,26 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: st
     labels = [str(v) for v in table[label]]
     done = table["status"].eq("completed") if "status" in table else pd.Series(True, index=table.index)
     step = table["step(ms)"].astype(float).where(done)
-    compute = table["compute(ms)"].astype(float).fillna(step).where(done).fillna(0)
-    exposed = table["exposed_comm(ms)"].astype(float).where(done).fillna(0)
+    # a row without its no-op baseline (none ran, e.g. an engine compared alone) shows its whole step, so named:
+    # a bar labelled compute that is the step would say communication costs nothing
+    measured = table["compute(ms)"].astype(float).notna() & done
+    compute = table["compute(ms)"].astype(float).where(measured).fillna(0)
+    whole = step.where(done & ~measured).fillna(0)
+    exposed = table["exposed_comm(ms)"].astype(float).where(done)
     spread = ci(table.assign(step=step), "step", "step_ci_low(ms)", "step_ci_high(ms)")
     reps = sorted({int(n) for n in table["timed_steps"].dropna()}) if "timed_steps" in table else []
     fig, ax = plt.subplots(figsize=(max(7, len(labels) * 0.9), 4.5))
-    ax.bar(labels, compute, label=COMPUTE_LABEL)
-    ax.bar(labels, exposed, bottom=compute, label="exposed communication (step - compute)")
+    drawn = [Series(f"median step, bars its {ci_label(table)}", name, "step(ms)")]
+    if measured.any():
+        ax.bar(labels, compute, label=COMPUTE_LABEL)
+        drawn.append(Series(COMPUTE_LABEL, name, "compute(ms)"))
+    if (~measured & done).any():
+        ax.bar(labels, whole, color="tab:gray", label=NO_BASELINE_LABEL)
+        drawn.append(Series(NO_BASELINE_LABEL, name, "step(ms)"))
+    if exposed.notna().any():
+        ax.bar(labels, exposed.fillna(0), bottom=compute, label="exposed communication (step - compute)")
+        drawn.append(Series("exposed communication (step - compute)", name, "exposed_comm(ms)"))
+    exposed = exposed.fillna(0)
     if has_values(table, "exposed_ci_low(ms)"):  # a legend entry only for an interval drawn
         low, high = (table[c].astype(float).where(done) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
         ax.errorbar([x + 0.2 for x in range(len(labels))], compute + exposed,
@@ -94,8 +110,11 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: st
                     fmt="none", ecolor="tab:red", capsize=2, label=f"exposed, {ci_label(table)}")
     ax.errorbar(labels, step, yerr=spread, fmt="none", ecolor="black", capsize=3,
                 label=f"median step, bars its {ci_label(table)}")
-    ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")
-    top = max(float((compute + exposed).max()), float(table["step_ci_high(ms)"].astype(float).fillna(0).max()), 1e-6)
+    if has_values(table, "comm(ms)"):
+        ax.plot(labels, table["comm(ms)"].astype(float).where(done), "kD", label="time inside collectives")
+        drawn.append(Series("time inside collectives", name, "comm(ms)"))
+    top = max(float((compute + exposed).max()), float(whole.max()),
+              float(table["step_ci_high(ms)"].astype(float).fillna(0).max()), 1e-6)
     for i, (ok, status) in enumerate(zip(done, table.get("status", ["completed"] * len(table)))):
         if not ok:
             ax.text(i, 0.02 * top, str(status), ha="center", va="bottom", rotation=90, color="gray")
@@ -104,10 +123,6 @@ def comm_breakdown_bars(table: pd.DataFrame, path: Path, *, label: str, name: st
     ax.set_ylim(0, 1.5 * top)  # room for the legend above the bars
     ax.tick_params(axis="x", rotation=45)
     ax.legend(fontsize="small", loc="upper left", ncols=2 if len(labels) > 3 else 1)
-    drawn = [Series(COMPUTE_LABEL, name, "compute(ms)"),
-             Series("exposed communication (step - compute)", name, "exposed_comm(ms)"),
-             Series(f"median step, bars its {ci_label(table)}", name, "step(ms)"),
-             Series("time inside collectives", name, "comm(ms)")]
     if has_values(table, "exposed_ci_low(ms)"):
         drawn.append(Series(f"exposed, {ci_label(table)}", name, "exposed_ci_low(ms)"))
     return save(fig, path, drawn)

@@ -225,3 +225,20 @@ def test_the_bucket_sweep_figure_holds_to_its_table(tmp_path):
     [png] = bucket_sweep.plot(Result("bucket_sweep", {"bucket_sweep": few}), tmp_path)
     assert figure_faults("buckets/b.png", read_record(png), "", {"bucket_sweep": few}) == []
     assert read_record(png)["axes"][0]["title"].endswith("bars: 50 % interval (range of 2 values)")
+
+
+def test_a_comparison_without_its_no_op_baseline_labels_no_bar_compute(tmp_path):
+    """Found by the figure audit in the tiny dist study: the engines comparison (no no-op baseline ran) drew each
+    row's whole step as a bar labelled compute, and a legend entry for an exposed part no row has."""
+    alone = STRATEGIES.assign(**{"compute(ms)": float("nan"), "exposed_comm(ms)": float("nan"),
+                                 "exposed_ci_low(ms)": float("nan"), "exposed_ci_high(ms)": float("nan")})
+    png = figures.comm_breakdown_bars(alone, tmp_path / "e.png", label="sync", name="compare_engines")
+    record = read_record(png)
+    legend = record["axes"][0]["legend"]
+    assert COMPUTE_LABEL not in legend and figures.NO_BASELINE_LABEL in legend
+    assert not any(entry.startswith("exposed") for entry in legend)
+    assert figure_faults("engines/e.png", record, "", {"compare_engines": alone}) == []
+    # one row with its baseline, one without: both named as what they are
+    mixed = STRATEGIES.assign(**{"compute(ms)": [22.0, float("nan")]})
+    legend = read_record(figures.comm_breakdown_bars(mixed, tmp_path / "m.png", label="sync"))["axes"][0]["legend"]
+    assert COMPUTE_LABEL in legend and figures.NO_BASELINE_LABEL in legend
