@@ -27,18 +27,21 @@ def _run(ctx: Context, base, opts: dict) -> Result:
     if res.status == "missing":
         return Result("comm", {}, notes={"missing": f"{ctx.cells.study}/comm"})
     rundir = ctx.cells.runs([res])[0]["files"]
-    raw = read_results(rundir.path)
-    result = Result("comm", {"comm": comm_table(raw)}, notes={"run": rundir.run_id})
+    result = Result("comm", {"comm": comm_table(read_results(rundir.path))}, notes={"run": rundir.run_id})
     if res.status == "failed":
         result.notes["failed"] = res.reason
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    result.files.append(busbw_figure(raw, ctx.out_dir / "comm_busbw.png", busbw_title(bench_config(opts))))
+    if len(result.tables["comm"]):  # a bench that measured nothing has no figure
+        result.files.append(busbw_figure(result.tables["comm"], ctx.out_dir / "comm_busbw.png",
+                                         busbw_title(bench_config(opts))))
     return result
 
 
-def busbw_figure(results: pd.DataFrame, path: Path, title: str | None = None) -> Path:
-    """The bench's busbw plot (run.exports.plot_busbw, the one its run folder holds) drawn again for the report,
-    saved with the record of what it drew: each op's line reads the study table's busbw(GB/s) (report.drawn)."""
+def busbw_figure(table: pd.DataFrame, path: Path, title: str | None = None) -> Path:
+    """The bench's busbw plot (run.exports.plot_busbw, the one its run folder holds) drawn again for the report
+    from the study's table (`comm_table`: its single-call band under the bench's names again), saved with the
+    record of what it drew: each op's line reads the table's busbw(GB/s) (report.drawn)."""
+    results = table.rename(columns={ours: bench for bench, ours in SINGLE_CALL.items()})
     ops = list(dict.fromkeys(results["op"])) if len(results) else []
     skipped = {op for op in ops if not (results[results["op"] == op]["status"] == "ok").any()}
     series = [Series(f"{op} (skipped)") if op in skipped else Series(op, "comm", "busbw(GB/s)") for op in ops]

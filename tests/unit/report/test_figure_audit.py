@@ -157,7 +157,7 @@ def test_the_busbw_figure_is_drawn_again_for_the_report_with_its_record(tmp_path
     raw = pd.DataFrame({"op": ["allreduce", "allreduce", "broadcast"], "size(B)": [1024, 4096, 1024],
                         "busbw(GB/s)": [0.5, 0.9, float("nan")], "busbw_min(GB/s)": [0.4, 0.8, float("nan")],
                         "busbw_max(GB/s)": [0.6, 1.0, float("nan")], "status": ["ok", "ok", "skipped"]})
-    png = busbw_figure(raw, tmp_path / "comm_busbw.png", "2 ranks, gloo")
+    png = busbw_figure(comm_table(raw), tmp_path / "comm_busbw.png", "2 ranks, gloo")
     record = read_record(png)
     assert record["axes"][0]["legend"] == ["allreduce", "broadcast (skipped)"]
     assert record["axes"][0]["title"].startswith("2 ranks, gloo")
