@@ -62,7 +62,7 @@ def print_audit(faults: list[str], where: Path) -> None:
     """The audit's verdict in the terminal: passed, or the count and each fault on one line cut to the terminal's
     width (`where` holds them whole)."""
     if not faults:
-        console.print("audit: passed (sentences, decisions and every table as the report shows it)", highlight=False)
+        console.print("audit: passed (sentences, decisions, every table and figure as the report shows it)", highlight=False)
         return
     console.print(f"audit: {len(faults)} fault(s); whole lines in {where}", highlight=False, soft_wrap=False)
     for fault in faults:

@@ -12,7 +12,7 @@ from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.decision import Decision, card, figure_side, pick
-from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+from scalelab.report.figures import Series, ci, ci_label, plt, save, step_ci_label
 
 
 def batch_sweep_table(runs: list[dict]) -> pd.DataFrame:
@@ -79,17 +79,19 @@ def time_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     """Epoch time with and without data loading, and step time, with their 95 % intervals, vs global batch."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.errorbar(table["global_batch"], table[keys.EPOCH_S], yerr=ci(table, keys.EPOCH_S), fmt="o-", capsize=3,
-                 label="with data loading (bars: 95 % interval)")
+                 label=f"with data loading (bars: {ci_label(table)})")
     ax1.plot(table["global_batch"], table[keys.EPOCH_NO_DATA_S], "s--", label="without data loading")
     ax1.set(xscale="log", xlabel="global batch (samples)", ylabel="epoch time (s)", title="Epoch time")
     ax1.legend()
     ax2.errorbar(table["global_batch"], table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="o-", capsize=3)
-    ax2.set(xscale="log", xlabel="global batch (samples)", ylabel=STEP_CI_LABEL,
+    ax2.set(xscale="log", xlabel="global batch (samples)", ylabel=step_ci_label(table),
             title="Step time over timed steps")
     for ax in (ax1, ax2):  # label the batch sizes themselves, not powers of ten
         ax.set_xticks(list(table["global_batch"]), [str(b) for b in table["global_batch"]])
         ax.minorticks_off()
-    return save(fig, path)
+    return save(fig, path, [Series(f"with data loading (bars: {ci_label(table)})", "batch_sweep", keys.EPOCH_S),
+                            Series("without data loading", "batch_sweep", keys.EPOCH_NO_DATA_S),
+                            Series("", "batch_sweep", keys.STEP_MEDIAN_MS, axis=1)])
 
 
 def study_options(plan: StudyPlan) -> dict | None:

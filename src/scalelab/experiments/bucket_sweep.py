@@ -119,19 +119,22 @@ def plot(result: Result, out: Path) -> list[Path]:
         return []
     fig, ax = plt.subplots(figsize=(7, 4))
     x = t["bucket_mb"]
+    series = []
     for col, low, high, label in (("step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "step (median)"),
                                   ("exposed_comm(ms)", "exposed_ci_low(ms)", "exposed_ci_high(ms)", "exposed comm")):
         err = [(t[col] - t[low]).clip(lower=0), (t[high] - t[col]).clip(lower=0)]
         ax.errorbar(x, t[col], yerr=err, marker="o", capsize=3, label=label)
+        series.append(figures.Series(label, "bucket_sweep", col))
     ax.plot(x, t["compute(ms)"], ls="--", color="grey", label=figures.COMPUTE_LABEL)
+    series.append(figures.Series(figures.COMPUTE_LABEL, "bucket_sweep", "compute(ms)"))
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(x), [f"{mb:.3g}" for mb in x])
     ax.minorticks_off()
     ax.set_xlabel("bucket_cap_mb (MiB)")
-    ax.set_ylabel("ms per step")
-    ax.set_title("DDP bucket size: step and exposed communication (95 % intervals)")
+    ax.set_ylabel("time per step (ms)")
+    ax.set_title(f"DDP bucket size: step and exposed communication\nbars: {figures.ci_label(t)}")
     ax.legend()
-    return [figures.save(fig, out / "bucket_sweep.png")]
+    return [figures.save(fig, out / "bucket_sweep.png", series)]
 
 
 def decisions(result: Result) -> list[Decision]:
@@ -205,7 +208,7 @@ EXPERIMENT = Experiment(
                               "(comm_critical, after every peer had arrived), exposed communication and overlap = "
                               "1 - exposed / (waiting + wire), with 95 % intervals.",
               "bucket_sweep.png": "Median step and exposed communication per bucket size (MiB, log scale), bars "
-                                  "their 95 % intervals; dashed: compute, the step with no-op collectives."},
+                                  f"their 95 % intervals; dashed: {figures.COMPUTE_LABEL}."},
     columns={"bucket_sweep": ["bucket", "status", "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)", "compute(ms)",
                               "comm(ms)", "waiting_for_peers(ms)", "comm_critical(ms)", "exposed_comm(ms)", "overlap", "overlap_ci_low",
                               "overlap_ci_high", "quality"]},

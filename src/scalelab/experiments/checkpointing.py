@@ -17,7 +17,7 @@ from scalelab.analysis.tables import SPREAD, runs_frame
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.decision import BETTER, EQUIVALENT, decide, step_side
-from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+from scalelab.report.figures import Series, ci, plt, save, step_ci_label
 
 
 def checkpointing_table(runs: list[dict]) -> pd.DataFrame:
@@ -45,10 +45,12 @@ def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
     mem = cuda if cuda in table else keys.MEMORY_PEAK_RSS_GIB
     segments = table["checkpoint_segments"]
     fig, (ax1, ax3) = plt.subplots(1, 2, figsize=(11, 4))
+    series = [Series("", "checkpointing", keys.STEP_MEDIAN_MS, axis=1)]  # fig.axes: ax1, ax3, then the twin
     for key, label, style in ((keys.MEMORY_ACTIVATIONS_BYTES, "saved for backward", "o-"),
                               (keys.MEMORY_ACTIVATIONS_PEAK_BYTES, "backward peak (with recomputation)", "^-")):
         if key in table:
             ax1.plot(segments, table[key] / 2**20, style, label=label)
+            series.append(Series(label, "checkpointing", key, 2.0 ** -20))
     ax1.set(xlabel="checkpoint segments (0 = off)", ylabel="activations per rank (MiB)",
             title="Activations vs the process's peak")
     ax1.set_ylim(bottom=0)
@@ -58,14 +60,15 @@ def memory_vs_segments(table: pd.DataFrame, path: Path) -> Path:
         ax2 = ax1.twinx()
         handles += ax2.plot(segments, table[mem] * 2**10, "s--", color="tab:green")
         labels.append(f"{name} (right axis)")
+        series.append(Series(f"{name} (right axis)", "checkpointing", mem, 2.0 ** 10, axis=2))
         ax2.set(ylabel=f"{name} (MiB)", ylim=(0, None))
     ax1.legend(handles, labels, loc="lower left", fontsize="small")
     ax3.errorbar(segments, table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="s--", color="tab:red", capsize=3)
-    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel=STEP_CI_LABEL,
+    ax3.set(xlabel="checkpoint segments (0 = off)", ylabel=step_ci_label(table),
             title="Cost in time")
     for ax in (ax1, ax3):
         ax.set_xticks(sorted(segments.unique()))
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def checkpointing(table: pd.DataFrame) -> tuple[list[str], str | None]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
+from pathlib import Path
 
 import pandas as pd
 
@@ -11,6 +11,10 @@ from scalelab.analysis.interpret import fmt
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan
 from scalelab.lab.cells import Cell
 from scalelab.measure.commbench import CommBenchConfig, busbw_gbps, format_size, read_results
+from scalelab.report import figures
+from scalelab.report.figures import Series
+from scalelab.run.exports import plot_busbw
+from scalelab.run.kinds import busbw_title
 
 
 def bench_config(opts: dict):
@@ -27,8 +31,21 @@ def _run(ctx: Context, base, opts: dict) -> Result:
     if res.status == "failed":
         result.notes["failed"] = res.reason
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    result.files.append(shutil.copyfile(rundir.busbw_plot, ctx.out_dir / "comm_busbw.png"))
+    if len(result.tables["comm"]):  # a bench that measured nothing has no figure
+        result.files.append(busbw_figure(result.tables["comm"], ctx.out_dir / "comm_busbw.png",
+                                         busbw_title(bench_config(opts))))
     return result
+
+
+def busbw_figure(table: pd.DataFrame, path: Path, title: str | None = None) -> Path:
+    """The bench's busbw plot (run.exports.plot_busbw, the one its run folder holds) drawn again for the report
+    from the study's table (`comm_table`: its single-call band under the bench's names again), saved with the
+    record of what it drew: each op's line reads the table's busbw(GB/s) (report.drawn)."""
+    results = table.rename(columns={ours: bench for bench, ours in SINGLE_CALL.items()})
+    ops = list(dict.fromkeys(results["op"])) if len(results) else []
+    skipped = {op for op in ops if not (results[results["op"] == op]["status"] == "ok").any()}
+    series = [Series(f"{op} (skipped)") if op in skipped else Series(op, "comm", "busbw(GB/s)") for op in ops]
+    return plot_busbw(results, path, title=title, save=lambda fig, p: figures.save(fig, p, series))
 
 
 def _opt(name: str, help: str) -> Option:

@@ -104,8 +104,8 @@ def comm_figures(name: str, label: str):
         table = result.tables[name]
         if not (table["status"] == "completed").any():
             return []
-        return [figures.comm_breakdown_bars(table, out / f"{name}.png", label=label),
-                figures.comm_bytes_bars(table, out / f"{name}_bytes.png", label=label)]
+        return [figures.comm_breakdown_bars(table, out / f"{name}.png", label=label, name=name),
+                figures.comm_bytes_bars(table, out / f"{name}_bytes.png", label=label, name=name)]
     return draw
 
 

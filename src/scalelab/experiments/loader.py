@@ -18,7 +18,7 @@ from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, bo
 from scalelab.lab.cells import Cell, Outcome, cell_kind, with_fields
 from scalelab.lab.decision import Decision, card, pick, step_side
 from scalelab.provenance import collect_provenance
-from scalelab.report.figures import ci, plt, save
+from scalelab.report.figures import Series, ci, ci_label, plt, save
 from scalelab.train.loop import make_loader
 from scalelab.train.setup import build_bundle
 
@@ -117,12 +117,13 @@ def loader_bars(table: pd.DataFrame, path: Path) -> Path:
               f"{'' if pd.isna(r.prefetch_factor) else f' pf{int(r.prefetch_factor)}'}" for r in table.itertuples()]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.bar(labels, table[keys.THROUGHPUT], yerr=ci(table, keys.THROUGHPUT, *keys.ci_keys(keys.THROUGHPUT)), capsize=3)
-    ax1.set(ylabel="training throughput (samples/s), bars: 95 % interval", title="Throughput per loader setting")
+    ax1.set(ylabel=f"training throughput (samples/s),\nbars: {ci_label(table)}", title="Throughput per loader setting")
     ax2.bar(labels, table["data_wait(%)"], color="tab:orange")
     ax2.set(ylabel="data wait (% of step)", title="Time waiting for data")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=45)
-    return save(fig, path)
+    return save(fig, path, [Series("", "loader_sweep", keys.THROUGHPUT),
+                            Series("", "loader_sweep", "data_wait(%)", axis=1)])
 
 
 def setting(row) -> str:

@@ -25,7 +25,7 @@ from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, name_list, number
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.decision import Decision, card, figure_side, pick
-from scalelab.report.figures import plt, save
+from scalelab.report.figures import Series, plt, save
 from scalelab.train.lr import RULES
 from scalelab.train.setup import build_bundle
 
@@ -132,15 +132,17 @@ def _analyse(runs: list[dict], base: TrainConfig, opts: dict) -> Result:
 def accuracy_vs_batch(table: pd.DataFrame, path: Path) -> Path:
     """Final test accuracy vs global batch, one line per learning-rate rule."""
     fig, ax = plt.subplots(figsize=(7, 4))
+    series = []
     for rule, g in table.groupby("lr_rule"):
         g = g.groupby("global_batch")["final_acc"].mean()
         ax.plot(g.index, 100 * g.values, "o-", label=rule)
+        series.append(Series(str(rule), "lr_scaling", "final_acc", 100.0))
     ax.set(xscale="log", xlabel="global batch (samples)", ylabel="final test accuracy (%)",
            title="Accuracy vs batch size per LR rule (same epochs)")
     ax.set_xticks(sorted(table["global_batch"].unique()), [str(b) for b in sorted(table["global_batch"].unique())])
     ax.minorticks_off()
     ax.legend()
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def accuracy_curves(curves: pd.DataFrame, path: Path) -> Path:

@@ -27,7 +27,7 @@ from scalelab.errors import ConfigError
 from scalelab.experiments.max_batch import does_not_fit
 from scalelab.lab.base import Context, Experiment, Option, Result, StudyPlan, positive_ints
 from scalelab.lab.cells import Cell, CellResult, with_fields
-from scalelab.report.figures import plt, save
+from scalelab.report.figures import Series, plt, save
 from scalelab.sizes import parse_bytes
 from scalelab.train.setup import build_bundle
 from scalelab.zoo.models import build_model, count_parameters
@@ -189,7 +189,9 @@ def model_grid_heatmaps(table: pd.DataFrame, path: Path) -> Path:
             ax.set(xlabel="width (units per layer)", ylabel="depth (layers)",
                    title=f"{n} worker{'s' if n > 1 else ''}: {what}")
         fig.colorbar(image, ax=top, label="median step time (ms)")
-    return save(fig, path)
+    # the colour scale reads step(ms): each colour bar is an axes of its own, after the 2 x workers panels
+    return save(fig, path, [Series("", "model_grid", "step(ms)", axis=2 * len(workers) + j)
+                            for j in range(len(workers))])
 
 
 def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
@@ -202,14 +204,23 @@ def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
     mib = 2**20
     fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(labels)), 4.8))
     bottom = pd.Series(0.0, index=table.index)
+    series = []
     for kind in STACKED:
         values = table[memory_column(kind)].astype(float).fillna(0) / mib
-        ax.bar(x, values, bottom=bottom, label=kind.replace("_", " "))
+        recorded = table[memory_column(kind)].notna().any()  # a kind no cell recorded has no legend entry
+        ax.bar(x, values, bottom=bottom, label=kind.replace("_", " ") if recorded else None)
+        if recorded:
+            series.append(Series(kind.replace("_", " "), "model_grid", memory_column(kind), 1 / mib))
         bottom = bottom + values
     peak = table[memory_column("activations_backward_peak")].astype(float) / mib
     added = table[PEAK_ADDED].astype(float) / mib
-    ax.plot(x, peak, "kx", label="activation peak in backward")
-    ax.plot(x, added, "kD", mfc="none", label="peak memory added by training (measured)")
+    for values, style, label, column in ((peak, "kx", "activation peak in backward",
+                                          memory_column("activations_backward_peak")),
+                                         (added, "kD", "peak memory added by training (measured)", PEAK_ADDED)):
+        drawn = values.notna().any()  # a marker no cell recorded has no legend entry
+        ax.plot(x, values, style, mfc="none" if style == "kD" else None, label=label if drawn else None)
+        if drawn:
+            series.append(Series(label, "model_grid", column, 1 / mib))
     top = max([float(v) for v in (bottom.max(), peak.max(), added.max()) if v == v] + [1e-6])
     for i, (fit, stacked) in enumerate(zip(table["fits"], bottom)):
         if fit is not True:
@@ -219,10 +230,11 @@ def model_grid_memory(table: pd.DataFrame, path: Path) -> Path:
             ax.text(i, 0.02 * top, "by kind not recorded", ha="center", va="bottom", rotation=90, color="gray",
                     fontsize="small")
     ax.set_xticks(x, labels, fontsize="small")
-    ax.set(ylabel="MiB per rank (largest rank)", title="Memory by kind per cell")
+    ax.set(ylabel="memory per rank (MiB, largest rank)", title="Memory by kind per cell")
     ax.set_ylim(0, 1.4 * top)
-    ax.legend(fontsize="small", loc="upper left", ncols=2)
-    return save(fig, path)
+    if series:  # nothing recorded in any cell: no legend
+        ax.legend(fontsize="small", loc="upper left", ncols=2)
+    return save(fig, path, series)
 
 
 def _size(row) -> str:

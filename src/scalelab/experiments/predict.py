@@ -22,7 +22,7 @@ from scalelab.lab.base import (
 from scalelab.perf.horizon import HORIZON
 from scalelab.perf.prediction import run_prediction
 from scalelab.perf.validation import VALIDATION_COLUMNS, validation_text
-from scalelab.report.figures import plt, save
+from scalelab.report.figures import Series, plt, save
 
 WORKERS = [1, 2, 4, 8, 64, 512, 4096]
 
@@ -143,13 +143,17 @@ def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *
         ax.remove()
     top = int(table["workers"].max())
     ax1.plot([1, top], [1, top], "k:", label="ideal")
+    series = [Series("ideal")]
     for hw, g in table.groupby("hardware", sort=False):
         ax1.plot(g["workers"], g["speedup"], "o-", ms=3, label=hw)
         ax2.plot(g["workers"], 100 * g["efficiency"], "o-", ms=3, label=hw)
+        series += [Series(str(hw), "prediction", "speedup"), Series(str(hw), "prediction", "efficiency", 100.0, 1)]
     if len(measured):
         ax1.plot(measured["workers"], measured["measured_speedup"], "k*", ms=11, label=f"measured on {compute_of}")
         ax2.plot(measured["workers"], 100 * measured["measured_efficiency"], "k*", ms=11,
                  label=f"measured on {compute_of}")
+        series += [Series(f"measured on {compute_of}", "validation", "measured_speedup"),
+                   Series(f"measured on {compute_of}", "validation", "measured_efficiency", 100.0, 1)]
     ax2.axhline(50, color="gray", lw=0.8, ls="--")
     what = "global batch" if mode == "strong" else "per-rank batch"
     batch = table["per_rank_batch"].iloc[0] * (table["workers"].iloc[0] if mode == "strong" else 1)
@@ -158,7 +162,7 @@ def predicted_scaling(table: pd.DataFrame, measured: pd.DataFrame, path: Path, *
     ax2.set(xscale="log", xlabel="workers (ranks)", ylabel="efficiency (%)", ylim=(0, 105),
             title="Efficiency (dashed: 50 %)")
     fig.legend(*ax1.get_legend_handles_labels(), fontsize="small", loc="lower center", frameon=False)
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def predicted_vs_measured(validation: pd.DataFrame, path: Path) -> Path:

@@ -11,7 +11,7 @@ from scalelab.analysis.interpret import fmt
 from scalelab.analysis.tables import headline_columns, runs_frame
 from scalelab.lab.base import Experiment, Result, StudyPlan
 from scalelab.lab.cells import Cell
-from scalelab.report.figures import plt, save
+from scalelab.report.figures import Series, plt, save
 
 
 BACKWARD_COMPUTE = "backward: computing"
@@ -96,7 +96,7 @@ def stage_pie(table: pd.DataFrame, path: Path) -> Path:
     wedges, _ = ax.pie(values, startangle=90, counterclock=False)
     fig.legend(wedges, labels, loc="outside right center", frameon=False)
     ax.set_title(f"Where a step goes (mean per step, total {run['time(ms)'].sum():.1f} ms)")
-    return save(fig, path)
+    return save(fig, path, [Series(label, "profile", "time(ms)", axis=None) for label in labels])  # a pie: no axis
 
 
 def profile(table: pd.DataFrame, rates: pd.DataFrame | None = None) -> tuple[list[str], str | None]:

@@ -40,7 +40,7 @@ from scalelab.lab.checked import run_checked
 from scalelab.lab.decision import BETTER, Decision, card, decide, step_side
 from scalelab.lab.stragglers import SHOWN as STRAGGLER_SHOWN
 from scalelab.lab.stragglers import straggler_sentences, straggler_table
-from scalelab.report.figures import COMPUTE_LABEL, ci, plt, save
+from scalelab.report.figures import COMPUTE_LABEL, Series, ci, ci_label, has_values, plt, save
 from scalelab.sync import registry as syncs
 
 MODES = ("strong", "weak")
@@ -148,38 +148,42 @@ def _figures(result: Result, out) -> list:
     for name, table in result.tables.items():
         if name.endswith("_lost_speedup"):
             if len(table):
-                files.append(waterfall(table, out / f"{name}.png"))
+                files.append(waterfall(table, out / f"{name}.png", name=name))
             continue
         if name.endswith("_nodes"):
             if len(table):
-                files.append(per_node(table, out / f"{name}.png"))
+                files.append(per_node(table, out / f"{name}.png", name=name))
             continue
         if name.endswith("_stragglers"):  # a table in words (straggler_sentences), no figure
             continue
         if len(table):
-            files.append(speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1]))
-            files.append(compute_comm_bars(table, out / f"{name}_breakdown.png"))
+            files.append(speedup_vs_workers(table, out / f"{name}.png", mode=name.split("_")[1], name=name))
+            files.append(compute_comm_bars(table, out / f"{name}_breakdown.png", name=name))
     return files
 
 
-def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str) -> Path:
-    """Measured speedup per batch size vs workers, with the ideal (linear) line."""
+def speedup_vs_workers(table: pd.DataFrame, path: Path, *, mode: str, name: str | None = None) -> Path:
+    """Measured speedup per batch size vs workers, with the ideal (linear) line; `name`: the table's key in its
+    result, recorded with each series (report.drawn)."""
     key = "global_batch" if mode == "strong" else "per_worker_batch"
     fig, ax = plt.subplots(figsize=(6, 4))
     top = int(table["workers"].max())
     ax.plot([1, top], [1, top], "k:", label="ideal")
+    series = [Series("ideal")]
     for value, group in table.groupby(key):
+        label = f"{key.replace('_', ' ')} {value}"
         ax.errorbar(group["workers"], group["speedup"], yerr=ci(group, "speedup", "speedup_ci_low", "speedup_ci_high"),
-                    fmt="o-", capsize=3, label=f"{key.replace('_', ' ')} {value}")
+                    fmt="o-", capsize=3, label=label)
+        series.append(Series(label, name, "speedup"))
     figure = "epoch times" if mode == "strong" else "throughputs"
-    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}), bars: 95 % interval",
+    ax.set(xlabel="workers (ranks)", ylabel=f"speedup (x, {figure}),\nbars: {ci_label(table)}",
            title=f"{mode.title()} scaling")
     ax.set_xticks(sorted(table["workers"].unique()))
     ax.legend()
-    return save(fig, path)
+    return save(fig, path, series)
 
 
-def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
+def compute_comm_bars(table: pd.DataFrame, path: Path, *, name: str | None = None) -> Path:
     """Per cell: step time split into compute (COMPUTE_LABEL) and exposed communication (stacked
     bars; a negative exposed part downwards), with the exposed part's 95 % interval."""
     labels = [f"{int(w)}w b{int(b)}" for w, b in zip(table["workers"], table["global_batch"])]
@@ -188,49 +192,56 @@ def compute_comm_bars(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
     ax.bar(labels, compute, label=COMPUTE_LABEL)
     ax.bar(labels, exposed, bottom=compute, label="exposed communication")
-    if "exposed_ci_low(ms)" in table:
+    series = [Series(COMPUTE_LABEL, name, "compute(ms)"), Series("exposed communication", name, "exposed_comm(ms)")]
+    if has_values(table, "exposed_ci_low(ms)"):  # a legend entry only for an interval drawn
         low, high = (table[c].astype(float) for c in ("exposed_ci_low(ms)", "exposed_ci_high(ms)"))
         ax.errorbar(labels, compute + exposed, yerr=[(exposed - low).clip(lower=0).fillna(0),
                                                      (high - exposed).clip(lower=0).fillna(0)],
-                    fmt="none", ecolor="tab:red", capsize=2, label="exposed, 95 % interval")
-    if keys.COMM_TIME_MS in table:
+                    fmt="none", ecolor="tab:red", capsize=2, label=f"exposed, {ci_label(table)}")
+        series.append(Series(f"exposed, {ci_label(table)}", name, "exposed_ci_low(ms)"))
+    if has_values(table, keys.COMM_TIME_MS):
         ax.plot(labels, table[keys.COMM_TIME_MS], "kD", label="time inside collectives")
-    if "step_ci_low(ms)" in table:
+        series.append(Series("time inside collectives", name, keys.COMM_TIME_MS))
+    if has_values(table, "step_ci_low(ms)"):
         ax.errorbar([x - 0.2 for x in range(len(labels))], table["step(ms)"].astype(float),
                     yerr=ci(table, "step(ms)", "step_ci_low(ms)", "step_ci_high(ms)"), fmt="none", ecolor="black",
-                    capsize=3, label="median step, 95 % interval")
+                    capsize=3, label=f"median step, {ci_label(table)}")
+        series.append(Series(f"median step, {ci_label(table)}", name, "step(ms)"))
     ax.set(ylabel="median step time (ms)", title="Compute vs communication per step")
     ax.tick_params(axis="x", rotation=45)
     ax.legend()
-    return save(fig, path)
+    return save(fig, path, series)
 
 
-def per_node(table: pd.DataFrame, path: Path) -> Path:
+def per_node(table: pd.DataFrame, path: Path, *, name: str | None = None) -> Path:
     """Seed 003's tables 1-3 as bars: per cell (node count, batch) one bar per node for time per epoch, CPU user
     and system (% of one core, system stacked on user) and network MB/s sent off the node."""
     cells = list(table.groupby(["nodes", "global_batch"], sort=True))
     most = int(table["node"].max()) + 1
     width = 0.8 / most
     fig, axes = plt.subplots(1, 3, figsize=(max(10, 1.2 * len(cells) * 3), 4))
+    series = [Series("", name, "cpu_user(%)", axis=1), Series("", name, "cpu_system(%)", axis=1),
+              Series("", name, "net_sent(MB/s)", axis=2)]
     for node in range(most):
         mine = [g[g["node"] == node] for _, g in cells]
         x = [i + (node - (most - 1) / 2) * width for i in range(len(cells))]
         value = lambda col: [float(m[col].iloc[0]) if len(m) and pd.notna(m[col].iloc[0]) else 0.0 for m in mine]
         colour = f"C{node % 10}"
         axes[0].bar(x, value("epoch(s)"), width, color=colour, label=f"node {node}")
+        series.append(Series(f"node {node}", name, "epoch(s)"))
         axes[1].bar(x, value("cpu_user(%)"), width, color=colour)
         axes[1].bar(x, value("cpu_system(%)"), width, bottom=value("cpu_user(%)"), color=colour, hatch="//",
                     edgecolor="white")
         axes[2].bar(x, value("net_sent(MB/s)"), width, color=colour)
     names = [f"{int(k)} node{'s' * (k > 1)}\nb{int(b)}" for (k, b), _ in cells]
-    for ax, (ylabel, title) in zip(axes, (("s per epoch", "Time per epoch"),
-                                          ("% of one core (hatched: system)", "CPU user / system"),
-                                          ("MB/s", "Network sent off the node"))):
+    for ax, (ylabel, title) in zip(axes, (("time per epoch (s)", "Time per epoch"),
+                                          ("CPU (% of one core; hatched: system)", "CPU user / system"),
+                                          ("sent (MB/s)", "Network sent off the node"))):
         ax.set_xticks(range(len(cells)), names)
         ax.set(ylabel=ylabel, title=title)
     axes[0].legend()
     fig.tight_layout()
-    return save(fig, path)
+    return save(fig, path, series)
 
 
 def scale_result(result) -> tuple[list[str], str | None]:

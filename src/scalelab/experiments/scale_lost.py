@@ -10,17 +10,18 @@ from scalelab.analysis.breakdown import (ADDITIVE, LEAVES, PARTS, REST_LIMIT, SU
                                          exposed_sum)
 from scalelab.analysis.stragglers import MATERIAL
 from scalelab.analysis.interpret import fmt
-from scalelab.report.figures import plt, save
+from scalelab.report.figures import Series, plt, save
 
 MODES = ("strong", "weak")
 
 
-def waterfall(table: pd.DataFrame, path: Path) -> Path:
+def waterfall(table: pd.DataFrame, path: Path, *, name: str | None = None) -> Path:
     """Per multi-rank cell (a lost-speedup table: scalelab.analysis.breakdown), a waterfall from the ideal step to
     the measured one through the additive parts (data, compute, sync work, exposed communication): each a floating
     bar from where the previous ended, with its 95 % interval; a part not measured is a hatched gap at 0 labelled
     so; the rest last, then the measured step. Beside it, apart, the split of exposed communication (waiting,
     wire, interference, hidden), each bar from 0: parts of the exposed bar, not steps of the waterfall."""
+    source = name  # the table's key in its result (report.drawn); `name` names a part below
     cells = list(table.groupby(["workers", "global_batch"], sort=True))
     fig, axes = plt.subplots(1, len(cells), figsize=(max(8, 7.5 * len(cells)), 4.2), squeeze=False)
     order = ["ideal", *ADDITIVE, "rest", "measured"]
@@ -49,11 +50,11 @@ def waterfall(table: pd.DataFrame, path: Path) -> Path:
         names += _split_bars(ax, part, start=len(order) + 1)
         ax.set_xticks([*range(len(order)), *range(len(order) + 1, len(order) + 1 + len(SUBPARTS))], names,
                       rotation=60, ha="right", fontsize=8)
-        ax.set(ylabel="ms per step", title=f"{int(workers)} workers, global batch {int(batch)}")
+        ax.set(ylabel="time per step (ms)", title=f"{int(workers)} workers, global batch {int(batch)}")
     fig.suptitle("Ideal step -> measured step (red: lost, green: gained; bars: 95 % intervals); right of the "
                  "dotted line: exposed communication split", fontsize=9)
     fig.tight_layout()
-    return save(fig, path)
+    return save(fig, path, [Series("", source, "value(ms)", axis=i) for i in range(len(cells))])
 
 def _split_bars(ax, part: pd.DataFrame, *, start: int) -> list[str]:
     """The split of exposed communication beside the waterfall, from 0, after a dotted line; its tick labels."""

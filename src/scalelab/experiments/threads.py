@@ -17,7 +17,7 @@ from scalelab.errors import ConfigError
 from scalelab.lab.base import Experiment, Option, Result, StudyPlan, int_list, launches_option
 from scalelab.lab.cells import Cell, with_fields
 from scalelab.lab.decision import Decision, card, pick, step_side
-from scalelab.report.figures import STEP_CI_LABEL, ci, plt, save
+from scalelab.report.figures import Series, ci, plt, save, step_ci_label
 
 
 def default_threads(cores: int | None = None) -> list[int]:
@@ -107,12 +107,13 @@ def time_vs_threads(table: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(table["threads"], table[keys.STEP_MEDIAN_MS], yerr=ci(table), fmt="o-", capsize=3)
     ax.axvline(int(table["cores"].iloc[0]), linestyle="--", color="grey", label="core count")
-    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel=STEP_CI_LABEL,
+    ax.set(xscale="log", xlabel="torch threads (one process)", ylabel=step_ci_label(table),
            title="Step time vs threads")
     ax.set_xticks(list(table["threads"]), [str(t) for t in table["threads"]])
     ax.minorticks_off()
     ax.legend()
-    return save(fig, path)
+    # the core count is a vertical line at the table's `cores` (an x position, not a figure on the y axis)
+    return save(fig, path, [Series("", "threads", keys.STEP_MEDIAN_MS), Series("core count")])
 
 
 def study_options(plan: StudyPlan) -> dict | None:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from scalelab.errors import StoreError
 from scalelab.lab.base import Experiment, Result
+from scalelab.report.drawn import record_path
 from scalelab.store import read_json, write_text_atomic
 from scalelab.store.files import dumps
 
@@ -60,7 +61,7 @@ def save(experiment: Experiment, result: Result, folder: Path) -> Path:
 
 def load(experiment: Experiment, folder: Path) -> Result | None:
     """The saved result of `experiment` in `folder`, or None: missing, unreadable, of another analysis version, or
-    naming a plot file that is gone."""
+    naming a plot file that is gone or has no record of what it drew."""
     path = Path(folder) / f"{experiment.name}.json"
     if not path.is_file():
         return None
@@ -72,7 +73,8 @@ def load(experiment: Experiment, folder: Path) -> Result | None:
         files = [Path(folder) / f for f in data["files"]]
     except (StoreError, KeyError, TypeError, ValueError):
         return None
-    if not all(f.is_file() for f in files):
+    # a plot saved before figures recorded what they drew (report.drawn) is drawn again, with its record
+    if not all(f.is_file() and (f.suffix != ".png" or record_path(f).is_file()) for f in files):
         return None
     return Result(data["name"], tables, files=files, notes=data.get("notes", {}), meta=data.get("meta", {}))
 

@@ -14,6 +14,7 @@ import pandas as pd
 from scalelab.analysis.shown_checks import alike, describing, honest_caption, named_columns
 from scalelab.analysis.tables import intervals_of
 from scalelab.report.document import FigureBlock, Recommendation, Report, Section, TableBlock
+from scalelab.report.drawn import read_record
 from scalelab.store import RunDir, read_jsonl
 
 def definitions() -> list[str]:
@@ -54,12 +55,22 @@ def section_for(experiment, result) -> tuple[Section, list[str]]:
         columns = telling_rows_apart(named_by(answer_columns(frame, experiment.columns.get(key)), frame,
                                               [caption, *sentences]), frame)
         blocks.append(TableBlock(key.replace("/", "_"), frame, caption, with_run_id(columns, frame)))
-    figures = [FigureBlock(Path(p), experiment.captions.get(Path(p).name, "")) for p in result.files
+    figures = [figure_block(Path(p), experiment.captions.get(Path(p).name, ""), tables) for p in result.files
                if str(p).endswith(".png")]
     notes = [f"{k}: {_note_text(v)}" for k, v in result.notes.items() if k not in ("recommended",)]
     notes += [line for key, frame in tables.items() for line in flagged_rows(key, frame)]
     return Section(id=experiment.section, title=experiment.title, question=experiment.question,
                    sentences=sentences, tables=blocks, figures=figures, notes=notes), [rec] if rec else []
+
+
+def figure_block(path: Path, caption: str, tables: dict[str, pd.DataFrame]) -> FigureBlock:
+    """A figure with the record of what it drew (report.drawn) and its caption as it may stand: where a table it
+    reads has intervals on fewer values than make a 95 % one, the caption says what they cover (honest_caption)."""
+    drawn = read_record(path)
+    for table in dict.fromkeys(s.get("table") for s in (drawn or {}).get("series") or []):
+        if table in tables:
+            caption = honest_caption(caption, tables[table])
+    return FigureBlock(path, caption, drawn)
 
 
 # sections whose tables show each row's run id: a reader finds the run a sentence speaks of (`scalelab explain RUN`)
@@ -238,7 +249,7 @@ def system_section(store, results: dict, out_dir: Path) -> Section | None:
     return Section(id="system", title="System metrics during a run",
                    question="How busy were CPU, memory and network on each rank? (seed 002 Q1, seed 003 figs 7-12)",
                    sentences=sentences, tables=[TableBlock("system", table, SYSTEM_TABLE_CAPTION)],
-                   figures=[FigureBlock(fig, SYSTEM_CAPTION)])
+                   figures=[FigureBlock(fig, SYSTEM_CAPTION, read_record(fig))])
 
 
 MAX_SYSTEM_RUNS = 8  # runs read per table while looking for the one with the most samples

@@ -45,9 +45,12 @@ class TableBlock:
 
 @dataclass
 class FigureBlock:
-    """An image file already drawn by `scalelab.report.figures`; the renderer embeds or copies it."""
+    """An image file already drawn by `scalelab.report.figures`; the renderer embeds or copies it. `drawn`: the
+    record of what it drew (report.drawn; None: none found), which the report writes to figures.json and its
+    audit reads."""
     path: Path
     caption: str = ""
+    drawn: dict | None = None
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)

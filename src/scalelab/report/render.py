@@ -92,6 +92,7 @@ class _Figure:
     caption: str
     data: bytes | None   # None: the file was missing
     mime: str
+    drawn: dict | None = None  # what it drew (report.drawn), written to figures.json
 
     @property
     def data_uri(self) -> str:
@@ -147,7 +148,7 @@ def _figures(section: Section, taken: set[str]) -> list[_Figure]:
             name, n = f"{base}-{n}{suffix}", n + 1
         taken.add(name)
         data = fig.path.read_bytes() if fig.path.is_file() else None
-        out.append(_Figure(name, fig.caption, data, _MIME[suffix]))
+        out.append(_Figure(name, fig.caption, data, _MIME[suffix], fig.drawn))
     return out
 
 
@@ -263,8 +264,17 @@ def table_json(frame: pd.DataFrame) -> bytes:
     return (json.dumps(records, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def figures_json(ctx: dict) -> bytes:
+    """Every figure of the report as data, keyed by its file under figures/: its section, caption and what it
+    drew (report.drawn: axis labels, legend entries, the table and column of each series; null where the figure
+    recorded nothing), the figures' side of what the report's audit reads."""
+    records = {f"figures/{f.file}": {"section": s["id"], "caption": f.caption, "drawn": f.drawn}
+               for s in ctx["sections"] for f in s["figures"]}
+    return (json.dumps(records, indent=1, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+
+
 def write_report(report: Report, out_dir: Path, *, max_rows: int = 64) -> dict[str, Path]:
-    """Write report.html, report.md, tables/*.csv|json and figures/* under `out_dir`.
+    """Write report.html, report.md, tables/*.csv|json, figures/* and figures.json under `out_dir`.
 
     Returns every written file keyed by its path relative to `out_dir` (POSIX separators). Tables longer than
     `max_rows` are cut in the HTML and Markdown (with a line saying so); their CSV/JSON are always complete.
@@ -289,6 +299,7 @@ def write_report(report: Report, out_dir: Path, *, max_rows: int = 64) -> dict[s
         for f in s["figures"]:
             if f.data is not None:
                 put(f"figures/{f.file}", f.data)
+    put("figures.json", figures_json(ctx))
     put("report.md", render_markdown(ctx).encode("utf-8"))
     put("report.html", render_html(ctx).encode("utf-8"))  # last: its presence means the rest is there
     return written

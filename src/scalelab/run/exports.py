@@ -145,11 +145,13 @@ def _bytes_label(x: float) -> str:
     return f"{x:g}"
 
 
-def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> Path:
+def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None, save=None) -> Path:
     """busbw (back-to-back loop) against message size, log-x, one line per op, a band from the slowest to the
     fastest single iteration.
 
     `table` has the columns of commbench's results; ops whose rows are all skipped appear in the legend as such.
+    `save(fig, path) -> path`, when given, writes and closes the figure instead (the study's report saves it with
+    the record of what it drew: report.figures.save; this layer does not import the report).
     """
     import matplotlib
 
@@ -181,6 +183,8 @@ def plot_busbw(table: pd.DataFrame, path: Path, *, title: str | None = None) -> 
         ax.set_title((title + "\n" if title else "") + "line: back-to-back loop; band: single calls, slowest..fastest",
                      fontsize=9)
         fig.tight_layout()
+        if save is not None:
+            return Path(save(fig, Path(path)))
         fig.savefig(path, dpi=120)
     finally:
         plt.close(fig)

@@ -291,8 +291,7 @@ class BenchKind:
         return Verdict(commbench.summarize_table(table), "failed" if reason else "completed", reason)
 
     def export(self, cfg: CommBenchConfig, run_dir: Path) -> None:
-        plot_busbw(commbench.read_results(run_dir), RunDir(run_dir).busbw_plot,
-                   title=f"{cfg.world} ranks{_on_nodes(cfg)}, {cfg.backend}, {cfg.dtype}, {cfg.iters_label} iterations per point")
+        plot_busbw(commbench.read_results(run_dir), RunDir(run_dir).busbw_plot, title=busbw_title(cfg))
 
     def on_failure(self, run_dir: Path) -> None:
         pass
@@ -310,6 +309,11 @@ def _one_machine(config: dict, rundir: RunDir) -> bool:
     except (OSError, ValueError, StoreError):
         return False
     return len(hosts) > 0 and None not in hosts and len(set(hosts)) == 1
+
+
+def busbw_title(cfg: Any) -> str:
+    """The busbw plot's title: what the bench ran on (ranks, nodes, backend, dtype, iterations)."""
+    return f"{cfg.world} ranks{_on_nodes(cfg)}, {cfg.backend}, {cfg.dtype}, {cfg.iters_label} iterations per point"
 
 
 def _on_nodes(cfg: Any) -> str:

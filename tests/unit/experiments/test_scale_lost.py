@@ -62,3 +62,14 @@ def test_the_straggler_table_is_said_in_words_and_drawn_by_no_speedup_plot(tmp_p
     assert [f.name for f in files] == ["scale_strong_lost_speedup.png"]
     lines, _ = scale_result(result)
     assert any(line.startswith("Strong scaling, 2 workers") and "rank 1 is the straggler, losing its time in forward" in line and "20.00 ms" in line for line in lines)
+
+
+def test_the_waterfall_records_the_table_and_column_it_draws(tmp_path):
+    from scalelab.analysis.figure_checks import figure_faults
+    from scalelab.report.drawn import read_record
+
+    t = table()
+    path = waterfall(t, tmp_path / "lost.png", name="scale_strong_lost_speedup")
+    record = read_record(path)
+    assert [(s["table"], s["column"]) for s in record["series"]] == [("scale_strong_lost_speedup", "value(ms)")]
+    assert figure_faults("scaling/lost.png", record, "", {"scale_strong_lost_speedup": t}) == []

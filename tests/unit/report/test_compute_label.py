@@ -12,7 +12,7 @@ from scalelab.report.figures import COMPUTE_LABEL
 def legend_of(draw, monkeypatch, module, *args, **kwargs) -> list[str]:
     """The legend labels of the figure `draw` saves (its save is caught before the file is written)."""
     caught = []
-    monkeypatch.setattr(module, "save", lambda fig, path: caught.append(fig) or path)
+    monkeypatch.setattr(module, "save", lambda fig, path, series=None: caught.append(fig) or path)
     draw(*args, **kwargs)
     labels = [t.get_text() for fig in caught for ax in fig.axes if ax.get_legend() for t in ax.get_legend().texts]
     for fig in caught:

@@ -5,7 +5,9 @@ import pytest
 
 from scalelab.analysis import keys
 from scalelab.analysis.model_grid import grid_table
+from scalelab.analysis.figure_checks import figure_faults
 from scalelab.experiments import model_grid as figures
+from scalelab.report.drawn import read_record
 
 MIB = 2**20
 BY_KIND = {keys.STEP_MEDIAN_MS: 10.0, keys.MEMORY_PARAMETERS_BYTES: 4 * MIB, keys.MEMORY_GRADIENTS_BYTES: 4 * MIB,
@@ -32,3 +34,5 @@ def test_heatmaps_and_memory_bars_are_written(tmp_path, cells):
              figures.model_grid_memory(grid, tmp_path / "memory.png")]
     for path in paths:
         assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+        # what each drew, as recorded beside it, holds to the table (no legend entry for a kind nobody recorded)
+        assert figure_faults(path.name, read_record(path), "", {"model_grid": grid}) == []

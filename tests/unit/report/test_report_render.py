@@ -95,7 +95,7 @@ def test_writes_html_markdown_tables_and_figures(tmp_path, pngs):
     files = write_report(make_report(pngs), tmp_path)
     assert set(files) == {"report.html", "report.md", "tables/batch_models.csv", "tables/batch_models.json",
                           "tables/scaling_speedup.csv", "tables/scaling_speedup.json",
-                          "figures/batch_loss.png", "figures/scaling_speedup.png"}
+                          "figures/batch_loss.png", "figures/scaling_speedup.png", "figures.json"}
     assert all(p.is_file() and p == tmp_path / rel for rel, p in files.items())
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]  # atomic writes leave no temp file
     assert (tmp_path / "figures/batch_loss.png").read_bytes() == pngs[0].read_bytes()
