@@ -172,7 +172,7 @@ def test_prediction_plot_says_whose_compute_in_title_and_legend(tmp_path, monkey
     from scalelab.experiments.predict import prediction_figures
 
     shown = {}
-    monkeypatch.setattr(predict, "save", lambda fig, path: shown.setdefault("fig", fig) and path)
+    monkeypatch.setattr(predict, "save", lambda fig, path, *series: shown.setdefault("fig", fig) and path)
     cal = synthetic_calibration(device="NVIDIA H100 80GB HBM3", host="gpubox")
     result = prediction_result(cal, [cal.hardware(), PRESETS["nvlink3"]], workers=[1, 8], mode="weak", batch=32,
                                strategy="ddp", bucket_mb=25, compression="none", target=0.5,
