@@ -316,6 +316,9 @@ def _verdict(a: Side, b: Side, lower: bool, family: int, share: float, count: st
     apart = lo > 0 or hi < 0 or disjoint
     if apart and (big or not -margin < lo <= hi < margin):
         up = lo > 0 or (disjoint and c.estimate > 0)
+        if not (lo > 0 or hi < 0):  # decided on the sides' disjoint 95 % intervals: say so beside the ratio's
+            each = (f"the two sides' own 95 % intervals below do not meet; the ratio's interval ({each}) reaches "
+                    f"{1 if speed else 0}")
         return {**out, "verdict": BETTER if up else WORSE, "why": each}
     if -margin < lo and hi < margin:
         return {**out, "verdict": EQUIVALENT, "why": each}

@@ -52,6 +52,18 @@ def test_worse_beyond_noise_is_said_as_worse_never_within_noise():
     assert "within noise" not in d.card() and decision_faults([d.record()]) == []
 
 
+def test_a_win_on_disjoint_sides_whose_ratio_interval_reaches_1_says_what_decided_it():
+    """Disjoint 95 % intervals of the two sides decide (the rule's floor), while the ratio's interval, corrected for
+    six looks, may still reach 1: a quick study printed "beats … (99.6 % interval 0.999–1.13×), beyond noise (paired
+    by round, …)", a card against its own number. The card now says which test decided."""
+    d = decide(side("a", spread(100.0, 0.03, 3)), side("b", spread(112.0, 0.03, 3, turn=1)), question="x")
+    assert d.verdict == BETTER and d.interval[0] < 1 < d.interval[1]
+    assert "beyond noise (the two sides' own 95 % intervals below do not meet; the ratio's interval (" in d.card()
+    assert "reaches 1)" in d.card() and decision_faults([d.record()]) == []
+    clear = decide(side("a", spread(100.0, 0.03, 3)), side("b", spread(120.0, 0.03, 3, turn=1)), question="x")
+    assert clear.verdict == BETTER and clear.interval[0] > 1 and "do not meet" not in clear.card()
+
+
 def test_equivalent_within_the_margin_when_the_whole_interval_is_inside_it():
     a, b = side("a", spread(100.0, 0.01, 4)), side("b", spread(101.0, 0.01, 4))
     d = decide(a, b, question="x")
