@@ -90,6 +90,7 @@ SCRIPT_WALL_S = "script/wall(s)"  # a script's rank from the probe's opening to 
 NOISE_OUTSIDE_CPU_CORES = "noise/outside_cpu(cores)"  # CPU taken by processes outside the run, in cores
 NOISE_STEAL_PCT = "noise/steal(%)"  # CPU time the hypervisor gave to others
 NOISE_LOAD = "noise/load"  # 1-minute load average
+NOISE_RESOLUTION_CORES = "noise/resolution(cores)"  # what 10 ms ticks can tell apart over the timed window
 QUALITY_NOISY = "quality/noisy"  # bool: outside CPU or steal above its threshold
 QUALITY_NOISE_REASON = "quality/noise_reason"  # "ok" or "noisy: <what crossed its threshold>"
 

@@ -12,7 +12,12 @@ reference cell between a study's start and end.
   mean 1-minute load average of the samples inside the window (the interpolated ends included). With several
   hosts the busiest host counts; samplers of one machine (its boot id: the nodes of a cluster of network
   namespaces) are one host whose run CPU is all of theirs.
-- A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores or steal exceeds STEAL_THRESHOLD.
+- A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores by more than the counters' resolution over
+  its window, or steal exceeds STEAL_THRESHOLD. The resolution (`resolution`): /proc counts CPU in ticks of 10 ms,
+  and the window's delta of each of the two counters (the machine's busy time, the run's) can be off by a tick at
+  each end: 4 ticks over the window. A 2 s window resolves 0.02 cores; a quick study's 25 ms window of six 4 ms
+  steps none (1.6 cores): there one tick of the study's own process read as "0.25 cores busy outside the run"
+  and flagged a threads cell.
 - Noise floor of a study: drift = (end median step - start median step) / start median step of one reference
   cell measured before the first experiment and after the last; its 95 % interval is the ratio interval of the
   two medians' intervals (scalelab.analysis.intervals.ratio_interval) minus 1.
@@ -34,6 +39,7 @@ from scalelab.analysis import keys
 from scalelab.analysis.intervals import ratio_interval
 
 OUTSIDE_CPU_THRESHOLD = 0.25  # cores busy outside the run, averaged over the timed window
+TICK_S = 0.01  # USER_HZ: /proc/stat and /proc/PID/stat count CPU in 1/100 s whatever the kernel's own HZ
 STEAL_THRESHOLD = 5.0  # % of the machine's CPU time taken by the hypervisor
 
 COUNTERS = ("cpu_busy(s)", "cpu_run(s)", "cpu_steal(s)", "cpu_total(s)")
@@ -79,10 +85,16 @@ def host_noise(samples: list[dict], begin: float, end: float, *, also_run_s: flo
     return out
 
 
-def noise_reason(outside_cores: float, steal_pct: float) -> str:
-    """The verdict in words: "ok" or "noisy: ..." naming what crossed its threshold."""
+def resolution(window_s: float) -> float:
+    """The outside CPU (cores) that the tick-counted counters can tell from none over a window of `window_s`."""
+    return 4 * TICK_S / window_s if window_s > 0 else math.inf
+
+
+def noise_reason(outside_cores: float, steal_pct: float, resolution_cores: float = 0.0) -> str:
+    """The verdict in words: "ok" or "noisy: ..." naming what crossed its threshold (outside CPU beyond the
+    threshold by more than the counters' resolution)."""
     why = []
-    if outside_cores > OUTSIDE_CPU_THRESHOLD:
+    if outside_cores > OUTSIDE_CPU_THRESHOLD + resolution_cores:
         why.append(f"{outside_cores:.2f} cores busy outside the run")
     if steal_pct > STEAL_THRESHOLD:
         why.append(f"{steal_pct:.1f} % CPU stolen by the hypervisor")
@@ -112,8 +124,9 @@ def noise_summary(samples: list[dict], records: list[dict]) -> dict:
     if not hosts:
         return {}
     outside, steal = max(h["outside"] for h in hosts), max(h["steal"] for h in hosts)
-    reason = noise_reason(outside, steal)
-    out = {keys.NOISE_OUTSIDE_CPU_CORES: outside, keys.NOISE_STEAL_PCT: steal,
+    tick = resolution(window[1] - window[0])
+    reason = noise_reason(outside, steal, tick)
+    out = {keys.NOISE_OUTSIDE_CPU_CORES: outside, keys.NOISE_STEAL_PCT: steal, keys.NOISE_RESOLUTION_CORES: tick,
            keys.QUALITY_NOISY: reason != "ok", keys.QUALITY_NOISE_REASON: reason}
     loads = [h["load"] for h in hosts if "load" in h]
     if loads:

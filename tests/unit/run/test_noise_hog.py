@@ -81,6 +81,7 @@ def test_a_cpu_hog_beside_the_run_is_detected(store, record_property):
     if hog_cores > OUTSIDE_CPU_THRESHOLD + 0.05:  # the hog got a share above the threshold: the run is flagged
         assert noisy[keys.QUALITY_NOISY] is True and noisy[keys.QUALITY_NOISE_REASON].startswith("noisy: ")
     assert quiet[keys.QUALITY_NOISY] == (quiet[keys.NOISE_OUTSIDE_CPU_CORES] > OUTSIDE_CPU_THRESHOLD
+                                         + quiet[keys.NOISE_RESOLUTION_CORES]
                                          or quiet[keys.NOISE_STEAL_PCT] > STEAL_THRESHOLD)
     assert keys.NOISE_STEAL_PCT in noisy and keys.NOISE_LOAD in noisy
 
