@@ -20,6 +20,7 @@ Rates come with Clopper-Pearson 95 % intervals (scipy.stats.beta).
 
     python benchmarks/decision_rates.py --sigma 0.10 --sims 2000
     python benchmarks/decision_rates.py --real 5 --sims 0          # real repetitions only (minutes on 2 cores)
+    python benchmarks/decision_rates.py --real 20 --real-aa 0 --sims 2000  # real A/B, then simulated at its noise
 """
 from __future__ import annotations
 
@@ -81,7 +82,17 @@ def simulate(args, effect: float, looks: int, rng) -> dict:
     return counts
 
 
-def real(args, effect: float, looks: int, repetitions: int | None = None) -> dict:
+def fitted_noise(reps: list[tuple[list[float], list[float]]]) -> tuple[float, float, int]:
+    """(sigma, drift, dof) of the simulation's model fitted to real repetitions, each the launch medians of A and B
+    in rounds: var(ln a - ln b) = 2 sigma^2 within a round (the drift cancels), var(ln a) = sigma^2 + drift^2;
+    each pooled over the repetitions on n - 1 degrees of freedom."""
+    dof = sum(len(a) - 1 for a, _ in reps)
+    diff = sum(np.var(np.log(a) - np.log(b), ddof=1) * (len(a) - 1) for a, b in reps) / dof / 2
+    side = sum((np.var(np.log(a), ddof=1) + np.var(np.log(b), ddof=1)) / 2 * (len(a) - 1) for a, b in reps) / dof
+    return math.sqrt(diff), math.sqrt(max(0.0, side - diff)), dof
+
+
+def real(args, effect: float, looks: int, repetitions: int | None = None, seen: list | None = None) -> dict:
     """Real launches through the cell engine (a fresh store): A and B interleaved in rounds, each repetition its
     own seeds (so no cell is reused)."""
     from scalelab.analysis.summary import timed_step_ms
@@ -121,6 +132,8 @@ def real(args, effect: float, looks: int, repetitions: int | None = None) -> dic
                 return a[-k:], b[-k:]
             verdict, n = procedure(draw, [], args.launches, looks, tell=True)
             counts[verdict] += 1
+            if seen is not None:
+                seen.append((list(have["a"]), list(have["b"])))
             ratio = math.exp(np.mean(np.log(have["b"])) - np.mean(np.log(have["a"])))
             print(f"  real {'A/B' if effect else 'A/A'} repetition {rep + 1}/{repetitions}: {verdict} after {n} "
                   f"launches each; B/A step {ratio:.3f} (geometric means, A {np.median(have['a']):.1f} ms); "
@@ -163,7 +176,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     print(f"sigma {args.sigma}, drift {args.drift}, pool {args.pool_cells} cells x 2 launches, first look "
           f"{args.launches} launches per side, effect {100 * args.effect:g} %, max looks {MAX_LOOKS}")
-    if args.sims:
+    if args.sims and not args.real:
         table(f"A/A, simulated ({args.sims} repetitions each)",
               [("first look only", simulate(args, 0.0, 1, rng)),
                (f"sequential, {MAX_LOOKS} looks", simulate(args, 0.0, MAX_LOOKS, rng))], None)
@@ -171,13 +184,23 @@ def main() -> None:
               [("first look only", simulate(args, args.effect, 1, rng)),
                (f"sequential, {MAX_LOOKS} looks", simulate(args, args.effect, MAX_LOOKS, rng))], BETTER)
     real_aa = args.real if args.real_aa is None else args.real_aa
+    seen: list = []
     if args.real:  # A/B first: the answer the acceptance asks of the real cells
         table(f"A/B, real ({args.real} repetitions, collective floor {args.latency_ms} ms against "
-              f"{args.latency_b_ms} ms)", [(f"sequential, {MAX_LOOKS} looks", real(args, args.effect, MAX_LOOKS))],
-              BETTER)
+              f"{args.latency_b_ms} ms)",
+              [(f"sequential, {MAX_LOOKS} looks", real(args, args.effect, MAX_LOOKS, seen=seen))], BETTER)
     if real_aa:
         table(f"A/A, real ({real_aa} repetitions)",
-              [(f"sequential, {MAX_LOOKS} looks", real(args, 0.0, MAX_LOOKS, real_aa))], None)
+              [(f"sequential, {MAX_LOOKS} looks", real(args, 0.0, MAX_LOOKS, real_aa, seen))], None)
+    if seen and args.sims:  # the rates at the real cells' own noise, with intervals 20 repetitions cannot give
+        sigma, drift, dof = fitted_noise(seen)
+        print(f"\nnoise fitted to the real repetitions: sigma {100 * sigma:.1f} %, drift {100 * drift:.1f} % "
+              f"({dof} degrees of freedom)")
+        fitted = argparse.Namespace(**{**vars(args), "sigma": sigma, "drift": drift})
+        table(f"A/A, simulated at the fitted noise ({args.sims} repetitions)",
+              [(f"sequential, {MAX_LOOKS} looks", simulate(fitted, 0.0, MAX_LOOKS, rng))], None)
+        table(f"A/B at {100 * args.effect:g} %, simulated at the fitted noise ({args.sims} repetitions)",
+              [(f"sequential, {MAX_LOOKS} looks", simulate(fitted, args.effect, MAX_LOOKS, rng))], BETTER)
 
 
 if __name__ == "__main__":
