@@ -282,7 +282,12 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
     for _, i, target, open_, grow, worse in sorted(wanted, key=lambda w: (w[0], w[1])):
         experiment, result = answered[i]
         now = spec.options[experiment.name][grow]
-        caps = {**{label: now for label in sorted(worse)}, **spec.held.get(experiment.name, {})}
+        # a setting stays held (at the launches it was held at) only while the best still beats it beyond noise:
+        # one that a look no longer finds worse grows again, else its comparison stays open for good (a default
+        # study's bucket card: "undecided after 5 launches each; about 4 more would decide" with 4 MiB held at 5)
+        before = spec.held.get(experiment.name, {})
+        caps = {label: before.get(label, now) for label in sorted(worse)}
+        released = sorted(set(before) - set(caps))
         per_launch = plan.took.get(experiment.name, math.inf) / max(now, 1)
         spare = plan.left_s() - plan.pace * (REFERENCE_S["reference"][0] + REFERENCE_S["report"][
             1 if spec.quick else 0])
@@ -291,6 +296,7 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
             continue
         unit = "seeds per cell" if grow == "seeds" else "launches per cell"
         kept = f"; held (worse beyond noise): {', '.join(f'{k} at {v}' for k, v in caps.items())}" if caps else ""
+        kept += f"; released (no longer worse beyond noise): {', '.join(released)}" if released else ""
         progress.say(f"== look {look} at {experiment.name}: {len(open_)} question(s) open "
                      f"({'; '.join(d.question for d in open_)}): {now} -> {target} {unit}{kept}")
         began = time.monotonic()
@@ -307,6 +313,8 @@ def _look(spec: StudySpec, ctx, answered: list[tuple], plan: Budget, progress: P
         spec.options[experiment.name] = opts
         if caps:
             spec.held[experiment.name] = caps
+        else:
+            spec.held.pop(experiment.name, None)
         grown.notes = {**result.notes, **grown.notes,
                        "topped up": f"look {look}: {now} -> {target} {unit} for the question(s) "
                                     f"still open{kept}, in {took:.0f} s of the budget left"}

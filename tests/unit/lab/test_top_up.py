@@ -148,6 +148,34 @@ def test_a_setting_worse_beyond_noise_is_held_while_the_question_stays_open(tmp_
     assert "held (worse beyond noise): slow at 2" in results.load(race, tmp_path).notes["topped up"]
 
 
+def test_a_held_setting_no_longer_worse_at_a_later_look_grows_again(tmp_path):
+    """At look 2 the best beats "slow" beyond noise: held at 2. At look 3 the pool says otherwise (it is no longer
+    worse, the question is still open): "slow" is released and grows with the others, and the spec drops the hold,
+    so that the card's comparison with it can be decided (before, a hold lasted for good)."""
+    from scalelab.lab import cells as engine
+
+    seen: list = []
+
+    def run(ctx, base, opts):
+        seen.append((opts["launches"], dict(engine._HELD.get())))
+        return Result("race", {"race": pd.DataFrame({"launches": [opts["launches"]]})})
+
+    def decide(result):
+        n = int(result.tables["race"]["launches"].iloc[0])
+        a, b = Side("best", 10.0, (9.0, 11.0), n), Side("slow", 10.5, (9.5, 11.5), n)
+        return [Decision("setting", "median step", " ms", a, b, UNDECIDED if n < 20 else BETTER, "why",
+                         more=None if n >= 20 else 20, worse=("slow",) if n < 6 else ())]
+    race = Experiment(name="race", command="race", base=False, title="race", question="?", help="", section="race",
+                      options=(launches_option(),), run=run, decide=decide)
+    spec, ctx, answered, plan = alone(tmp_path, race, {"launches": 2})
+    seen.clear()
+    said: list = []
+    assert top_up(spec, ctx, answered, plan, SimpleNamespace(say=said.append))
+    assert seen[:2] == [(6, {"slow": 2}), (18, {})] and "race" not in spec.held
+    assert said[1] == ("== look 3 at race: 1 question(s) open (setting): 6 -> 18 launches per cell; released (no "
+                       "longer worse beyond noise): slow")
+
+
 def test_a_study_file_with_a_bad_hold_is_one_config_error():
     from scalelab.errors import ConfigError
     from scalelab.lab.study import StudySpec
