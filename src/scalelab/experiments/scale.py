@@ -373,8 +373,10 @@ EXPERIMENT = Experiment(
               "scale_weak_lost_speedup.png": "Where the speedup went, weak scaling: ideal step -> measured step.",
               "scale_strong_lost_speedup": "The lost-speedup breakdown of each multi-worker cell: one row per "
                                            "part, its 95 % interval, whether it was measured and what would "
-                                           "measure it (docs/definitions.md).",
-              "scale_weak_lost_speedup": "The lost-speedup breakdown of each multi-worker cell, weak scaling.",
+                                           "measure it (docs/definitions.md). Level 0 parts add up to the gap "
+                                           "(their share_of_gap to 100 %); level 1 parts split exposed.",
+              "scale_weak_lost_speedup": "The lost-speedup breakdown of each multi-worker cell, weak scaling. "
+                                         "Level 0 parts add up to the gap; level 1 parts split exposed.",
               "scale_strong_nodes.png": "Per node (seed 003 tables 1-3): time per epoch, CPU user / system (% of "
                                         "one core) and network MB/s sent off the node, by node count.",
               "scale_weak_nodes.png": "Per node, weak scaling: time per epoch, CPU user / system, network MB/s.",
@@ -386,7 +388,7 @@ EXPERIMENT = Experiment(
     columns={name: ["workers", "global_batch", "per_worker_batch", "step(ms)", "step_ci_low(ms)",
                     "step_ci_high(ms)", "speedup", "speedup_ci_low", "speedup_ci_high", "efficiency",
                     *EFFICIENCY_CI, "exposed_comm(ms)", "quality"] for name in ("scale_strong", "scale_weak")}
-    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "value(ms)", "value_ci_low(ms)",
+    | {f"{name}_lost_speedup": ["workers", "global_batch", "part", "level", "value(ms)", "value_ci_low(ms)",
                                 "value_ci_high(ms)", "share_of_gap", "within_noise", "measured", "needs"]
        for name in ("scale_strong", "scale_weak")}
     | {f"{name}_stragglers": list(STRAGGLER_SHOWN) for name in ("scale_strong", "scale_weak")},

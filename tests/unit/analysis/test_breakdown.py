@@ -211,3 +211,7 @@ def test_the_lost_speedup_tables_intervals_are_named_after_their_figure():
     shown = [c for c in EXPERIMENT.columns["scale_strong_lost_speedup"] if c in table]
     assert "value_ci_low(ms)" in shown
     assert interval_faults("lost", table, shown) == [] and unit_faults("lost", table) == []
+    # issue 60 item 6: with `level` hidden, a reader summing share_of_gap got 154 %; shown, level 0 sums to 100 %
+    assert "level" in shown
+    top = table[(table["level"] == 0) & table["share_of_gap"].notna()]
+    assert top["share_of_gap"].sum() == pytest.approx(1.0) and (table["share_of_gap"].dropna().sum() != 1.0)
