@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_experiment
-from scalelab.analysis import breakdown
+from scalelab.analysis import breakdown, keys
 from scalelab.analysis.breakdown import sum_of_parts
 from scalelab.config import TrainConfig
 from scalelab.store import RunDir
@@ -60,7 +60,6 @@ def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(stor
     table = res.tables["scale_strong"].set_index("workers")
     for workers in (1, 2):
         row = table.loc[workers]
-        assert row["launches"] == 3
         run = store.get(row["run_id"])
         # a cell measured once more (a noisy launch: quality "re-measured") pools its 3 newest launches, which
         # live in the study's "again" group
@@ -70,6 +69,13 @@ def test_compared_cells_launched_three_times_in_rounds_pool_into_one_figure(stor
         assert len(mine) in (3, 6)
         cell_runs = mine[-3:]
         assert row["run_id"] in [r["run_id"] for r in cell_runs]
+        # a launch flagged noisy among enough clean ones is set aside (analysis.repeats), said in the quality
+        clean = [r for r in cell_runs if not r["summary"].get(keys.QUALITY_NOISY)]
+        if len(clean) < 3 and len(clean) >= 2:
+            assert row["launches"] == len(clean) and "launches set aside" in row["quality"], row["quality"]
+            cell_runs = clean
+        else:
+            assert row["launches"] == 3
         launches = [timed_step_ms(RunDir(r["dir"]).read_steps()) for r in cell_runs]
         medians = [statistics.median(steps) for steps in launches]
         assert row["step_ci_low(ms)"] <= min(medians) and row["step_ci_high(ms)"] >= max(medians)

@@ -12,12 +12,12 @@ reference cell between a study's start and end.
   mean 1-minute load average of the samples inside the window (the interpolated ends included). With several
   hosts the busiest host counts; samplers of one machine (its boot id: the nodes of a cluster of network
   namespaces) are one host whose run CPU is all of theirs.
-- A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores by more than the counters' resolution over
-  its window, or steal exceeds STEAL_THRESHOLD. The resolution (`resolution`): /proc counts CPU in ticks of 10 ms,
-  and the window's delta of each of the two counters (the machine's busy time, the run's) can be off by a tick at
-  each end: 4 ticks over the window. A 2 s window resolves 0.02 cores; a quick study's 25 ms window of six 4 ms
-  steps none (1.6 cores): there one tick of the study's own process read as "0.25 cores busy outside the run"
-  and flagged a threads cell.
+- A run is noisy when outside CPU exceeds OUTSIDE_CPU_THRESHOLD cores by more than the counters' resolution, or
+  steal exceeds STEAL_THRESHOLD. The resolution (`resolution`): /proc counts CPU in ticks of 10 ms; each of the two
+  counters (the machine's busy time, the run's) is off by up to a tick over the span its window delta is read
+  from, the window or, when the window lies inside one sampling interval, that interval: 2 ticks / max(window,
+  interval). A 2 s window resolves 0.01 cores; a quick study's threads cell (six 4 ms steps inside a 0.126 s
+  sampling interval) 0.16 cores: there "0.25 cores busy outside the run" flagged a threads cell on one tick.
 - Noise floor of a study: drift = (end median step - start median step) / start median step of one reference
   cell measured before the first experiment and after the last; its 95 % interval is the ratio interval of the
   two medians' intervals (scalelab.analysis.intervals.ratio_interval) minus 1.
@@ -85,9 +85,11 @@ def host_noise(samples: list[dict], begin: float, end: float, *, also_run_s: flo
     return out
 
 
-def resolution(window_s: float) -> float:
-    """The outside CPU (cores) that the tick-counted counters can tell from none over a window of `window_s`."""
-    return 4 * TICK_S / window_s if window_s > 0 else math.inf
+def resolution(window_s: float, sample_s: float = 0.0) -> float:
+    """The outside CPU (cores) that the tick-counted counters can tell from none over a window of `window_s` read
+    from samples `sample_s` apart: a tick of each of the two counters over the longer of the two."""
+    span = max(window_s, sample_s)
+    return 2 * TICK_S / span if span > 0 else math.inf
 
 
 def noise_reason(outside_cores: float, steal_pct: float, resolution_cores: float = 0.0) -> str:
@@ -124,7 +126,9 @@ def noise_summary(samples: list[dict], records: list[dict]) -> dict:
     if not hosts:
         return {}
     outside, steal = max(h["outside"] for h in hosts), max(h["steal"] for h in hosts)
-    tick = resolution(window[1] - window[0])
+    gaps = [float(np.median(np.diff(sorted(s["time"] for s in rows if "time" in s))))
+            for rows in by_rank.values() if len(rows) > 1]
+    tick = resolution(window[1] - window[0], min(gaps) if gaps else 0.0)
     reason = noise_reason(outside, steal, tick)
     out = {keys.NOISE_OUTSIDE_CPU_CORES: outside, keys.NOISE_STEAL_PCT: steal, keys.NOISE_RESOLUTION_CORES: tick,
            keys.QUALITY_NOISY: reason != "ok", keys.QUALITY_NOISE_REASON: reason}

@@ -89,16 +89,18 @@ def test_threshold():
     assert noise_reason(OUTSIDE_CPU_THRESHOLD, 0.0) == "ok"
     assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.01, 0.0).startswith("noisy: ")
     # beyond the threshold by less than what the counters resolve: not a finding
-    assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.01, 0.0, resolution(2.0)) == "ok"
-    assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.03, 0.0, resolution(2.0)).startswith("noisy: ")
+    assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.005, 0.0, resolution(2.0)) == "ok"
+    assert noise_reason(OUTSIDE_CPU_THRESHOLD + 0.02, 0.0, resolution(2.0)).startswith("noisy: ")
 
 
 def test_a_window_too_short_for_the_ticks_is_not_flagged():
-    """The quick study's threads cell: 0.126 s between the rank's two machine samples, a timed window of ~25 ms,
-    busy 0.23 s and the run's 0.21 s in 10 ms ticks: 0.25 cores 'outside', one tick's worth. Over a 25 ms window
-    4 ticks are 1.6 cores: nothing can be told, so nothing is flagged; over a 10 s window 0.3 cores are."""
-    assert resolution(0.025) == pytest.approx(1.6) and resolution(2.0) == pytest.approx(0.02)
-    assert noise_reason(0.2507, 0.0, resolution(0.025)) == "ok"
+    """The quick study's threads cell: a timed window of ~25 ms inside 0.126 s between the rank's two machine
+    samples, busy 0.23 s and the run's 0.21 s in 10 ms ticks: 0.25 cores 'outside', one tick's worth. A tick of
+    each counter over 0.126 s is 0.16 cores: not a finding. A hog's 0.67 cores over a 0.1 s sampling interval is."""
+    assert resolution(0.025, 0.126) == pytest.approx(0.1587, abs=1e-4)
+    assert resolution(2.0, 0.1) == pytest.approx(0.01)
+    assert noise_reason(0.2507, 0.0, resolution(0.025, 0.126)) == "ok"
+    assert noise_reason(0.67, 0.0, resolution(0.09, 0.1)).startswith("noisy: 0.67 cores")
     assert noise_reason(0.30, 0.0, resolution(10.0)).startswith("noisy: 0.30 cores")
 
 
