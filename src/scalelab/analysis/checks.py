@@ -421,7 +421,10 @@ def decision_faults(records: list[Mapping]) -> list[str]:
                            f"and whose ratio interval {d.get('interval')} does not exclude no difference: {said}")
             if min(chosen["n"], against["n"]) < 2:
                 out.append(f"a winner from {min(chosen['n'], against['n'])} {d.get('count', 'launches')}: {said}")
-        if apart_95 and _trusted_pair(chosen, against) and min(chosen["n"], against["n"]) >= 2:
+        # a speed decided beyond noise whose recommendation another figure withholds (amp: accuracy not compared
+        # between runs that did not learn) is undecided on purpose, and its card says why
+        if apart_95 and _trusted_pair(chosen, against) and min(chosen["n"], against["n"]) >= 2 \
+                and not d.get("withheld"):
             effect = abs(chosen["value"] - against["value"]) / abs(against["value"] or 1)
             if verdict not in ("better", "worse") and not (verdict == "equivalent"
                                                            and effect < d.get("material", 0.02)):

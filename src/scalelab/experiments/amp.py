@@ -140,7 +140,7 @@ def precision_decisions(table: pd.DataFrame) -> list[Decision]:
         why = f"{decision.chosen.label} is faster beyond noise, but its accuracy ends more than 1 point below fp32's"
     else:
         return [replace(decision, action=f"{decision.chosen.label} (accuracy within 1 point of fp32's)")]
-    return [replace(decision, verdict=NOT_ENOUGH_DATA, why=why, keep="fp32, the default")]
+    return [replace(decision, verdict=NOT_ENOUGH_DATA, why=why, keep="fp32, the default", withheld="accuracy")]
 
 
 def precision(table: pd.DataFrame) -> tuple[list[str], str | None]:

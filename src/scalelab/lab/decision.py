@@ -171,6 +171,7 @@ class Decision:
     more: int | None = None
     command: str | None = None
     worse: tuple[str, ...] = ()  # the compared settings the best beats beyond noise (no more launches: racing)
+    withheld: str = ""  # a comparison decided on its figure whose recommendation another figure withholds (amp)
 
     @property
     def recommends(self) -> bool:

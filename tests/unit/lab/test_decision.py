@@ -4,6 +4,7 @@ by round, the family and looks correction, the batch rule, and the one module th
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 import math
 from pathlib import Path
 
@@ -138,6 +139,11 @@ def test_disjoint_intervals_are_always_decided():
     d = decide(a, b, question="x", family=30)
     assert d.verdict == BETTER and decision_faults([d.record()]) == []
     assert decide(b, a, question="x", family=30).verdict == WORSE
+    # undecided with disjoint sides is a fault, unless another figure withholds the recommendation on purpose
+    # (amp: accuracy not compared between runs that did not learn; the tiny dist study's audit met it)
+    held_back = replace(d, verdict=UNDECIDED, why="a is faster beyond noise, but accuracy is not compared")
+    assert len(decision_faults([held_back.record()])) == 1
+    assert decision_faults([replace(held_back, withheld="accuracy").record()]) == []
 
 
 def test_the_batch_question_keeps_the_highest_or_the_smallest_equivalent_never_a_worse_one():
