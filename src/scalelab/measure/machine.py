@@ -135,17 +135,24 @@ def child_pids(pid: int, root: Path = PROC) -> list[int]:
     return out
 
 
-def started_at(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
-    """A process's start in seconds since boot (field 22 of ROOT/<pid>/stat, in clock ticks); None when it is gone.
-    Not psutil's create_time: that adds the boot time of /proc/stat's btime, whole seconds, so it reads up to a
-    second early against time.time() (0.44 s on this machine), and a loader worker started in the run's first
-    0.44 s looked older than the run: its CPU was counted as busy outside the run, and the quick study's loader
-    cell was flagged noisy (0.39-0.43 cores outside, every study)."""
+def start_ticks(pid: int, root: Path = PROC) -> int | None:
+    """A process's start in clock ticks since boot (field 22 of ROOT/<pid>/stat); None when it is gone. With the
+    pid it names one process for good (a reused pid starts later): run.netns tags its namespaces with it."""
     try:
         text = (root / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return int(text[text.rindex(")") + 2:].split()[19]) / ticks_per_s
+    return int(text[text.rindex(")") + 2:].split()[19])  # the name may hold spaces and ")": split after the last
+
+
+def started_at(pid: int, root: Path = PROC, ticks_per_s: float = TICKS_PER_S) -> float | None:
+    """A process's start in seconds since boot (`start_ticks`); None when it is gone.
+    Not psutil's create_time: that adds the boot time of /proc/stat's btime, whole seconds, so it reads up to a
+    second early against time.time() (0.44 s on this machine), and a loader worker started in the run's first
+    0.44 s looked older than the run: its CPU was counted as busy outside the run, and the quick study's loader
+    cell was flagged noisy (0.39-0.43 cores outside, every study)."""
+    ticks = start_ticks(pid, root)
+    return None if ticks is None else ticks / ticks_per_s
 
 
 def boot_clock(unix_s: float) -> float:

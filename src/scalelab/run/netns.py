@@ -32,6 +32,7 @@ from pathlib import Path
 
 from scalelab.analysis.bandwidth import tbf_burst_bytes
 from scalelab.errors import ScalelabError
+from scalelab.measure.machine import start_ticks
 
 PREFIX = "scalelab-"
 IFACE = "eth0"  # a node's interface on the cluster network (each namespace has its own, so one name serves all)
@@ -132,13 +133,9 @@ def netem_available() -> bool:
 # ---------------------------------------------------------------- owners and leftovers
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat); None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # fields after "(comm)" start at field 3
+    """The process's start time in clock ticks since boot, as text; None when it is gone."""
+    ticks = start_ticks(pid)
+    return None if ticks is None else str(ticks)
 
 
 def owner_tag(pid: int | None = None, prefix: str = PREFIX) -> str:
